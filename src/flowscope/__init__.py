@@ -1,0 +1,10 @@
+"""flowscope: observe scientific workflows while they run and explain where their time goes."""
+
+__version__ = "0.1.0"
+
+from flowscope.client.client import Client, FlowscopeError  # noqa: E402
+from flowscope.model.provenance import now_ns  # noqa: E402
+from flowscope.model.schemas import TABLES  # noqa: E402
+from flowscope.store.run import Run, open_run  # noqa: E402
+
+__all__ = ["Client", "FlowscopeError", "Run", "TABLES", "open_run", "now_ns", "__version__"]

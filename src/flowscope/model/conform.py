@@ -1,0 +1,134 @@
+"""Turn what a producer hands us into a table with exactly the canonical schema, or say precisely why not."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flowscope.model.schemas import schema
+
+
+class SchemaError(ValueError):
+    """A batch does not fit its table's canonical schema; names the table and the column."""
+
+    def __init__(self, table: str, message: str, column: str | None = None):
+        self.table = table
+        self.column = column
+        where = f"{table}.{column}" if column else table
+        super().__init__(f"{where}: {message}")
+
+
+def _family(t: pa.DataType) -> str:
+    if pa.types.is_null(t):
+        return "null"
+    if pa.types.is_integer(t):
+        return "int"
+    if pa.types.is_floating(t):
+        return "float"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "str"
+    if pa.types.is_dictionary(t):
+        return _family(t.value_type)
+    if pa.types.is_timestamp(t):
+        return "timestamp"
+    if pa.types.is_list(t) or pa.types.is_large_list(t):
+        return "list"
+    if pa.types.is_boolean(t):
+        return "bool"
+    return str(t)
+
+
+# which incoming families may be cast to which canonical family without changing meaning
+_CASTABLE = {
+    "int": {"int", "null"},
+    "float": {"float", "int", "null"},
+    "str": {"str", "null"},
+    "list": {"list", "null"},
+}
+
+
+def _conform_column(table: str, field: pa.Field, col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    want = field.type
+    have = col.type
+    if have == want:
+        return col
+    fam_want, fam_have = _family(want), _family(have)
+    if fam_have == "timestamp" and fam_want == "int":
+        col = col.cast(pa.timestamp("ns")).cast(pa.int64())
+        return col
+    if fam_have not in _CASTABLE.get(fam_want, {fam_want}):
+        raise SchemaError(table, f"has type {have}, expected {want}", field.name)
+    if fam_want == "list":
+        vt = have.value_type
+        if _family(vt) not in ("str", "null"):
+            raise SchemaError(table, f"has type {have}, expected {want}", field.name)
+    try:
+        return col.cast(want, safe=True)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise SchemaError(table, f"cannot be read as {want}: {exc}", field.name) from None
+
+
+def conform(table: str, data: pa.Table | pa.RecordBatch) -> pa.Table:
+    """Return ``data`` as a table with ``table``'s canonical schema (column order, types, nullability).
+
+    Missing nullable columns are filled with nulls; unknown columns, missing required
+    columns, incompatible types and nulls in required columns raise SchemaError.
+    """
+    target = schema(table)
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    names = set(data.column_names)
+    unknown = sorted(names - set(target.names))
+    if unknown:
+        raise SchemaError(table, f"unknown column(s) {', '.join(map(repr, unknown))}; "
+                                 f"columns are {', '.join(target.names)}", unknown[0])
+    if len(data.column_names) != len(names):
+        raise SchemaError(table, "duplicate column names")
+    n = data.num_rows
+    columns = []
+    for field in target:
+        if field.name in names:
+            col = _conform_column(table, field, data.column(field.name))
+            if not field.nullable and col.null_count:
+                first = pc.index(pc.is_null(col), True).as_py()
+                raise SchemaError(table, f"is required but row {first} is null", field.name)
+        else:
+            if not field.nullable:
+                raise SchemaError(table, "is required but missing", field.name)
+            col = pa.nulls(n, field.type)
+        columns.append(col)
+    return pa.Table.from_arrays(columns, schema=target)
+
+
+def records_to_table(table: str, records: Iterable[Mapping[str, Any]]) -> pa.Table:
+    """Build a canonical table from row dicts (JSON ingest, small producers)."""
+    target = schema(table)
+    records = list(records)
+    for i, rec in enumerate(records):
+        if not isinstance(rec, Mapping):
+            raise SchemaError(table, f"record {i} is a {type(rec).__name__}, expected an object")
+        extra = set(rec) - set(target.names)
+        if extra:
+            col = sorted(extra)[0]
+            raise SchemaError(table, f"record {i} has unknown column {col!r}", col)
+    cols = {}
+    for field in target:
+        values = [rec.get(field.name) for rec in records]
+        try:
+            cols[field.name] = pa.array(values, type=field.type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
+            bad = next((i for i, v in enumerate(values) if not _fits(v, field.type)), None)
+            at = f" (record {bad}: {values[bad]!r})" if bad is not None else ""
+            raise SchemaError(table, f"expected {field.type}{at}: {exc}", field.name) from None
+    return conform(table, pa.table(cols))
+
+
+def _fits(value: Any, typ: pa.DataType) -> bool:
+    try:
+        pa.array([value], type=typ)
+        return True
+    except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):
+        return False

@@ -1,0 +1,160 @@
+"""The canonical tables every source produces and every analysis reads.
+
+Each table is an Arrow schema. Timestamps are int64 nanoseconds since the UTC
+epoch; durations are derived (end_ns - start_ns), never stored. ``attrs`` is a
+JSON object serialised as a string (DuckDB's json functions read it), for the
+fields one source has and the others do not. docs/data-model.md documents
+every column and the identifiers that join the tables.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+
+NS = pa.int64()
+STR = pa.string()
+
+
+def _schema(name: str, fields: list[tuple[str, pa.DataType, bool]]) -> pa.Schema:
+    return pa.schema(
+        [pa.field(col, typ, nullable=nullable) for col, typ, nullable in fields],
+        metadata={b"flowscope.table": name.encode()},
+    )
+
+
+RESOURCES = _schema("resources", [
+    ("resource_id", STR, False),   # unique within a run; the join key used by every other table
+    ("kind", STR, False),          # host | process | worker | scheduler | client | thread | device | rank | container
+    ("name", STR, True),           # human-readable label
+    ("parent_id", STR, True),      # the resource this one nests in (thread -> process -> host)
+    ("host", STR, True),
+    ("pid", pa.int64(), True),
+    ("tid", pa.int64(), True),          # OS native thread id (threading.get_native_id, gettid)
+    ("thread_ident", pa.int64(), True),  # pthread id (threading.get_ident), what Dask and Darshan report
+    ("address", STR, True),        # network address (a Dask worker's tcp://...), or MPI rank as text
+    ("start_ns", NS, True),
+    ("end_ns", NS, True),
+    ("attrs", STR, True),
+])
+
+SPANS = _schema("spans", [
+    ("span_id", pa.int64(), True),   # unique within a run when given; parent_id refers to it
+    ("parent_id", pa.int64(), True),
+    ("resource_id", STR, False),
+    ("kind", STR, False),            # task | call | transfer | io | state | step | ...
+    ("name", STR, False),            # function / task group / state value
+    ("start_ns", NS, False),
+    ("end_ns", NS, False),
+    ("task_key", STR, True),
+    ("attrs", STR, True),
+])
+
+TRANSITIONS = _schema("transitions", [
+    ("ts_ns", NS, False),
+    ("task_key", STR, False),
+    ("group", STR, True),
+    ("prefix", STR, True),
+    ("from_state", STR, True),
+    ("to_state", STR, False),
+    ("observer", STR, True),       # where the transition happened: "scheduler" or a worker's resource_id
+    ("worker", STR, True),         # the worker the task is on / assigned to, when known
+    ("stimulus_id", STR, True),
+    ("attrs", STR, True),
+])
+
+DEPENDENCIES = _schema("dependencies", [
+    ("graph_id", STR, True),       # a run may submit many graphs
+    ("task_key", STR, False),      # the dependent task
+    ("depends_on", STR, False),    # the task whose output it needs
+    ("ts_ns", NS, True),           # when the edge became known
+])
+
+TRANSFERS = _schema("transfers", [
+    ("transfer_id", pa.int64(), True),
+    ("kind", STR, False),          # dask-fetch | mpi | paje-link | ...
+    ("src_resource_id", STR, False),
+    ("dst_resource_id", STR, False),
+    ("nbytes", pa.int64(), True),
+    ("start_ns", NS, False),
+    ("end_ns", NS, False),
+    ("keys", pa.list_(STR), True),  # task keys (data) moved
+    ("attrs", STR, True),
+])
+
+IO = _schema("io", [
+    ("resource_id", STR, True),
+    ("host", STR, True),
+    ("pid", pa.int64(), True),
+    ("tid", pa.int64(), True),           # native thread id
+    ("thread_ident", pa.int64(), True),  # pthread id (Darshan DXT, Dask)
+    ("rank", pa.int64(), True),          # MPI rank when known
+    ("source", STR, False),        # proc-io | audit | darshan-dxt | darshan-counters | ...
+    ("op", STR, False),            # read | write | open | close | seek | sync | ...
+    ("path", STR, True),
+    ("offset", pa.int64(), True),
+    ("nbytes", pa.int64(), True),
+    ("start_ns", NS, False),
+    ("end_ns", NS, True),          # null for instantaneous observations (an open)
+    ("task_key", STR, True),       # the task the I/O is attributed to, when attributed
+    ("attrs", STR, True),
+])
+
+METRICS = _schema("metrics", [
+    ("ts_ns", NS, False),
+    ("resource_id", STR, False),
+    ("namespace", STR, False),     # SOMA-style stream: hardware, performance, application, workflow
+    ("name", STR, False),          # hierarchical key, e.g. cpu.core3.percent
+    ("value", pa.float64(), False),
+])
+
+LOGS = _schema("logs", [
+    ("ts_ns", NS, False),
+    ("resource_id", STR, True),
+    ("level", STR, False),         # debug | info | warning | error
+    ("category", STR, False),      # event-loop-unresponsive | gc | spill | task-error | worker-joined | ...
+    ("message", STR, True),
+    ("task_key", STR, True),
+    ("attrs", STR, True),
+])
+
+DATA_STATES = _schema("data_states", [
+    ("state_id", STR, False),
+    ("label", STR, True),
+    ("size_bytes", pa.int64(), True),
+    ("ts_ns", NS, False),          # when the data reached this state
+    ("origin", STR, True),         # producing application / task
+    ("location", STR, True),       # e.g. node1:disk1, worker-3:memory
+    ("attrs", STR, True),
+])
+
+MUTATIONS = _schema("mutations", [
+    ("mutation_id", STR, True),
+    ("src_state_id", STR, False),
+    ("dst_state_id", STR, False),
+    ("kind", STR, False),          # TRANSFER | CONVERT | APPEND | SPLIT | MERGE | DELETE
+    ("application", STR, True),
+    ("attrs", STR, True),
+])
+
+TABLES: dict[str, pa.Schema] = {
+    "resources": RESOURCES,
+    "spans": SPANS,
+    "transitions": TRANSITIONS,
+    "dependencies": DEPENDENCIES,
+    "transfers": TRANSFERS,
+    "io": IO,
+    "metrics": METRICS,
+    "logs": LOGS,
+    "data_states": DATA_STATES,
+    "mutations": MUTATIONS,
+}
+
+MUTATION_KINDS = ("TRANSFER", "CONVERT", "APPEND", "SPLIT", "MERGE", "DELETE")
+
+
+def schema(table: str) -> pa.Schema:
+    """The canonical schema of ``table``; KeyError naming the known tables otherwise."""
+    try:
+        return TABLES[table]
+    except KeyError:
+        raise KeyError(f"unknown table {table!r}; known tables: {', '.join(TABLES)}") from None
