@@ -1,0 +1,117 @@
+"""Reading one run from disk: its metadata, its tables as Arrow or pandas, and SQL over them through DuckDB."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import duckdb
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from flowscope.model.schemas import TABLES, schema
+from flowscope.store.layout import RUN_JSON, read_json, segment_files
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+
+def _duck_type(t: pa.DataType) -> str:
+    if pa.types.is_list(t):
+        return _duck_type(t.value_type) + "[]"
+    if pa.types.is_int64(t):
+        return "BIGINT"
+    if pa.types.is_floating(t):
+        return "DOUBLE"
+    if pa.types.is_string(t):
+        return "VARCHAR"
+    raise TypeError(f"no DuckDB type for {t}")
+
+
+class RunNotFound(FileNotFoundError):
+    """The path is not a run directory (it has no run.json)."""
+
+
+class Run:
+    """A run directory, live or finished. Every read sees the segments complete at that moment."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+        if not (self.path / RUN_JSON).is_file():
+            raise RunNotFound(f"{self.path}: not a flowscope run (no {RUN_JSON})")
+        self._con: duckdb.DuckDBPyConnection | None = None
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r})"
+
+    @property
+    def meta(self) -> dict:
+        """run.json as it is now."""
+        return read_json(self.path / RUN_JSON)
+
+    @property
+    def run_id(self) -> str:
+        return self.meta["run_id"]
+
+    def segments(self, table: str) -> list[Path]:
+        schema(table)
+        return segment_files(self.path, table)
+
+    def arrow(self, table: str, columns: list[str] | None = None) -> pa.Table:
+        """All rows of ``table`` as an Arrow table with the canonical schema (empty if none yet)."""
+        target = schema(table)
+        files = segment_files(self.path, table)
+        if not files:
+            empty = target.empty_table()
+            return empty.select(columns) if columns else empty
+        parts = [pq.read_table(f, columns=columns, schema=target) for f in files]
+        return pa.concat_tables(parts)
+
+    def table(self, table: str, columns: list[str] | None = None) -> pd.DataFrame:
+        """All rows of ``table`` as a pandas DataFrame."""
+        return self.arrow(table, columns).to_pandas()
+
+    def counts(self) -> dict[str, int]:
+        """Rows per table, read from Parquet footers only."""
+        out = {}
+        for name in TABLES:
+            out[name] = sum(pq.ParquetFile(f).metadata.num_rows for f in segment_files(self.path, name))
+        return out
+
+    def connection(self) -> duckdb.DuckDBPyConnection:
+        """A DuckDB connection with one view per table (refreshed on every call)."""
+        with self._lock:
+            if self._con is None:
+                self._con = duckdb.connect(":memory:")
+            con = self._con
+            for name, target in TABLES.items():
+                files = segment_files(self.path, name)
+                if files:
+                    glob = str(self.path / name / "*.parquet").replace("'", "''")
+                    con.execute(f"CREATE OR REPLACE VIEW \"{name}\" AS SELECT * FROM read_parquet('{glob}')")
+                else:
+                    cols = ", ".join(f'CAST(NULL AS {_duck_type(f.type)}) AS "{f.name}"' for f in target)
+                    con.execute(f"CREATE OR REPLACE VIEW \"{name}\" AS SELECT {cols} WHERE false")
+            return con.cursor()
+
+    def sql(self, query: str, params: list | None = None) -> pd.DataFrame:
+        """Run ``query`` with one view per table (spans, transitions, ...) and return a DataFrame."""
+        return self.connection().execute(query, params or []).df()
+
+    def sql_arrow(self, query: str, params: list | None = None) -> pa.Table:
+        """Like ``sql`` but returns Arrow."""
+        res = self.connection().execute(query, params or [])
+        return res.to_arrow_table() if hasattr(res, "to_arrow_table") else res.arrow()
+
+    def close(self) -> None:
+        with self._lock:
+            if self._con is not None:
+                self._con.close()
+                self._con = None
+
+
+def open_run(path: str | Path) -> Run:
+    """Open the run directory at ``path`` (live or finished)."""
+    return Run(path)
