@@ -1,0 +1,248 @@
+"""The collector's core: opens and closes runs and writes ingested batches to the run store.
+
+Transport-free: the HTTP app and the embedded client both call it. Memory is
+bounded by reservations: a batch reserves its bytes before it is decoded and
+releases them once written; when the reservations would exceed ``queue_bytes``
+the collector refuses the batch with :class:`CollectorBusy` (HTTP 503) and the
+client retries or spools. A batch is acknowledged only after its segment is on
+disk, so a killed collector never loses an acknowledged batch.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow as pa
+
+from flowscope.model.conform import conform
+from flowscope.model.provenance import check_run_id, collect_provenance, new_run_id, now_ns
+from flowscope.model.schemas import schema
+from flowscope.store.layout import (RUN_JSON, check_segment_id, read_json, remove_stale_temps,
+                                    segment_path, write_json_atomic, write_segment)
+
+log = logging.getLogger("flowscope.collector")
+
+MiB = 2**20
+
+
+class CollectorBusy(RuntimeError):
+    """The write queue is full; retry later."""
+
+
+class UnknownRun(KeyError):
+    """No run with that id in the store."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+@dataclass
+class IngestResult:
+    rows: int
+    duplicate: bool
+    segment_id: str
+
+
+class Collector:
+    """Owns a store directory: run lifecycle, bounded write queue, writer threads."""
+
+    def __init__(self, store: str | Path, *, queue_bytes: int = 256 * MiB, max_request_bytes: int = 64 * MiB,
+                 writers: int = 2, writer_delay: float = 0.0, compression: str = "zstd", fsync: bool = False):
+        self.store = Path(store)
+        self.store.mkdir(parents=True, exist_ok=True)
+        self.queue_bytes = int(queue_bytes)
+        self.max_request_bytes = int(max_request_bytes)
+        self.writer_delay = float(writer_delay)
+        self.compression = compression
+        self.fsync = fsync
+        self.started_ns = now_ns()
+        self._reserved = 0
+        self._peak_reserved = 0
+        self._res_lock = threading.Lock()
+        self._queue: queue.Queue = queue.Queue()
+        self._run_lock = threading.Lock()
+        self._known_runs: set[str] = set()
+        self.stats = {"batches": 0, "rows": 0, "duplicates": 0, "busy_refusals": 0, "errors": 0}
+        self._stopping = False
+        self._writers = [threading.Thread(target=self._write_loop, name=f"flowscope-writer-{i}", daemon=True)
+                         for i in range(max(1, writers))]
+        for t in self._writers:
+            t.start()
+
+    # ---- run lifecycle -------------------------------------------------------------------
+    def run_dir(self, run_id: str) -> Path:
+        return self.store / check_run_id(run_id)
+
+    def has_run(self, run_id: str) -> bool:
+        if run_id in self._known_runs:
+            return True
+        try:
+            exists = (self.run_dir(run_id) / RUN_JSON).is_file()
+        except ValueError:
+            return False
+        if exists:
+            self._known_runs.add(run_id)
+        return exists
+
+    def open_run(self, meta: dict | None = None) -> dict:
+        """Create the run described by ``meta`` (idempotent for a given run_id) and return its run.json."""
+        meta = dict(meta or {})
+        run_id = check_run_id(meta.get("run_id") or new_run_id())
+        with self._run_lock:
+            d = self.run_dir(run_id)
+            path = d / RUN_JSON
+            if path.is_file():
+                existing = read_json(path)
+                remove_stale_temps(d)
+                self._known_runs.add(run_id)
+                return existing
+            d.mkdir(parents=True, exist_ok=True)
+            doc = {
+                "run_id": run_id,
+                "name": meta.get("name") or run_id,
+                "command": meta.get("command"),
+                "start_ns": int(meta.get("start_ns") or now_ns()),
+                "end_ns": None,
+                "status": "running",
+                "provenance": meta.get("provenance") or collect_provenance(),
+                "collector": {"store": str(self.store.resolve())},
+                "format_version": 1,
+            }
+            for k, v in meta.items():
+                doc.setdefault(k, v)
+            write_json_atomic(path, doc)
+            self._known_runs.add(run_id)
+            return doc
+
+    def close_run(self, run_id: str, *, end_ns: int | None = None, status: str = "finished",
+                  extra: dict | None = None) -> dict:
+        """Mark the run finished (end time, status); later batches are still accepted."""
+        with self._run_lock:
+            path = self.run_dir(run_id) / RUN_JSON
+            if not path.is_file():
+                raise UnknownRun(f"unknown run {run_id!r}")
+            doc = read_json(path)
+            doc["end_ns"] = int(end_ns or now_ns())
+            doc["status"] = status
+            if extra:
+                doc.update(extra)
+            write_json_atomic(path, doc)
+            return doc
+
+    def update_run(self, run_id: str, fields: dict) -> dict:
+        """Merge ``fields`` into run.json."""
+        with self._run_lock:
+            path = self.run_dir(run_id) / RUN_JSON
+            if not path.is_file():
+                raise UnknownRun(f"unknown run {run_id!r}")
+            doc = read_json(path)
+            doc.update(fields)
+            write_json_atomic(path, doc)
+            return doc
+
+    # ---- ingest --------------------------------------------------------------------------
+    def reserve(self, nbytes: int) -> None:
+        """Take ``nbytes`` of the write budget or raise CollectorBusy."""
+        with self._res_lock:
+            if self._reserved and self._reserved + nbytes > self.queue_bytes:
+                self.stats["busy_refusals"] += 1
+                raise CollectorBusy(f"collector busy: write queue holds {self._reserved / MiB:.1f} MiB "
+                                    f"of {self.queue_bytes / MiB:.0f} MiB; retry later")
+            self._reserved += nbytes
+            self._peak_reserved = max(self._peak_reserved, self._reserved)
+
+    def release(self, nbytes: int) -> None:
+        with self._res_lock:
+            self._reserved -= nbytes
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self._reserved
+
+    def submit(self, run_id: str, table: str, segment_id: str, data: pa.Table | pa.RecordBatch,
+               reserved: int = 0) -> Future:
+        """Validate and queue one batch; the future resolves to an IngestResult once it is on disk.
+
+        ``reserved`` bytes (taken by the caller with :meth:`reserve`) are released when the
+        batch is written or fails. Validation errors raise here, before anything is queued.
+        """
+        try:
+            schema(table)
+            check_segment_id(segment_id)
+            if not self.has_run(run_id):
+                raise UnknownRun(f"unknown run {run_id!r}: open it first (POST /v1/runs)")
+            data = conform(table, data)
+        except BaseException:
+            self.release(reserved)
+            raise
+        fut: Future = Future()
+        self._queue.put((run_id, table, segment_id, data, reserved, fut))
+        return fut
+
+    def ingest(self, run_id: str, table: str, segment_id: str, data: pa.Table | pa.RecordBatch,
+               timeout: float | None = None) -> IngestResult:
+        """Reserve, validate, write and wait: the blocking form used by the embedded client."""
+        nbytes = data.nbytes
+        self.reserve(nbytes)
+        return self.submit(run_id, table, segment_id, data, reserved=nbytes).result(timeout)
+
+    def _write_loop(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            run_id, table, segment_id, data, reserved, fut = item
+            try:
+                if self.writer_delay:
+                    time.sleep(self.writer_delay)
+                written = write_segment(self.run_dir(run_id), table, segment_id, data,
+                                        compression=self.compression, fsync=self.fsync)
+                with self._res_lock:
+                    self.stats["batches"] += 1
+                    if written:
+                        self.stats["rows"] += data.num_rows
+                    else:
+                        self.stats["duplicates"] += 1
+                fut.set_result(IngestResult(data.num_rows, not written, segment_id))
+            except BaseException as exc:  # the future carries it to the caller
+                with self._res_lock:
+                    self.stats["errors"] += 1
+                log.exception("writing %s/%s/%s failed", run_id, table, segment_id)
+                fut.set_exception(exc)
+            finally:
+                del data
+                self.release(reserved)
+
+    def segment_exists(self, run_id: str, table: str, segment_id: str) -> bool:
+        return segment_path(self.run_dir(run_id), table, segment_id).exists()
+
+    def health(self) -> dict:
+        with self._res_lock:
+            return {
+                "status": "ok",
+                "store": str(self.store),
+                "reserved_bytes": self._reserved,
+                "peak_reserved_bytes": self._peak_reserved,
+                "queue_bytes": self.queue_bytes,
+                "max_request_bytes": self.max_request_bytes,
+                "queued_batches": self._queue.qsize(),
+                "uptime_s": (now_ns() - self.started_ns) / 1e9,
+                **self.stats,
+            }
+
+    def shutdown(self, wait: bool = True) -> None:
+        """Finish writing what is queued, then stop the writer threads."""
+        if self._stopping:
+            return
+        self._stopping = True
+        for _ in self._writers:
+            self._queue.put(None)
+        if wait:
+            for t in self._writers:
+                t.join()

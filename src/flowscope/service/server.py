@@ -1,0 +1,83 @@
+"""Running the collector's HTTP API: in the foreground (``flowscope serve``) or in a background thread."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+from pathlib import Path
+
+import uvicorn
+
+from flowscope.service.app import build_app
+from flowscope.service.collector import Collector
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on host:port (port 0 picks a free one)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock
+
+
+def address_of(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{port}"
+
+
+def _config(collector: Collector, log_level: str) -> uvicorn.Config:
+    # Connections beyond the limit get 503, which clients treat as "busy", so memory stays bounded.
+    return uvicorn.Config(build_app(collector), log_level=log_level, access_log=False,
+                          limit_concurrency=256, timeout_keep_alive=30, lifespan="off")
+
+
+def serve_forever(collector: Collector, host: str = "127.0.0.1", port: int = 8765, *,
+                  address_file: str | Path | None = None, log_level: str = "warning",
+                  on_ready=None) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM), then finish queued writes."""
+    sock = bind(host, port)
+    address = address_of(sock)
+    if address_file:
+        _append_address(Path(address_file), address)
+    if on_ready:
+        on_ready(address)
+    server = uvicorn.Server(_config(collector, log_level))
+    try:
+        server.run(sockets=[sock])
+    finally:
+        collector.shutdown(wait=True)
+
+
+def _append_address(path: Path, address: str) -> None:
+    """Record this instance's address; clients map to the listed instances round-robin."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a") as f:
+        f.write(address + "\n")
+
+
+class BackgroundServer:
+    """The collector's HTTP API on a thread of the calling process (embedded mode)."""
+
+    def __init__(self, collector: Collector, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+        self.collector = collector
+        self._sock = bind(host, port)
+        self.address = address_of(self._sock)
+        self._server = uvicorn.Server(_config(collector, log_level))
+        self._thread = threading.Thread(target=self._run, name="flowscope-http", daemon=True)
+        self._thread.start()
+        while not self._server.started and self._thread.is_alive():
+            threading.Event().wait(0.01)
+
+    def _run(self) -> None:
+        asyncio.run(self._server.serve(sockets=[self._sock]))
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+        self._sock.close()
