@@ -1,0 +1,460 @@
+"""The producer-side API: buffered, non-blocking emission of canonical records to a collector.
+
+Records are appended to an in-memory buffer per table. A builder thread turns
+full or old buffers into Arrow batches; a sender thread delivers them. When the
+collector is busy the sender retries with backoff, then spools; when it cannot
+be reached the sender spools at once, probes the collector every second and
+replays the spool when it is back. Memory is bounded: when a table's buffer
+holds ``max_buffer_records`` the producing thread waits (it slows down, it does
+not lose records). ``close()`` delivers (or spools) everything.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import logging
+import os
+import queue
+import secrets
+import sys
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from flowscope.client.spool import Spool, default_spool_dir, replay
+from flowscope.client.transport import Busy, EmbeddedTransport, HttpTransport, Rejected, Unreachable
+from flowscope.model import identifiers as ids
+from flowscope.model.conform import SchemaError, conform
+from flowscope.model.provenance import check_run_id, collect_provenance, new_run_id, now_ns
+from flowscope.model.schemas import schema
+
+log = logging.getLogger("flowscope.client")
+
+EMBEDDED = "embedded"
+
+
+class FlowscopeError(RuntimeError):
+    """Records could not be delivered or were refused; the message says where they are kept."""
+
+
+class _Buffer:
+    __slots__ = ("table", "schema", "cols", "colset", "required", "lock", "rows", "since")
+
+    def __init__(self, table: str):
+        self.table = table
+        self.schema = schema(table)
+        self.cols = tuple(self.schema.names)
+        self.colset = frozenset(self.cols)
+        self.required = frozenset(f.name for f in self.schema if not f.nullable)
+        self.lock = threading.Lock()
+        self.rows: list[tuple] = []
+        self.since = 0.0
+
+
+def _rows_to_table(buf: _Buffer, rows: list[tuple]) -> pa.Table:
+    columns = list(zip(*rows))
+    arrays = []
+    for field, values in zip(buf.schema, columns):
+        if field.name == "attrs":
+            values = [v if v is None or isinstance(v, str) else json.dumps(v, default=str) for v in values]
+        arrays.append(pa.array(values, type=field.type))
+    return conform(buf.table, pa.Table.from_arrays(arrays, schema=buf.schema))
+
+
+class Client:
+    """Connects producers to a collector and one run.
+
+    ``address``: ``http://host:port`` of a collector, or None / "embedded" for a collector in
+    this process writing to ``store`` (default $FLOWSCOPE_STORE or ./flowscope-runs).
+    $FLOWSCOPE_ADDRESS and $FLOWSCOPE_RUN are used when ``address`` / ``run_id`` are not given,
+    so child processes join their parent's run. A client that created its run closes it.
+    """
+
+    def __init__(self, address: str | None = None, *, store: str | Path | None = None,
+                 run_id: str | None = None, name: str | None = None, command: str | list[str] | None = None,
+                 meta: dict | None = None, flush_records: int = 65_536, flush_interval: float = 1.0,
+                 max_buffer_records: int = 500_000, spool_dir: str | Path | None = None,
+                 busy_timeout: float = 30.0, serve: bool = False, collector_options: dict | None = None):
+        address = address or os.environ.get("FLOWSCOPE_ADDRESS") or EMBEDDED
+        self._collector = None
+        self._server = None
+        if address == EMBEDDED:
+            from flowscope.service.collector import Collector
+            from flowscope.store.catalog import default_store
+
+            self._collector = Collector(store if store is not None else default_store(), **(collector_options or {}))
+            self._transport: HttpTransport | EmbeddedTransport = EmbeddedTransport(self._collector)
+            if serve:
+                from flowscope.service.server import BackgroundServer
+
+                self._server = BackgroundServer(self._collector)
+            self.address = self._server.address if self._server else EMBEDDED
+        else:
+            self._transport = HttpTransport(address)
+            self.address = self._transport.address
+        self._probe = HttpTransport(self.address, timeout=2.0) if self.address != EMBEDDED else None
+
+        given = run_id or (os.environ.get("FLOWSCOPE_RUN") if address != EMBEDDED else None)
+        self.run_id = check_run_id(given) if given else new_run_id()
+        self.owns_run = given is None
+        self.flush_records = int(flush_records)
+        self.flush_interval = float(flush_interval)
+        self.max_buffer_records = max(int(max_buffer_records), self.flush_records)
+        self.busy_timeout = float(busy_timeout)
+        self.spool = Spool(spool_dir if spool_dir is not None else default_spool_dir())
+        self.stats = {"records": 0, "batches_sent": 0, "batches_spooled": 0, "batches_replayed": 0,
+                      "rows_rejected": 0, "busy_retries": 0}
+        self.errors: list[str] = []
+        self._token = f"{os.getpid()}-{secrets.token_hex(4)}"
+        self._seq = itertools.count()
+        self._buffers: dict[str, _Buffer] = {}
+        self._buffers_lock = threading.Lock()
+        self._space = threading.Condition()
+        self._wake = threading.Event()
+        self._flush_requests: queue.Queue = queue.Queue()
+        self._sendq: queue.Queue = queue.Queue(maxsize=8)
+        self._offline_since: float | None = None
+        self._closed = False
+        self._local = threading.local()
+        self._known_resources: set[str] = set()
+
+        self._meta = {"run_id": self.run_id, "name": name, "command": command, "start_ns": now_ns(),
+                      "provenance": collect_provenance(), **(meta or {})}
+        if isinstance(command, list):
+            self._meta["command"] = " ".join(command)
+        if self.owns_run or self._collector is not None:
+            self._sendq.put(("open", self._meta))
+        self._builder = threading.Thread(target=self._build_loop, name="flowscope-builder", daemon=True)
+        self._sender = threading.Thread(target=self._send_loop, name="flowscope-sender", daemon=True)
+        self._builder.start()
+        self._sender.start()
+
+    # ---- where the run lives ---------------------------------------------------------------
+    @property
+    def run_dir(self) -> Path | None:
+        """The run's directory when the collector is embedded (None for a remote collector)."""
+        return self._collector.run_dir(self.run_id) if self._collector else None
+
+    def env(self) -> dict[str, str]:
+        """Environment variables that make a child process's Client join this run."""
+        if self.address == EMBEDDED:
+            raise FlowscopeError("an embedded collector without serve=True cannot be reached by other processes")
+        return {"FLOWSCOPE_ADDRESS": self.address, "FLOWSCOPE_RUN": self.run_id}
+
+    # ---- emission ----------------------------------------------------------------------------
+    def _buffer(self, table: str) -> _Buffer:
+        buf = self._buffers.get(table)
+        if buf is None:
+            with self._buffers_lock:
+                buf = self._buffers.get(table) or _Buffer(table)
+                self._buffers[table] = buf
+        return buf
+
+    def _append(self, buf: _Buffer, row: tuple) -> None:
+        with buf.lock:
+            rows = buf.rows
+            if not rows:
+                buf.since = time.monotonic()
+            rows.append(row)
+            n = len(rows)
+        if n >= self.flush_records:
+            self._wake.set()
+            if n >= self.max_buffer_records:
+                self._wait_for_space(buf)
+
+    def _wait_for_space(self, buf: _Buffer) -> None:
+        with self._space:
+            while len(buf.rows) >= self.max_buffer_records and not self._closed:
+                self._wake.set()
+                self._space.wait(0.5)
+
+    def emit(self, table: str, **fields: Any) -> None:
+        """Append one record to ``table``; fields are the table's columns (docs/data-model.md)."""
+        buf = self._buffer(table)
+        keys = fields.keys()
+        if not keys <= buf.colset:
+            bad = sorted(keys - buf.colset)
+            raise SchemaError(table, f"unknown column(s) {bad}; columns are {', '.join(buf.cols)}", bad[0])
+        if not buf.required <= keys:
+            missing = sorted(buf.required - keys)
+            raise SchemaError(table, "is required but missing", missing[0])
+        self._append(buf, tuple(map(fields.get, buf.cols)))
+
+    def span(self, name: str, start_ns: int, end_ns: int, *, kind: str = "call", resource_id: str | None = None,
+             task_key: str | None = None, attrs: dict | str | None = None, span_id: int | None = None,
+             parent_id: int | None = None) -> None:
+        """Record an interval [start_ns, end_ns] on a resource (default: the calling thread)."""
+        buf = self._buffers.get("spans") or self._buffer("spans")
+        self._append(buf, (span_id, parent_id, resource_id or self.thread_resource(), kind, name,
+                           start_ns, end_ns, task_key, attrs))
+
+    @contextmanager
+    def timed(self, name: str, *, kind: str = "call", **kw: Any):
+        """Record the enclosed block as a span."""
+        t0 = time.time_ns()
+        try:
+            yield
+        finally:
+            self.span(name, t0, time.time_ns(), kind=kind, **kw)
+
+    def metric(self, name: str, value: float, *, namespace: str = "application", resource_id: str | None = None,
+               ts_ns: int | None = None) -> None:
+        """Record one sample of a named metric."""
+        buf = self._buffers.get("metrics") or self._buffer("metrics")
+        self._append(buf, (ts_ns or time.time_ns(), resource_id or ids.process_id(), namespace, name, float(value)))
+
+    def log(self, message: str, *, level: str = "info", category: str = "application",
+            resource_id: str | None = None, task_key: str | None = None, attrs: dict | None = None,
+            ts_ns: int | None = None) -> None:
+        """Record one log event."""
+        buf = self._buffers.get("logs") or self._buffer("logs")
+        self._append(buf, (ts_ns or time.time_ns(), resource_id or self.thread_resource(), level, category,
+                           message, task_key, attrs))
+
+    def resource(self, kind: str, resource_id: str, *, name: str | None = None, parent_id: str | None = None,
+                 host: str | None = None, pid: int | None = None, tid: int | None = None,
+                 thread_ident: int | None = None, address: str | None = None, attrs: dict | None = None,
+                 start_ns: int | None = None) -> str:
+        """Declare a resource once (later calls with the same id are ignored) and return its id."""
+        if resource_id not in self._known_resources:
+            self._known_resources.add(resource_id)
+            self.emit("resources", resource_id=resource_id, kind=kind, name=name or resource_id,
+                      parent_id=parent_id, host=host, pid=pid, tid=tid, thread_ident=thread_ident,
+                      address=address, start_ns=start_ns or time.time_ns(), attrs=attrs)
+        return resource_id
+
+    def thread_resource(self) -> str:
+        """The calling thread's resource id, declared (with its process and host) on first use."""
+        rid = getattr(self._local, "rid", None)
+        if rid is None:
+            host = ids.hostname()
+            self.resource("host", ids.host_id(), name=host, host=host)
+            self.resource("process", ids.process_id(), name=f"{host}:{os.getpid()}", parent_id=ids.host_id(),
+                          host=host, pid=os.getpid(), attrs={"argv": sys.argv[:8]})
+            t = threading.current_thread()
+            rid = self.resource("thread", ids.thread_id(), name=t.name, parent_id=ids.process_id(), host=host,
+                                pid=os.getpid(), tid=threading.get_native_id(), thread_ident=threading.get_ident())
+            self._local.rid = rid
+        return rid
+
+    def write(self, table: str, data: pa.Table | pa.RecordBatch | Any) -> None:
+        """Queue a whole batch (Arrow table/batch, pandas DataFrame, or dict of columns); validated now."""
+        if not isinstance(data, (pa.Table, pa.RecordBatch)):
+            if isinstance(data, dict):
+                data = pa.table(data)
+            else:
+                data = pa.Table.from_pandas(data, preserve_index=False)
+        data = conform(table, data)
+        for off in range(0, max(data.num_rows, 1), self.flush_records):
+            self._sendq.put(("batch", table, self._segment_id(), data.slice(off, self.flush_records)))
+        self.stats["records"] += data.num_rows
+
+    def _segment_id(self) -> str:
+        return f"{self._token}-{next(self._seq):08d}"
+
+    # ---- builder: buffers -> Arrow batches --------------------------------------------------
+    def _take(self, buf: _Buffer, force: bool) -> list[tuple] | None:
+        with buf.lock:
+            n = len(buf.rows)
+            if not n:
+                return None
+            if not (force or n >= self.flush_records or time.monotonic() - buf.since >= self.flush_interval):
+                return None
+            rows, buf.rows = buf.rows, []
+        with self._space:
+            self._space.notify_all()
+        return rows
+
+    def _build(self, buf: _Buffer, rows: list[tuple]) -> None:
+        for off in range(0, len(rows), self.flush_records):
+            chunk = rows[off: off + self.flush_records]
+            try:
+                data = _rows_to_table(buf, chunk)
+            except (pa.ArrowException, SchemaError, TypeError, ValueError, OverflowError) as exc:
+                data = self._salvage(buf, chunk, exc)
+                if data is None:
+                    continue
+            self.stats["records"] += data.num_rows
+            self._sendq.put(("batch", buf.table, self._segment_id(), data))
+
+    def _salvage(self, buf: _Buffer, rows: list[tuple], exc: Exception) -> pa.Table | None:
+        """Split a batch that failed to convert into good rows (returned) and bad rows (kept in the spool)."""
+        good, bad = [], []
+        for row in rows:
+            try:
+                _rows_to_table(buf, [row])
+                good.append(row)
+            except Exception as e:  # noqa: BLE001 - each row's own error is what we keep
+                bad.append({"row": dict(zip(buf.cols, map(repr, row))), "error": str(e)})
+        path = self.spool.run_dir(self.run_id) / "rejected" / f"{buf.table}__{self._segment_id()}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(bad, indent=1))
+        self.stats["rows_rejected"] += len(bad)
+        msg = f"{len(bad)} {buf.table} record(s) do not fit the schema ({bad[0]['error']}); kept in {path}"
+        self.errors.append(msg)
+        log.warning(msg)
+        return _rows_to_table(buf, good) if good else None
+
+    def _build_loop(self) -> None:
+        tick = min(0.1, self.flush_interval / 4)
+        while True:
+            self._wake.wait(tick)
+            self._wake.clear()
+            markers = []
+            while True:
+                try:
+                    markers.append(self._flush_requests.get_nowait())
+                except queue.Empty:
+                    break
+            force = bool(markers)
+            for buf in list(self._buffers.values()):
+                while (rows := self._take(buf, force)) is not None:
+                    self._build(buf, rows)
+                    if not force:
+                        break
+            for m in markers:
+                self._sendq.put(m)
+                if m[0] == "stop":
+                    return
+
+    # ---- sender: batches -> collector (or spool) ---------------------------------------------
+    def _go_offline(self, why: Exception) -> None:
+        if self._offline_since is None:
+            self._offline_since = time.monotonic()
+            log.warning("flowscope collector unreachable (%s); spooling to %s", why, self.spool.run_dir(self.run_id))
+
+    def _to_spool(self, table: str, seg: str, data: pa.Table) -> None:
+        self.spool.save_open(self.run_id, self._meta)
+        self.spool.save_batch(self.run_id, table, seg, data)
+        self.stats["batches_spooled"] += 1
+
+    def _try_reconnect(self) -> bool:
+        """Probe the collector; when it answers, replay this run's spool and go back online."""
+        try:
+            self._probe.health()
+            rep = replay(self.spool.root, self._transport, run_id=self.run_id)
+        except (Unreachable, Busy, OSError):
+            return False
+        self.stats["batches_replayed"] += rep.batches
+        for path, why in rep.failed:
+            self.errors.append(f"{path}: {why}")
+        self._offline_since = None
+        log.warning("flowscope collector back; replayed %d spooled batch(es)", rep.batches)
+        return True
+
+    def _deliver(self, table: str, seg: str, data: pa.Table) -> None:
+        if self._offline_since is not None:
+            self._to_spool(table, seg, data)
+            return
+        deadline, pause = time.monotonic() + self.busy_timeout, 0.02
+        payload = data
+        while True:
+            try:
+                self._transport.send(self.run_id, table, seg, payload)
+                self.stats["batches_sent"] += 1
+                return
+            except Busy:
+                self.stats["busy_retries"] += 1
+                if time.monotonic() >= deadline:
+                    self._to_spool(table, seg, data)
+                    return
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
+            except Unreachable as exc:
+                self._go_offline(exc)
+                self._to_spool(table, seg, data)
+                return
+            except Rejected as exc:
+                path = self.spool.run_dir(self.run_id) / "rejected"
+                path.mkdir(parents=True, exist_ok=True)
+                self.spool.save_batch(self.run_id, f"rejected/{table}", seg, data)
+                msg = f"collector refused a {table} batch of {data.num_rows} rows ({exc}); kept in {path}"
+                self.errors.append(msg)
+                self.stats["rows_rejected"] += data.num_rows
+                log.warning(msg)
+                return
+
+    def _send_loop(self) -> None:
+        while True:
+            try:
+                item = self._sendq.get(timeout=1.0)
+            except queue.Empty:
+                if self._offline_since is not None:
+                    self._try_reconnect()
+                continue
+            kind = item[0]
+            if kind == "batch":
+                if self._offline_since is not None and time.monotonic() - self._offline_since > 1.0:
+                    self._try_reconnect()
+                self._deliver(*item[1:])
+            elif kind == "open":
+                try:
+                    self._transport.open_run(item[1])
+                except (Unreachable, Busy) as exc:
+                    self._go_offline(exc)
+                    self.spool.save_open(self.run_id, item[1])
+                except Rejected as exc:
+                    self.errors.append(f"collector refused to open run {self.run_id}: {exc}")
+            elif kind == "marker":
+                item[1].set()
+            elif kind == "stop":
+                item[1].set()
+                return
+
+    # ---- lifecycle -----------------------------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> bool:
+        """Deliver (or spool) everything emitted so far; True if done within ``timeout``."""
+        ev = threading.Event()
+        self._flush_requests.put(("marker", ev))
+        self._wake.set()
+        return ev.wait(timeout)
+
+    def close(self, status: str = "finished", timeout: float | None = None) -> None:
+        """Flush, close the run if this client opened it, stop the threads. Raises FlowscopeError
+        if records were refused or are left in the spool."""
+        if self._closed:
+            return
+        self.flush(timeout)
+        if self._offline_since is not None:
+            self._try_reconnect()
+        if self.owns_run:
+            info = {"end_ns": now_ns(), "status": status}
+            if self._offline_since is not None or self.spool.has_pending(self.run_id):
+                self.spool.save_close(self.run_id, info)
+            else:
+                try:
+                    self._transport.close_run(self.run_id, info)
+                except (Unreachable, Busy) as exc:
+                    self._go_offline(exc)
+                    self.spool.save_open(self.run_id, self._meta)
+                    self.spool.save_close(self.run_id, info)
+        ev = threading.Event()
+        self._flush_requests.put(("stop", ev))
+        self._wake.set()
+        ev.wait(timeout)
+        self._closed = True
+        with self._space:
+            self._space.notify_all()
+        self._transport.close()
+        if self._server:
+            self._server.stop()
+        if self._collector:
+            self._collector.shutdown(wait=True)
+        pending = self.spool.pending(self.run_id)
+        if pending:
+            self.errors.append(f"{len(pending)} batch(es) could not be delivered and are kept in "
+                               f"{self.spool.run_dir(self.run_id)}; deliver them with "
+                               f"`flowscope ingest-spool {self.spool.run_dir(self.run_id)} --address ADDRESS`")
+        if self.errors:
+            raise FlowscopeError("; ".join(self.errors))
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(status="failed" if exc_type else "finished")
