@@ -1,0 +1,46 @@
+"""The ``flowscope`` command: one sub-command per verb, each defined in its own module."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from flowscope import __version__
+from flowscope.cli import demo, runs, serve, spool
+
+GROUPS = (demo, serve, runs, spool)
+
+
+class UserError(Exception):
+    """A problem the user can fix; printed as one line, exit status 1."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flowscope",
+                                     description="Observe scientific workflows and explain where their time goes.")
+    parser.add_argument("--version", action="version", version=f"flowscope {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for group in GROUPS:
+        group.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        print("flowscope: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except (UserError, OSError, ValueError, KeyError, RuntimeError) as exc:
+        msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        print(f"flowscope {args.command}: error: {msg}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

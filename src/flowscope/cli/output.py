@@ -1,0 +1,46 @@
+"""Terminal output shared by the commands: tables, JSON, progress."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+console = Console()
+err_console = Console(stderr=True)
+
+
+def print_json(obj: Any) -> None:
+    json.dump(obj, sys.stdout, indent=2, default=str)
+    sys.stdout.write("\n")
+
+
+def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
+    t = Table(title=title, show_lines=False)
+    for c in columns:
+        t.add_column(str(c), overflow="fold")
+    for r in rows:
+        t.add_row(*("" if v is None else str(v) for v in r))
+    console.print(t)
+
+
+def progress() -> Progress:
+    """A progress bar on stderr (hidden when stderr is not a terminal)."""
+    return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
+                    TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                    console=err_console, transient=True)
+
+
+def fmt_ns(ns: float | None) -> str:
+    """A duration in ns, in the unit a person reads best."""
+    if ns is None:
+        return "-"
+    ns = float(ns)
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if abs(ns) >= scale:
+            return f"{ns / scale:.3g} {unit}"
+    return f"{ns:.0f} ns"

@@ -1,0 +1,102 @@
+"""``flowscope runs``, ``flowscope show`` and ``flowscope sql``: what is in a store and in a run."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import sys
+
+from flowscope.cli.output import console, fmt_ns, print_json, print_table
+from flowscope.store.catalog import default_store, list_runs, resolve_run
+from flowscope.store.run import open_run
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("runs", help="list the runs in a store", description="List the runs in a store directory.")
+    p.add_argument("store", nargs="?", default=None, help="store directory (default $FLOWSCOPE_STORE or ./flowscope-runs)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_runs)
+
+    p = sub.add_parser("show", help="summarise one run", description="Summarise one run: rows per table, "
+                       "time range, resources, and the span names with most total time.")
+    p.add_argument("run", help="run directory, run id in the store, or 'latest'")
+    p.add_argument("--store", default=None, help="store to look the run id up in")
+    p.add_argument("--top", type=int, default=10, help="how many span names to list (default 10)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.set_defaults(func=cmd_show)
+
+    p = sub.add_parser("sql", help="query a run with SQL (DuckDB)",
+                       description="Run a SQL query over a run; each table (spans, transitions, dependencies, "
+                                   "transfers, io, metrics, logs, resources, data_states, mutations) is a view.")
+    p.add_argument("run", help="run directory, run id in the store, or 'latest'")
+    p.add_argument("query", help='e.g. "SELECT name, count(*) FROM spans GROUP BY name"')
+    p.add_argument("--store", default=None, help="store to look the run id up in")
+    fmt = p.add_mutually_exclusive_group()
+    fmt.add_argument("--json", action="store_true", help="print JSON records")
+    fmt.add_argument("--csv", action="store_true", help="print CSV")
+    p.add_argument("--max-rows", type=int, default=100, help="rows to print as a table (default 100; JSON/CSV print all)")
+    p.set_defaults(func=cmd_sql)
+
+
+def _when(ns: int | None) -> str:
+    if not ns:
+        return "-"
+    return dt.datetime.fromtimestamp(ns / 1e9, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def cmd_runs(args: argparse.Namespace) -> int:
+    store = args.store or default_store()
+    runs = list_runs(store)
+    if args.json:
+        print_json(runs)
+        return 0
+    if not runs:
+        console.print(f"no runs in {store}")
+        return 0
+    rows = []
+    for m in runs:
+        dur = (m["end_ns"] - m["start_ns"]) if m.get("end_ns") and m.get("start_ns") else None
+        rows.append([m.get("run_id"), m.get("name"), m.get("status", m.get("error")), _when(m.get("start_ns")),
+                     fmt_ns(dur), m.get("command") or ""])
+    print_table(f"runs in {store}", ["run", "name", "status", "started (UTC)", "duration", "command"], rows)
+    return 0
+
+
+def cmd_show(args: argparse.Namespace) -> int:
+    from flowscope.analysis.summary import summarize
+
+    run = open_run(resolve_run(args.run, args.store))
+    s = summarize(run, top=args.top)
+    if args.json:
+        print_json(s.to_dict())
+        return 0
+    console.print(f"[bold]{s.run_id}[/bold] {s.name or ''} — {s.status}, {fmt_ns(s.duration_ns)} "
+                  f"({_when(s.start_ns)} UTC) at {run.path}")
+    print_table("rows", ["table", "rows"], [[k, v] for k, v in s.rows.items() if v])
+    if s.resources_by_kind:
+        console.print("resources: " + ", ".join(f"{n} {k}" for k, n in s.resources_by_kind.items()))
+    if s.top_spans:
+        print_table("where span time goes", ["name", "kind", "count", "total", "mean", "max"],
+                    [[r["name"], r["kind"], r["count"], fmt_ns(r["total_ns"]), fmt_ns(r["mean_ns"]),
+                      fmt_ns(r["max_ns"])] for r in s.top_spans])
+    if s.logs_by_level:
+        console.print("logs: " + ", ".join(f"{n} {k}" for k, n in s.logs_by_level.items()))
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace) -> int:
+    run = open_run(resolve_run(args.run, args.store))
+    try:
+        df = run.sql(args.query)
+    except Exception as exc:  # DuckDB's own message says what is wrong with the query
+        raise ValueError(f"query failed: {exc}") from None
+    if args.json:
+        print_json(df.to_dict("records"))
+    elif args.csv:
+        df.to_csv(sys.stdout, index=False)
+    else:
+        shown = df.head(args.max_rows)
+        print_table(None, list(df.columns), shown.values.tolist())
+        if len(df) > len(shown):
+            console.print(f"({len(df)} rows, {len(shown)} shown; use --max-rows, --json or --csv for all)")
+    return 0

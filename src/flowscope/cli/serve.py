@@ -1,0 +1,44 @@
+"""``flowscope serve``: run the collector service in the foreground."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from flowscope.service.collector import MiB, Collector
+from flowscope.store.catalog import default_store
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("serve", help="run the collector service (HTTP, loopback by default)",
+                       description="Run the collector: batched ingest, run open/close, health and per-table "
+                                   "JSON queries, written to the run store as batches arrive.")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
+    p.add_argument("--store", default=None, help="run store directory (default $FLOWSCOPE_STORE or ./flowscope-runs)")
+    p.add_argument("--address-file", default=None,
+                   help="append this instance's address to FILE (clients spread over the listed instances)")
+    p.add_argument("--queue-mb", type=float, default=256,
+                   help="memory bound for batches received and not yet written, MiB (default 256)")
+    p.add_argument("--max-request-mb", type=float, default=64, help="largest accepted request body, MiB (default 64)")
+    p.add_argument("--writers", type=int, default=2, help="writer threads (default 2)")
+    p.add_argument("--fsync", action="store_true", help="fsync each segment before acknowledging it")
+    p.add_argument("--writer-delay", type=float, default=0.0, metavar="SECONDS",
+                   help="sleep before each segment write: simulates a slow file system (backpressure tests)")
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from flowscope.service.server import serve_forever
+
+    store = args.store or default_store()
+    collector = Collector(store, queue_bytes=int(args.queue_mb * MiB), max_request_bytes=int(args.max_request_mb * MiB),
+                          writers=args.writers, writer_delay=args.writer_delay, fsync=args.fsync)
+
+    def ready(address: str) -> None:
+        print(f"flowscope collector listening on {address} (store {store})", file=sys.stderr, flush=True)
+
+    serve_forever(collector, args.host, args.port, address_file=args.address_file, log_level=args.log_level,
+                  on_ready=ready)
+    return 0
