@@ -121,6 +121,7 @@ class Client:
         self._offline_since: float | None = None
         self._closed = False
         self._local = threading.local()
+        self._replay_lock = threading.Lock()
         self._known_resources: set[str] = set()
 
         self._meta = {"run_id": self.run_id, "name": name, "command": command, "start_ns": now_ns(),
@@ -206,7 +207,8 @@ class Client:
                ts_ns: int | None = None) -> None:
         """Record one sample of a named metric."""
         buf = self._buffers.get("metrics") or self._buffer("metrics")
-        self._append(buf, (ts_ns or time.time_ns(), resource_id or ids.process_id(), namespace, name, float(value)))
+        self._append(buf, (ts_ns or time.time_ns(), resource_id or self.process_resource(), namespace, name,
+                           float(value)))
 
     def log(self, message: str, *, level: str = "info", category: str = "application",
             resource_id: str | None = None, task_key: str | None = None, attrs: dict | None = None,
@@ -228,14 +230,22 @@ class Client:
                       address=address, start_ns=start_ns or time.time_ns(), attrs=attrs)
         return resource_id
 
+    def process_resource(self) -> str:
+        """This process's resource id, declared (with its host) on first use."""
+        rid = ids.process_id()
+        if rid not in self._known_resources:
+            host = ids.hostname()
+            self.resource("host", ids.host_id(), name=host, host=host)
+            self.resource("process", rid, name=f"{host}:{os.getpid()}", parent_id=ids.host_id(),
+                          host=host, pid=os.getpid(), attrs={"argv": sys.argv[:8]})
+        return rid
+
     def thread_resource(self) -> str:
         """The calling thread's resource id, declared (with its process and host) on first use."""
         rid = getattr(self._local, "rid", None)
         if rid is None:
             host = ids.hostname()
-            self.resource("host", ids.host_id(), name=host, host=host)
-            self.resource("process", ids.process_id(), name=f"{host}:{os.getpid()}", parent_id=ids.host_id(),
-                          host=host, pid=os.getpid(), attrs={"argv": sys.argv[:8]})
+            self.process_resource()
             t = threading.current_thread()
             rid = self.resource("thread", ids.thread_id(), name=t.name, parent_id=ids.process_id(), host=host,
                                 pid=os.getpid(), tid=threading.get_native_id(), thread_ident=threading.get_ident())
@@ -333,19 +343,28 @@ class Client:
         self.spool.save_batch(self.run_id, table, seg, data)
         self.stats["batches_spooled"] += 1
 
-    def _try_reconnect(self) -> bool:
-        """Probe the collector; when it answers, replay this run's spool and go back online."""
+    def _replay_own(self, busy_timeout: float) -> bool:
+        """Probe the collector if offline, then replay this run's spool; True when the spool is empty."""
+        with self._replay_lock:
+            return self._replay_locked(busy_timeout)
+
+    def _replay_locked(self, busy_timeout: float) -> bool:
         try:
-            self._probe.health()
-            rep = replay(self.spool.root, self._transport, run_id=self.run_id)
-        except (Unreachable, Busy, OSError):
+            if self._offline_since is not None:
+                self._probe.health()
+            rep = replay(self.spool.root, self._transport, run_id=self.run_id, busy_timeout=busy_timeout)
+        except (Unreachable, OSError) as exc:
+            self._go_offline(exc)
+            return False
+        except Busy:
             return False
         self.stats["batches_replayed"] += rep.batches
         for path, why in rep.failed:
             self.errors.append(f"{path}: {why}")
+        if self._offline_since is not None:
+            log.warning("flowscope collector back; replayed %d spooled batch(es)", rep.batches)
         self._offline_since = None
-        log.warning("flowscope collector back; replayed %d spooled batch(es)", rep.batches)
-        return True
+        return not self.spool.has_pending(self.run_id)
 
     def _deliver(self, table: str, seg: str, data: pa.Table) -> None:
         if self._offline_since is not None:
@@ -384,13 +403,13 @@ class Client:
             try:
                 item = self._sendq.get(timeout=1.0)
             except queue.Empty:
-                if self._offline_since is not None:
-                    self._try_reconnect()
+                if self._offline_since is not None or self.spool.has_pending(self.run_id):
+                    self._replay_own(busy_timeout=1.0)
                 continue
             kind = item[0]
             if kind == "batch":
                 if self._offline_since is not None and time.monotonic() - self._offline_since > 1.0:
-                    self._try_reconnect()
+                    self._replay_own(busy_timeout=1.0)
                 self._deliver(*item[1:])
             elif kind == "open":
                 try:
@@ -420,8 +439,8 @@ class Client:
         if self._closed:
             return
         self.flush(timeout)
-        if self._offline_since is not None:
-            self._try_reconnect()
+        if self._offline_since is not None or self.spool.has_pending(self.run_id):
+            self._replay_own(busy_timeout=self.busy_timeout)
         if self.owns_run:
             info = {"end_ns": now_ns(), "status": status}
             if self._offline_since is not None or self.spool.has_pending(self.run_id):

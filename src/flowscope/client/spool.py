@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,12 +88,28 @@ class ReplayReport:
     failed: list[tuple[str, str]] = field(default_factory=list)
 
 
+def _send_patiently(transport, run_id: str, table: str, seg: str, body: bytes, busy_timeout: float) -> dict:
+    """Send one batch, waiting out a busy collector for up to ``busy_timeout`` seconds."""
+    from flowscope.client.transport import Busy
+
+    deadline, pause = time.monotonic() + busy_timeout, 0.05
+    while True:
+        try:
+            return transport.send(run_id, table, seg, body)
+        except Busy:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(pause)
+            pause = min(2 * pause, 1.0)
+
+
 def replay(root: str | Path, transport, run_id: str | None = None,
-           progress: Callable[[int, int], None] | None = None) -> ReplayReport:
+           progress: Callable[[int, int], None] | None = None, busy_timeout: float = 60.0) -> ReplayReport:
     """Send everything under the spool ``root`` (or one run of it) through ``transport``.
 
     Each delivered file is deleted; a run directory is removed once empty. Stops at the
-    first unreachable collector (raising it) so nothing is deleted that was not delivered.
+    first unreachable collector, or one still busy after ``busy_timeout`` s (raising it), so
+    nothing is deleted that was not delivered.
     A batch the collector rejects for good is left in place and listed in ``failed``.
     """
     from flowscope.client.transport import Rejected
@@ -116,14 +133,18 @@ def replay(root: str | Path, transport, run_id: str | None = None,
         for p in sorted(p for p in d.iterdir() if p.name.endswith(SUFFIX) and not p.name.startswith(".")):
             table, _, seg = p.name[: -len(SUFFIX)].partition("__")
             try:
-                res = transport.send(rid, table, seg, p.read_bytes())
+                body = p.read_bytes()
+            except FileNotFoundError:  # delivered meanwhile by another replay
+                continue
+            try:
+                res = _send_patiently(transport, rid, table, seg, body, busy_timeout)
             except Rejected as exc:
                 report.failed.append((str(p), str(exc)))
                 continue
             report.batches += 1
             report.rows += int(res.get("rows") or 0)
             report.duplicates += bool(res.get("duplicate"))
-            p.unlink()
+            p.unlink(missing_ok=True)
             done += 1
             if progress:
                 progress(done, total)

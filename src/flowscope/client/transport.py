@@ -74,7 +74,7 @@ class HttpTransport:
         return status, doc
 
     def _check(self, status: int, doc: dict) -> dict:
-        if status in (429, 503):
+        if status == 429 or status >= 500:  # transient on the collector's side (busy, disk trouble): retry, spool
             raise Busy(doc.get("error", f"HTTP {status}"))
         if status >= 400:
             raise Rejected(status, doc.get("error", "no detail"))

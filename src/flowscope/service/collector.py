@@ -220,7 +220,7 @@ class Collector:
                 self.release(reserved)
 
     def segment_exists(self, run_id: str, table: str, segment_id: str) -> bool:
-        return segment_path(self.run_dir(run_id), table, segment_id).exists()
+        return segment_path(self.run_dir(run_id), table, check_segment_id(segment_id)).exists()
 
     def health(self) -> dict:
         with self._res_lock:

@@ -29,6 +29,22 @@ def _duck_type(t: pa.DataType) -> str:
     raise TypeError(f"no DuckDB type for {t}")
 
 
+def _merged_resources(source: str, target: pa.Schema) -> str:
+    """Resources are declared by every producer that sees them, and may be declared again when they end:
+    rows with one resource_id merge into one (first non-null of each column, earliest start, latest end)."""
+    cols = []
+    for f in target:
+        if f.name == "resource_id":
+            cols.append('"resource_id"')
+        elif f.name == "start_ns":
+            cols.append('min("start_ns") AS "start_ns"')
+        elif f.name == "end_ns":
+            cols.append('max("end_ns") AS "end_ns"')
+        else:
+            cols.append(f'any_value("{f.name}") AS "{f.name}"')
+    return f'(SELECT {", ".join(cols)} FROM {source} GROUP BY "resource_id")'
+
+
 class RunNotFound(FileNotFoundError):
     """The path is not a run directory (it has no run.json)."""
 
@@ -63,6 +79,9 @@ class Run:
         """All rows of ``table`` as an Arrow table with the canonical schema (empty if none yet)."""
         target = schema(table)
         files = segment_files(self.path, table)
+        if table == "resources" and files:
+            merged = self.sql_arrow("SELECT * FROM resources ORDER BY start_ns, resource_id").cast(target)
+            return merged.select(columns) if columns else merged
         if not files:
             empty = target.empty_table()
             return empty.select(columns) if columns else empty
@@ -74,9 +93,12 @@ class Run:
         return self.arrow(table, columns).to_pandas()
 
     def counts(self) -> dict[str, int]:
-        """Rows per table, read from Parquet footers only."""
+        """Rows per table (distinct resources), read from Parquet footers where possible."""
         out = {}
         for name in TABLES:
+            if name == "resources" and segment_files(self.path, name):
+                out[name] = int(self.sql("SELECT count(*) AS n FROM resources")["n"].iloc[0])
+                continue
             out[name] = sum(pq.ParquetFile(f).metadata.num_rows for f in segment_files(self.path, name))
         return out
 
@@ -90,7 +112,10 @@ class Run:
                 files = segment_files(self.path, name)
                 if files:
                     glob = str(self.path / name / "*.parquet").replace("'", "''")
-                    con.execute(f"CREATE OR REPLACE VIEW \"{name}\" AS SELECT * FROM read_parquet('{glob}')")
+                    source = f"read_parquet('{glob}')"
+                    if name == "resources":
+                        source = _merged_resources(source, target)
+                    con.execute(f"CREATE OR REPLACE VIEW \"{name}\" AS SELECT * FROM {source}")
                 else:
                     cols = ", ".join(f'CAST(NULL AS {_duck_type(f.type)}) AS "{f.name}"' for f in target)
                     con.execute(f"CREATE OR REPLACE VIEW \"{name}\" AS SELECT {cols} WHERE false")
@@ -98,12 +123,15 @@ class Run:
 
     def sql(self, query: str, params: list | None = None) -> pd.DataFrame:
         """Run ``query`` with one view per table (spans, transitions, ...) and return a DataFrame."""
-        return self.connection().execute(query, params or []).df()
+        return self.connection().sql(query, params=params or None).df()
 
     def sql_arrow(self, query: str, params: list | None = None) -> pa.Table:
         """Like ``sql`` but returns Arrow."""
-        res = self.connection().execute(query, params or [])
-        return res.to_arrow_table() if hasattr(res, "to_arrow_table") else res.arrow()
+        rel = self.connection().sql(query, params=params or None)
+        if rel is None:  # a statement with no result
+            return pa.table({})
+        to_arrow = getattr(rel, "to_arrow_table", None) or rel.arrow
+        return to_arrow()
 
     def close(self) -> None:
         with self._lock:
