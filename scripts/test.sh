@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Install everything the test suite needs into .venv and run the whole suite.
+# Used by README (second set-up command) and by .ci/run. Exits non-zero on any failure,
+# including pytest's exit 5 (no tests collected).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+# Debian packages the tests drive (none yet for the spine; later issues add pajeng, otf2-tools, redis-server...).
+APT_PACKAGES=()
+if ((${#APT_PACKAGES[@]})); then
+  missing=()
+  for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+  if ((${#missing[@]})); then
+    SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+    $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${missing[@]}"
+  fi
+fi
+
+PY=${PYTHON:-python3}
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/python -m pip install -q --upgrade pip
+.venv/bin/python -m pip install -q -e '.[test]'
+exec .venv/bin/python -m pytest "$@"

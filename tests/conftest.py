@@ -1,0 +1,102 @@
+"""Shared fixtures: a real collector process on loopback, and the shared folder of other tools' data."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def shared_data_dir() -> Path:
+    """$FLOWSCOPE_SHARED_DATA, else ../shared/data next to the repository."""
+    return Path(os.environ.get("FLOWSCOPE_SHARED_DATA") or REPO.parent / "shared" / "data")
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    d = shared_data_dir()
+    if not d.is_dir():
+        if os.environ.get("FLOWSCOPE_REQUIRE_SHARED_DATA") == "1":
+            pytest.fail(f"shared data folder {d} is missing and FLOWSCOPE_REQUIRE_SHARED_DATA=1")
+        pytest.skip(f"shared data folder {d} is absent (set FLOWSCOPE_SHARED_DATA to run these tests)")
+    return d
+
+
+class CollectorProcess:
+    """`flowscope serve` in a child process on 127.0.0.1."""
+
+    def __init__(self, store: Path, workdir: Path, extra: list[str] | None = None):
+        self.store = store
+        self.workdir = workdir
+        self.extra = extra or []
+        self.port = 0
+        self.proc: subprocess.Popen | None = None
+        self.address = ""
+
+    def start(self, timeout: float = 30.0) -> CollectorProcess:
+        addr_file = self.workdir / f"address-{time.monotonic_ns()}"
+        cmd = [sys.executable, "-m", "flowscope", "serve", "--port", str(self.port), "--store", str(self.store),
+               "--address-file", str(addr_file), *self.extra]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if addr_file.exists() and addr_file.read_text().strip():
+                self.address = addr_file.read_text().split()[0]
+                self.port = int(self.address.rsplit(":", 1)[1])
+                break
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"collector exited: {self.proc.stdout.read().decode()}")
+            time.sleep(0.02)
+        else:
+            raise TimeoutError("collector did not start")
+        import httpx
+
+        while time.monotonic() < deadline:  # the address is written just before uvicorn accepts
+            try:
+                httpx.get(f"{self.address}/v1/health", timeout=1).raise_for_status()
+                return self
+            except httpx.HTTPError:
+                time.sleep(0.02)
+        raise TimeoutError("collector did not answer /v1/health")
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(10)
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(15)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture
+def collector_factory(tmp_path):
+    started: list[CollectorProcess] = []
+
+    def make(*extra: str, store: Path | None = None) -> CollectorProcess:
+        c = CollectorProcess(store or tmp_path / "store", tmp_path, list(extra))
+        started.append(c)
+        return c.start()
+
+    yield make
+    for c in started:
+        c.stop()
+
+
+@pytest.fixture
+def collector(collector_factory) -> CollectorProcess:
+    return collector_factory()

@@ -1,0 +1,120 @@
+"""The command line and the embedded (single-machine) default."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import flowscope
+from flowscope import Client
+from flowscope.cli.main import build_parser
+
+COMMANDS = ["demo", "serve", "runs", "show", "sql", "ingest-spool"]
+
+
+def fs(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flowscope", *args], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})}, cwd=cwd)
+
+
+def test_help_everywhere():
+    assert fs("--help").returncode == 0
+    parser_commands = set(build_parser()._subparsers._group_actions[0].choices)
+    assert parser_commands == set(COMMANDS)
+    for cmd in COMMANDS:
+        res = fs(cmd, "--help")
+        assert res.returncode == 0 and "usage: flowscope " + cmd in res.stdout
+
+
+def test_demo_records_a_run_that_runs_show_and_sql_read(tmp_path):
+    store = tmp_path / "store"
+    res = fs("demo", "--store", str(store), "--tasks", "12")
+    assert res.returncode == 0, res.stderr
+    assert "where span time goes" in res.stdout and "fft" in res.stdout
+    runs = json.loads(fs("runs", str(store), "--json").stdout)
+    assert len(runs) == 1 and runs[0]["status"] == "finished" and runs[0]["name"] == "demo"
+    run_id = runs[0]["run_id"]
+    show = json.loads(fs("show", "latest", "--store", str(store), "--json").stdout)
+    assert show["run_id"] == run_id and show["rows"]["spans"] == 12 * 5 and show["rows"]["io"] == 12
+    assert {r["name"] for r in show["top_spans"]} == {"generate", "fft", "sort", "write", "read"}
+    q = fs("sql", run_id, "SELECT task_key, count(*) AS n FROM spans GROUP BY 1 ORDER BY 1", "--store", str(store),
+           "--json")
+    assert q.returncode == 0, q.stderr
+    rows = json.loads(q.stdout)
+    assert len(rows) == 12 and all(r["n"] == 5 for r in rows)
+    csv = fs("sql", str(store / run_id), "SELECT count(*) AS n FROM io", "--csv")
+    assert csv.stdout.split() == ["n", "12"]
+
+
+@pytest.mark.parametrize("args, words", [
+    (["sql", "/nonexistent", "SELECT 1"], "not a run directory"),
+    (["runs", "/nonexistent"], "no such store directory"),
+    (["ingest-spool", "/nonexistent"], "no such spool directory"),
+])
+def test_errors_are_one_line_and_nonzero(args, words):
+    res = fs(*args)
+    assert res.returncode == 1
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"flowscope {args[0]}: error:") and words in lines[0]
+
+
+def test_bad_sql_is_one_line(tmp_path):
+    fs("demo", "--store", str(tmp_path), "--tasks", "2")
+    res = fs("sql", "latest", "SELEC nonsense", "--store", str(tmp_path))
+    assert res.returncode == 1 and res.stderr.count("\n") == 1 and "query failed" in res.stderr
+
+
+def test_usage_errors_exit_2():
+    assert fs("sql").returncode == 2
+    assert fs("frobnicate").returncode == 2
+
+
+def test_embedded_client_with_http_lets_child_processes_join(tmp_path):
+    child = (
+        "import flowscope\n"
+        "c = flowscope.Client()\n"  # FLOWSCOPE_ADDRESS and FLOWSCOPE_RUN from the parent
+        "for i in range(1000): c.span('child', i, i + 1)\n"
+        "c.close()\n"
+    )
+    with Client(store=tmp_path / "store", serve=True, name="parent") as parent:
+        assert parent.address.startswith("http://127.0.0.1:")
+        parent.span("parent", 0, 10)
+        res = subprocess.run([sys.executable, "-c", child], env={**os.environ, **parent.env()},
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 0, res.stderr
+        run_dir = parent.run_dir
+    run = flowscope.open_run(run_dir)
+    counts = run.sql("SELECT name, count(*) AS n FROM spans GROUP BY 1 ORDER BY 1")
+    assert counts.values.tolist() == [["child", 1000], ["parent", 1]]
+    pids = run.sql("SELECT DISTINCT pid FROM resources WHERE kind = 'process'")["pid"].tolist()
+    assert len(pids) == 2  # both processes declared themselves
+    assert run.meta["status"] == "finished"  # the child joined, it did not close the parent's run
+
+
+def test_default_store_is_flowscope_runs_in_the_working_directory(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FLOWSCOPE_STORE", raising=False)
+    with Client(spool_dir=tmp_path / "spool") as c:
+        c.log("x")
+    assert (tmp_path / "flowscope-runs" / c.run_id / "run.json").is_file()
+    monkeypatch.setenv("FLOWSCOPE_STORE", str(tmp_path / "elsewhere"))
+    with Client(spool_dir=tmp_path / "spool") as c2:
+        pass
+    assert (tmp_path / "elsewhere" / c2.run_id / "run.json").is_file()
+
+
+def test_flush_by_age_makes_records_visible_without_close(tmp_path):
+    c = Client(store=tmp_path, flush_interval=0.2)
+    c.metric("queue.depth", 3, namespace="workflow")
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not list((c.run_dir / "metrics").glob("*.parquet")):
+        time.sleep(0.05)
+    m = flowscope.open_run(c.run_dir).table("metrics")
+    assert m[["namespace", "name", "value"]].values.tolist() == [["workflow", "queue.depth", 3.0]]
+    c.close()

@@ -1,0 +1,111 @@
+"""A collector killed mid-run, a collector that is not there, and replaying spools: nothing lost, nothing twice."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+import flowscope
+from flowscope import Client, FlowscopeError
+from test_ingest_collector import _check_exactly_once
+
+
+def _flowscope(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flowscope", *args], capture_output=True, text=True, timeout=120)
+
+
+def test_sigkill_mid_send_then_restart_loses_and_duplicates_nothing(collector, tmp_path):
+    n = 300_000
+    client = Client(collector.address, name="killed", spool_dir=tmp_path / "spool", flush_records=5_000,
+                    flush_interval=0.05)
+    sent = 0
+    killed = threading.Event()
+
+    def produce() -> None:
+        nonlocal sent
+        for i in range(n):
+            client.span("work", i, i + (i % 1000), span_id=i)
+            sent = i + 1
+            if i % 2000 == 0:
+                time.sleep(0.002)  # a steady stream rather than one burst
+
+    producer = threading.Thread(target=produce)
+    producer.start()
+    while sent < n // 3:
+        time.sleep(0.005)
+    collector.kill()  # SIGKILL while batches are in flight
+    killed.set()
+    sent_at_kill = sent
+    time.sleep(1.0)  # the client notices, spools, keeps accepting records
+    assert client.stats["batches_spooled"] > 0
+    collector.start()  # same port, same store
+    producer.join()
+    client.close()  # replays whatever is still spooled
+    assert sent_at_kill < n
+    assert client.stats["batches_replayed"] > 0
+    assert not client.spool.pending(client.run_id)
+    run = flowscope.open_run(collector.store / client.run_id)
+    _check_exactly_once(run, n)
+    assert run.meta["status"] == "finished"
+    assert not list(run.path.glob("*/.*.tmp"))  # a restarted collector cleans up temp files of the killed one
+
+
+def test_unreachable_collector_spools_everything_and_ingest_spool_delivers_it(collector_factory, tmp_path):
+    spool = tmp_path / "spool"
+    client = Client("http://127.0.0.1:9", name="offline", spool_dir=spool, flush_records=1000)  # port 9: nothing
+    for i in range(10_000):
+        client.span("work", i, i + (i % 1000), span_id=i)
+    client.metric("m", 1.5)
+    with pytest.raises(FlowscopeError, match="ingest-spool"):
+        client.close()
+    assert len(client.spool.pending(client.run_id)) >= 10
+    assert (spool / client.run_id / "close.json").is_file()
+    backup = tmp_path / "spool-copy"
+    shutil.copytree(spool, backup)
+
+    collector = collector_factory()
+    res = _flowscope("ingest-spool", str(spool), "--address", collector.address, "--json")
+    assert res.returncode == 0, res.stderr
+    report = json.loads(res.stdout)
+    assert report["rows"] == 10_000 + 1 + 3 and report["closed_runs"] == 1 and report["duplicates"] == 0
+    assert not (spool / client.run_id).exists()
+    run = flowscope.open_run(collector.store / client.run_id)
+    _check_exactly_once(run, 10_000)
+    assert run.meta["status"] == "finished" and run.meta["name"] == "offline"
+
+    # replaying the same batches again (say, a copy someone kept) adds nothing
+    res = _flowscope("ingest-spool", str(backup), "--address", collector.address, "--json")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["duplicates"] == json.loads(res.stdout)["batches"] > 0
+    _check_exactly_once(run, 10_000)
+
+
+def test_ingest_spool_straight_into_a_store(tmp_path):
+    spool = tmp_path / "spool"
+    client = Client("http://127.0.0.1:9", name="offline", spool_dir=spool)
+    client.log("hello", level="warning", category="test")
+    with pytest.raises(FlowscopeError):
+        client.close()
+    res = _flowscope("ingest-spool", str(spool / client.run_id), "--store", str(tmp_path / "store"))
+    assert res.returncode == 0, res.stderr
+    logs = flowscope.open_run(tmp_path / "store" / client.run_id).table("logs")
+    assert logs[["message", "level", "category"]].values.tolist() == [["hello", "warning", "test"]]
+
+
+def test_records_that_do_not_fit_are_kept_and_reported_not_dropped(tmp_path):
+    client = Client(store=tmp_path / "store", spool_dir=tmp_path / "spool")
+    client.span("good", 1, 2)
+    client.span("bad", "not-a-time", 3)
+    client.span("good", 3, 4)
+    with pytest.raises(FlowscopeError, match=r"1 spans record\(s\) do not fit.*kept in"):
+        client.close()
+    run = flowscope.open_run(tmp_path / "store" / client.run_id)
+    assert run.table("spans")["name"].tolist() == ["good", "good"]
+    kept = list((tmp_path / "spool" / client.run_id / "rejected").glob("*.json"))
+    assert len(kept) == 1 and "not-a-time" in kept[0].read_text()

@@ -1,0 +1,143 @@
+"""The canonical model and the run store, without a collector."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import os
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import flowscope
+from flowscope.model.conform import SchemaError, conform, records_to_table
+from flowscope.model.provenance import check_run_id, new_run_id
+from flowscope.model.schemas import TABLES
+from flowscope.service.collector import Collector
+from flowscope.store.catalog import list_runs, resolve_run
+from flowscope.store.layout import write_segment
+from flowscope.store.run import RunNotFound
+
+
+def test_every_table_has_int64_ns_timestamps_and_documented_columns():
+    doc = open(os.path.join(os.path.dirname(__file__), "..", "docs", "data-model.md")).read()
+    for name, schema in TABLES.items():
+        assert f"`{name}`" in doc, f"docs/data-model.md does not document table {name}"
+        for field in schema:
+            if field.name.endswith("_ns"):
+                assert field.type == pa.int64(), f"{name}.{field.name}"
+            assert f"`{field.name}`" in doc, f"docs/data-model.md does not document {name}.{field.name}"
+
+
+def test_conform_casts_compatible_types_and_fills_optional_columns():
+    t = pa.table({"resource_id": ["r"], "kind": pa.array(["call"]).dictionary_encode(), "name": ["f"],
+                  "start_ns": pa.array([1], pa.int32()),
+                  "end_ns": pa.array([dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)], pa.timestamp("us", "UTC"))})
+    out = conform("spans", t)
+    assert out.schema == TABLES["spans"]
+    assert out.column("end_ns")[0].as_py() == 1767225600 * 10**9
+    assert out.column("task_key").null_count == 1
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda t: t.append_column("extra", pa.array([1])), "spans.extra: unknown column(s) 'extra'"),
+    (lambda t: t.drop_columns(["start_ns"]), "spans.start_ns: is required but missing"),
+    (lambda t: t.set_column(3, "start_ns", pa.array(["soon"])), "spans.start_ns: has type string, expected int64"),
+    (lambda t: t.set_column(3, "start_ns", pa.array([1.5])), "spans.start_ns: has type double, expected int64"),
+    (lambda t: t.set_column(0, "resource_id", pa.array([None], pa.string())), "spans.resource_id: is required but row 0"),
+])
+def test_conform_names_table_column_and_problem(mutate, message):
+    t = pa.table({"resource_id": ["r"], "kind": ["call"], "name": ["f"], "start_ns": [1], "end_ns": [2]})
+    with pytest.raises(SchemaError) as err:
+        conform("spans", mutate(t))
+    assert message in str(err.value)
+
+
+def test_records_to_table_points_at_the_record():
+    with pytest.raises(SchemaError, match=r"metrics.value: expected double \(record 1: 'x'\)"):
+        records_to_table("metrics", [{"ts_ns": 1, "resource_id": "r", "namespace": "n", "name": "a", "value": 1.0},
+                                     {"ts_ns": 2, "resource_id": "r", "namespace": "n", "name": "a", "value": "x"}])
+    with pytest.raises(SchemaError, match="record 0 is a list"):
+        records_to_table("logs", [[1, 2]])
+
+
+def test_run_ids_are_sortable_and_safe():
+    a, b = new_run_id(1.0), new_run_id(2.0)
+    assert a < b and check_run_id(a) == a
+    for bad in ("", "..", "a/b", "../x", "x" * 200):
+        with pytest.raises(ValueError):
+            check_run_id(bad)
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    c = Collector(tmp_path / "store")
+    meta = c.open_run({"name": "unit", "command": "pytest"})
+    c.shutdown()
+    return tmp_path / "store" / meta["run_id"]
+
+
+def test_run_json_carries_provenance(run_dir):
+    meta = flowscope.open_run(run_dir).meta
+    prov = meta["provenance"]
+    for key in ("hostname", "cpu_model", "cpu_logical", "memory_bytes", "gpus", "python", "packages", "environment"):
+        assert key in prov
+    assert prov["packages"]["pyarrow"] == pa.__version__
+    assert prov["memory_bytes"] > 0 and meta["status"] == "running" and meta["command"] == "pytest"
+
+
+def test_segments_are_atomic_and_named_by_batch(run_dir):
+    spans = conform("spans", pa.table({"resource_id": ["r"] * 3, "kind": ["call"] * 3, "name": ["a", "b", "c"],
+                                       "start_ns": [1, 2, 3], "end_ns": [5, 6, 7]}))
+    assert write_segment(run_dir, "spans", "batch-1", spans) is True
+    assert write_segment(run_dir, "spans", "batch-1", spans) is False  # a replay is a no-op
+    # what a writer killed mid-write leaves behind: a partial temp file
+    (run_dir / "spans" / ".batch-2.parquet.123.456.tmp").write_bytes(b"PAR1\x00\x00partial")
+    run = flowscope.open_run(run_dir)
+    assert run.counts()["spans"] == 3
+    assert run.table("spans")["name"].tolist() == ["a", "b", "c"]
+    assert int(run.sql("SELECT sum(end_ns - start_ns) AS d FROM spans")["d"][0]) == 12
+    # anyone can read it without flowscope
+    assert pq.read_table(run_dir / "spans" / "batch-1.parquet").num_rows == 3
+    c = Collector(run_dir.parent)
+    c.open_run({"run_id": run_dir.name})  # reopening a run cleans up temp files of a crashed writer
+    c.shutdown()
+    assert not list(run_dir.glob("*/.*.tmp"))
+
+
+def test_empty_tables_are_typed_views(run_dir):
+    run = flowscope.open_run(run_dir)
+    df = run.sql("SELECT count(*) AS n, sum(spans.end_ns - spans.start_ns) AS d FROM spans JOIN resources USING (resource_id)")
+    assert int(df["n"][0]) == 0
+    assert run.arrow("transfers").schema == TABLES["transfers"]
+    assert list(run.table("metrics").columns) == TABLES["metrics"].names
+
+
+def test_resources_declared_twice_merge(run_dir):
+    first = conform("resources", pa.table({"resource_id": ["w1"], "kind": ["worker"], "name": ["w1"],
+                                           "start_ns": [10]}))
+    ended = conform("resources", pa.table({"resource_id": ["w1"], "kind": ["worker"], "end_ns": [99],
+                                           "address": ["tcp://x:1"]}))
+    write_segment(run_dir, "resources", "a", first)
+    write_segment(run_dir, "resources", "b", ended)
+    res = flowscope.open_run(run_dir).table("resources")
+    assert len(res) == 1
+    assert res.iloc[0][["start_ns", "end_ns", "address", "name"]].tolist() == [10, 99, "tcp://x:1", "w1"]
+
+
+def test_catalog_lists_and_resolves_runs(tmp_path, run_dir):
+    store = run_dir.parent
+    runs = list_runs(store)
+    assert [r["run_id"] for r in runs] == [run_dir.name]
+    assert resolve_run("latest", store) == run_dir
+    assert resolve_run(run_dir.name, store) == run_dir
+    assert resolve_run(str(run_dir)) == run_dir
+    (store / "broken").mkdir()
+    (store / "broken" / "run.json").write_text("{not json")
+    broken = [r for r in list_runs(store) if r["run_id"] == "broken"]
+    assert len(broken) == 1 and "broken/run.json" in broken[0]["error"]
+    with pytest.raises(FileNotFoundError, match="not a run directory"):
+        resolve_run("missing", store)
+    with pytest.raises(RunNotFound):
+        flowscope.open_run(tmp_path)
