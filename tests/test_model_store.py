@@ -141,3 +141,14 @@ def test_catalog_lists_and_resolves_runs(tmp_path, run_dir):
         resolve_run("missing", store)
     with pytest.raises(RunNotFound):
         flowscope.open_run(tmp_path)
+
+
+def test_nanosecond_timestamps_stay_exact_in_pandas(run_dir):
+    t = 1_763_700_000_123_456_789  # beyond float64's 2**53: a float would round it
+    io = conform("io", pa.table({"source": ["x", "x"], "op": ["read", "open"], "start_ns": [t, t + 1],
+                                 "end_ns": pa.array([t + 7, None], pa.int64())}))
+    write_segment(run_dir, "io", "one", io)
+    run = flowscope.open_run(run_dir)
+    df = run.table("io")
+    assert df["end_ns"].iloc[0] == t + 7 and df["end_ns"].isna().iloc[1]
+    assert run.sql("SELECT end_ns FROM io ORDER BY start_ns")["end_ns"].iloc[0] == t + 7

@@ -89,8 +89,11 @@ class Run:
         return pa.concat_tables(parts)
 
     def table(self, table: str, columns: list[str] | None = None) -> pd.DataFrame:
-        """All rows of ``table`` as a pandas DataFrame."""
-        return self.arrow(table, columns).to_pandas()
+        """All rows of ``table`` as a pandas DataFrame (integers stay exact: nullable Int64, never float)."""
+        import pandas as pd
+
+        return self.arrow(table, columns).to_pandas(
+            types_mapper={pa.int64(): pd.Int64Dtype(), pa.string(): pd.StringDtype()}.get)
 
     def counts(self) -> dict[str, int]:
         """Rows per table (distinct resources), read from Parquet footers where possible."""
