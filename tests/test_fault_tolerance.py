@@ -13,6 +13,7 @@ import pytest
 
 import flowscope
 from flowscope import Client, FlowscopeError
+from flowscope.model.conform import SchemaError
 from test_ingest_collector import _check_exactly_once
 
 
@@ -98,14 +99,15 @@ def test_ingest_spool_straight_into_a_store(tmp_path):
     assert logs[["message", "level", "category"]].values.tolist() == [["hello", "warning", "test"]]
 
 
-def test_records_that_do_not_fit_are_kept_and_reported_not_dropped(tmp_path):
+def test_a_record_that_does_not_fit_is_refused_in_the_callers_own_call(tmp_path):
     client = Client(store=tmp_path / "store", spool_dir=tmp_path / "spool")
     client.span("good", 1, 2)
-    client.span("bad", "not-a-time", 3)
+    with pytest.raises(SchemaError, match="spans.start_ns: expected an int64 \\(ns\\), got str 'not-a-time'"):
+        client.span("bad", "not-a-time", 3)
+    with pytest.raises(SchemaError, match="logs.category: is required but was None"):
+        client.log("x", category=None)
     client.span("good", 3, 4)
-    with pytest.raises(FlowscopeError, match=r"1 spans record\(s\) do not fit.*kept in"):
-        client.close()
+    client.close()  # nothing else was affected
     run = flowscope.open_run(tmp_path / "store" / client.run_id)
     assert run.table("spans")["name"].tolist() == ["good", "good"]
-    kept = list((tmp_path / "spool" / client.run_id / "rejected").glob("*.json"))
-    assert len(kept) == 1 and "not-a-time" in kept[0].read_text()
+    assert run.counts()["logs"] == 0

@@ -12,7 +12,6 @@ not lose records). ``close()`` delivers (or spools) everything.
 from __future__ import annotations
 
 import itertools
-import json
 import logging
 import os
 import queue
@@ -26,12 +25,12 @@ from typing import Any
 
 import pyarrow as pa
 
+from flowscope.client.packer import Packer
 from flowscope.client.spool import Spool, default_spool_dir, replay
 from flowscope.client.transport import Busy, EmbeddedTransport, HttpTransport, Rejected, Unreachable
 from flowscope.model import identifiers as ids
 from flowscope.model.conform import SchemaError, conform
 from flowscope.model.provenance import check_run_id, collect_provenance, new_run_id, now_ns
-from flowscope.model.schemas import schema
 
 log = logging.getLogger("flowscope.client")
 
@@ -40,30 +39,6 @@ EMBEDDED = "embedded"
 
 class FlowscopeError(RuntimeError):
     """Records could not be delivered or were refused; the message says where they are kept."""
-
-
-class _Buffer:
-    __slots__ = ("table", "schema", "cols", "colset", "required", "lock", "rows", "since")
-
-    def __init__(self, table: str):
-        self.table = table
-        self.schema = schema(table)
-        self.cols = tuple(self.schema.names)
-        self.colset = frozenset(self.cols)
-        self.required = frozenset(f.name for f in self.schema if not f.nullable)
-        self.lock = threading.Lock()
-        self.rows: list[tuple] = []
-        self.since = 0.0
-
-
-def _rows_to_table(buf: _Buffer, rows: list[tuple]) -> pa.Table:
-    columns = list(zip(*rows))
-    arrays = []
-    for field, values in zip(buf.schema, columns):
-        if field.name == "attrs":
-            values = [v if v is None or isinstance(v, str) else json.dumps(v, default=str) for v in values]
-        arrays.append(pa.array(values, type=field.type))
-    return conform(buf.table, pa.Table.from_arrays(arrays, schema=buf.schema))
 
 
 class Client:
@@ -112,8 +87,8 @@ class Client:
         self.errors: list[str] = []
         self._token = f"{os.getpid()}-{secrets.token_hex(4)}"
         self._seq = itertools.count()
-        self._buffers: dict[str, _Buffer] = {}
-        self._buffers_lock = threading.Lock()
+        self._packers: list[Packer] = []
+        self._packers_lock = threading.Lock()
         self._space = threading.Condition()
         self._wake = threading.Event()
         self._flush_requests: queue.Queue = queue.Queue()
@@ -148,51 +123,57 @@ class Client:
         return {"FLOWSCOPE_ADDRESS": self.address, "FLOWSCOPE_RUN": self.run_id}
 
     # ---- emission ----------------------------------------------------------------------------
-    def _buffer(self, table: str) -> _Buffer:
-        buf = self._buffers.get(table)
-        if buf is None:
-            with self._buffers_lock:
-                buf = self._buffers.get(table) or _Buffer(table)
-                self._buffers[table] = buf
-        return buf
+    def _packer(self, table: str) -> Packer:
+        """The calling thread's packer for ``table``; a thread's first record also declares its resource."""
+        local = self._local
+        try:
+            return local.packers[table]
+        except AttributeError:
+            local.packers = {}
+            self.thread_resource()
+            return self._packer(table)
+        except KeyError:
+            pass
+        row_bytes = Packer(table).row_bytes
+        p = Packer(table, owner=threading.current_thread(), flush_bytes=self.flush_records * row_bytes,
+                   on_full=self._full)
+        p.max_bytes = self.max_buffer_records * row_bytes
+        p.rid = local.rid
+        with self._packers_lock:
+            self._packers.append(p)
+        local.packers[table] = p
+        setattr(local, table, p)  # span(), metric() and log() read it as an attribute: the fastest lookup
+        return p
 
-    def _append(self, buf: _Buffer, row: tuple) -> None:
-        with buf.lock:
-            rows = buf.rows
-            if not rows:
-                buf.since = time.monotonic()
-            rows.append(row)
-            n = len(rows)
-        if n >= self.flush_records:
-            self._wake.set()
-            if n >= self.max_buffer_records:
-                self._wait_for_space(buf)
-
-    def _wait_for_space(self, buf: _Buffer) -> None:
-        with self._space:
-            while len(buf.rows) >= self.max_buffer_records and not self._closed:
-                self._wake.set()
-                self._space.wait(0.5)
+    def _full(self, p: Packer, nbytes: int) -> None:
+        """A thread's packer reached the flush size: wake the builder; past the bound, wait for it."""
+        self._wake.set()
+        if nbytes >= p.max_bytes:
+            with self._space:
+                while len(p) * p.row_bytes >= p.max_bytes and not self._closed:
+                    self._wake.set()
+                    self._space.wait(0.5)
 
     def emit(self, table: str, **fields: Any) -> None:
-        """Append one record to ``table``; fields are the table's columns (docs/data-model.md)."""
-        buf = self._buffer(table)
+        """Append one record to ``table``; fields are the table's columns (docs/data-model.md).
+
+        Raises SchemaError, naming the column, if the record does not fit the table."""
+        p = self._packer(table)
         keys = fields.keys()
-        if not keys <= buf.colset:
-            bad = sorted(keys - buf.colset)
-            raise SchemaError(table, f"unknown column(s) {bad}; columns are {', '.join(buf.cols)}", bad[0])
-        if not buf.required <= keys:
-            missing = sorted(buf.required - keys)
-            raise SchemaError(table, "is required but missing", missing[0])
-        self._append(buf, tuple(map(fields.get, buf.cols)))
+        if not keys <= p.colset:
+            bad = sorted(keys - p.colset)
+            raise SchemaError(table, f"unknown column(s) {bad}; columns are {', '.join(p.columns)}", bad[0])
+        p.add(*map(fields.get, p.columns))
 
     def span(self, name: str, start_ns: int, end_ns: int, *, kind: str = "call", resource_id: str | None = None,
              task_key: str | None = None, attrs: dict | str | None = None, span_id: int | None = None,
              parent_id: int | None = None) -> None:
         """Record an interval [start_ns, end_ns] on a resource (default: the calling thread)."""
-        buf = self._buffers.get("spans") or self._buffer("spans")
-        self._append(buf, (span_id, parent_id, resource_id or self.thread_resource(), kind, name,
-                           start_ns, end_ns, task_key, attrs))
+        try:
+            p = self._local.spans
+        except AttributeError:
+            p = self._packer("spans")
+        p.add(span_id, parent_id, resource_id or p.rid, kind, name, start_ns, end_ns, task_key, attrs)
 
     @contextmanager
     def timed(self, name: str, *, kind: str = "call", **kw: Any):
@@ -206,17 +187,21 @@ class Client:
     def metric(self, name: str, value: float, *, namespace: str = "application", resource_id: str | None = None,
                ts_ns: int | None = None) -> None:
         """Record one sample of a named metric."""
-        buf = self._buffers.get("metrics") or self._buffer("metrics")
-        self._append(buf, (ts_ns or time.time_ns(), resource_id or self.process_resource(), namespace, name,
-                           float(value)))
+        try:
+            p = self._local.metrics
+        except AttributeError:
+            p = self._packer("metrics")
+        p.add(ts_ns or time.time_ns(), resource_id or self.process_resource(), namespace, name, value)
 
     def log(self, message: str, *, level: str = "info", category: str = "application",
             resource_id: str | None = None, task_key: str | None = None, attrs: dict | None = None,
             ts_ns: int | None = None) -> None:
         """Record one log event."""
-        buf = self._buffers.get("logs") or self._buffer("logs")
-        self._append(buf, (ts_ns or time.time_ns(), resource_id or self.thread_resource(), level, category,
-                           message, task_key, attrs))
+        try:
+            p = self._local.logs
+        except AttributeError:
+            p = self._packer("logs")
+        p.add(ts_ns or time.time_ns(), resource_id or p.rid, level, category, message, task_key, attrs)
 
     def resource(self, kind: str, resource_id: str, *, name: str | None = None, parent_id: str | None = None,
                  host: str | None = None, pid: int | None = None, tid: int | None = None,
@@ -224,10 +209,10 @@ class Client:
                  start_ns: int | None = None) -> str:
         """Declare a resource once (later calls with the same id are ignored) and return its id."""
         if resource_id not in self._known_resources:
-            self._known_resources.add(resource_id)
             self.emit("resources", resource_id=resource_id, kind=kind, name=name or resource_id,
                       parent_id=parent_id, host=host, pid=pid, tid=tid, thread_ident=thread_ident,
                       address=address, start_ns=start_ns or time.time_ns(), attrs=attrs)
+            self._known_resources.add(resource_id)
         return resource_id
 
     def process_resource(self) -> str:
@@ -244,6 +229,7 @@ class Client:
         """The calling thread's resource id, declared (with its process and host) on first use."""
         rid = getattr(self._local, "rid", None)
         if rid is None:
+            self._local.rid = ids.thread_id()  # set first: declaring it emits through this thread's packers
             host = ids.hostname()
             self.process_resource()
             t = threading.current_thread()
@@ -267,48 +253,15 @@ class Client:
     def _segment_id(self) -> str:
         return f"{self._token}-{next(self._seq):08d}"
 
-    # ---- builder: buffers -> Arrow batches --------------------------------------------------
-    def _take(self, buf: _Buffer, force: bool) -> list[tuple] | None:
-        with buf.lock:
-            n = len(buf.rows)
-            if not n:
-                return None
-            if not (force or n >= self.flush_records or time.monotonic() - buf.since >= self.flush_interval):
-                return None
-            rows, buf.rows = buf.rows, []
-        with self._space:
-            self._space.notify_all()
-        return rows
-
-    def _build(self, buf: _Buffer, rows: list[tuple]) -> None:
-        for off in range(0, len(rows), self.flush_records):
-            chunk = rows[off: off + self.flush_records]
-            try:
-                data = _rows_to_table(buf, chunk)
-            except (pa.ArrowException, SchemaError, TypeError, ValueError, OverflowError) as exc:
-                data = self._salvage(buf, chunk, exc)
-                if data is None:
-                    continue
-            self.stats["records"] += data.num_rows
-            self._sendq.put(("batch", buf.table, self._segment_id(), data))
-
-    def _salvage(self, buf: _Buffer, rows: list[tuple], exc: Exception) -> pa.Table | None:
-        """Split a batch that failed to convert into good rows (returned) and bad rows (kept in the spool)."""
-        good, bad = [], []
-        for row in rows:
-            try:
-                _rows_to_table(buf, [row])
-                good.append(row)
-            except Exception as e:  # noqa: BLE001 - each row's own error is what we keep
-                bad.append({"row": dict(zip(buf.cols, map(repr, row))), "error": str(e)})
-        path = self.spool.run_dir(self.run_id) / "rejected" / f"{buf.table}__{self._segment_id()}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(bad, indent=1))
-        self.stats["rows_rejected"] += len(bad)
-        msg = f"{len(bad)} {buf.table} record(s) do not fit the schema ({bad[0]['error']}); kept in {path}"
-        self.errors.append(msg)
-        log.warning(msg)
-        return _rows_to_table(buf, good) if good else None
+    # ---- builder: packers -> Arrow batches --------------------------------------------------
+    def _due(self, p: Packer, force: bool, now: float) -> bool:
+        n = len(p)
+        if not n:
+            p.since = 0.0
+            return False
+        if not p.since:
+            p.since = now
+        return force or n * p.row_bytes >= p.flush_bytes or now - p.since >= self.flush_interval
 
     def _build_loop(self) -> None:
         tick = min(0.1, self.flush_interval / 4)
@@ -322,11 +275,22 @@ class Client:
                 except queue.Empty:
                     break
             force = bool(markers)
-            for buf in list(self._buffers.values()):
-                while (rows := self._take(buf, force)) is not None:
-                    self._build(buf, rows)
-                    if not force:
-                        break
+            now = time.monotonic()
+            with self._packers_lock:
+                packers = list(self._packers)
+            for p in packers:
+                if self._due(p, force, now):
+                    data = p.take()
+                    p.since = 0.0
+                    with self._space:
+                        self._space.notify_all()
+                    if data is not None:
+                        self.stats["records"] += data.num_rows
+                        for off in range(0, data.num_rows, self.flush_records):
+                            self._sendq.put(("batch", p.table, self._segment_id(), data.slice(off, self.flush_records)))
+                if not len(p) and p.owner is not None and not p.owner.is_alive():
+                    with self._packers_lock:  # the thread is gone and so is its data
+                        self._packers.remove(p)
             for m in markers:
                 self._sendq.put(m)
                 if m[0] == "stop":
