@@ -8,7 +8,6 @@ import httpx
 
 import flowscope
 from flowscope.client.transport import ipc_bytes
-from flowscope.model.schemas import SPANS
 
 ARROW = {"Content-Type": "application/vnd.apache.arrow.stream"}
 

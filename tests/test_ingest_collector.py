@@ -7,7 +7,6 @@ import time
 
 import httpx
 import psutil
-import pytest
 
 import flowscope
 from flowscope import Client
