@@ -54,7 +54,8 @@ class Client:
                  run_id: str | None = None, name: str | None = None, command: str | list[str] | None = None,
                  meta: dict | None = None, flush_records: int = 65_536, flush_interval: float = 1.0,
                  max_buffer_records: int = 500_000, spool_dir: str | Path | None = None,
-                 busy_timeout: float = 30.0, serve: bool = False, collector_options: dict | None = None):
+                 busy_timeout: float = 30.0, senders: int = 2, serve: bool = False,
+                 collector_options: dict | None = None):
         address = address or os.environ.get("FLOWSCOPE_ADDRESS") or EMBEDDED
         self._collector = None
         self._server = None
@@ -63,15 +64,17 @@ class Client:
             from flowscope.store.catalog import default_store
 
             self._collector = Collector(store if store is not None else default_store(), **(collector_options or {}))
-            self._transport: HttpTransport | EmbeddedTransport = EmbeddedTransport(self._collector)
+            shared = EmbeddedTransport(self._collector)
+            self._new_transport = lambda: shared
             if serve:
                 from flowscope.service.server import BackgroundServer
 
                 self._server = BackgroundServer(self._collector)
             self.address = self._server.address if self._server else EMBEDDED
         else:
-            self._transport = HttpTransport(address)
-            self.address = self._transport.address
+            self.address = HttpTransport(address).address
+            self._new_transport = lambda: HttpTransport(self.address)
+        self._transport = self._new_transport()  # for open, close and replay (under _control_lock)
         self._probe = HttpTransport(self.address, timeout=2.0) if self.address != EMBEDDED else None
 
         given = run_id or (os.environ.get("FLOWSCOPE_RUN") if address != EMBEDDED else None)
@@ -93,22 +96,29 @@ class Client:
         self._wake = threading.Event()
         self._flush_requests: queue.Queue = queue.Queue()
         self._sendq: queue.Queue = queue.Queue(maxsize=8)
+        self._progress = threading.Condition()  # guards the two counters below and stats
+        self._enqueued = 0   # batches handed to the senders
+        self._settled = 0    # batches delivered, spooled or refused
+        self._opened = threading.Event()
         self._offline_since: float | None = None
         self._closed = False
         self._local = threading.local()
-        self._replay_lock = threading.Lock()
+        self._control_lock = threading.Lock()
         self._known_resources: set[str] = set()
 
         self._meta = {"run_id": self.run_id, "name": name, "command": command, "start_ns": now_ns(),
                       "provenance": collect_provenance(), **(meta or {})}
         if isinstance(command, list):
             self._meta["command"] = " ".join(command)
-        if self.owns_run or self._collector is not None:
-            self._sendq.put(("open", self._meta))
+        if not (self.owns_run or self._collector is not None):
+            self._opened.set()  # joining a run that exists: nothing to open
         self._builder = threading.Thread(target=self._build_loop, name="flowscope-builder", daemon=True)
-        self._sender = threading.Thread(target=self._send_loop, name="flowscope-sender", daemon=True)
+        # Two senders, each with its own connection: one waits for an acknowledgement while the other sends.
+        self._senders = [threading.Thread(target=self._send_loop, args=(i,), name=f"flowscope-sender-{i}",
+                                          daemon=True) for i in range(max(1, int(senders)))]
         self._builder.start()
-        self._sender.start()
+        for t in self._senders:
+            t.start()
 
     # ---- where the run lives ---------------------------------------------------------------
     @property
@@ -245,10 +255,15 @@ class Client:
                 data = pa.table(data)
             else:
                 data = pa.Table.from_pandas(data, preserve_index=False)
-        data = conform(table, data)
+        self._enqueue(table, conform(table, data))
+
+    def _enqueue(self, table: str, data: pa.Table) -> None:
+        with self._progress:
+            self.stats["records"] += data.num_rows
         for off in range(0, max(data.num_rows, 1), self.flush_records):
-            self._sendq.put(("batch", table, self._segment_id(), data.slice(off, self.flush_records)))
-        self.stats["records"] += data.num_rows
+            with self._progress:
+                self._enqueued += 1
+            self._sendq.put((table, self._segment_id(), data.slice(off, self.flush_records)))
 
     def _segment_id(self) -> str:
         return f"{self._token}-{next(self._seq):08d}"
@@ -268,13 +283,13 @@ class Client:
         while True:
             self._wake.wait(tick)
             self._wake.clear()
-            markers = []
+            requests = []
             while True:
                 try:
-                    markers.append(self._flush_requests.get_nowait())
+                    requests.append(self._flush_requests.get_nowait())
                 except queue.Empty:
                     break
-            force = bool(markers)
+            force = bool(requests)
             now = time.monotonic()
             with self._packers_lock:
                 packers = list(self._packers)
@@ -285,16 +300,16 @@ class Client:
                     with self._space:
                         self._space.notify_all()
                     if data is not None:
-                        self.stats["records"] += data.num_rows
-                        for off in range(0, data.num_rows, self.flush_records):
-                            self._sendq.put(("batch", p.table, self._segment_id(), data.slice(off, self.flush_records)))
+                        self._enqueue(p.table, data)
                 if not len(p) and p.owner is not None and not p.owner.is_alive():
                     with self._packers_lock:  # the thread is gone and so is its data
                         self._packers.remove(p)
-            for m in markers:
-                self._sendq.put(m)
-                if m[0] == "stop":
+            for req in requests:
+                if req is None:  # stop
                     return
+                with self._progress:
+                    req.target = self._enqueued
+                req.set()
 
     # ---- sender: batches -> collector (or spool) ---------------------------------------------
     def _go_offline(self, why: Exception) -> None:
@@ -302,14 +317,18 @@ class Client:
             self._offline_since = time.monotonic()
             log.warning("flowscope collector unreachable (%s); spooling to %s", why, self.spool.run_dir(self.run_id))
 
+    def _count(self, key: str, n: int = 1) -> None:
+        with self._progress:
+            self.stats[key] += n
+
     def _to_spool(self, table: str, seg: str, data: pa.Table) -> None:
         self.spool.save_open(self.run_id, self._meta)
         self.spool.save_batch(self.run_id, table, seg, data)
-        self.stats["batches_spooled"] += 1
+        self._count("batches_spooled")
 
     def _replay_own(self, busy_timeout: float) -> bool:
         """Probe the collector if offline, then replay this run's spool; True when the spool is empty."""
-        with self._replay_lock:
+        with self._control_lock:
             return self._replay_locked(busy_timeout)
 
     def _replay_locked(self, busy_timeout: float) -> bool:
@@ -322,7 +341,7 @@ class Client:
             return False
         except Busy:
             return False
-        self.stats["batches_replayed"] += rep.batches
+        self._count("batches_replayed", rep.batches)
         for path, why in rep.failed:
             self.errors.append(f"{path}: {why}")
         if self._offline_since is not None:
@@ -330,19 +349,18 @@ class Client:
         self._offline_since = None
         return not self.spool.has_pending(self.run_id)
 
-    def _deliver(self, table: str, seg: str, data: pa.Table) -> None:
+    def _deliver(self, transport, table: str, seg: str, data: pa.Table) -> None:
         if self._offline_since is not None:
             self._to_spool(table, seg, data)
             return
         deadline, pause = time.monotonic() + self.busy_timeout, 0.02
-        payload = data
         while True:
             try:
-                self._transport.send(self.run_id, table, seg, payload)
-                self.stats["batches_sent"] += 1
+                transport.send(self.run_id, table, seg, data)
+                self._count("batches_sent")
                 return
             except Busy:
-                self.stats["busy_retries"] += 1
+                self._count("busy_retries")
                 if time.monotonic() >= deadline:
                     self._to_spool(table, seg, data)
                     return
@@ -358,44 +376,61 @@ class Client:
                 self.spool.save_batch(self.run_id, f"rejected/{table}", seg, data)
                 msg = f"collector refused a {table} batch of {data.num_rows} rows ({exc}); kept in {path}"
                 self.errors.append(msg)
-                self.stats["rows_rejected"] += data.num_rows
+                self._count("rows_rejected", data.num_rows)
                 log.warning(msg)
                 return
 
-    def _send_loop(self) -> None:
-        while True:
+    def _open_run(self) -> None:
+        with self._control_lock:
             try:
-                item = self._sendq.get(timeout=1.0)
-            except queue.Empty:
-                if self._offline_since is not None or self.spool.has_pending(self.run_id):
-                    self._replay_own(busy_timeout=1.0)
-                continue
-            kind = item[0]
-            if kind == "batch":
+                self._transport.open_run(self._meta)
+            except (Unreachable, Busy) as exc:
+                self._go_offline(exc)
+                self.spool.save_open(self.run_id, self._meta)
+            except Rejected as exc:
+                self.errors.append(f"collector refused to open run {self.run_id}: {exc}")
+        self._opened.set()
+
+    def _send_loop(self, index: int) -> None:
+        transport = self._new_transport()
+        if index == 0 and not self._opened.is_set():
+            self._open_run()
+        self._opened.wait()
+        try:
+            while True:
+                try:
+                    item = self._sendq.get(timeout=1.0)
+                except queue.Empty:
+                    if index == 0 and (self._offline_since is not None or self.spool.has_pending(self.run_id)):
+                        self._replay_own(busy_timeout=1.0)
+                    continue
+                if item is None:
+                    return
                 if self._offline_since is not None and time.monotonic() - self._offline_since > 1.0:
                     self._replay_own(busy_timeout=1.0)
-                self._deliver(*item[1:])
-            elif kind == "open":
                 try:
-                    self._transport.open_run(item[1])
-                except (Unreachable, Busy) as exc:
-                    self._go_offline(exc)
-                    self.spool.save_open(self.run_id, item[1])
-                except Rejected as exc:
-                    self.errors.append(f"collector refused to open run {self.run_id}: {exc}")
-            elif kind == "marker":
-                item[1].set()
-            elif kind == "stop":
-                item[1].set()
-                return
+                    self._deliver(transport, *item)
+                finally:
+                    with self._progress:
+                        self._settled += 1
+                        self._progress.notify_all()
+        finally:
+            if transport is not self._transport:
+                transport.close()
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:
         """Deliver (or spool) everything emitted so far; True if done within ``timeout``."""
-        ev = threading.Event()
-        self._flush_requests.put(("marker", ev))
+        deadline = None if timeout is None else time.monotonic() + timeout
+        req = threading.Event()
+        req.target = 0
+        self._flush_requests.put(req)
         self._wake.set()
-        return ev.wait(timeout)
+        if not req.wait(timeout):
+            return False
+        with self._progress:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            return self._progress.wait_for(lambda: self._settled >= req.target, left)
 
     def close(self, status: str = "finished", timeout: float | None = None) -> None:
         """Flush, close the run if this client opened it, stop the threads. Raises FlowscopeError
@@ -411,15 +446,19 @@ class Client:
                 self.spool.save_close(self.run_id, info)
             else:
                 try:
-                    self._transport.close_run(self.run_id, info)
+                    with self._control_lock:
+                        self._transport.close_run(self.run_id, info)
                 except (Unreachable, Busy) as exc:
                     self._go_offline(exc)
                     self.spool.save_open(self.run_id, self._meta)
                     self.spool.save_close(self.run_id, info)
-        ev = threading.Event()
-        self._flush_requests.put(("stop", ev))
+        self._flush_requests.put(None)
         self._wake.set()
-        ev.wait(timeout)
+        self._builder.join(timeout)
+        for _ in self._senders:
+            self._sendq.put(None)
+        for t in self._senders:
+            t.join(timeout)
         self._closed = True
         with self._space:
             self._space.notify_all()
