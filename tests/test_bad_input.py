@@ -66,6 +66,8 @@ def test_each_bad_request_gets_a_clear_4xx_and_nothing_is_lost(small_collector):
     cases.append((httpx.post(f"{base}/v1/runs/nope/tables/spans", content=ipc_bytes(_good_spans(1)), headers=ARROW),
                   404, "unknown run 'nope'"))
     cases.append((httpx.post(f"{base}/v1/runs", json={"run_id": "../etc"}), 422, "invalid run id"))
+    cases.append((httpx.post(f"{base}/v1/runs/bad$id/tables/spans", content=ipc_bytes(_good_spans(1)), headers=ARROW),
+                  400, "invalid run id 'bad$id'"))
     cases.append((httpx.post(f"{url}/spans", content=ipc_bytes(_good_spans(1)),
                              headers={**ARROW, "X-Flowscope-Segment": "../../x"}), 400, "invalid segment id"))
     # bad queries

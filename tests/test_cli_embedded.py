@@ -68,6 +68,20 @@ def test_bad_sql_is_one_line(tmp_path):
     assert res.returncode == 1 and res.stderr.count("\n") == 1 and "query failed" in res.stderr
 
 
+def test_sql_output_keeps_types_and_writes_nulls_as_null(tmp_path):
+    fs("demo", "--store", str(tmp_path), "--tasks", "2")
+    q = "SELECT 1 AS a, 2.5 AS b, NULL::DOUBLE AS c, 'nan'::DOUBLE AS d, NULL::BIGINT AS e"
+    rows = json.loads(fs("sql", "latest", q, "--store", str(tmp_path), "--json").stdout)
+    assert rows == [{"a": 1, "b": 2.5, "c": None, "d": None, "e": None}]
+    table = fs("sql", "latest", q, "--store", str(tmp_path)).stdout
+    assert "│ 1 " in table and "1.0" not in table and "nan" not in table.lower().replace("'nan'", "")
+
+
+def test_demo_ignores_a_remote_collector_in_the_environment(tmp_path):
+    res = fs("demo", "--store", str(tmp_path), "--tasks", "2", env={"FLOWSCOPE_ADDRESS": "http://127.0.0.1:9"})
+    assert res.returncode == 0, res.stderr
+
+
 def test_usage_errors_exit_2():
     assert fs("sql").returncode == 2
     assert fs("frobnicate").returncode == 2

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -111,3 +112,52 @@ def test_a_record_that_does_not_fit_is_refused_in_the_callers_own_call(tmp_path)
     run = flowscope.open_run(tmp_path / "store" / client.run_id)
     assert run.table("spans")["name"].tolist() == ["good", "good"]
     assert run.counts()["logs"] == 0
+
+
+def test_sigterm_drains_the_queue_and_exits_cleanly(collector_factory, tmp_path):
+    slow = collector_factory("--writer-delay", "0.3")
+    client = Client(slow.address, name="term", spool_dir=tmp_path / "spool", flush_records=1000)
+    for i in range(5000):
+        client.span("work", i, i + (i % 1000), span_id=i)
+    assert client.flush(timeout=60)
+    client.close()
+    slow.proc.send_signal(signal.SIGTERM)
+    assert slow.proc.wait(30) == 0
+    _check_exactly_once(flowscope.open_run(slow.store / client.run_id), 5000)
+
+
+def test_a_store_that_cannot_be_written_spools_instead_of_losing_records(tmp_path):
+    store = tmp_path / "store"
+    client = Client(store=store, spool_dir=tmp_path / "spool", busy_timeout=0.5)
+    client.span("before", 0, 1)
+    assert client.flush(timeout=30)
+    (client.run_dir / "logs").write_text("a file where the logs folder should be")
+    client.log("kept", level="error", category="test")
+    client.span("after", 1, 2)
+    with pytest.raises(FlowscopeError, match="ingest-spool"):
+        client.close()
+    assert len(client.spool.pending(client.run_id)) == 1  # the logs batch; the spans went through
+    (client.run_dir / "logs").unlink()
+    res = _flowscope("ingest-spool", str(tmp_path / "spool"), "--store", str(store), "--json")
+    assert res.returncode == 0, res.stderr
+    run = flowscope.open_run(client.run_dir)
+    assert run.table("logs")["message"].tolist() == ["kept"]
+    assert sorted(run.table("spans")["name"]) == ["after", "before"]
+
+
+def test_the_same_batch_twice_at_once_is_written_once(tmp_path):
+    from flowscope.service.collector import Collector
+    from flowscope.client.packer import Packer
+
+    c = Collector(tmp_path, writer_delay=0.2)
+    run_id = c.open_run({"name": "dup"})["run_id"]
+    p = Packer("spans")
+    for i in range(10):
+        p.add(i, None, "r", "call", "f", i, i + 1, None, None)
+    batch = p.take()
+    first = c.submit(run_id, "spans", "seg-1", batch)
+    second = c.submit(run_id, "spans", "seg-1", batch)
+    assert (first.result(10).duplicate, second.result(10).duplicate) == (False, True)
+    c.shutdown()
+    assert c.stats["rows"] == 10
+    assert flowscope.open_run(tmp_path / run_id).counts()["spans"] == 10

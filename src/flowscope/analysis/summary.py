@@ -48,7 +48,7 @@ def summarize(run: Run, top: int = 10) -> RunSummary:
         end = int(first_last["t1"]) if end is None else max(end, int(first_last["t1"]))
     kinds = run.sql("SELECT kind, count(*) AS n FROM resources GROUP BY kind ORDER BY n DESC")
     spans = run.sql(f"""
-        SELECT name, kind, count(*) AS count, sum(end_ns - start_ns) AS total_ns,
+        SELECT name, kind, count(*) AS count, CAST(sum(end_ns - start_ns) AS BIGINT) AS total_ns,
                avg(end_ns - start_ns) AS mean_ns, max(end_ns - start_ns) AS max_ns
         FROM spans GROUP BY name, kind ORDER BY total_ns DESC LIMIT {int(top)}""")
     levels = run.sql("SELECT level, count(*) AS n FROM logs GROUP BY level ORDER BY n DESC")

@@ -65,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     from flowscope.cli.runs import cmd_show
 
     t0 = time.perf_counter()
-    client = Client(store=args.store, name="demo", command="flowscope demo")
+    client = Client("embedded", store=args.store, name="demo", command="flowscope demo")
     console.print(f"recording run [bold]{client.run_id}[/bold] with an embedded collector")
     stop = threading.Event()
     sampler = threading.Thread(target=_sample, args=(client, stop, 0.05), daemon=True)

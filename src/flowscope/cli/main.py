@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from flowscope import __version__
@@ -39,6 +40,12 @@ def main(argv: list[str] | None = None) -> int:
     except (UserError, OSError, ValueError, KeyError, RuntimeError) as exc:
         msg = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         print(f"flowscope {args.command}: error: {msg}", file=sys.stderr)
+        return 1
+    except Exception as exc:  # a bug: still one line, with the traceback on request
+        if os.environ.get("FLOWSCOPE_DEBUG"):
+            raise
+        print(f"flowscope {args.command}: internal error: {type(exc).__name__}: {exc} "
+              f"(set FLOWSCOPE_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
 
 

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import json
 import sys
+
+import pandas as pd
 
 from flowscope.cli.output import console, fmt_ns, print_json, print_table
 from flowscope.store.catalog import default_store, list_runs, resolve_run
@@ -14,6 +17,7 @@ from flowscope.store.run import open_run
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="list the runs in a store", description="List the runs in a store directory.")
     p.add_argument("store", nargs="?", default=None, help="store directory (default $FLOWSCOPE_STORE or ./flowscope-runs)")
+    p.add_argument("--store", dest="store_opt", default=None, help="the same, as an option like the other commands")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_runs)
 
@@ -45,7 +49,7 @@ def _when(ns: int | None) -> str:
 
 
 def cmd_runs(args: argparse.Namespace) -> int:
-    store = args.store or default_store()
+    store = args.store or args.store_opt or default_store()
     runs = list_runs(store)
     if args.json:
         print_json(runs)
@@ -91,12 +95,13 @@ def cmd_sql(args: argparse.Namespace) -> int:
     except Exception as exc:  # DuckDB's own message says what is wrong with the query
         raise ValueError(f"query failed: {exc}") from None
     if args.json:
-        print_json(df.to_dict("records"))
+        print_json(json.loads(df.to_json(orient="records", double_precision=15)))  # NaN/NA become null
     elif args.csv:
         df.to_csv(sys.stdout, index=False)
     else:
         shown = df.head(args.max_rows)
-        print_table(None, list(df.columns), shown.values.tolist())
+        print_table(None, list(df.columns), [[None if pd.isna(v) else v for v in row]
+                                             for row in shown.astype(object).itertuples(index=False)])
         if len(df) > len(shown):
             console.print(f"({len(df)} rows, {len(shown)} shown; use --max-rows, --json or --csv for all)")
     return 0

@@ -25,7 +25,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--fsync", action="store_true", help="fsync each segment before acknowledging it")
     p.add_argument("--writer-delay", type=float, default=0.0, metavar="SECONDS",
                    help="sleep before each segment write: simulates a slow file system (backpressure tests)")
-    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
+                   help="server log verbosity (default warning)")
     p.set_defaults(func=run)
 
 

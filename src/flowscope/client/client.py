@@ -410,6 +410,10 @@ class Client:
                     self._replay_own(busy_timeout=1.0)
                 try:
                     self._deliver(transport, *item)
+                except Exception as exc:  # noqa: BLE001 - whatever went wrong, the batch is kept
+                    table, seg, data = item
+                    self._to_spool(table, seg, data)
+                    log.warning("delivering a %s batch failed (%s: %s); spooled", table, type(exc).__name__, exc)
                 finally:
                     with self._progress:
                         self._settled += 1
@@ -468,6 +472,10 @@ class Client:
         if self._collector:
             self._collector.shutdown(wait=True)
         pending = self.spool.pending(self.run_id)
+        spooled_dir = self.spool.run_dir(self.run_id)
+        if not pending and (spooled_dir / "close.json").exists():
+            self.errors.append(f"the run's open and close could not be delivered and are kept in {spooled_dir}; "
+                               f"deliver them with `flowscope ingest-spool {spooled_dir} --address ADDRESS`")
         if pending:
             self.errors.append(f"{len(pending)} batch(es) could not be delivered and are kept in "
                                f"{self.spool.run_dir(self.run_id)}; deliver them with "

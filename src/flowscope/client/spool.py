@@ -130,6 +130,7 @@ def replay(root: str | Path, transport, run_id: str | None = None,
         rid = meta.get("run_id") or d.name
         transport.open_run(meta)
         report.runs += 1
+        failed_before = len(report.failed)
         for p in sorted(p for p in d.iterdir() if p.name.endswith(SUFFIX) and not p.name.startswith(".")):
             table, _, seg = p.name[: -len(SUFFIX)].partition("__")
             try:
@@ -149,7 +150,7 @@ def replay(root: str | Path, transport, run_id: str | None = None,
             if progress:
                 progress(done, total)
         close_path = d / "close.json"
-        if close_path.is_file() and not report.failed:
+        if close_path.is_file() and len(report.failed) == failed_before:
             transport.close_run(rid, json.loads(close_path.read_text()))
             close_path.unlink()
             report.closed += 1

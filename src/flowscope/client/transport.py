@@ -9,7 +9,8 @@ from urllib.parse import urlsplit
 
 import pyarrow as pa
 
-from flowscope.service.collector import Collector, CollectorBusy
+from flowscope.model.conform import SchemaError
+from flowscope.service.collector import Collector, CollectorBusy, UnknownRun
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 
@@ -130,6 +131,10 @@ class EmbeddedTransport:
             res = self.collector.ingest(run_id, table, segment_id, data)
         except CollectorBusy as exc:
             raise Busy(str(exc)) from None
+        except (SchemaError, UnknownRun, ValueError) as exc:
+            raise Rejected(422 if isinstance(exc, SchemaError) else 404, str(exc)) from None
+        except OSError as exc:  # the store could not be written (disk full, permissions): retry, then spool
+            raise Busy(f"store write failed: {exc}") from None
         return {"rows": res.rows, "duplicate": res.duplicate}
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from starlette.routing import Route
 
 from flowscope import __version__
 from flowscope.model.conform import SchemaError, records_to_table
+from flowscope.model.provenance import check_run_id
 from flowscope.model.schemas import TABLES
 from flowscope.service.collector import Collector, CollectorBusy, UnknownRun
 from flowscope.store.catalog import list_runs
@@ -50,10 +51,10 @@ def _table_name(request: Request) -> str:
 def _run_id(request: Request, collector: Collector) -> str:
     run_id = request.path_params["run_id"]
     try:
-        known = collector.has_run(run_id)
+        check_run_id(run_id)
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
-    if not known:
+    if not collector.has_run(run_id):
         raise ApiError(404, f"unknown run {run_id!r}: open it first with POST /v1/runs")
     return run_id
 

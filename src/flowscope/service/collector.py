@@ -68,6 +68,7 @@ class Collector:
         self._queue: queue.Queue = queue.Queue()
         self._run_lock = threading.Lock()
         self._known_runs: set[str] = set()
+        self._inflight: dict[tuple[str, str, str], Future] = {}
         self.stats = {"batches": 0, "rows": 0, "duplicates": 0, "busy_refusals": 0, "errors": 0}
         self._stopping = False
         self._writers = [threading.Thread(target=self._write_loop, name=f"flowscope-writer-{i}", daemon=True)
@@ -182,6 +183,15 @@ class Collector:
             self.release(reserved)
             raise
         fut: Future = Future()
+        key = (run_id, table, segment_id)
+        with self._res_lock:
+            first = self._inflight.setdefault(key, fut)
+        if first is not fut:  # the same batch is being written right now (a client retried): answer as a replay
+            self.release(reserved)
+            dup: Future = Future()
+            first.add_done_callback(lambda f: dup.set_result(IngestResult(data.num_rows, True, segment_id))
+                                    if f.exception() is None else dup.set_exception(f.exception()))
+            return dup
         self._queue.put((run_id, table, segment_id, data, reserved, fut))
         return fut
 
@@ -217,6 +227,8 @@ class Collector:
                 fut.set_exception(exc)
             finally:
                 del data
+                with self._res_lock:
+                    self._inflight.pop((run_id, table, segment_id), None)
                 self.release(reserved)
 
     def segment_exists(self, run_id: str, table: str, segment_id: str) -> bool:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import socket
 import threading
 from pathlib import Path
@@ -47,11 +49,27 @@ def serve_forever(collector: Collector, host: str = "127.0.0.1", port: int = 876
         _append_address(Path(address_file), address)
     if on_ready:
         on_ready(address)
-    server = uvicorn.Server(_config(collector, log_level))
+    server = _QuietServer(_config(collector, log_level))
+
+    def stop(signum, frame) -> None:
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        server.run(sockets=[sock])
+        asyncio.run(server.serve(sockets=[sock]))
     finally:
-        collector.shutdown(wait=True)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        collector.shutdown(wait=True)  # acknowledged batches are on disk already; finish the queued ones
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn re-raises the signal that stopped it, which would kill the process before the collector
+    drains its queue; serve_forever installs its own handlers instead."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
 
 
 def _append_address(path: Path, address: str) -> None:
