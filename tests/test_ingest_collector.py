@@ -122,3 +122,34 @@ def test_two_clients_share_one_run(collector, tmp_path):
     run = flowscope.open_run(collector.store / owner.run_id)
     _check_exactly_once(run, 5000)
     assert run.counts()["resources"] == 3  # host, process and the main thread, declared by both, stored per client
+
+
+def test_clients_spread_over_collector_instances_listed_in_an_address_file(collector_factory, tmp_path):
+    store = tmp_path / "shared-store"  # one store on a shared file system, several collector instances
+    addr_file = tmp_path / "collectors"
+    first = collector_factory(store=store)  # each found through its own `serve --address-file`
+    second = collector_factory(store=store)
+    addr_file.write_text(f"# collectors of this job\n{first.address}\n{second.address}\n")
+    owner = Client(address_file=addr_file, name="spread", spool_dir=tmp_path / "s0")
+    joiners = [Client(address_file=addr_file, run_id=owner.run_id, spool_dir=tmp_path / f"s{k}") for k in (1, 2, 3)]
+    used = {c.address for c in [owner, *joiners]}
+    assert used == {first.address, second.address}
+    for k, c in enumerate([owner, *joiners]):
+        for i in range(k * 1000, (k + 1) * 1000):
+            c.span("work", i, i + (i % 1000), span_id=i)
+    for c in [*joiners, owner]:
+        c.close()
+    run = flowscope.open_run(store / owner.run_id)
+    _check_exactly_once(run, 4000)
+    assert run.meta["status"] == "finished"
+
+
+def test_a_bad_address_file_is_named(tmp_path):
+    import pytest
+
+    f = tmp_path / "collectors"
+    f.write_text("http://127.0.0.1:1\nnot-an-address\n")
+    with pytest.raises(ValueError, match=r"collectors:2: not a collector address: 'not-an-address'"):
+        Client(address_file=f)
+    with pytest.raises(ValueError, match="cannot read the collector address file"):
+        Client(address_file=tmp_path / "missing")

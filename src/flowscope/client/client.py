@@ -27,7 +27,8 @@ import pyarrow as pa
 
 from flowscope.client.packer import Packer
 from flowscope.client.spool import Spool, default_spool_dir, replay
-from flowscope.client.transport import Busy, EmbeddedTransport, HttpTransport, Rejected, Unreachable
+from flowscope.client.transport import (Busy, EmbeddedTransport, HttpTransport, Rejected, Unreachable,
+                                       pick_address)
 from flowscope.model import identifiers as ids
 from flowscope.model.conform import SchemaError, conform
 from flowscope.model.provenance import check_run_id, collect_provenance, new_run_id, now_ns
@@ -46,17 +47,28 @@ class Client:
 
     ``address``: ``http://host:port`` of a collector, or None / "embedded" for a collector in
     this process writing to ``store`` (default $FLOWSCOPE_STORE or ./flowscope-runs).
-    $FLOWSCOPE_ADDRESS and $FLOWSCOPE_RUN are used when ``address`` / ``run_id`` are not given,
-    so child processes join their parent's run. A client that created its run closes it.
+    ``address_file``: a file listing several collector instances (``flowscope serve
+    --address-file``); the client picks one round-robin. $FLOWSCOPE_ADDRESS,
+    $FLOWSCOPE_ADDRESS_FILE and $FLOWSCOPE_RUN are used when the arguments are not given, so
+    child processes join their parent's run. A client that created its run closes it.
     """
 
-    def __init__(self, address: str | None = None, *, store: str | Path | None = None,
+    def __init__(self, address: str | None = None, *, address_file: str | Path | None = None,
+                 store: str | Path | None = None,
                  run_id: str | None = None, name: str | None = None, command: str | list[str] | None = None,
                  meta: dict | None = None, flush_records: int = 65_536, flush_interval: float = 1.0,
                  max_buffer_records: int = 500_000, spool_dir: str | Path | None = None,
                  busy_timeout: float = 30.0, senders: int = 2, serve: bool = False,
                  collector_options: dict | None = None):
-        address = address or os.environ.get("FLOWSCOPE_ADDRESS") or EMBEDDED
+        if not address:
+            if address_file:
+                address = pick_address(address_file)
+            elif os.environ.get("FLOWSCOPE_ADDRESS"):
+                address = os.environ["FLOWSCOPE_ADDRESS"]
+            elif os.environ.get("FLOWSCOPE_ADDRESS_FILE"):
+                address = pick_address(os.environ["FLOWSCOPE_ADDRESS_FILE"])
+            else:
+                address = EMBEDDED
         self._collector = None
         self._server = None
         if address == EMBEDDED:

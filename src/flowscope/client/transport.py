@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import http.client
+import itertools
 import json
+import os
 import socket
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pyarrow as pa
@@ -29,6 +32,35 @@ class Rejected(ValueError):
     def __init__(self, status: int, message: str):
         self.status = status
         super().__init__(f"HTTP {status}: {message}")
+
+
+_pick = itertools.count()
+
+
+def read_address_file(path: str | Path) -> list[str]:
+    """The collector addresses listed in ``path``, one per line (``flowscope serve --address-file`` writes it)."""
+    path = Path(path)
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as exc:
+        raise ValueError(f"{path}: cannot read the collector address file: {exc.strerror or exc}") from None
+    out = []
+    for n, line in enumerate(lines, 1):
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if not line.startswith("http://") or not urlsplit(line).hostname:
+            raise ValueError(f"{path}:{n}: not a collector address: {line!r} (expected http://HOST:PORT)")
+        out.append(line)
+    if not out:
+        raise ValueError(f"{path}: the collector address file lists no address")
+    return out
+
+
+def pick_address(path: str | Path) -> str:
+    """One of the collectors in the address file: clients of this process and of others spread round-robin."""
+    addresses = read_address_file(path)
+    return addresses[(os.getpid() + next(_pick)) % len(addresses)]
 
 
 def ipc_bytes(data: pa.Table) -> bytes:
