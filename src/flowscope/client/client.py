@@ -156,10 +156,8 @@ class Client:
             return self._packer(table)
         except KeyError:
             pass
-        row_bytes = Packer(table).row_bytes
-        p = Packer(table, owner=threading.current_thread(), flush_bytes=self.flush_records * row_bytes,
-                   on_full=self._full)
-        p.max_bytes = self.max_buffer_records * row_bytes
+        p = Packer(table, owner=threading.current_thread(), flush_rows=self.flush_records,
+                   max_rows=self.max_buffer_records, on_full=self._full)
         p.rid = local.rid
         with self._packers_lock:
             self._packers.append(p)

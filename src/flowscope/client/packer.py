@@ -46,8 +46,8 @@ class Packer:
     """Packer for one table. ``add(*values)`` takes the columns in schema order and returns the bytes
     held; ``take()`` may run on another thread. The client gives each producing thread its own."""
 
-    def __init__(self, table: str, owner: threading.Thread | None = None, *, flush_bytes: int = 2**62,
-                 on_full=None):
+    def __init__(self, table: str, owner: threading.Thread | None = None, *, flush_rows: int | None = None,
+                 max_rows: int | None = None, on_full=None):
         self.table = table
         self.owner = owner
         self.rid: str | None = None  # the owning thread's resource id, the default for its records
@@ -70,7 +70,9 @@ class Packer:
             "offsets": [int(x) for x in np.cumsum([0] + sizes)[:-1]],
             "itemsize": self.row_bytes,
         })
-        self.flush_bytes = flush_bytes
+        # on_full(packer, nbytes) is called by add() once the batch holds flush_rows records
+        self.flush_bytes = flush_rows * self.row_bytes if flush_rows else 2**62
+        self.max_bytes = max_rows * self.row_bytes if max_rows else 2**62
         self._lock = threading.Lock()
         # The buffers live as long as the packer (take() copies and clears them in place), so the
         # generated add() can bind them as constants.
