@@ -1,12 +1,14 @@
 """The producer-side API: buffered, non-blocking emission of canonical records to a collector.
 
-Records are appended to an in-memory buffer per table. A builder thread turns
-full or old buffers into Arrow batches; a sender thread delivers them. When the
-collector is busy the sender retries with backoff, then spools; when it cannot
-be reached the sender spools at once, probes the collector every second and
-replays the spool when it is back. Memory is bounded: when a table's buffer
-holds ``max_buffer_records`` the producing thread waits (it slows down, it does
-not lose records). ``close()`` delivers (or spools) everything.
+Each producing thread packs its records into its own buffer per table (see
+packer.py). A full buffer is turned into an Arrow batch by the thread that filled
+it; a builder thread does the same for buffers older than ``flush_interval``.
+Sender threads deliver the batches. When the collector is busy a sender retries
+with backoff, then spools; when it cannot be reached the sender spools at once,
+probes the collector every second and replays the spool when it is back. Memory
+is bounded: at most ``max_buffer_records`` records wait to be sent, and a thread
+whose buffer is full waits for room (it slows down, it does not lose records).
+``close()`` delivers (or spools) everything.
 """
 
 from __future__ import annotations
@@ -104,10 +106,10 @@ class Client:
         self._seq = itertools.count()
         self._packers: list[Packer] = []
         self._packers_lock = threading.Lock()
-        self._space = threading.Condition()
         self._wake = threading.Event()
         self._flush_requests: queue.Queue = queue.Queue()
-        self._sendq: queue.Queue = queue.Queue(maxsize=8)
+        # batches waiting to be sent: together with one open batch per thread and table, this bounds memory
+        self._sendq: queue.Queue = queue.Queue(maxsize=max(2, self.max_buffer_records // self.flush_records))
         self._progress = threading.Condition()  # guards the two counters below and stats
         self._enqueued = 0   # batches handed to the senders
         self._settled = 0    # batches delivered, spooled or refused
@@ -156,8 +158,7 @@ class Client:
             return self._packer(table)
         except KeyError:
             pass
-        p = Packer(table, owner=threading.current_thread(), flush_rows=self.flush_records,
-                   max_rows=self.max_buffer_records, on_full=self._full)
+        p = Packer(table, owner=threading.current_thread(), flush_rows=self.flush_records, on_full=self._full)
         p.rid = local.rid
         with self._packers_lock:
             self._packers.append(p)
@@ -166,13 +167,14 @@ class Client:
         return p
 
     def _full(self, p: Packer, nbytes: int) -> None:
-        """A thread's packer reached the flush size: wake the builder; past the bound, wait for it."""
-        self._wake.set()
-        if nbytes >= p.max_bytes:
-            with self._space:
-                while len(p) * p.row_bytes >= p.max_bytes and not self._closed:
-                    self._wake.set()
-                    self._space.wait(0.5)
+        """A thread's batch reached the flush size: that thread turns it into Arrow and queues it.
+
+        Doing it here rather than waking the builder means one call per batch instead of one per
+        record until the builder runs; queueing blocks while the send queue is full, which is what
+        slows a producer down when the collector cannot keep up (memory stays bounded)."""
+        data = p.take()
+        if data is not None:
+            self._enqueue(p.table, data)
 
     def emit(self, table: str, **fields: Any) -> None:
         """Append one record to ``table``; fields are the table's columns (docs/data-model.md).
@@ -270,10 +272,12 @@ class Client:
     def _enqueue(self, table: str, data: pa.Table) -> None:
         with self._progress:
             self.stats["records"] += data.num_rows
-        for off in range(0, max(data.num_rows, 1), self.flush_records):
+        parts = max(1, round(data.num_rows / self.flush_records))  # equal parts, no tiny remainder
+        size = -(-data.num_rows // parts)
+        for off in range(0, max(data.num_rows, 1), size or 1):
             with self._progress:
                 self._enqueued += 1
-            self._sendq.put((table, self._segment_id(), data.slice(off, self.flush_records)))
+            self._sendq.put((table, self._segment_id(), data.slice(off, size)))
 
     def _segment_id(self) -> str:
         return f"{self._token}-{next(self._seq):08d}"
@@ -307,8 +311,6 @@ class Client:
                 if self._due(p, force, now):
                     data = p.take()
                     p.since = 0.0
-                    with self._space:
-                        self._space.notify_all()
                     if data is not None:
                         self._enqueue(p.table, data)
                 if not len(p) and p.owner is not None and not p.owner.is_alive():
@@ -474,8 +476,6 @@ class Client:
         for t in self._senders:
             t.join(timeout)
         self._closed = True
-        with self._space:
-            self._space.notify_all()
         self._transport.close()
         if self._server:
             self._server.stop()

@@ -27,6 +27,11 @@ from flowscope.model.schemas import schema
 # Nullable integer columns store null as INT64_MIN (1677-09-21 as a timestamp: never a real value).
 NULL_INT = -(2**63)
 
+# Columns whose values are mostly unique (task keys, messages, state ids, paths): a dictionary would
+# miss on almost every record, so they are kept as plain str objects instead.
+PLAIN_STR = frozenset({"task_key", "message", "stimulus_id", "state_id", "mutation_id", "src_state_id",
+                       "dst_state_id", "depends_on", "label", "path"})
+
 
 def _kind(t: pa.DataType) -> str:
     if pa.types.is_int64(t):
@@ -47,7 +52,7 @@ class Packer:
     held; ``take()`` may run on another thread. The client gives each producing thread its own."""
 
     def __init__(self, table: str, owner: threading.Thread | None = None, *, flush_rows: int | None = None,
-                 max_rows: int | None = None, on_full=None):
+                 on_full=None):
         self.table = table
         self.owner = owner
         self.rid: str | None = None  # the owning thread's resource id, the default for its records
@@ -55,11 +60,12 @@ class Packer:
         self.schema = schema(table)
         self.columns = tuple(self.schema.names)
         self.colset = frozenset(self.columns)
-        # attrs are mostly unique JSON: kept as objects rather than dictionary-coded
-        self.kinds = ["obj" if f.name == "attrs" else _kind(f.type) for f in self.schema]
-        self._packed = [i for i, k in enumerate(self.kinds) if k != "obj"]  # ints, floats, string codes
+        # attrs (mostly unique JSON) and PLAIN_STR columns are kept as objects; other strings are coded
+        self.kinds = ["obj" if f.name == "attrs" else "plain" if f.name in PLAIN_STR else _kind(f.type)
+                      for f in self.schema]
+        self._packed = [i for i, k in enumerate(self.kinds) if k in ("int", "float", "str")]
         self._strs = [i for i, k in enumerate(self.kinds) if k == "str"]
-        self._objs = [i for i, k in enumerate(self.kinds) if k == "obj"]
+        self._objs = [i for i, k in enumerate(self.kinds) if k in ("obj", "plain")]
         codes = {"int": "q", "float": "d", "str": "i"}
         self._struct = struct.Struct("<" + "".join(codes[self.kinds[i]] for i in self._packed))
         self.row_bytes = self._struct.size
@@ -72,7 +78,6 @@ class Packer:
         })
         # on_full(packer, nbytes) is called by add() once the batch holds flush_rows records
         self.flush_bytes = flush_rows * self.row_bytes if flush_rows else 2**62
-        self.max_bytes = max_rows * self.row_bytes if max_rows else 2**62
         self._lock = threading.Lock()
         # The buffers live as long as the packer (take() copies and clears them in place), so the
         # generated add() can bind them as constants.
@@ -86,7 +91,7 @@ class Packer:
     # __init__: straight-line code with no per-column loop is what makes it fast.
     def _compile(self, on_full):
         args = [f"c{i}" for i in range(len(self.columns))]
-        ns = {"NULL_INT": NULL_INT, "to_json": _to_json, "check_obj": self._check_obj,
+        ns = {"NULL_INT": NULL_INT, "to_json": _to_json, "check_obj": self._check_obj, "check_str": self._check_str,
               "acquire": self._lock.acquire, "release": self._lock.release, "new_code": self._new_code,
               "pack": self._struct.pack, "data": self._data, "extend": self._data.extend,
               "struct_error": struct.error, "diagnose": self._diagnose, "packer": self, "on_full": on_full}
@@ -99,11 +104,19 @@ class Packer:
                 body.append(f"    if c{i} is not None and c{i}.__class__ is not str: c{i} = to_json(c{i})")
             elif k == "obj":
                 body.append(f"    if c{i} is not None: c{i} = check_obj({i}, c{i})")
+            elif k == "plain":
+                none_ok = f" and c{i} is not None" if field.nullable else ""
+                body.append(f"    if c{i}.__class__ is not str{none_ok}: c{i} = check_str({i}, c{i})")
         body += ["    acquire()", "    try:"]
         for j, i in enumerate(self._strs):
-            ns[f"get{i}"] = self._dicts[j].get
-            body.append(f"        k{i} = get{i}(c{i})")
-            body.append(f"        if k{i} is None: k{i} = new_code({j}, {i}, c{i})")
+            ns[f"get{i}"], ns[f"dict{i}"], ns[f"values{i}"] = self._dicts[j].get, self._dicts[j], self._values[j]
+            body += [f"        k{i} = get{i}(c{i})",
+                     f"        if k{i} is None:",
+                     f"            if c{i}.__class__ is str:",
+                     f"                k{i} = dict{i}[c{i}] = len(values{i})",
+                     f"                values{i}.append(c{i})",
+                     "            else:",  # None, or not a string: decided (or refused) out of line
+                     f"                k{i} = new_code({j}, {i}, c{i})"]
         packed = ", ".join(f"k{i}" if self.kinds[i] == "str" else f"c{i}" for i in self._packed)
         body += ["        try:", f"            extend(pack({packed}))", "        except struct_error:",
                  f"            diagnose({', '.join(args)})"]
@@ -129,6 +142,14 @@ class Packer:
             self._values[j].append(str(value))  # a str subclass is stored as plain str
         self._dicts[j][value] = code
         return code
+
+    def _check_str(self, col: int, value: Any) -> str:
+        if value is None:
+            raise SchemaError(self.table, "is required but was None", self.columns[col])
+        if not isinstance(value, str):
+            raise SchemaError(self.table, f"expected a string, got {type(value).__name__} {value!r:.80}",
+                              self.columns[col])
+        return str(value)
 
     def _check_obj(self, col: int, value: Any) -> Any:
         t = self.schema.field(col).type
@@ -176,7 +197,7 @@ class Packer:
         str_j = obj_j = 0
         for i, field in enumerate(self.schema):
             k = self.kinds[i]
-            if k == "obj":
+            if k in ("obj", "plain"):
                 arrays.append(pa.array(objects[obj_j], type=field.type))
                 obj_j += 1
                 continue

@@ -18,7 +18,9 @@ from flowscope.service.collector import Collector
 def bind(host: str, port: int) -> socket.socket:
     """A listening TCP socket on host:port (port 0 picks a free one)."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # proto=IPPROTO_TCP: asyncio sets TCP_NODELAY on accepted connections only for sockets that say so;
+    # without it every response waits ~40 ms for the client's delayed ACK
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((host, port))
     sock.listen(2048)
@@ -56,11 +58,17 @@ def serve_forever(collector: Collector, host: str = "127.0.0.1", port: int = 876
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
-        asyncio.run(server.serve(sockets=[sock]))
+        _run_server(server, sock)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
         collector.shutdown(wait=True)  # acknowledged batches are on disk already; finish the queued ones
+
+
+def _run_server(server: uvicorn.Server, sock: socket.socket) -> None:
+    """Serve on uvicorn's own event loop choice (uvloop when installed), as ``uvicorn.Server.run`` does."""
+    with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:
+        runner.run(server.serve(sockets=[sock]))
 
 
 class _QuietServer(uvicorn.Server):
@@ -93,7 +101,7 @@ class BackgroundServer:
             threading.Event().wait(0.01)
 
     def _run(self) -> None:
-        asyncio.run(self._server.serve(sockets=[self._sock]))
+        _run_server(self._server, self._sock)
 
     def stop(self) -> None:
         self._server.should_exit = True
