@@ -1,6 +1,7 @@
 # Conveniences; README's two commands need none of this.
+PY ?= $(shell [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)
 .PHONY: test bench
 test:
 	bash scripts/test.sh
 bench:
-	@for b in bench/*.py; do .venv/bin/python $$b || python3 $$b || exit 1; done
+	@for b in bench/*.py; do $(PY) $$b || exit 1; done
