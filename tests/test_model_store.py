@@ -151,3 +151,20 @@ def test_nanosecond_timestamps_stay_exact_in_pandas(run_dir):
     df = run.table("io")
     assert df["end_ns"].iloc[0] == t + 7 and df["end_ns"].isna().iloc[1]
     assert run.sql("SELECT end_ns FROM io ORDER BY start_ns")["end_ns"].iloc[0] == t + 7
+
+
+def test_a_damaged_segment_is_named_by_every_reader(run_dir):
+    from flowscope.store.run import DamagedSegment
+
+    spans = conform("spans", pa.table({"resource_id": ["r"], "kind": ["call"], "name": ["a"], "start_ns": [1],
+                                       "end_ns": [2]}))
+    write_segment(run_dir, "spans", "good", spans)
+    write_segment(run_dir, "spans", "hurt", spans)
+    hurt = run_dir / "spans" / "hurt.parquet"
+    hurt.write_bytes(hurt.read_bytes()[:40])  # truncated, as a failing disk or a partial copy leaves it
+    run = flowscope.open_run(run_dir)
+    for read in (run.counts, lambda: run.table("spans"), lambda: run.sql("SELECT count(*) FROM spans")):
+        with pytest.raises(DamagedSegment, match=r"hurt\.parquet: damaged segment .*move it out"):
+            read()
+    hurt.rename(run_dir / "hurt.parquet.bad")
+    assert run.counts()["spans"] == 1

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -45,6 +46,29 @@ def _merged_resources(source: str, target: pa.Schema) -> str:
     return f'(SELECT {", ".join(cols)} FROM {source} GROUP BY "resource_id")'
 
 
+class DamagedSegment(ValueError):
+    """A segment file cannot be read (damaged outside flowscope: segments are written atomically)."""
+
+    def __init__(self, path: Path, reason: str):
+        self.path = path
+        super().__init__(f"{path}: damaged segment ({reason.splitlines()[0]}); move it out of the run "
+                         f"directory to read the rest of the run")
+
+
+def _damaged_path(message: str, run_dir: Path) -> Path | None:
+    """The segment of ``run_dir`` that a reader's error message names, if any."""
+    m = re.search(r"'([^']+\.parquet)'", message)
+    if m and Path(m.group(1)).parent.parent == run_dir:
+        return Path(m.group(1))
+    return None
+
+
+def _reraise_damage(exc: Exception, run_dir: Path) -> None:
+    bad = _damaged_path(str(exc), run_dir)
+    if bad is not None:  # DuckDB names the file it could not read
+        raise DamagedSegment(bad, str(exc).removeprefix("Invalid Input Error: ")) from None
+
+
 class RunNotFound(FileNotFoundError):
     """The path is not a run directory (it has no run.json)."""
 
@@ -85,7 +109,12 @@ class Run:
         if not files:
             empty = target.empty_table()
             return empty.select(columns) if columns else empty
-        parts = [pq.read_table(f, columns=columns, schema=target) for f in files]
+        parts = []
+        for f in files:
+            try:
+                parts.append(pq.read_table(f, columns=columns, schema=target))
+            except (pa.ArrowInvalid, OSError) as exc:
+                raise DamagedSegment(f, str(exc)) from None
         return pa.concat_tables(parts)
 
     def table(self, table: str, columns: list[str] | None = None) -> pd.DataFrame:
@@ -102,7 +131,13 @@ class Run:
             if name == "resources" and segment_files(self.path, name):
                 out[name] = int(self.sql("SELECT count(*) AS n FROM resources")["n"].iloc[0])
                 continue
-            out[name] = sum(pq.ParquetFile(f).metadata.num_rows for f in segment_files(self.path, name))
+            total = 0
+            for f in segment_files(self.path, name):
+                try:
+                    total += pq.ParquetFile(f).metadata.num_rows
+                except (pa.ArrowInvalid, OSError) as exc:
+                    raise DamagedSegment(f, str(exc)) from None
+            out[name] = total
         return out
 
     def connection(self) -> duckdb.DuckDBPyConnection:
@@ -118,7 +153,11 @@ class Run:
                     source = f"read_parquet('{glob}')"
                     if name == "resources":
                         source = _merged_resources(source, target)
-                    con.execute(f"CREATE OR REPLACE VIEW \"{name}\" AS SELECT * FROM {source}")
+                    try:
+                        con.execute(f"CREATE OR REPLACE VIEW \"{name}\" AS SELECT * FROM {source}")
+                    except duckdb.Error as exc:
+                        _reraise_damage(exc, self.path)
+                        raise
                 else:
                     cols = ", ".join(f'CAST(NULL AS {_duck_type(f.type)}) AS "{f.name}"' for f in target)
                     con.execute(f"CREATE OR REPLACE VIEW \"{name}\" AS SELECT {cols} WHERE false")
@@ -126,15 +165,23 @@ class Run:
 
     def sql(self, query: str, params: list | None = None) -> pd.DataFrame:
         """Run ``query`` with one view per table (spans, transitions, ...) and return a DataFrame."""
-        return self.connection().sql(query, params=params or None).df()
+        try:
+            return self.connection().sql(query, params=params or None).df()
+        except duckdb.Error as exc:
+            _reraise_damage(exc, self.path)
+            raise
 
     def sql_arrow(self, query: str, params: list | None = None) -> pa.Table:
         """Like ``sql`` but returns Arrow."""
-        rel = self.connection().sql(query, params=params or None)
-        if rel is None:  # a statement with no result
-            return pa.table({})
-        to_arrow = getattr(rel, "to_arrow_table", None) or rel.arrow
-        return to_arrow()
+        try:
+            rel = self.connection().sql(query, params=params or None)
+            if rel is None:  # a statement with no result
+                return pa.table({})
+            to_arrow = getattr(rel, "to_arrow_table", None) or rel.arrow
+            return to_arrow()
+        except duckdb.Error as exc:
+            _reraise_damage(exc, self.path)
+            raise
 
     def close(self) -> None:
         with self._lock:
