@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from flowscope.model.conform import SchemaError
+from flowscope.model.conform import SchemaError, type_family
 from flowscope.model.schemas import schema
 
 # Nullable integer columns store null as INT64_MIN (1677-09-21 as a timestamp: never a real value).
@@ -34,13 +34,9 @@ PLAIN_STR = frozenset({"task_key", "message", "stimulus_id", "state_id", "mutati
 
 
 def _kind(t: pa.DataType) -> str:
-    if pa.types.is_int64(t):
-        return "int"
-    if pa.types.is_float64(t):
-        return "float"
-    if pa.types.is_string(t):
-        return "str"
-    return "obj"
+    """How a column is packed: int and float as themselves, str as dictionary codes, the rest as objects."""
+    family = type_family(t)
+    return family if family in ("int", "float", "str") else "obj"
 
 
 def _to_json(value: Any) -> str:

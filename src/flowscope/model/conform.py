@@ -21,7 +21,8 @@ class SchemaError(ValueError):
         super().__init__(f"{where}: {message}")
 
 
-def _family(t: pa.DataType) -> str:
+def type_family(t: pa.DataType) -> str:
+    """The family of an Arrow type (int, float, str, list, timestamp, bool, null, ...), ignoring width."""
     if pa.types.is_null(t):
         return "null"
     if pa.types.is_integer(t):
@@ -31,7 +32,7 @@ def _family(t: pa.DataType) -> str:
     if pa.types.is_string(t) or pa.types.is_large_string(t):
         return "str"
     if pa.types.is_dictionary(t):
-        return _family(t.value_type)
+        return type_family(t.value_type)
     if pa.types.is_timestamp(t):
         return "timestamp"
     if pa.types.is_list(t) or pa.types.is_large_list(t):
@@ -55,7 +56,7 @@ def _conform_column(table: str, field: pa.Field, col: pa.ChunkedArray | pa.Array
     have = col.type
     if have == want:
         return col
-    fam_want, fam_have = _family(want), _family(have)
+    fam_want, fam_have = type_family(want), type_family(have)
     if fam_have == "timestamp" and fam_want == "int":
         col = col.cast(pa.timestamp("ns")).cast(pa.int64())
         return col
@@ -63,7 +64,7 @@ def _conform_column(table: str, field: pa.Field, col: pa.ChunkedArray | pa.Array
         raise SchemaError(table, f"has type {have}, expected {want}", field.name)
     if fam_want == "list":
         vt = have.value_type
-        if _family(vt) not in ("str", "null"):
+        if type_family(vt) not in ("str", "null"):
             raise SchemaError(table, f"has type {have}, expected {want}", field.name)
     try:
         return col.cast(want, safe=True)

@@ -11,6 +11,7 @@ import duckdb
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from flowscope.model.conform import type_family
 from flowscope.model.schemas import TABLES, schema
 from flowscope.store.layout import RUN_JSON, read_json, segment_files
 
@@ -18,16 +19,13 @@ if TYPE_CHECKING:
     import pandas as pd
 
 
+_DUCK_TYPES = {"int": "BIGINT", "float": "DOUBLE", "str": "VARCHAR"}
+
+
 def _duck_type(t: pa.DataType) -> str:
     if pa.types.is_list(t):
         return _duck_type(t.value_type) + "[]"
-    if pa.types.is_int64(t):
-        return "BIGINT"
-    if pa.types.is_floating(t):
-        return "DOUBLE"
-    if pa.types.is_string(t):
-        return "VARCHAR"
-    raise TypeError(f"no DuckDB type for {t}")
+    return _DUCK_TYPES[type_family(t)]
 
 
 def _merged_resources(source: str, target: pa.Schema) -> str:
