@@ -132,3 +132,26 @@ def test_flush_by_age_makes_records_visible_without_close(tmp_path):
     m = flowscope.open_run(c.run_dir).table("metrics")
     assert m[["namespace", "name", "value"]].values.tolist() == [["workflow", "queue.depth", 3.0]]
     c.close()
+
+
+def test_age_flushes_of_many_threads_make_one_segment_per_table(tmp_path):
+    import threading
+
+    c = Client(store=tmp_path, flush_interval=0.5)
+    go = threading.Barrier(8)
+
+    def produce(k: int) -> None:
+        go.wait()
+        for i in range(100):
+            c.span("s", i, i + 1, span_id=k * 100 + i)
+
+    threads = [threading.Thread(target=produce, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert c.flush(timeout=30)
+    segments = flowscope.open_run(c.run_dir).segments("spans")
+    c.close()
+    assert flowscope.open_run(c.run_dir).counts()["spans"] == 800
+    assert len(segments) <= 2  # eight threads' buffers were merged (two if a flush fell between them)

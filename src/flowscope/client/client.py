@@ -307,15 +307,19 @@ class Client:
             now = time.monotonic()
             with self._packers_lock:
                 packers = list(self._packers)
+            due: dict[str, list[pa.Table]] = {}
             for p in packers:
                 if self._due(p, force, now):
                     data = p.take()
                     p.since = 0.0
                     if data is not None:
-                        self._enqueue(p.table, data)
+                        due.setdefault(p.table, []).append(data)
                 if not len(p) and p.owner is not None and not p.owner.is_alive():
                     with self._packers_lock:  # the thread is gone and so is its data
                         self._packers.remove(p)
+            # one batch per table, not per thread: fewer, larger segments for a run with many threads
+            for table, parts in due.items():
+                self._enqueue(table, pa.concat_tables(parts) if len(parts) > 1 else parts[0])
             for req in requests:
                 if req is None:  # stop
                     return
