@@ -1,0 +1,357 @@
+"""Dask.distributed scheduler and worker plugins that record a run's task provenance into the canonical tables.
+
+Scheduler side: every transition, the task graph as it arrives (dependencies per
+``update_graph``), task errors (exception type only), workers and clients joining
+and leaving. Worker side: every worker transition, execution spans on the OS
+thread that ran the task (with result size), the other startstops (transfer,
+disk-read, disk-write) as spans of their own kind, inter-worker transfers, and
+warnings (event loop unresponsive, memory pause/spill, long GC pauses) as logs.
+
+Each plugin owns a :class:`flowscope.Client` that joins the run at ``address``.
+Dask swallows exceptions raised in plugin hooks, so each hook counts its own
+failures (``errors``) instead of failing silently; tests assert they stay at 0.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import os
+import re
+import threading
+import time
+from typing import Any
+
+from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
+
+from flowscope.model import identifiers as ids
+
+log = logging.getLogger("flowscope.dask")
+
+SCHEDULER_RESOURCE = "scheduler"
+_EXC_TYPE = re.compile(r"^\s*([A-Za-z_][\w.]*)")
+_UNRESPONSIVE = re.compile(r"Event loop was unresponsive in (\w+) for ([0-9.]+)s")
+
+
+def key_str(key: Any) -> str:
+    """A Dask key as text (tuple keys as their repr, as the dashboard shows them)."""
+    return key if isinstance(key, str) else str(key)
+
+
+def exception_type(text: str | None) -> str | None:
+    """The exception's type name from Dask's exception text, without the message (it may hold data)."""
+    if not text:
+        return None
+    m = _EXC_TYPE.match(text)
+    return m.group(1) if m else None
+
+
+def _client(address: str, run_id: str):
+    from flowscope.client.client import Client
+
+    return Client(address, run_id=run_id, flush_interval=0.5)
+
+
+class _LogCapture(logging.Handler):
+    """Turns Dask's warnings into logs rows: event loop unresponsive, memory pause/spill."""
+
+    LOGGERS = ("distributed.core", "distributed.worker.memory", "distributed.nanny.memory")
+
+    def __init__(self, fs, resource_id: str):
+        super().__init__(logging.INFO)
+        self.fs = fs
+        self.resource_id = resource_id
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            msg = record.getMessage()
+            attrs: dict[str, Any] = {"logger": record.name}
+            if record.name == "distributed.core":
+                m = _UNRESPONSIVE.match(msg)
+                if not m:
+                    return
+                category = "event-loop-unresponsive"
+                attrs.update(server=m.group(1), duration_s=float(m.group(2)))
+            elif "Pausing worker" in msg:
+                category = "memory-pause"
+            elif "Resuming worker" in msg:
+                category = "memory-resume"
+            elif "memory" in record.name:
+                category = "memory"
+            else:
+                return
+            self.fs.log(msg.split("  ")[0], level=record.levelname.lower(), category=category,
+                        resource_id=self.resource_id, attrs=attrs, ts_ns=int(record.created * 1e9))
+        except Exception:  # never let logging break Dask
+            pass
+
+    def attach(self) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).addHandler(self)
+
+    def detach(self) -> None:
+        for name in self.LOGGERS:
+            logging.getLogger(name).removeHandler(self)
+
+
+class _GCWatch:
+    """Records garbage-collector pauses longer than ``threshold_s`` as logs rows (category gc)."""
+
+    def __init__(self, fs, resource_id: str, threshold_s: float = 0.05):
+        self.fs, self.resource_id, self.threshold_s = fs, resource_id, threshold_s
+        self._t0 = 0.0
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._t0 = time.perf_counter()
+            return
+        took = time.perf_counter() - self._t0
+        if took >= self.threshold_s:
+            try:
+                self.fs.log(f"gc generation {info.get('generation')} took {took:.3f}s", level="warning",
+                            category="gc", resource_id=self.resource_id,
+                            attrs={"duration_s": took, "generation": info.get("generation"),
+                                   "collected": info.get("collected")})
+            except Exception:
+                pass
+
+    def attach(self) -> None:
+        gc.callbacks.append(self)
+
+    def detach(self) -> None:
+        if self in gc.callbacks:
+            gc.callbacks.remove(self)
+
+
+class FlowscopeSchedulerPlugin(SchedulerPlugin):
+    """Records scheduler-side provenance of a run."""
+
+    name = "flowscope-scheduler"
+
+    def __init__(self, address: str, run_id: str):
+        self.address = address
+        self.run_id = run_id
+        self.errors = 0
+        self.fs = None
+
+    async def start(self, scheduler) -> None:
+        self.scheduler = scheduler
+        self.fs = _client(self.address, self.run_id)
+        fs = self.fs
+        fs.resource("scheduler", SCHEDULER_RESOURCE, name=scheduler.address, parent_id=fs.process_resource(),
+                    host=ids.hostname(), pid=os.getpid(), address=scheduler.address)
+        self._logs = _LogCapture(fs, SCHEDULER_RESOURCE)
+        self._logs.attach()
+        self._gc = _GCWatch(fs, SCHEDULER_RESOURCE)
+        self._gc.attach()
+        self._emit_transition = fs.row_writer("transitions")
+        for addr in list(scheduler.workers):
+            self.add_worker(scheduler, addr)
+
+    def _failed(self) -> None:
+        self.errors += 1
+        if self.errors <= 3:
+            log.exception("flowscope scheduler hook failed")
+
+    def transition(self, key, start, finish, *args, stimulus_id=None, **kwargs) -> None:
+        try:
+            ts = self.scheduler.tasks.get(key)
+            worker = kwargs.get("worker")
+            if worker is None and ts is not None and ts.processing_on is not None:
+                worker = ts.processing_on.address
+            self._emit_transition(time.time_ns(), key_str(key), ts.group.name if ts else None,
+                                  ts.prefix.name if ts else None, start, finish, "scheduler",
+                                  ids.worker_id(worker) if worker else None, stimulus_id, None)
+            if finish == "erred" and start == "processing":
+                self.fs.log(f"task failed with {exception_type(kwargs.get('exception_text')) or 'an exception'}",
+                            level="error", category="task-error", resource_id=ids.worker_id(worker) if worker
+                            else SCHEDULER_RESOURCE, task_key=key_str(key),
+                            attrs={"exception_type": exception_type(kwargs.get("exception_text"))})
+        except Exception:
+            self._failed()
+
+    def update_graph(self, scheduler, *, client=None, keys=None, tasks=None, stimulus_id=None, **kwargs) -> None:
+        try:
+            now = time.time_ns()
+            emit = self.fs.row_writer("dependencies")
+            for key in tasks or ():
+                ts = scheduler.tasks.get(key)
+                if ts is None:
+                    continue
+                k = key_str(key)
+                for dep in ts.dependencies:
+                    emit(stimulus_id, k, key_str(dep.key), now)
+            self.fs.log(f"graph of {len(tasks or ())} tasks from {client}", category="graph-submitted",
+                        resource_id=SCHEDULER_RESOURCE,
+                        attrs={"graph_id": stimulus_id, "tasks": len(tasks or ()), "client": client})
+        except Exception:
+            self._failed()
+
+    def add_worker(self, scheduler, worker: str) -> None:
+        try:
+            ws = scheduler.workers.get(worker)
+            host = ws.host if ws is not None else None
+            self.fs.resource("worker", ids.worker_id(worker), name=str(ws.name) if ws is not None else worker,
+                             parent_id=ids.host_id(host) if host else None, host=host,
+                             pid=getattr(ws, "pid", None), address=worker,
+                             attrs={"nthreads": ws.nthreads, "memory_limit": ws.memory_limit} if ws else None)
+            self.fs.log(f"worker {worker} joined", category="worker-joined", resource_id=ids.worker_id(worker))
+        except Exception:
+            self._failed()
+
+    def remove_worker(self, scheduler, worker: str, *, stimulus_id=None, **kwargs) -> None:
+        try:
+            now = time.time_ns()
+            self.fs.emit("resources", resource_id=ids.worker_id(worker), kind="worker", end_ns=now)
+            self.fs.log(f"worker {worker} left", category="worker-left", resource_id=ids.worker_id(worker),
+                        ts_ns=now, attrs={"stimulus_id": stimulus_id})
+        except Exception:
+            self._failed()
+
+    def add_client(self, scheduler, client: str) -> None:
+        try:
+            self.fs.resource("client", f"client:{client}", name=client, parent_id=SCHEDULER_RESOURCE)
+            self.fs.log(f"client {client} connected", category="client-joined", resource_id=f"client:{client}")
+        except Exception:
+            self._failed()
+
+    def remove_client(self, scheduler, client: str) -> None:
+        try:
+            self.fs.emit("resources", resource_id=f"client:{client}", kind="client", end_ns=time.time_ns())
+            self.fs.log(f"client {client} left", category="client-left", resource_id=f"client:{client}")
+        except Exception:
+            self._failed()
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        return self.fs.flush(timeout) if self.fs else True
+
+    async def close(self) -> None:
+        if self.fs is None:
+            return
+        self._logs.detach()
+        self._gc.detach()
+        fs, self.fs = self.fs, None
+        try:
+            fs.close(timeout=30)
+        except Exception:
+            log.exception("flowscope scheduler plugin: closing its client failed")
+
+
+class FlowscopeWorkerPlugin(WorkerPlugin):
+    """Records worker-side provenance: transitions, execution spans on OS threads, transfers, warnings."""
+
+    name = "flowscope-worker"
+
+    def __init__(self, address: str, run_id: str):
+        self.address = address
+        self.run_id = run_id
+        self.errors = 0
+        self.fs = None
+
+    def setup(self, worker) -> None:
+        self.worker = worker
+        self.fs = fs = _client(self.address, self.run_id)
+        self.rid = ids.worker_id(worker.address)
+        host = ids.hostname()
+        fs.resource("worker", self.rid, name=str(worker.name), parent_id=fs.process_resource(), host=host,
+                    pid=os.getpid(), address=worker.address,
+                    attrs={"nthreads": worker.state.nthreads, "memory_limit": worker.memory_manager.memory_limit})
+        self._host = worker.address.split("://")[-1].rsplit(":", 1)[0]
+        self._threads: dict[int, str] = {}  # pthread ident -> thread resource id
+        self._startstops_done: dict[Any, int] = {}
+        self._last_transfer: dict | None = worker.transfer_incoming_log[-1] if worker.transfer_incoming_log else None
+        self._emit_transition = fs.row_writer("transitions")
+        self._emit_span = fs.row_writer("spans")
+        self._emit_transfer = fs.row_writer("transfers")
+        self._logs = _LogCapture(fs, self.rid)
+        self._logs.attach()
+        self._gc = _GCWatch(fs, self.rid)
+        self._gc.attach()
+
+    def _failed(self) -> None:
+        self.errors += 1
+        if self.errors <= 3:
+            log.exception("flowscope worker hook failed")
+
+    def _thread_resource(self, ident: int | None) -> str:
+        rid = self._threads.get(ident)
+        if rid is None:
+            native = next((t.native_id for t in threading.enumerate() if t.ident == ident), None)
+            name = next((t.name for t in threading.enumerate() if t.ident == ident), None)
+            rid = ids.thread_id(native if native is not None else ident)
+            self.fs.resource("thread", rid, name=name, parent_id=self.rid, host=ids.hostname(), pid=os.getpid(),
+                             tid=native, thread_ident=ident)
+            self._threads[ident] = rid
+        return rid
+
+    def transition(self, key, start, finish, **kwargs) -> None:
+        try:
+            now = time.time_ns()
+            k = key_str(key)
+            ts = self.worker.state.tasks.get(key)
+            self._emit_transition(now, k, None, ts.prefix if ts is not None else None, start, finish, self.rid,
+                                  self.rid, kwargs.get("stimulus_id"), None)
+            if start == "flight":
+                self._drain_transfers()
+            if ts is not None and finish in ("memory", "error", "released", "forgotten"):
+                self._record_startstops(key, k, ts, start, finish)
+            if finish == "forgotten":
+                self._startstops_done.pop(key, None)
+        except Exception:
+            self._failed()
+
+    def _drain_transfers(self) -> None:
+        """Record the worker's incoming transfers logged since the last call (one row per fetch message).
+
+        The log is a bounded deque; it is drained on every transition out of ``flight``, which follows
+        each fetch, so no entry ages out unseen."""
+        log = self.worker.transfer_incoming_log
+        new = []
+        for entry in reversed(log):
+            if entry is self._last_transfer:
+                break
+            new.append(entry)
+        if not new:
+            return
+        self._last_transfer = new[0]
+        for e in reversed(new):
+            who = e.get("who")
+            src_host = who.split("://")[-1].rsplit(":", 1)[0] if who else None
+            self._emit_transfer(None, "dask-fetch", ids.worker_id(who) if who else "unknown", self.rid,
+                                int(e.get("total") or 0), int(e["start"] * 1e9), int(e["stop"] * 1e9),
+                                [key_str(k) for k in e.get("keys", ())],
+                                {"inter_host": src_host != self._host, "bandwidth_bytes_per_s": e.get("bandwidth"),
+                                 "nbytes_per_key": {key_str(k): v for k, v in e.get("keys", {}).items()}})
+
+    def _record_startstops(self, key, k: str, ts, start: str, finish: str) -> None:
+        done = self._startstops_done.get(key, 0)
+        new = ts.startstops[done:]
+        if not new:
+            return
+        self._startstops_done[key] = len(ts.startstops)
+        for ss in new:
+            action = ss.get("action")
+            t0, t1 = int(ss["start"] * 1e9), int(ss["stop"] * 1e9)
+            if action == "compute":
+                ident = self.worker.state.threads.get(key)
+                self._emit_span(None, None, self._thread_resource(ident), "task", ts.prefix, t0, t1, k,
+                                {"nbytes": ts.nbytes, "thread_ident": ident, "worker": self.worker.address,
+                                 "state": finish})
+            elif action == "transfer":  # Dask books a fetch on the task that needed the data
+                self._emit_span(None, None, self.rid, "transfer", ts.prefix, t0, t1, k, {"source": ss.get("source")})
+            else:  # disk-read, disk-write (spilling) and whatever Dask adds later
+                self._emit_span(None, None, self.rid, str(action), ts.prefix, t0, t1, k, {"nbytes": ts.nbytes})
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        return self.fs.flush(timeout) if self.fs else True
+
+    def teardown(self, worker) -> None:
+        if self.fs is None:
+            return
+        self._logs.detach()
+        self._gc.detach()
+        fs, self.fs = self.fs, None
+        try:
+            fs.close(timeout=30)
+        except Exception:
+            log.exception("flowscope worker plugin: closing its client failed")

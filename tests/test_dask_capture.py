@@ -1,0 +1,133 @@
+"""Observing a real Dask LocalCluster (2 worker processes, 2 threads each)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+import dask
+from dask import delayed
+from dask.core import get_dependencies
+from distributed import Client, LocalCluster
+
+from flowscope.sources.dask import observe
+
+
+def inc(x):
+    time.sleep(0.01)
+    return x + 1
+
+
+def add(a, b):
+    time.sleep(0.01)
+    return a + b
+
+
+def fail(x):
+    raise ZeroDivisionError(f"secret payload {x}")
+
+
+@pytest.fixture
+def cluster():
+    with dask.config.set({"distributed.scheduler.work-stealing": False}):
+        with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None,
+                          worker_dashboard_address=None) as cl, Client(cl) as client:
+            yield cl, client
+
+
+def _graph():
+    xs = [delayed(inc, pure=True)(i, dask_key_name=f"inc-{i}") for i in range(16)]
+    ys = [delayed(add, pure=True)(xs[i], xs[(i + 5) % 16], dask_key_name=f"add-{i}") for i in range(16)]
+    total = delayed(sum, pure=True)(ys, dask_key_name="total")
+    return total
+
+
+def test_every_task_is_one_execution_span_on_a_real_worker_thread(cluster, tmp_path):
+    cl, client = cluster
+    total = _graph()
+    with observe(client, store=tmp_path, name="dask-test") as obs:
+        assert client.compute(total).result() == sum(range(1, 17)) * 2
+    assert obs.hook_errors and all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors
+    run = obs.run
+    graph = dict(total.__dask_graph__())
+    spans = run.sql("SELECT * FROM spans WHERE kind = 'task'")
+    assert sorted(spans["task_key"]) == sorted(graph)  # every task exactly once
+    assert (spans["start_ns"] < spans["end_ns"]).all()
+
+    # each span is on a thread resource of the worker process that ran it, with a real OS thread id
+    threads = run.sql("""SELECT s.task_key, r.tid, r.thread_ident, r.pid, w.address
+                         FROM spans s JOIN resources r ON s.resource_id = r.resource_id
+                         JOIN resources w ON r.parent_id = w.resource_id
+                         WHERE s.kind = 'task'""")
+    assert len(threads) == len(graph)
+    pids = client.run(lambda: __import__("os").getpid())
+    assert set(threads["address"]) <= set(pids)
+    for _, row in threads.iterrows():
+        assert row["pid"] == pids[row["address"]]
+    native = client.run(lambda: sorted(int(t) for t in __import__("os").listdir("/proc/self/task")))
+    for _, row in threads.iterrows():
+        assert row["tid"] in native[row["address"]], "the recorded tid is a thread of that worker process"
+
+    # scheduler transitions form a valid lifecycle for every task
+    trans = run.sql("""SELECT task_key, from_state, to_state FROM transitions
+                       WHERE observer = 'scheduler' ORDER BY ts_ns""")
+    for key, rows in trans.groupby("task_key"):
+        states = list(zip(rows["from_state"], rows["to_state"]))
+        for (a, b), (c, _) in zip(states, states[1:]):
+            assert b == c, f"{key}: {states}"
+        assert ("processing", "memory") in states, f"{key}: {states}"
+    assert set(trans["task_key"]) >= set(graph)
+
+    # dependencies equal the graph's
+    deps = run.sql("SELECT task_key, depends_on FROM dependencies")
+    want = {(k, d) for k in graph for d in get_dependencies(graph, k)}
+    assert set(zip(deps["task_key"], deps["depends_on"])) == want
+
+    # a transfer exists wherever a task's input was computed on another worker
+    where = dict(zip(threads["task_key"], threads["address"]))
+    transfers = run.sql("SELECT src_resource_id, dst_resource_id, unnest(keys) AS key, nbytes FROM transfers")
+    moved = {(r.key, r.src_resource_id, r.dst_resource_id) for r in transfers.itertuples()}
+    needed = {(d, f"worker:{where[d]}", f"worker:{where[k]}") for k, d in want if where[d] != where[k]}
+    assert needed, "the graph should make the two workers exchange data"
+    assert needed <= moved
+    assert (transfers["nbytes"] > 0).all()
+
+    # workers and the client joined; the run is finished
+    logs = run.sql("SELECT category, count(*) AS n FROM logs GROUP BY 1")
+    counts = dict(zip(logs["category"], logs["n"]))
+    assert counts.get("graph-submitted", 0) >= 1
+    assert run.meta["status"] == "finished"
+    workers = run.sql("SELECT address FROM resources WHERE kind = 'worker'")
+    assert set(workers["address"]) == set(pids)
+
+
+def test_task_errors_record_the_type_not_the_payload(cluster, tmp_path):
+    _, client = cluster
+    with observe(client, store=tmp_path) as obs:
+        fut = client.submit(fail, 7, key="fail-7")
+        with pytest.raises(ZeroDivisionError):
+            fut.result()
+    errors = obs.run.sql("SELECT task_key, message, attrs FROM logs WHERE category = 'task-error'")
+    assert errors["task_key"].tolist() == ["fail-7"]
+    assert "ZeroDivisionError" in errors["message"][0] and "secret" not in errors["message"][0]
+    assert "secret" not in errors["attrs"][0]
+
+
+def test_a_worker_that_joins_late_is_observed(cluster, tmp_path):
+    cl, client = cluster
+    with observe(client, store=tmp_path) as obs:
+        client.submit(inc, 1, key="early").result()
+        before = set(client.scheduler_info()["workers"])
+        cl.scale(3)
+        client.wait_for_workers(3, timeout=60)
+        [late] = set(client.scheduler_info()["workers"]) - before
+        futs = [client.submit(inc, i, key=f"late-{i}", workers=[late]) for i in range(4)]
+        client.gather(futs)
+    run = obs.run
+    on_late = run.sql(f"""SELECT count(*) AS n FROM spans s JOIN resources r ON s.resource_id = r.resource_id
+                          WHERE s.kind = 'task' AND r.parent_id = 'worker:{late}'""")
+    assert int(on_late["n"][0]) == 4
+    joined = run.sql("SELECT resource_id FROM logs WHERE category = 'worker-joined'")
+    assert f"worker:{late}" in set(joined["resource_id"])
+    assert all(v == 0 for v in obs.hook_errors.values()) and late in obs.hook_errors
