@@ -93,6 +93,17 @@ def test_every_task_is_one_execution_span_on_a_real_worker_thread(cluster, tmp_p
     assert needed <= moved
     assert (transfers["nbytes"] > 0).all()
 
+    # the breakdown and group statistics read the same tables
+    from flowscope.analysis.breakdown import breakdown, task_groups
+
+    b = breakdown(run)
+    assert b.tasks == len(graph) and b.transfers == len(run.table("transfers"))
+    assert b.communication_bytes == int(run.sql("SELECT sum(nbytes) AS b FROM transfers")["b"][0]) > 0
+    assert 0 < b.compute_s and 0 < b.makespan_s < 60
+    groups = task_groups(run).set_index("group")
+    assert groups.loc["inc", "count"] == 16 and groups.loc["add", "count"] == 16
+    assert groups.loc["inc", "mean_s"] >= 0.01  # each inc sleeps 10 ms
+
     # workers and the client joined; the run is finished
     logs = run.sql("SELECT category, count(*) AS n FROM logs GROUP BY 1")
     counts = dict(zip(logs["category"], logs["n"]))

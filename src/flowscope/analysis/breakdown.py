@@ -1,0 +1,72 @@
+"""How computation, communication and I/O add up in a run, and per-task-group statistics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+
+from flowscope.store.run import Run
+
+
+@dataclass
+class Breakdown:
+    """Totals per category. Seconds are summed over resources (a busy 4-thread worker for 1 s counts 4 s);
+    ``makespan_s`` is the observed wall-clock extent of the tasks."""
+
+    compute_s: float
+    communication_s: float
+    communication_bytes: int
+    io_s: float                 # timed I/O: spill (disk-read/write spans) and I/O records with a duration
+    io_read_bytes: int
+    io_write_bytes: int
+    tasks: int
+    transfers: int
+    makespan_s: float
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per category (compute, communication, io) with seconds, bytes and count."""
+        return pd.DataFrame([
+            {"category": "compute", "seconds": self.compute_s, "bytes": None, "count": self.tasks},
+            {"category": "communication", "seconds": self.communication_s, "bytes": self.communication_bytes,
+             "count": self.transfers},
+            {"category": "io", "seconds": self.io_s, "bytes": self.io_read_bytes + self.io_write_bytes,
+             "count": None},
+        ])
+
+
+def breakdown(run: Run) -> Breakdown:
+    """Computation (task spans), communication (transfers) and I/O (spill spans, io records) of ``run``."""
+    row = run.sql("""
+        WITH t AS (SELECT count(*) AS n, coalesce(sum(end_ns - start_ns), 0) AS d,
+                          min(start_ns) AS t0, max(end_ns) AS t1 FROM spans WHERE kind = 'task'),
+             x AS (SELECT count(*) AS n, coalesce(sum(end_ns - start_ns), 0) AS d,
+                          coalesce(sum(nbytes), 0) AS b FROM transfers),
+             s AS (SELECT coalesce(sum(end_ns - start_ns), 0) AS d FROM spans
+                   WHERE kind IN ('disk-read', 'disk-write', 'io')),
+             i AS (SELECT coalesce(sum(CASE WHEN op = 'read' THEN nbytes END), 0) AS r,
+                          coalesce(sum(CASE WHEN op = 'write' THEN nbytes END), 0) AS w,
+                          coalesce(sum(CASE WHEN op IN ('read', 'write') AND end_ns IS NOT NULL
+                                            AND source <> 'proc-io' THEN end_ns - start_ns END), 0) AS d
+                   FROM io)
+        SELECT t.n AS tasks, t.d AS compute_ns, t.t0, t.t1, x.n AS transfers, x.d AS comm_ns, x.b AS comm_bytes,
+               s.d + i.d AS io_ns, i.r AS read_bytes, i.w AS write_bytes
+        FROM t, x, s, i""").iloc[0]
+    makespan = (int(row["t1"]) - int(row["t0"])) / 1e9 if pd.notna(row["t0"]) else 0.0
+    return Breakdown(
+        compute_s=int(row["compute_ns"]) / 1e9, communication_s=int(row["comm_ns"]) / 1e9,
+        communication_bytes=int(row["comm_bytes"]), io_s=int(row["io_ns"]) / 1e9,
+        io_read_bytes=int(row["read_bytes"]), io_write_bytes=int(row["write_bytes"]),
+        tasks=int(row["tasks"]), transfers=int(row["transfers"]), makespan_s=makespan)
+
+
+def task_groups(run: Run, kind: str = "task") -> pd.DataFrame:
+    """Per span name (a Dask task prefix): count, total, mean, std, coefficient of variation, max, in seconds;
+    sorted by total time, largest first."""
+    df = run.sql("""
+        SELECT name AS "group", count(*) AS count, sum(end_ns - start_ns) / 1e9 AS total_s,
+               avg(end_ns - start_ns) / 1e9 AS mean_s, coalesce(stddev_samp(end_ns - start_ns), 0) / 1e9 AS std_s,
+               max(end_ns - start_ns) / 1e9 AS max_s
+        FROM spans WHERE kind = ? GROUP BY name ORDER BY total_s DESC""", [kind])
+    df["cv"] = (df["std_s"] / df["mean_s"]).where(df["mean_s"] > 0, 0.0)
+    return df
