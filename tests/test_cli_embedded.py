@@ -30,24 +30,25 @@ def test_help_everywhere():
         assert res.returncode == 0 and "usage: flowscope " + cmd in res.stdout
 
 
-def test_demo_records_a_run_that_runs_show_and_sql_read(tmp_path):
+def test_demo_records_a_dask_run_that_runs_show_and_sql_read(tmp_path):
     store = tmp_path / "store"
-    res = fs("demo", "--store", str(store), "--tasks", "12")
+    res = fs("demo", "--store", str(store), "--images", "6", "--size", "96")
     assert res.returncode == 0, res.stderr
-    assert "where span time goes" in res.stdout and "fft" in res.stdout
+    assert "image pipeline: 6 images" in res.stdout and "slowest task groups" in res.stdout
     runs = json.loads(fs("runs", str(store), "--json").stdout)
     assert len(runs) == 1 and runs[0]["status"] == "finished" and runs[0]["name"] == "demo"
     run_id = runs[0]["run_id"]
     show = json.loads(fs("show", "latest", "--store", str(store), "--json").stdout)
-    assert show["run_id"] == run_id and show["rows"]["spans"] == 12 * 5 and show["rows"]["io"] == 12
-    assert {r["name"] for r in show["top_spans"]} == {"generate", "fft", "sort", "write", "read"}
-    q = fs("sql", run_id, "SELECT task_key, count(*) AS n FROM spans GROUP BY 1 ORDER BY 1", "--store", str(store),
-           "--json")
+    # 6 x (generate, read, normalise, grayscale, gaussian, segment, write) + 2 batch means + summarise
+    assert show["run_id"] == run_id
+    q = fs("sql", run_id, "SELECT name, count(*) AS n FROM spans WHERE kind = 'task' GROUP BY 1 ORDER BY 1",
+           "--store", str(store), "--json")
     assert q.returncode == 0, q.stderr
-    rows = json.loads(q.stdout)
-    assert len(rows) == 12 and all(r["n"] == 5 for r in rows)
-    csv = fs("sql", str(store / run_id), "SELECT count(*) AS n FROM io", "--csv")
-    assert csv.stdout.split() == ["n", "12"]
+    counts = {r["name"]: r["n"] for r in json.loads(q.stdout)}
+    assert counts == {"batch-mean": 2, "generate": 6, "gaussian": 6, "grayscale": 6, "normalise": 6, "read": 6,
+                      "segment": 6, "summarise": 1, "write": 6}
+    csv = fs("sql", str(store / run_id), "SELECT count(DISTINCT task_key) AS n FROM dependencies", "--csv")
+    assert csv.stdout.split() == ["n", str(6 * 6 + 2 + 1)]  # every task but the generators has inputs
 
 
 @pytest.mark.parametrize("args, words", [
@@ -62,14 +63,19 @@ def test_errors_are_one_line_and_nonzero(args, words):
     assert len(lines) == 1 and lines[0].startswith(f"flowscope {args[0]}: error:") and words in lines[0]
 
 
+def _small_run(store) -> None:
+    with Client(store=store, name="small") as c:
+        c.span("x", 1, 2)
+
+
 def test_bad_sql_is_one_line(tmp_path):
-    fs("demo", "--store", str(tmp_path), "--tasks", "2")
+    _small_run(tmp_path)
     res = fs("sql", "latest", "SELEC nonsense", "--store", str(tmp_path))
     assert res.returncode == 1 and res.stderr.count("\n") == 1 and "query failed" in res.stderr
 
 
 def test_sql_output_keeps_types_and_writes_nulls_as_null(tmp_path):
-    fs("demo", "--store", str(tmp_path), "--tasks", "2")
+    _small_run(tmp_path)
     q = "SELECT 1 AS a, 2.5 AS b, NULL::DOUBLE AS c, 'nan'::DOUBLE AS d, NULL::BIGINT AS e"
     rows = json.loads(fs("sql", "latest", q, "--store", str(tmp_path), "--json").stdout)
     assert rows == [{"a": 1, "b": 2.5, "c": None, "d": None, "e": None}]
@@ -78,7 +84,8 @@ def test_sql_output_keeps_types_and_writes_nulls_as_null(tmp_path):
 
 
 def test_demo_ignores_a_remote_collector_in_the_environment(tmp_path):
-    res = fs("demo", "--store", str(tmp_path), "--tasks", "2", env={"FLOWSCOPE_ADDRESS": "http://127.0.0.1:9"})
+    res = fs("demo", "--store", str(tmp_path), "--images", "2", "--size", "64", "--no-report",
+             env={"FLOWSCOPE_ADDRESS": "http://127.0.0.1:9"})
     assert res.returncode == 0, res.stderr
 
 

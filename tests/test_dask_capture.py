@@ -31,7 +31,7 @@ def fail(x):
 @pytest.fixture
 def cluster():
     with dask.config.set({"distributed.scheduler.work-stealing": False}):
-        with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None,
+        with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0",
                           worker_dashboard_address=None) as cl, Client(cl) as client:
             yield cl, client
 

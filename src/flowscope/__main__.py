@@ -4,4 +4,5 @@ import sys
 
 from flowscope.cli.main import main
 
-sys.exit(main())
+if __name__ == "__main__":  # worker processes spawned by a LocalCluster re-import this module
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""The end-of-run summary `flowscope demo` and `flowscope run` print: tasks, makespan, where time went."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flowscope.analysis.breakdown import breakdown, task_groups
+from flowscope.cli.output import console, fmt_ns, print_table
+from flowscope.store.run import Run
+
+
+def _bytes(n: float) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def print_run_summary(run: Run, report: Path | None = None, top: int = 5) -> None:
+    """Print tasks, makespan, compute / communication / I/O totals, slowest task groups and warnings."""
+    meta = run.meta
+    b = breakdown(run)
+    console.print(f"[bold]{meta.get('name')}[/bold] run {meta['run_id']}: {meta.get('status')}, "
+                  f"{b.tasks} tasks, makespan {fmt_ns(b.makespan_s * 1e9)}")
+    console.print(f"  compute {fmt_ns(b.compute_s * 1e9)} | communication {fmt_ns(b.communication_s * 1e9)} "
+                  f"in {b.transfers} transfers ({_bytes(b.communication_bytes)}) | I/O read "
+                  f"{_bytes(b.io_read_bytes)}, written {_bytes(b.io_write_bytes)}"
+                  + (f", {fmt_ns(b.io_s * 1e9)} timed" if b.io_s else ""))
+    groups = task_groups(run).head(top)
+    if len(groups):
+        print_table("slowest task groups", ["group", "count", "total", "mean", "CV"],
+                    [[g["group"], int(g["count"]), fmt_ns(g["total_s"] * 1e9), fmt_ns(g["mean_s"] * 1e9),
+                      f"{g['cv']:.2f}"] for g in groups.to_dict("records")])
+    warnings = run.sql("""SELECT category, count(*) AS n FROM logs WHERE level IN ('warning', 'error')
+                          GROUP BY 1 ORDER BY n DESC""")
+    if len(warnings):
+        console.print("  warnings: " + ", ".join(f"{n} {c}" for c, n in zip(warnings["category"], warnings["n"])))
+    else:
+        console.print("  warnings: none")
+    console.print(f"  run directory: {run.path}")
+    if report is not None:
+        console.print(f"  report: {report}")
