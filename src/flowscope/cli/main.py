@@ -7,9 +7,9 @@ import os
 import sys
 
 from flowscope import __version__
-from flowscope.cli import demo, runs, serve, spool
+from flowscope.cli import demo, run, runs, serve, spool
 
-GROUPS = (demo, serve, runs, spool)
+GROUPS = (demo, run, serve, runs, spool)
 
 
 class UserError(Exception):

@@ -1,0 +1,122 @@
+"""``flowscope run -- COMMAND``: observe a command, and any Dask cluster it starts, as one run."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from flowscope.cli.output import err_console
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("run", help="observe a command and any Dask cluster it starts",
+                       description="Run COMMAND with an embedded collector: any Dask scheduler or worker the "
+                                   "command starts loads flowscope's plugins (through Dask's preload config, no "
+                                   "code change), the host's hardware is sampled, a progress line shows tasks done "
+                                   "/ total, and when the command ends the run is finalised and its report written. "
+                                   "The exit status is the command's.",
+                       usage="flowscope run [options] -- COMMAND [ARG ...]")
+    p.add_argument("--store", default=None, help="run store (default $FLOWSCOPE_STORE or ./flowscope-runs)")
+    p.add_argument("--name", default=None, help="run name (default: the command's name)")
+    p.add_argument("--sample-period", type=float, default=1.0, metavar="SECONDS",
+                   help="hardware sampling period (default 1 s; 0 turns sampling off)")
+    p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
+    p.add_argument("--quiet", action="store_true", help="no progress line and no summary")
+    p.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command to observe, after --")
+    p.set_defaults(func=run)
+
+
+def _progress(run_dir: Path) -> str:
+    from flowscope.store.run import open_run
+
+    try:
+        row = open_run(run_dir).sql("""
+            SELECT count(DISTINCT task_key) FILTER (WHERE to_state IN ('memory', 'erred')) AS done,
+                   count(DISTINCT task_key) AS total
+            FROM transitions WHERE observer = 'scheduler'""").iloc[0]
+    except Exception:  # a segment being renamed into place; try again next tick
+        return ""
+    return f"tasks {int(row['done'])}/{int(row['total'])}" if int(row["total"]) else ""
+
+
+def _hardware(fs, period: float):
+    if period <= 0:
+        return None
+    try:
+        from flowscope.sources.hardware import HardwareSampler, acquire_host_lease
+    except ImportError:
+        return None
+    lease = acquire_host_lease()
+    if lease is None:  # another flowscope process samples this host already
+        return None
+    sampler = HardwareSampler(fs, period)
+    sampler.start()
+    sampler.lease = lease
+    return sampler
+
+
+def run(args: argparse.Namespace) -> int:
+    from flowscope import Client
+    from flowscope.model import identifiers as ids
+
+    cmd = list(args.argv)
+    if cmd and cmd[0] == "--":
+        cmd = cmd[1:]
+    if not cmd:
+        raise ValueError("no command given: flowscope run [options] -- COMMAND [ARG ...]")
+    fs = Client("embedded", store=args.store, serve=True, name=args.name or Path(cmd[0]).name,
+                command=shlex.join(cmd))
+    env = {**os.environ, **fs.env(),
+           # every Dask scheduler and worker the command starts loads the plugins
+           "DASK_DISTRIBUTED__SCHEDULER__PRELOAD": "['flowscope.dask']",
+           "DASK_DISTRIBUTED__WORKER__PRELOAD": "['flowscope.dask']"}
+    sampler = _hardware(fs, args.sample_period)
+    t0 = time.time_ns()
+    try:
+        proc = subprocess.Popen(cmd, env=env)
+    except OSError as exc:
+        fs.close(status="failed")
+        raise ValueError(f"cannot start {cmd[0]!r}: {exc.strerror or exc}") from None
+    rc = None
+    try:
+        if args.quiet:
+            rc = proc.wait()
+        else:
+            with err_console.status(f"running {shlex.join(cmd)[:60]}") as status:
+                while (rc := proc.poll()) is None:
+                    time.sleep(0.5)
+                    done = _progress(fs.run_dir)
+                    status.update(f"running {shlex.join(cmd)[:60]}  {done}  {(time.time_ns() - t0) / 1e9:.0f} s")
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait()
+    t1 = time.time_ns()
+    host = ids.hostname()
+    child = fs.resource("process", ids.process_id(proc.pid), name=f"{host}:{proc.pid}", parent_id=ids.host_id(),
+                        host=host, pid=proc.pid, attrs={"argv": cmd[:16]}, start_ns=t0)
+    fs.span(Path(cmd[0]).name, t0, t1, kind="step", resource_id=child, attrs={"argv": cmd, "exit_code": rc})
+    if sampler is not None:
+        sampler.stop()
+        sampler.lease.release()
+    fs.close(status="finished" if rc == 0 else "failed")
+    from flowscope.store.run import open_run
+
+    run = open_run(fs.run_dir)
+    report = None
+    if not args.no_report:
+        try:
+            from flowscope.report import write_report
+        except ImportError:
+            write_report = None
+        if write_report is not None:
+            report = write_report(run)
+    if not args.quiet:
+        from flowscope.cli.summary import print_run_summary
+
+        print_run_summary(run, report)
+    return rc if rc >= 0 else 128 - rc  # killed by a signal: the shell's convention
