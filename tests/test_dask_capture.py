@@ -142,3 +142,45 @@ def test_a_worker_that_joins_late_is_observed(cluster, tmp_path):
     joined = run.sql("SELECT resource_id FROM logs WHERE category = 'worker-joined'")
     assert f"worker:{late}" in set(joined["resource_id"])
     assert all(v == 0 for v in obs.hook_errors.values()) and late in obs.hook_errors
+
+
+def write_file(path: str, nbytes: int) -> int:
+    with open(path, "wb") as f:
+        f.write(b"x" * nbytes)
+    return nbytes
+
+
+def read_file(path: str, _written: int) -> int:
+    with open(path, "rb") as f:
+        return len(f.read())
+
+
+def test_per_task_bytes_match_the_files_the_tasks_wrote(cluster, tmp_path):
+    _, client = cluster
+    sizes = {f"write-{i}": (i + 1) * 300_000 for i in range(6)}
+    with observe(client, store=tmp_path / "store") as obs:
+        written = {k: client.submit(write_file, str(tmp_path / f"{k}.bin"), n, key=k) for k, n in sizes.items()}
+        reads = [client.submit(read_file, str(tmp_path / f"{k}.bin"), fut, key=f"read-{k}")
+                 for k, fut in written.items()]
+        assert client.gather(reads) == list(sizes.values())
+    run = obs.run
+    io = run.sql("""SELECT task_key, op, nbytes, tid, thread_ident, json_extract(attrs, '$.write_bytes') AS storage
+                    FROM io WHERE source = 'proc-io'""")
+    w = io[io["op"] == "write"].set_index("task_key")
+    for key, n in sizes.items():
+        # wchar counts every byte the task's thread wrote through system calls: the file, nothing else here
+        assert n <= int(w.loc[key, "nbytes"]) < n + 64 * 1024, (key, w.loc[key, "nbytes"], n)
+    r = io[io["op"] == "read"].set_index("task_key")
+    for key, n in sizes.items():
+        assert n <= int(r.loc[f"read-{key}", "nbytes"]) < n + 64 * 1024
+    # the io rows join their task's execution span by thread and time
+    joined = run.sql("""SELECT count(*) AS n FROM io i JOIN spans s ON s.task_key = i.task_key AND s.kind = 'task'
+                        JOIN resources r ON s.resource_id = r.resource_id
+                        WHERE i.source = 'proc-io' AND r.tid = i.tid AND r.thread_ident = i.thread_ident
+                          AND i.start_ns = s.start_ns AND i.end_ns = s.end_ns""")
+    assert int(joined["n"][0]) == len(io)
+    # the audit hook saw each task open its file, on the task's own thread
+    opens = run.sql("SELECT task_key, path, attrs FROM io WHERE source = 'audit' AND op = 'open'")
+    mine = opens[opens["path"].str.endswith(".bin")]
+    assert set(zip(mine["task_key"], mine["path"])) >= {(k, str(tmp_path / f"{k}.bin")) for k in sizes}
+    assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors

@@ -18,6 +18,7 @@ import gc
 import logging
 import os
 import re
+import sys
 import threading
 import time
 from typing import Any
@@ -25,6 +26,7 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from flowscope.model import identifiers as ids
+from flowscope.sources.thread_io import OpenAudit, ThreadIO, ThreadIOReader, io_rows, thread_ids
 
 log = logging.getLogger("flowscope.dask")
 
@@ -267,11 +269,44 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
         self._logs.attach()
         self._gc = _GCWatch(fs, self.rid)
         self._gc.attach()
+        # Per-task I/O: a thread runs one task at a time, so its counters at the end of its previous
+        # task are the baseline of its next one: one /proc read per task (a new thread starts at zero).
+        self._io_reader = ThreadIOReader()
+        self._io_last: dict[int, ThreadIO] = {}
+        self._native: dict[int, int] = {}
+        self._audit = OpenAudit(self._record_open, exclude=[sys.prefix, sys.base_prefix, *sys.path[1:2]])
+        self._audit.enable()
+
+    def _record_open(self, row: dict) -> None:
+        """An open seen by the audit hook, on the thread that opened: attributed to that thread's task."""
+        row["task_key"] = key_str(self.worker.active_threads[row["thread_ident"]]) \
+            if row.get("thread_ident") in self.worker.active_threads else None
+        row["resource_id"] = self._threads.get(row.get("thread_ident")) or row.get("resource_id")
+        self.fs.emit("io", **row)
 
     def _failed(self) -> None:
         self.errors += 1
         if self.errors <= 3:
             log.exception("flowscope worker hook failed")
+
+    def _native_tid(self, ident: int | None) -> int | None:
+        tid = self._native.get(ident)
+        if tid is None and ident is not None:
+            tid = self._native[ident] = thread_ids().get(ident)
+        return tid
+
+    def _record_task_io(self, k: str, ident: int | None, t0: int, t1: int) -> None:
+        tid = self._native_tid(ident)
+        if tid is None:
+            return
+        now = self._io_reader.read(tid)
+        if now is None:
+            return
+        delta = now - self._io_last.get(tid, ThreadIO())
+        self._io_last[tid] = now
+        for row in io_rows(delta, tid=tid, thread_ident=ident, start_ns=t0, end_ns=t1, task_key=k):
+            row["resource_id"] = self._threads.get(ident, row["resource_id"])
+            self.fs.emit("io", **row)
 
     def _thread_resource(self, ident: int | None) -> str:
         rid = self._threads.get(ident)
@@ -337,6 +372,7 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
                 self._emit_span(None, None, self._thread_resource(ident), "task", ts.prefix, t0, t1, k,
                                 {"nbytes": ts.nbytes, "thread_ident": ident, "worker": self.worker.address,
                                  "state": finish})
+                self._record_task_io(k, ident, t0, t1)
             elif action == "transfer":  # Dask books a fetch on the task that needed the data
                 self._emit_span(None, None, self.rid, "transfer", ts.prefix, t0, t1, k, {"source": ss.get("source")})
             else:  # disk-read, disk-write (spilling) and whatever Dask adds later
@@ -348,6 +384,8 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
     def teardown(self, worker) -> None:
         if self.fs is None:
             return
+        self._audit.disable()
+        self._io_reader.close()
         self._logs.detach()
         self._gc.detach()
         fs, self.fs = self.fs, None
