@@ -138,7 +138,8 @@ def test_a_worker_that_joins_late_is_observed(cluster, tmp_path):
     run = obs.run
     on_late = run.sql(f"""SELECT count(*) AS n FROM spans s JOIN resources r ON s.resource_id = r.resource_id
                           WHERE s.kind = 'task' AND r.parent_id = 'worker:{late}'""")
-    assert int(on_late["n"][0]) == 4
+    assert int(on_late["n"][0]) == 4, run.sql("""SELECT s.task_key, s.resource_id, r.parent_id FROM spans s
+        LEFT JOIN resources r ON s.resource_id = r.resource_id WHERE s.kind = 'task'""").to_string()
     joined = run.sql("SELECT resource_id FROM logs WHERE category = 'worker-joined'")
     assert f"worker:{late}" in set(joined["resource_id"])
     assert all(v == 0 for v in obs.hook_errors.values()) and late in obs.hook_errors
@@ -184,3 +185,16 @@ def test_per_task_bytes_match_the_files_the_tasks_wrote(cluster, tmp_path):
     mine = opens[opens["path"].str.endswith(".bin")]
     assert set(zip(mine["task_key"], mine["path"])) >= {(k, str(tmp_path / f"{k}.bin")) for k in sizes}
     assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors
+
+
+def test_one_process_per_host_samples_the_hardware(cluster, tmp_path):
+    _, client = cluster
+    with observe(client, store=tmp_path) as obs:
+        client.gather(client.map(inc, range(40)))
+        time.sleep(2.5)  # a few sampling periods
+    m = obs.run.sql("""SELECT resource_id, count(DISTINCT ts_ns) AS samples, count(*) AS n
+                       FROM metrics WHERE namespace = 'hardware' AND name = 'cpu.percent' GROUP BY 1""")
+    assert len(m) == 1 and m["resource_id"][0].startswith("host:")
+    assert int(m["samples"][0]) == int(m["n"][0]) >= 2  # one sampler: no two samples share a timestamp
+    cores = obs.run.sql("SELECT count(DISTINCT name) AS n FROM metrics WHERE name LIKE 'cpu.core%.percent'")
+    assert int(cores["n"][0]) == __import__("os").cpu_count()

@@ -51,7 +51,7 @@ def _hardware(fs, period: float):
         from flowscope.sources.hardware import HardwareSampler, acquire_host_lease
     except ImportError:
         return None
-    lease = acquire_host_lease()
+    lease = acquire_host_lease(run_id=fs.run_id)  # the command's Dask workers will find it taken
     if lease is None:  # another flowscope process samples this host already
         return None
     sampler = HardwareSampler(fs, period)

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import gc
 import logging
+from collections import deque
+from concurrent.futures import Executor
 import os
 import re
 import sys
@@ -239,14 +241,63 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
             log.exception("flowscope scheduler plugin: closing its client failed")
 
 
+class MeasuringThreadPoolExecutor(Executor):
+    """Delegates to the worker's executor; each call reads its thread's I/O counters before and after.
+
+    ``window(ident, start, stop)`` returns the counter delta of the call on thread ``ident`` whose
+    interval encloses [start, stop] (a task's compute times, measured inside the call by Dask).
+
+    The name matters: Dask runs a task through its thread-aware path (contextvars, active_threads)
+    only when "ThreadPoolExecutor" appears in the executor's type name."""
+
+    def __init__(self, inner: Executor, reader: ThreadIOReader, keep: int = 256):
+        self.inner = inner
+        self._reader = reader
+        self._keep = keep
+        self._windows: dict[int, deque] = {}
+
+    def submit(self, fn, /, *args, **kwargs):
+        return self.inner.submit(self._measured, fn, args, kwargs)
+
+    def _measured(self, fn, args, kwargs):
+        tid = threading.get_native_id()
+        t0, before = time.time(), self._reader.read(tid)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            after, t1 = self._reader.read(tid), time.time()
+            if before is not None and after is not None:
+                q = self._windows.get(threading.get_ident())
+                if q is None:
+                    q = self._windows[threading.get_ident()] = deque(maxlen=self._keep)
+                q.append((t0, t1, after - before))
+
+    def window(self, ident: int | None, start: float, stop: float, slack: float = 0.002) -> ThreadIO | None:
+        """The delta of the call on thread ``ident`` that encloses [start, stop] (give both in this process's
+        clock: Dask shifts a task's times by the worker's offset to the scheduler's clock)."""
+        # a copy: the thread may append while we look (iterating a deque being appended to raises)
+        for t0, t1, delta in reversed(tuple(self._windows.get(ident, ()))):
+            if t0 - slack <= start and stop <= t1 + slack:
+                return delta
+        return None
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.inner.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+    def __getattr__(self, name: str):  # _threads, _max_workers and the like: the inner executor's
+        return getattr(self.inner, name)
+
+
 class FlowscopeWorkerPlugin(WorkerPlugin):
-    """Records worker-side provenance: transitions, execution spans on OS threads, transfers, warnings."""
+    """Records worker-side provenance: transitions, execution spans on OS threads, transfers, warnings,
+    per-task I/O; and, in one worker process per host, the host's hardware every ``hardware_period`` s."""
 
     name = "flowscope-worker"
 
-    def __init__(self, address: str, run_id: str):
+    def __init__(self, address: str, run_id: str, hardware_period: float = 1.0):
         self.address = address
         self.run_id = run_id
+        self.hardware_period = hardware_period
         self.errors = 0
         self.fs = None
 
@@ -269,13 +320,40 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
         self._logs.attach()
         self._gc = _GCWatch(fs, self.rid)
         self._gc.attach()
-        # Per-task I/O: a thread runs one task at a time, so its counters at the end of its previous
-        # task are the baseline of its next one: one /proc read per task (a new thread starts at zero).
+        # Per-task I/O is read on the thread that runs the task: the worker's executor is wrapped so that
+        # every call it runs reads its own thread's counters before and after. Reading them from the event
+        # loop instead is racy: Dask may start the next task on a thread before it has handled the
+        # completion of that thread's previous one.
         self._io_reader = ThreadIOReader()
-        self._io_last: dict[int, ThreadIO] = {}
         self._native: dict[int, int] = {}
+        self._executor = MeasuringThreadPoolExecutor(worker.executors["default"], self._io_reader)
+        worker.executors["default"] = self._executor
         self._audit = OpenAudit(self._record_open, exclude=[sys.prefix, sys.base_prefix, *sys.path[1:2]])
         self._audit.enable()
+        self._sampler = self._lease = self._lease_retry = None
+        if self.hardware_period > 0:
+            from tornado.ioloop import PeriodicCallback
+
+            self._try_lease()
+            if self._sampler is None:  # another process samples this host; take over if it goes away
+                self._lease_retry = PeriodicCallback(self._try_lease, self.hardware_period * 1000)
+                self._lease_retry.start()
+
+    def _try_lease(self) -> None:
+        """Become this host's hardware sampler for the run if no other process is."""
+        try:
+            from flowscope.sources.hardware import HardwareSampler, acquire_host_lease
+
+            if self._sampler is not None or self.fs is None:
+                return
+            lease = acquire_host_lease(run_id=self.run_id)
+            if lease is None:
+                return
+            self._lease, self._sampler = lease, HardwareSampler(self.fs, self.hardware_period).start()
+            if self._lease_retry is not None:
+                self._lease_retry.stop()
+        except Exception:
+            self._failed()
 
     def _record_open(self, row: dict) -> None:
         """An open seen by the audit hook, on the thread that opened: attributed to that thread's task."""
@@ -295,15 +373,14 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
             tid = self._native[ident] = thread_ids().get(ident)
         return tid
 
-    def _record_task_io(self, k: str, ident: int | None, t0: int, t1: int) -> None:
+    def _record_task_io(self, k: str, ident: int | None, start: float, stop: float, t0: int, t1: int) -> None:
         tid = self._native_tid(ident)
         if tid is None:
             return
-        now = self._io_reader.read(tid)
-        if now is None:
+        shift = self.worker.scheduler_delay  # Dask's task times are in the scheduler's clock
+        delta = self._executor.window(ident, start - shift, stop - shift)
+        if delta is None:
             return
-        delta = now - self._io_last.get(tid, ThreadIO())
-        self._io_last[tid] = now
         for row in io_rows(delta, tid=tid, thread_ident=ident, start_ns=t0, end_ns=t1, task_key=k):
             row["resource_id"] = self._threads.get(ident, row["resource_id"])
             self.fs.emit("io", **row)
@@ -372,7 +449,7 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
                 self._emit_span(None, None, self._thread_resource(ident), "task", ts.prefix, t0, t1, k,
                                 {"nbytes": ts.nbytes, "thread_ident": ident, "worker": self.worker.address,
                                  "state": finish})
-                self._record_task_io(k, ident, t0, t1)
+                self._record_task_io(k, ident, ss["start"], ss["stop"], t0, t1)
             elif action == "transfer":  # Dask books a fetch on the task that needed the data
                 self._emit_span(None, None, self.rid, "transfer", ts.prefix, t0, t1, k, {"source": ss.get("source")})
             else:  # disk-read, disk-write (spilling) and whatever Dask adds later
@@ -385,7 +462,14 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
         if self.fs is None:
             return
         self._audit.disable()
+        if worker.executors.get("default") is self._executor:
+            worker.executors["default"] = self._executor.inner
         self._io_reader.close()
+        if self._lease_retry is not None:
+            self._lease_retry.stop()
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._lease.release()
         self._logs.detach()
         self._gc.detach()
         fs, self.fs = self.fs, None
