@@ -11,7 +11,7 @@ from dask import delayed
 from dask.core import get_dependencies
 from distributed import Client, LocalCluster
 
-from flowscope.sources.dask import observe
+from flowscope import observe
 
 
 def inc(x):

@@ -7,4 +7,13 @@ from flowscope.model.provenance import now_ns  # noqa: E402
 from flowscope.model.schemas import TABLES  # noqa: E402
 from flowscope.store.run import Run, open_run  # noqa: E402
 
-__all__ = ["Client", "FlowscopeError", "Run", "TABLES", "open_run", "now_ns", "__version__"]
+__all__ = ["Client", "FlowscopeError", "Run", "TABLES", "open_run", "now_ns", "observe", "__version__"]
+
+
+def __getattr__(name: str):
+    # observe() needs dask.distributed, which is slow to import: load it only when asked for
+    if name == "observe":
+        from flowscope.sources.dask import observe
+
+        return observe
+    raise AttributeError(f"module 'flowscope' has no attribute {name!r}")
