@@ -272,14 +272,17 @@ class MeasuringThreadPoolExecutor(Executor):
                     q = self._windows[threading.get_ident()] = deque(maxlen=self._keep)
                 q.append((t0, t1, after - before))
 
-    def window(self, ident: int | None, start: float, stop: float, slack: float = 0.002) -> ThreadIO | None:
-        """The delta of the call on thread ``ident`` that encloses [start, stop] (give both in this process's
-        clock: Dask shifts a task's times by the worker's offset to the scheduler's clock)."""
+    def window(self, ident: int | None, submitted: float | None, start: float, stop: float) -> ThreadIO | None:
+        """The delta of the call on thread ``ident`` that ran a task submitted at ``submitted`` whose compute
+        interval is about [start, stop] (all in this process's clock): of the calls that began after the
+        submission, the one whose middle is nearest. Dask's own times carry an estimate of the offset to
+        the scheduler's clock that moves with each heartbeat, so an exact match would be fragile."""
         # a copy: the thread may append while we look (iterating a deque being appended to raises)
-        for t0, t1, delta in reversed(tuple(self._windows.get(ident, ()))):
-            if t0 - slack <= start and stop <= t1 + slack:
-                return delta
-        return None
+        calls = tuple(self._windows.get(ident, ()))
+        floor = (submitted - 0.001) if submitted is not None else float("-inf")
+        mid = (start + stop) / 2
+        best = min((c for c in calls if c[0] >= floor), key=lambda c: abs((c[0] + c[1]) / 2 - mid), default=None)
+        return best[2] if best is not None else None
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self.inner.shutdown(wait=wait, cancel_futures=cancel_futures)
@@ -373,12 +376,13 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
             tid = self._native[ident] = thread_ids().get(ident)
         return tid
 
-    def _record_task_io(self, k: str, ident: int | None, start: float, stop: float, t0: int, t1: int) -> None:
+    def _record_task_io(self, k: str, ident: int | None, submitted: float | None, start: float, stop: float,
+                        t0: int, t1: int) -> None:
         tid = self._native_tid(ident)
         if tid is None:
             return
         shift = self.worker.scheduler_delay  # Dask's task times are in the scheduler's clock
-        delta = self._executor.window(ident, start - shift, stop - shift)
+        delta = self._executor.window(ident, submitted, start - shift, stop - shift)
         if delta is None:
             return
         for row in io_rows(delta, tid=tid, thread_ident=ident, start_ns=t0, end_ns=t1, task_key=k):
@@ -449,7 +453,7 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
                 self._emit_span(None, None, self._thread_resource(ident), "task", ts.prefix, t0, t1, k,
                                 {"nbytes": ts.nbytes, "thread_ident": ident, "worker": self.worker.address,
                                  "state": finish})
-                self._record_task_io(k, ident, ss["start"], ss["stop"], t0, t1)
+                self._record_task_io(k, ident, ts.start_time, ss["start"], ss["stop"], t0, t1)
             elif action == "transfer":  # Dask books a fetch on the task that needed the data
                 self._emit_span(None, None, self.rid, "transfer", ts.prefix, t0, t1, k, {"source": ss.get("source")})
             else:  # disk-read, disk-write (spilling) and whatever Dask adds later
