@@ -7,9 +7,9 @@ import os
 import sys
 
 from flowscope import __version__
-from flowscope.cli import demo, run, runs, serve, spool
+from flowscope.cli import demo, report, run, runs, serve, spool
 
-GROUPS = (demo, run, serve, runs, spool)
+GROUPS = (demo, run, serve, runs, report, spool)
 
 
 class UserError(Exception):

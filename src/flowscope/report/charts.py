@@ -1,0 +1,477 @@
+"""The report's Plotly figures, one small function each, built from the canonical tables.
+
+Every function returns a ``plotly.graph_objects.Figure``, or ``None`` when the run has no rows for it.
+Aggregation happens in DuckDB (SQL over the run's views); per-row work is vectorised with numpy. Times are seconds since
+the run's first event, rounded to microseconds. Above ``HOVER_TEXT_UP_TO`` points a chart drops per-point
+hover text, above ``WEBGL_ABOVE`` it is drawn with WebGL (``Scattergl``), and the task stream draws its bars
+at the level of detail of the zoom (``report/stream.py``), so a 100,000-task run stays small and interactive.
+"""
+
+from __future__ import annotations
+
+import html
+
+import numpy as np
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from flowscope.analysis.breakdown import Breakdown
+from flowscope.report.context import KIND_COLORS, OTHER_COLOR, Context
+from flowscope.report.stream import StreamFigure
+
+WEBGL_ABOVE = 10_000      # points beyond which a trace is drawn with WebGL
+HOVER_TEXT_UP_TO = 5_000  # per-point hover text (task key, path...) only up to this many points
+TRANSFER_NAME = "transfer (incoming)"
+MAX_SCATTER = 50_000      # points in the communication scatter; more are sampled
+MAX_SERIES_POINTS = 2_000  # metric samples per series; more are averaged into time buckets
+FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif'
+
+TEMPLATE = go.layout.Template(layout=dict(
+    font=dict(family=FONT, size=12, color="#222"),
+    paper_bgcolor="white", plot_bgcolor="white",
+    xaxis=dict(gridcolor="#ececec", linecolor="#999", zeroline=False, ticks="outside", tickcolor="#999",
+               automargin=True),
+    yaxis=dict(gridcolor="#ececec", linecolor="#999", zeroline=False, ticks="outside", tickcolor="#999",
+               automargin=True),
+    hoverlabel=dict(font=dict(family=FONT)),
+    colorway=["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"],
+))
+
+
+def _layout(fig: go.Figure, height: int, **kw) -> go.Figure:
+    opts = dict(template=TEMPLATE, height=height, margin=dict(l=10, r=10, t=36, b=44),
+                legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0, xanchor="left"), hovermode="closest")
+    opts.update(kw)
+    fig.update_layout(**opts)
+    return fig
+
+
+def _time_axis(ctx: Context) -> dict:
+    when = pd.Timestamp(ctx.t0, unit="ns", tz="UTC").strftime("%Y-%m-%d %H:%M:%S UTC") if ctx.t0_ns else "start"
+    return dict(title=dict(text=f"seconds since the first event ({when})", standoff=6), range=ctx.x_range())
+
+
+def _scatter(n_points: int):
+    return go.Scattergl if n_points > WEBGL_ABOVE else go.Scatter
+
+
+def _seconds(us: np.ndarray) -> np.ndarray:
+    return np.asarray(us, dtype=np.float64) / 1e6
+
+
+def _segments(start_s: np.ndarray, end_s: np.ndarray, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """x, y for horizontal segments [start, end] at height ``row``, separated by NaN (one line trace)."""
+    n = len(start_s)
+    x = np.empty(3 * n, dtype=np.float64)
+    x[0::3], x[1::3], x[2::3] = start_s, end_s, np.nan  # a NaN x breaks the line
+    # rows as small integers (2 bytes each in the file) when they are whole numbers
+    whole = n == 0 or (np.all(row == np.round(row)) and row.min() >= 0 and row.max() < 65_535)
+    y = np.empty(3 * n, dtype=np.uint16 if whole else np.float32)
+    y[0::3], y[1::3] = row, row
+    y[2::3] = row if whole else np.nan
+    return x, y
+
+
+def _esc(text: str) -> str:
+    return html.escape(str(text), quote=False)
+
+
+# ---- breakdown --------------------------------------------------------------------------------------------
+
+def breakdown_chart(b: Breakdown) -> go.Figure | None:
+    """Seconds of computation, communication and I/O (summed over resources), one bar each."""
+    if not (b.compute_s or b.communication_s or b.io_s):
+        return None
+    cats = ["computation", "communication", "I/O"]
+    vals = [b.compute_s, b.communication_s, b.io_s]
+    total = sum(vals) or 1.0
+    text = [f"{v:.3f} s ({100 * v / total:.1f} %)" for v in vals]
+    fig = go.Figure(go.Bar(y=cats, x=vals, orientation="h", text=text, textposition="auto",
+                           marker_color=[OTHER_COLOR if v == 0 else c for v, c in
+                                         zip(vals, ["#1f77b4", KIND_COLORS["transfer"], KIND_COLORS["disk-read"]])],
+                           hovertemplate="%{y}: %{x:.6f} s<extra></extra>"))
+    fig.update_yaxes(autorange="reversed")
+    fig.update_xaxes(title=dict(text="seconds, summed over threads and workers", standoff=6))
+    return _layout(fig, 220, showlegend=False, margin=dict(l=10, r=10, t=16, b=44))
+
+
+# ---- task stream ------------------------------------------------------------------------------------------
+
+def task_stream(ctx: Context) -> go.Figure | StreamFigure | None:
+    """One row per worker thread; each span a bar coloured by task group; transfers (red) and spilling on the
+    receiving worker's own row.
+
+    Up to ``HOVER_TEXT_UP_TO`` bars: a plain figure whose hover names each task. Beyond: a ``StreamFigure``
+    that carries every bar in compact columns and draws them in the browser at the detail the zoom allows
+    (bars narrower than a pixel are merged per pixel, see ``report/stream.py``), so 100,000 tasks stay
+    interactive even without a GPU."""
+    t0 = ctx.t0
+    have_transfers = ctx.counts.get("transfers", 0) > 0
+    if not ctx.counts.get("spans") and not have_transfers:
+        return None
+    span_filter = "kind <> 'transfer'" if have_transfers else "true"
+    n_spans = int(ctx.sql(f"SELECT count(*) AS n FROM spans WHERE {span_filter}")["n"].iloc[0]) \
+        if ctx.counts.get("spans") else 0
+    n_total = n_spans + ctx.counts.get("transfers", 0)
+    if n_total == 0:
+        return None
+    small = n_total <= HOVER_TEXT_UP_TO
+    spans = ctx.sql_arrow(f"""
+        SELECT resource_id, CASE WHEN kind = 'task' THEN name ELSE kind END AS grp,
+               (start_ns - {t0}) // 1000 AS s, (end_ns - {t0}) // 1000 AS e{", task_key" if small else ""}
+        FROM spans WHERE {span_filter}""").to_pandas() if n_spans else None
+    xfers = ctx.sql_arrow(f"""
+        SELECT dst_resource_id AS resource_id, (start_ns - {t0}) // 1000 AS s, (end_ns - {t0}) // 1000 AS e
+               {", src_resource_id AS src, nbytes, len(keys) AS n_keys" if small else ""}
+        FROM transfers""").to_pandas() if have_transfers else None
+    rows = ctx.rows([r for df in (spans, xfers) if df is not None for r in df["resource_id"].unique()])
+    index = pd.Index(rows["resource_id"])
+    nrows = len(rows)
+    row_px = int(min(26, max(6, 900 / max(nrows, 1))))
+    width = max(2.0, row_px * 0.62)
+
+    # every bar as columns: start, end (s), row (y), group index; groups by total time, largest first
+    parts, names, colors, widths = [], [], [], []
+    if spans is not None:
+        grp = spans["grp"].astype(object).to_numpy()
+        s, e = _seconds(spans["s"].to_numpy()), _seconds(spans["e"].to_numpy())
+        totals = pd.Series(e - s).groupby(grp).sum().sort_values(ascending=False)
+        ctx.set_group_order([g for g in totals.index if g not in KIND_COLORS])
+        shown = [g for g in totals.index if ctx.has_own_color(g)]
+        others = [g for g in totals.index if not ctx.has_own_color(g)]
+        code = pd.Series(np.arange(len(shown)), index=pd.Index(shown, dtype=object))
+        g_idx = code.reindex(grp).to_numpy()
+        if others:
+            g_idx = np.where(np.isnan(g_idx), len(shown), g_idx)
+            shown = [*shown, f"other ({len(others)} groups)"]
+        names += shown
+        colors += [ctx.color(g) if g in code.index else OTHER_COLOR for g in shown]
+        widths += [width] * len(shown)
+        parts.append((s, e, index.get_indexer(spans["resource_id"]).astype(np.float32), g_idx.astype(np.int64)))
+    if xfers is not None and len(xfers):
+        s, e = _seconds(xfers["s"].to_numpy()), _seconds(xfers["e"].to_numpy())
+        y = index.get_indexer(xfers["resource_id"]).astype(np.float32) + np.float32(0.18)
+        parts.append((s, e, y, np.full(len(s), len(names), dtype=np.int64)))
+        names.append(TRANSFER_NAME)
+        colors.append(KIND_COLORS["transfer"])
+        widths.append(max(1.5, width * 0.45))
+    s = np.concatenate([p[0] for p in parts])
+    e = np.concatenate([p[1] for p in parts])
+    y = np.concatenate([p[2] for p in parts])
+    g = np.concatenate([p[3] for p in parts])
+
+    fig = go.Figure()
+    fig.update_yaxes(tickmode="array", tickvals=list(range(nrows)), ticktext=[_esc(t) for t in rows["label"]],
+                     autorange=False, range=[nrows - 0.5, -0.5], showgrid=False, automargin=True)
+    fig.update_xaxes(**_time_axis(ctx))
+    _layout(fig, int(min(1600, max(260, 110 + nrows * row_px))))
+    hovers = [f"{_esc(n)}<br>%{{x:.6f}} s<extra></extra>" for n in names]
+    if not small:
+        fig.update_layout(uirevision="stream")  # keep legend toggles and zoom when the bars are redrawn
+        return StreamFigure(fig, s, e, y, g, names, colors, widths, hovers, nrows)
+
+    for j, name in enumerate(names):
+        sel = np.flatnonzero(g == j)
+        if not len(sel):
+            continue
+        x, yy = _segments(s[sel], e[sel], y[sel])
+        fig.add_trace(go.Scatter(x=x, y=yy, mode="lines", name=name, legendgroup=name, connectgaps=False,
+                                 line=dict(color=colors[j], width=widths[j]), hovertemplate=hovers[j]))
+        mid, dur_ms = (s[sel] + e[sel]) / 2, (e[sel] - s[sel]) * 1e3
+        marker = dict(color=colors[j], size=max(4.0, widths[j]), opacity=0)
+        if name == TRANSFER_NAME:
+            src = [_esc(ctx.rid_label(r)) for r in xfers["src"].astype(object)]
+            extra = np.stack([dur_ms, xfers["nbytes"].fillna(0).to_numpy(np.float64),
+                              xfers["n_keys"].fillna(0).to_numpy(np.float64)], axis=1)
+            fig.add_trace(go.Scatter(
+                x=mid, y=y[sel], mode="markers", legendgroup=name, showlegend=False, name=name, marker=marker,
+                text=src, customdata=extra,
+                hovertemplate=("<b>transfer</b> from %{text}<br>%{customdata[1]:.3s}B, %{customdata[2]} keys, "
+                               "%{customdata[0]:.3f} ms<extra></extra>")))
+        else:
+            keys = spans["task_key"].astype(object).to_numpy()[sel]
+            fig.add_trace(go.Scatter(
+                x=mid, y=y[sel], mode="markers", legendgroup=name, showlegend=False, name=name, marker=marker,
+                text=[_esc(k) if isinstance(k, str) else "" for k in keys],
+                customdata=np.stack([dur_ms, s[sel]], axis=1),
+                hovertemplate=(f"<b>%{{text}}</b><br>{_esc(name)}<br>%{{customdata[0]:.3f}} ms, "
+                               "from %{customdata[1]:.6f} s<extra></extra>")))
+    return fig
+
+
+# ---- hardware ---------------------------------------------------------------------------------------------
+
+_CPU = ("cpu.percent", "process.cpu.percent")
+_MEM = ("memory.used_bytes", "process.memory.rss_bytes")
+
+
+def _first_present(ctx: Context, names: tuple[str, ...]) -> str | None:
+    q = ", ".join(f"'{n}'" for n in names)
+    found = ctx.sql(f"SELECT DISTINCT name FROM metrics WHERE namespace = 'hardware' AND name IN ({q})")
+    have = set(found["name"])
+    return next((n for n in names if n in have), None)
+
+
+def _metric_series(ctx: Context, name: str) -> pd.DataFrame:
+    """(resource_id, t seconds, value) of one hardware metric, averaged into at most MAX_SERIES_POINTS
+    time buckets per resource."""
+    bucket = max(1, int(ctx.extent_s * 1e9 / MAX_SERIES_POINTS))
+    return ctx.sql(f"""
+        SELECT resource_id, avg(ts_ns - {ctx.t0}) / 1e9 AS t, avg(value) AS v
+        FROM metrics WHERE namespace = 'hardware' AND name = ?
+        GROUP BY resource_id, (ts_ns - {ctx.t0}) // {bucket}
+        ORDER BY resource_id, t""", [name])
+
+
+def hardware(ctx: Context) -> go.Figure | None:
+    """CPU busy % and memory in use per host over time, above a histogram of task starts."""
+    if not ctx.counts.get("metrics"):
+        return None
+    cpu, mem = _first_present(ctx, _CPU), _first_present(ctx, _MEM)
+    if cpu is None and mem is None:
+        return None
+    panels = []
+    if cpu:
+        panels.append(("CPU busy, % of all cores" if cpu == "cpu.percent" else "process CPU, % of one core",
+                       cpu, 1.0, "%"))
+    if mem:
+        panels.append(("memory in use, GiB" if mem == "memory.used_bytes" else "process memory (RSS), GiB",
+                       mem, 1 / 2**30, " GiB"))
+    has_tasks = ctx.counts.get("spans", 0) > 0
+    n = len(panels) + (1 if has_tasks else 0)
+    heights = [1.0] * len(panels) + ([0.45] if has_tasks else [])
+    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, vertical_spacing=0.07, row_heights=heights,
+                        subplot_titles=[p[0] for p in panels] + (["task starts per second"] if has_tasks else []))
+    colors = {}
+    for i, (_title, name, scale, unit) in enumerate(panels, start=1):
+        df = _metric_series(ctx, name)
+        for rid, part in df.groupby("resource_id", sort=True):
+            label = ctx.rid_label(rid)
+            first = label not in colors
+            colors.setdefault(label, TEMPLATE.layout.colorway[len(colors) % len(TEMPLATE.layout.colorway)])
+            fig.add_trace(go.Scatter(x=part["t"].to_numpy(), y=part["v"].to_numpy() * scale, mode="lines",
+                                     name=label, legendgroup=label, showlegend=first,
+                                     line=dict(color=colors[label], width=1.6),
+                                     hovertemplate=f"{_esc(label)}<br>%{{x:.3f}} s: %{{y:.3~f}}{unit}"
+                                                   "<extra></extra>"), row=i, col=1)
+        fig.update_yaxes(rangemode="tozero", row=i, col=1)
+    if has_tasks:
+        starts = task_start_histogram(ctx)
+        if starts is not None:
+            x, y, w = starts
+            fig.add_trace(go.Bar(x=x, y=y, width=w, name="task starts", marker_color="#555", showlegend=False,
+                                 hovertemplate="%{x:.3f} s: %{y:.1f} starts/s<extra></extra>"), row=n, col=1)
+    fig.update_xaxes(range=ctx.x_range())
+    fig.update_xaxes(**_time_axis(ctx), row=n, col=1)
+    fig.update_annotations(font_size=12, x=0, xanchor="left")
+    return _layout(fig, 170 * len(panels) + (110 if has_tasks else 0) + 90, bargap=0,
+                   legend=dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"))
+
+
+def task_start_histogram(ctx: Context, bins: int = 200) -> tuple[np.ndarray, np.ndarray, float] | None:
+    """Task starts per second in ``bins`` equal time bins: (bin centres s, rate, bin width s)."""
+    width_ns = max(1000, int(ctx.extent_s * 1e9 / bins) + 1)
+    df = ctx.sql(f"""SELECT (start_ns - {ctx.t0}) // {width_ns} AS b, count(*) AS n
+                         FROM spans WHERE kind = 'task' GROUP BY b ORDER BY b""")
+    if df.empty:
+        return None
+    w = width_ns / 1e9
+    return (df["b"].to_numpy(np.float64) + 0.5) * w, df["n"].to_numpy(np.float64) / w, w
+
+
+# ---- I/O per thread ---------------------------------------------------------------------------------------
+
+IO_BINS = 600  # time bins per thread when there are too many I/O records to draw one mark each
+
+
+def io_over_time(ctx: Context) -> go.Figure | None:
+    """Reads and writes per thread over time: one mark per I/O record at the middle of its interval, its
+    opacity growing with the bytes moved (log scale); file opens as small grey dots. Beyond ``WEBGL_ABOVE``
+    records, one mark per thread, operation and time bin (``IO_BINS`` over the run) with the bin's totals."""
+    if not ctx.counts.get("io"):
+        return None
+    t0 = ctx.t0
+    attributed = """
+        WITH th AS (SELECT resource_id, host, pid, tid FROM resources WHERE kind = 'thread' AND tid IS NOT NULL),
+        x AS (SELECT io.*, coalesce(io.resource_id,
+                     (SELECT any_value(th.resource_id) FROM th WHERE th.pid = io.pid AND th.tid = io.tid
+                      AND (io.host IS NULL OR th.host = io.host)),
+                     'unattributed') AS rid,
+                     (start_ns + coalesce(end_ns, start_ns)) // 2 - %d AS mid_ns
+              FROM io WHERE op IN ('read', 'write', 'open'))""" % t0
+    n = int(ctx.sql(attributed + " SELECT count(*) AS n FROM x")["n"].iloc[0])
+    if n == 0:
+        return None
+    small = n <= HOVER_TEXT_UP_TO
+    binned = n > WEBGL_ABOVE
+    if binned:
+        width_ns = max(1000, int(ctx.extent_s * 1e9 / IO_BINS) + 1)
+        df = ctx.sql(attributed + f"""
+            SELECT rid, op, count(*) AS n, coalesce(sum(nbytes), 0) AS nbytes,
+                   (mid_ns // {width_ns}) * {width_ns // 1000} + {width_ns // 2000} AS t
+            FROM x GROUP BY rid, op, mid_ns // {width_ns}""")
+    else:
+        df = ctx.sql(attributed + f"""
+            SELECT rid, op, 1 AS n, coalesce(nbytes, 0) AS nbytes, mid_ns // 1000 AS t
+                   {", task_key, path" if small else ""}
+            FROM x""")
+    rows = ctx.rows(df["rid"])
+    index = pd.Index(rows["resource_id"])
+    row = index.get_indexer(df["rid"]).astype(np.float32)
+    t = _seconds(df["t"].to_numpy())
+    nbytes = df["nbytes"].to_numpy(np.float64)
+    count = df["n"].to_numpy(np.float64)
+    op = df["op"].astype(object).to_numpy()
+    Scatter = _scatter(len(df))
+    fig = go.Figure()
+    rw = np.isin(op, ("read", "write"))
+    top = np.log1p(nbytes[rw].max()) if rw.any() else 1.0
+    for name, symbol, color, dy in (("read", "triangle-down", "#1f77b4", -0.18),
+                                    ("write", "triangle-up", "#ff7f0e", 0.18)):
+        sel = op == name
+        if not sel.any():
+            continue
+        opacity = 0.12 + 0.88 * np.log1p(nbytes[sel]) / (top or 1.0)
+        if binned:
+            kw = dict(customdata=np.stack([nbytes[sel], count[sel]], axis=1),
+                      hovertemplate=f"%{{customdata[1]}} {name}s, %{{customdata[0]:.3s}}B around %{{x:.3f}} s"
+                                    "<extra></extra>")
+        elif small:
+            keys = df["task_key"].astype(object).to_numpy()[sel]
+            kw = dict(customdata=nbytes[sel], text=[_esc(k) if isinstance(k, str) else "" for k in keys],
+                      hovertemplate=f"{name} %{{customdata:.3s}}B<br>%{{text}}<br>%{{x:.6f}} s<extra></extra>")
+        else:
+            kw = dict(customdata=nbytes[sel], hovertemplate=f"{name} %{{customdata:.3s}}B at %{{x:.6f}} s"
+                                                            "<extra></extra>")
+        fig.add_trace(Scatter(x=t[sel], y=row[sel] + dy, mode="markers", name=f"{name}s",
+                              marker=dict(symbol=symbol, size=9, color=color, opacity=opacity.astype(np.float32),
+                                          line=dict(width=0)), **kw))
+    sel = op == "open"
+    if sel.any():
+        if binned:
+            kw = dict(customdata=count[sel], hovertemplate="%{customdata} opens around %{x:.3f} s<extra></extra>")
+        elif small:
+            paths = df["path"].astype(object).to_numpy()[sel]
+            kw = dict(text=[_esc(p) if isinstance(p, str) else "" for p in paths],
+                      hovertemplate="open %{text}<br>%{x:.6f} s<extra></extra>")
+        else:
+            kw = dict(hovertemplate="open at %{x:.6f} s<extra></extra>")
+        fig.add_trace(Scatter(x=t[sel], y=row[sel], mode="markers", name="file opens",
+                              marker=dict(size=4, color="#888", opacity=0.6), **kw))
+    nrows = len(rows)
+    row_px = int(min(30, max(8, 700 / max(nrows, 1))))
+    fig.update_yaxes(tickmode="array", tickvals=list(range(nrows)), ticktext=[_esc(t) for t in rows["label"]],
+                     autorange=False, range=[nrows - 0.5, -0.5], showgrid=False, automargin=True)
+    fig.update_xaxes(**_time_axis(ctx))
+    return _layout(fig, int(min(1200, max(240, 110 + nrows * row_px))))
+
+
+# ---- communication ----------------------------------------------------------------------------------------
+
+COMM_COLORS = {"intra-host": "#1f77b4", "inter-host": "#d62728", "unknown": "#7f7f7f"}
+
+
+def transfers_frame(ctx: Context, with_text: bool) -> pd.DataFrame:
+    """Transfers with their duration, size and whether they crossed hosts (the source's ``inter_host``
+    attribute, else the two resources' hosts)."""
+    extra = ", t.src_resource_id AS src, t.dst_resource_id AS dst, len(t.keys) AS n_keys" if with_text else ""
+    return ctx.sql(f"""
+        SELECT t.nbytes, (t.end_ns - t.start_ns) / 1e6 AS ms,
+               CASE coalesce(TRY_CAST(json_extract_string(t.attrs, '$.inter_host') AS BOOLEAN),
+                             CASE WHEN s.host IS NULL OR d.host IS NULL THEN NULL ELSE s.host <> d.host END)
+                    WHEN true THEN 'inter-host' WHEN false THEN 'intra-host' ELSE 'unknown' END AS locality{extra}
+        FROM transfers t
+        LEFT JOIN resources s ON s.resource_id = t.src_resource_id
+        LEFT JOIN resources d ON d.resource_id = t.dst_resource_id""")
+
+
+def _ticks_125(lo: float, hi: float) -> list[float]:
+    """1-2-5 tick values covering [lo, hi] (positive), for a log axis labelled with plain numbers."""
+    out = []
+    for exp in range(int(np.floor(np.log10(lo))), int(np.ceil(np.log10(hi))) + 1):
+        out += [m * 10.0 ** exp for m in (1, 2, 5)]
+    inside = [t for t in out if lo / 2 <= t <= hi * 2]
+    return [round(t, 12) for t in (inside or out)]
+
+
+def communication(ctx: Context) -> go.Figure | None:
+    """Each transfer's duration against its size, log-log, intra-host vs inter-host."""
+    n = ctx.counts.get("transfers", 0)
+    if not n:
+        return None
+    small = n <= HOVER_TEXT_UP_TO
+    df = transfers_frame(ctx, small)
+    df = df[(df["nbytes"].fillna(0) > 0) & (df["ms"] > 0)]
+    if df.empty:
+        return None
+    title = None
+    if len(df) > MAX_SCATTER:  # a uniform random sample keeps the shape of the cloud and the file small
+        title = f"{MAX_SCATTER:,} of {len(df):,} transfers (a uniform random sample)"
+        df = df.sample(MAX_SCATTER, random_state=0)
+    Scatter = _scatter(len(df))
+    fig = go.Figure()
+    for loc, part in df.groupby("locality", sort=True):
+        kw = {}
+        if small:
+            kw = dict(text=[_esc(f"{ctx.rid_label(s)} → {ctx.rid_label(d)}, {k} keys")
+                            for s, d, k in zip(part["src"], part["dst"], part["n_keys"])],
+                      hovertemplate=f"{loc}: %{{text}}<br>%{{x:.3s}}B in %{{y:.3f}} ms<extra></extra>")
+        else:
+            kw = dict(hovertemplate=f"{loc}<br>%{{x:.3s}}B in %{{y:.3f}} ms<extra></extra>")
+        fig.add_trace(Scatter(x=part["nbytes"].to_numpy(np.float64), y=part["ms"].to_numpy(np.float64),
+                              mode="markers", name=f"{loc} ({len(part):,})",
+                              marker=dict(color=COMM_COLORS.get(loc, "#7f7f7f"), size=7, opacity=0.65), **kw))
+    fig.update_xaxes(type="log", title=dict(text="bytes moved", standoff=6), exponentformat="SI")
+    ticks = _ticks_125(float(df["ms"].min()), float(df["ms"].max()))
+    fig.update_yaxes(type="log", title=dict(text="duration, ms", standoff=6), tickmode="array", tickvals=ticks,
+                     ticktext=[f"{t:g}" for t in ticks])
+    if title:
+        fig.update_layout(title=dict(text=title, font=dict(size=12), x=1, xanchor="right", y=0.98))
+    return _layout(fig, 380, showlegend=True)
+
+
+# ---- warnings ---------------------------------------------------------------------------------------------
+
+LEVEL_COLORS = {"warning": "#ff7f0e", "error": "#d62728"}
+
+
+def warnings(ctx: Context) -> go.Figure | None:
+    """Warnings and errors over time, one row per category; binned counts when there are many."""
+    if not ctx.counts.get("logs"):
+        return None
+    t0 = ctx.t0
+    n = int(ctx.sql("SELECT count(*) AS n FROM logs WHERE level IN ('warning', 'error')")["n"].iloc[0])
+    if n == 0:
+        return None
+    fig = go.Figure()
+    if n <= HOVER_TEXT_UP_TO:
+        df = ctx.sql(f"""SELECT (ts_ns - {t0}) // 1000 AS t, level, category, message, resource_id
+                         FROM logs WHERE level IN ('warning', 'error') ORDER BY ts_ns""")
+        cats = sorted(df["category"].astype(str).unique(), key=str)
+        for level, part in df.groupby("level", sort=True):
+            text = [_esc(f"{m[:200] if isinstance(m, str) else ''} ({ctx.rid_label(r) if isinstance(r, str) else '?'})")
+                    for m, r in zip(part["message"], part["resource_id"])]
+            fig.add_trace(go.Scatter(x=_seconds(part["t"].to_numpy()), y=part["category"].astype(str).tolist(),
+                                     mode="markers", name=level, text=text,
+                                     marker=dict(color=LEVEL_COLORS.get(level, "#555"), size=10,
+                                                 symbol="x" if level == "error" else "diamond", opacity=0.8),
+                                     hovertemplate=f"{level}: %{{y}}<br>%{{text}}<br>%{{x:.3f}} s<extra></extra>"))
+    else:
+        width_ns = max(1000, int(ctx.extent_s * 1e9 / 200) + 1)
+        df = ctx.sql(f"""SELECT category, level, (ts_ns - {t0}) // {width_ns} AS b, count(*) AS n
+                         FROM logs WHERE level IN ('warning', 'error') GROUP BY ALL ORDER BY b""")
+        cats = sorted(df["category"].astype(str).unique(), key=str)
+        w = width_ns / 1e9
+        for (level, cat), part in df.groupby(["level", "category"], sort=True):
+            fig.add_trace(go.Bar(x=(part["b"].to_numpy(np.float64) + 0.5) * w, y=part["n"].to_numpy(np.float64),
+                                 width=w, name=f"{cat} ({level})",
+                                 hovertemplate=f"{_esc(cat)} ({level})<br>%{{x:.3f}} s: %{{y}}<extra></extra>"))
+        fig.update_layout(barmode="stack", bargap=0)
+        fig.update_yaxes(title=dict(text="events per bin", standoff=6))
+        cats = []
+    if cats:
+        fig.update_yaxes(type="category", categoryorder="array", categoryarray=cats, automargin=True)
+    fig.update_xaxes(**_time_axis(ctx))
+    height = 200 + 28 * len(cats) if cats else 320
+    return _layout(fig, int(min(700, height)), showlegend=True)

@@ -1,0 +1,360 @@
+"""The report page: one self-contained HTML file (inline CSS, plotly.js embedded once, no external resource)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import html
+import json
+from collections.abc import Callable
+
+import pandas as pd
+import plotly.graph_objects as go
+import plotly.io as pio
+from plotly.offline import get_plotlyjs
+
+import flowscope
+from flowscope.analysis.breakdown import Breakdown, breakdown, task_groups
+from flowscope.report import charts
+from flowscope.report.context import Context
+from flowscope.report.stream import JS as STREAM_JS
+from flowscope.report.stream import StreamFigure
+
+PLOT_CONFIG = {"displaylogo": False, "responsive": True, "modeBarButtonsToRemove": ["select2d", "lasso2d"]}
+
+SECTIONS = (  # id, title
+    ("summary", "Run"),
+    ("breakdown", "Computation, communication and I/O"),
+    ("task-stream", "Task stream"),
+    ("hardware", "CPU and memory per host"),
+    ("io", "I/O per thread"),
+    ("communication", "Communication: time vs size"),
+    ("task-groups", "Task groups"),
+    ("warnings", "Warnings over time"),
+)
+
+CSS = """
+:root { --fg: #1d1d1f; --muted: #666; --line: #e3e3e3; --accent: #1f5fa8; --bg-soft: #f6f7f9; }
+* { box-sizing: border-box; }
+body { margin: 0; font: 14px/1.45 system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif;
+       color: var(--fg); background: white; }
+header.top { padding: 18px 28px 10px; border-bottom: 1px solid var(--line); background: var(--bg-soft); }
+header.top h1 { margin: 0 0 4px; font-size: 22px; font-weight: 600; }
+header.top .sub { color: var(--muted); }
+nav { padding: 8px 28px; border-bottom: 1px solid var(--line); position: sticky; top: 0; background: white; z-index: 10; }
+nav a { margin-right: 14px; color: var(--accent); text-decoration: none; white-space: nowrap; }
+nav a:hover { text-decoration: underline; }
+main { padding: 0 28px 40px; max-width: 1500px; }
+section { padding: 14px 0 8px; border-bottom: 1px solid var(--line); }
+section h2 { font-size: 17px; margin: 6px 0 4px; font-weight: 600; }
+p.help { margin: 2px 0 10px; color: var(--muted); max-width: 980px; }
+p.nodata { padding: 14px 16px; background: var(--bg-soft); border: 1px dashed #c9c9c9; color: var(--muted);
+           border-radius: 4px; max-width: 980px; }
+p.note { color: var(--muted); font-size: 12.5px; }
+dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 3px 18px; margin: 8px 0; }
+dl.facts dt { color: var(--muted); }
+dl.facts dd { margin: 0; overflow-wrap: anywhere; }
+.cols { display: flex; flex-wrap: wrap; gap: 10px 40px; align-items: flex-start; }
+.cols > * { flex: 0 1 auto; }
+.cols > .grow { flex: 1 1 520px; min-width: 320px; }
+table.data { border-collapse: collapse; margin: 6px 0 10px; font-variant-numeric: tabular-nums; }
+table.data th, table.data td { padding: 3px 10px; border-bottom: 1px solid var(--line); text-align: right; }
+table.data th { background: var(--bg-soft); font-weight: 600; }
+table.data td.l, table.data th.l { text-align: left; }
+.sw { display: inline-block; width: 11px; height: 11px; border-radius: 2px; margin-right: 6px; vertical-align: -1px; }
+.plot { width: 100%; }
+code { background: var(--bg-soft); padding: 0 3px; border-radius: 3px; }
+footer { padding: 14px 28px; color: var(--muted); font-size: 12px; }
+"""
+
+Progress = Callable[[str, int, int], None]
+
+
+# ---- formatting -------------------------------------------------------------------------------------------
+
+def fmt_s(seconds: float | None) -> str:
+    """Seconds as the report prints them in tables (fixed 3 decimals, so they can be found as text)."""
+    if seconds is None or pd.isna(seconds):
+        return "-"
+    return f"{seconds:,.3f} s"
+
+
+def fmt_duration(seconds: float | None) -> str:
+    """A duration in the unit a person reads best."""
+    if seconds is None or pd.isna(seconds):
+        return "-"
+    s = float(seconds)
+    if abs(s) >= 1:
+        return f"{s:,.3f} s"
+    if abs(s) >= 1e-3:
+        return f"{s * 1e3:.3f} ms"
+    return f"{s * 1e6:.1f} µs"
+
+
+def fmt_bytes(n: float | None) -> str:
+    if n is None or pd.isna(n):
+        return "-"
+    n = float(n)
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:,.2f} {unit}"
+    return f"{n:,.0f} B"
+
+
+def _e(x) -> str:
+    return html.escape("" if x is None else str(x))
+
+
+def _when(ns: int | None) -> str:
+    if not ns:
+        return "-"
+    return dt.datetime.fromtimestamp(ns / 1e9, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _table(columns: list[str], rows: list[list], left: int | set[int] = 1) -> str:
+    """An HTML table; the first ``left`` columns (or the columns in ``left``) are text, left-aligned, the
+    others numbers. Cells are escaped unless given as ``Markup``."""
+    text = set(range(left)) if isinstance(left, int) else left
+    head = "".join(f'<th class="{"l" if i in text else ""}">{_e(c)}</th>' for i, c in enumerate(columns))
+    body = []
+    for r in rows:
+        cells = "".join(f'<td class="{"l" if i in text else ""}">{v if isinstance(v, Markup) else _e(v)}</td>'
+                        for i, v in enumerate(r))
+        body.append(f"<tr>{cells}</tr>")
+    return f'<table class="data"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
+
+
+class Markup(str):
+    """HTML that is already escaped."""
+
+
+def _nodata(what: str) -> str:
+    return f'<p class="nodata">No data: {what}</p>'
+
+
+class _Figures:
+    """Numbers the figures and turns each into a div plus the script that draws it."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.stream_js = False
+
+    def html(self, fig: go.Figure | StreamFigure, name: str) -> str:
+        self.count += 1
+        div = f"fig-{name}"
+        if isinstance(fig, StreamFigure):
+            helper = "" if self.stream_js else f"<script>{STREAM_JS}</script>\n"
+            self.stream_js = True
+            return f'<div class="plot" id="{div}"></div>\n{helper}<script>{fig.script(div, PLOT_CONFIG)}</script>'
+        payload = pio.to_json(fig, validate=False)  # numpy arrays become base64 typed arrays
+        payload = payload.replace("</", "<\\/")
+        return (f'<div class="plot" id="{div}"></div>\n<script>(function(){{var f={payload};'
+                f'Plotly.newPlot("{div}",f.data,f.layout,{json.dumps(PLOT_CONFIG)});}})();</script>')
+
+
+# ---- sections ---------------------------------------------------------------------------------------------
+
+def _section(sid: str, body: str, help_text: str = "") -> str:
+    title = dict(SECTIONS)[sid]
+    help_html = f'<p class="help">{help_text}</p>' if help_text else ""
+    return f'<section id="{sid}">\n<h2>{_e(title)}</h2>\n{help_html}\n{body}\n</section>'
+
+
+def summary_section(ctx: Context) -> str:
+    meta = ctx.run.meta
+    prov = meta.get("provenance") or {}
+    pkgs = prov.get("packages") or {}
+    start, end = meta.get("start_ns"), meta.get("end_ns")
+    duration = (end - start) / 1e9 if start and end else (ctx.extent_s or None)
+    cores = None
+    if prov.get("cpu_logical") or prov.get("cpu_physical"):
+        cores = f"{prov.get('cpu_logical') or '?'} logical, {prov.get('cpu_physical') or '?'} physical"
+    facts = [
+        ("run id", meta.get("run_id")),
+        ("status", meta.get("status")),
+        ("started", _when(start or ctx.t0_ns)),
+        ("duration", fmt_duration(duration) if duration else "-"),
+        ("command", meta.get("command")),
+        ("host", prov.get("hostname")),
+        ("CPU", prov.get("cpu_model")),
+        ("cores", cores),
+        ("memory", fmt_bytes(prov.get("memory_bytes")) if prov.get("memory_bytes") else None),
+        ("GPUs", ", ".join(g.get("name", "?") for g in prov.get("gpus") or []) or None),
+        ("platform", prov.get("platform")),
+        ("Python", prov.get("python")),
+        ("dask / distributed", " / ".join(pkgs[p] for p in ("dask", "distributed") if p in pkgs) or None),
+        ("flowscope", pkgs.get("flowscope")),
+        ("run directory", str(ctx.run.path)),
+    ]
+    dl = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts if v not in (None, ""))
+    rows = [[k, f"{v:,}"] for k, v in ctx.counts.items() if v]
+    counts = _table(["table", "rows"], rows) if rows else _nodata("the run has no rows in any table yet.")
+    return _section("summary", f'<div class="cols"><dl class="facts grow">{dl}</dl><div>{counts}</div></div>')
+
+
+def breakdown_section(ctx: Context, b: Breakdown, figs: _Figures) -> str:
+    help_text = ("Time spent computing (task spans), communicating (inter-worker transfers) and in timed I/O "
+                 "(spilling to disk and I/O records that carry a duration), each summed over the threads and "
+                 "workers it happened on, so the three can exceed the makespan. Bytes are what was moved.")
+    if not (b.tasks or b.transfers or b.io_s or b.io_read_bytes or b.io_write_bytes):
+        return _section("breakdown", _nodata("no task spans, transfers or I/O records in this run."), help_text)
+    threads = int(ctx.sql("SELECT count(DISTINCT resource_id) AS n FROM spans WHERE kind = 'task'")["n"].iloc[0])
+    occupancy = b.compute_s / (b.makespan_s * threads) if b.makespan_s and threads else None
+    rows = [
+        ["computation", fmt_s(b.compute_s), "-", f"{b.tasks:,} tasks"],
+        ["communication", fmt_s(b.communication_s), fmt_bytes(b.communication_bytes), f"{b.transfers:,} transfers"],
+        ["I/O", fmt_s(b.io_s), f"{fmt_bytes(b.io_read_bytes)} read, {fmt_bytes(b.io_write_bytes)} written", ""],
+    ]
+    table = _table(["category", "time", "bytes", "count"], rows)
+    facts = [("makespan (first task start to last task end)", fmt_s(b.makespan_s))]
+    if threads:
+        facts.append(("threads that ran tasks", f"{threads:,}"))
+    if occupancy is not None:
+        facts.append(("computation / (makespan × threads)", f"{100 * occupancy:.1f} %"))
+    dl = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts)
+    fig = charts.breakdown_chart(b)
+    chart = figs.html(fig, "breakdown") if fig is not None else ""
+    body = (f'<div class="cols"><div>{table}<dl class="facts">{dl}</dl></div>'
+            f'<div class="grow">{chart}</div></div>')
+    return _section("breakdown", body, help_text)
+
+
+def figure_section(sid: str, fig: go.Figure | StreamFigure | None, figs: _Figures, help_text: str, nodata: str,
+                   extra: str = "") -> str:
+    if fig is None:
+        return _section(sid, _nodata(nodata), help_text)
+    return _section(sid, figs.html(fig, sid) + extra, help_text)
+
+
+def io_extra(ctx: Context) -> str:
+    df = ctx.sql("""SELECT source, op, count(*) AS n, sum(nbytes) AS bytes, count(DISTINCT path) AS paths
+                        FROM io GROUP BY source, op ORDER BY source, op""")
+    rows = [[r.source, r.op, f"{int(r.n):,}", fmt_bytes(r.bytes) if pd.notna(r.bytes) else "-",
+             f"{int(r.paths):,}" if r.paths else "-"] for r in df.itertuples()]
+    return _table(["source", "operation", "records", "bytes", "distinct paths"], rows, left=2)
+
+
+def communication_extra(ctx: Context) -> str:
+    df = charts.transfers_frame(ctx, False)
+    if df.empty:
+        return ""
+    g = df.groupby("locality").agg(n=("ms", "size"), bytes=("nbytes", "sum"), ms=("ms", "sum"),
+                                   median_ms=("ms", "median"))
+    rows = []
+    for loc, r in g.iterrows():
+        bw = r["bytes"] / (r["ms"] / 1e3) if r["ms"] > 0 else None
+        rows.append([loc, f"{int(r['n']):,}", fmt_bytes(r["bytes"]), fmt_s(r["ms"] / 1e3),
+                     fmt_duration(r["median_ms"] / 1e3), f"{fmt_bytes(bw)}/s" if bw else "-"])
+    return _table(["transfers", "count", "bytes", "total time", "median time", "bytes / time"], rows)
+
+
+def groups_section(ctx: Context, groups: pd.DataFrame, limit: int = 60) -> str:
+    help_text = ("Task spans grouped by name (Dask's task prefix), largest total time first. "
+                 "CV is the coefficient of variation of the durations (standard deviation / mean): "
+                 "near 0 the tasks of a group take the same time, above 1 their durations vary widely.")
+    if groups.empty:
+        return _section("task-groups", _nodata("no task spans in this run."), help_text)
+    rows = []
+    for r in groups.head(limit).itertuples():
+        sw = Markup(f'<span class="sw" style="background:{ctx.color(r.group)}"></span>{_e(r.group)}')
+        rows.append([sw, f"{int(r.count):,}", fmt_s(r.total_s), fmt_duration(r.mean_s), f"{r.cv:.2f}",
+                     fmt_duration(r.max_s)])
+    note = (f'<p class="note">{len(groups) - limit:,} more groups not shown.</p>' if len(groups) > limit else "")
+    return _section("task-groups", _table(["group", "count", "total", "mean", "CV", "max"], rows) + note,
+                    help_text)
+
+
+def warnings_extra(ctx: Context) -> str:
+    df = ctx.sql("""SELECT category, level, count(*) AS n, min(ts_ns) AS first, arg_min(message, ts_ns) AS msg
+                        FROM logs WHERE level IN ('warning', 'error') GROUP BY category, level
+                        ORDER BY n DESC""")
+    rows = [[r.category, r.level, f"{int(r.n):,}",
+             fmt_duration((int(r.first) - ctx.t0) / 1e9) if pd.notna(r.first) else "-",
+             (r.msg[:160] + "…") if isinstance(r.msg, str) and len(r.msg) > 160 else (r.msg or "")]
+            for r in df.itertuples()]
+    return _table(["category", "level", "count", "first at", "first message"], rows, left={0, 1, 4})
+
+
+# ---- the page ---------------------------------------------------------------------------------------------
+
+def build_html(ctx: Context, progress: Progress | None = None) -> str:
+    """The whole report of ``ctx.run`` as one HTML string."""
+    steps = ["breakdown", "task stream", "hardware", "I/O", "communication", "task groups", "warnings"]
+    total = len(steps) + 1
+
+    def step(i: int, what: str) -> None:
+        if progress is not None:
+            progress(what, i, total)
+
+    figs = _Figures()
+    parts = [summary_section(ctx)]
+    step(0, "breakdown")
+    b = breakdown(ctx.tables)
+    groups = task_groups(ctx.tables)
+    ctx.set_group_order(list(groups["group"]))
+    parts.append(breakdown_section(ctx, b, figs))
+    step(1, "task stream")
+    parts.append(figure_section(
+        "task-stream", charts.task_stream(ctx), figs,
+        "One row per worker thread; each bar is a task, coloured by its group (click a legend entry to hide it, "
+        "double-click to isolate it; drag to zoom, double-click the plot to reset). Red bars on a worker's own "
+        "row are incoming transfers; brown bars there are spilling to and from disk. Gaps in a thread's row are "
+        "time it sat idle.",
+        "no spans or transfers in this run."))
+    step(2, "hardware")
+    parts.append(figure_section(
+        "hardware", charts.hardware(ctx), figs,
+        "CPU busy time and memory in use per host, sampled by flowscope's hardware sampler, with the rate of task "
+        "starts underneath on the same time axis: CPU low while tasks start means the work is waiting on "
+        "something else (the scheduler, communication, I/O).",
+        "no hardware metrics (<code>cpu.percent</code>, <code>memory.used_bytes</code> in namespace "
+        "<code>hardware</code>) in this run."))
+    step(3, "I/O")
+    parts.append(figure_section(
+        "io", charts.io_over_time(ctx), figs,
+        "File-system reads (▼) and writes (▲) of each thread over time, one mark per I/O record placed at the "
+        "middle of its interval (for per-task counters: of the task), darker for more bytes (log scale). "
+        "Grey dots are files opened. Rows are the threads of the task stream. With more than 10,000 records, "
+        "one mark per thread, operation and time bin (600 over the run) carries the bin's count and bytes.",
+        "no I/O records in this run.", extra=io_extra(ctx) if ctx.counts.get("io") else ""))
+    step(4, "communication")
+    parts.append(figure_section(
+        "communication", charts.communication(ctx), figs,
+        "Each transfer between workers: its duration against its size, on log axes. Points on one diagonal move "
+        "data at the same bandwidth; points high above the others at small sizes are latency-bound. Red: the two "
+        "workers were on different hosts; blue: the same host.",
+        "no transfers in this run.",
+        extra=communication_extra(ctx) if ctx.counts.get("transfers") else ""))
+    step(5, "task groups")
+    parts.append(groups_section(ctx, groups))
+    step(6, "warnings")
+    parts.append(figure_section(
+        "warnings", charts.warnings(ctx), figs,
+        "Warnings and errors the run logged (event loop unresponsive, long garbage collections, memory pauses, "
+        "task errors...), one row per category, at the time they happened.",
+        "no warnings or errors in this run.", extra=warnings_extra(ctx) if ctx.counts.get("logs") else ""))
+    step(7, "writing")
+
+    meta = ctx.run.meta
+    title = f"{meta.get('name') or 'run'} {meta.get('run_id', '')}".strip()
+    nav = "".join(f'<a href="#{sid}">{_e(t)}</a>' for sid, t in SECTIONS)
+    plotly_js = get_plotlyjs() if figs.count else ""
+    when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    sub = " · ".join(_e(x) for x in (meta.get("status"), _when(meta.get("start_ns") or ctx.t0_ns),
+                                      meta.get("command")) if x)
+    return "\n".join([
+        "<!DOCTYPE html>",
+        '<html lang="en"><head><meta charset="utf-8">',
+        '<meta name="viewport" content="width=device-width, initial-scale=1">',
+        f"<title>flowscope report: {_e(title)}</title>",
+        f"<style>{CSS}</style>",
+        f'<script type="text/javascript">{plotly_js}</script>' if plotly_js else "",
+        "</head><body>",
+        f'<header class="top"><h1>flowscope report: {_e(title)}</h1><div class="sub">{sub}</div></header>',
+        f"<nav>{nav}</nav>",
+        "<main>",
+        *parts,
+        "</main>",
+        f"<footer>Written by flowscope {_e(flowscope.__version__)} on {when} from the run's tables "
+        f"(<code>{_e(ctx.run.path)}</code>). Times are seconds since the run's first event.</footer>",
+        "</body></html>",
+    ])

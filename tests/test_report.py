@@ -1,0 +1,421 @@
+"""The HTML report: built from a real Dask run, self-contained, and rendered by headless Chromium without errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import dask
+from distributed import Client as DaskClient
+from distributed import LocalCluster
+
+import flowscope
+from flowscope.analysis.breakdown import breakdown
+from flowscope.cli.main import main as cli_main
+from flowscope.model import identifiers as ids
+from flowscope.report import write_report
+from flowscope.report.page import SECTIONS, fmt_s
+from flowscope.sources.dask import observe
+
+CHROMIUM = os.environ.get("FLOWSCOPE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+EXTERNAL = re.compile(r"""<(?:script|link|img|iframe|source|embed)\b[^>]*\b(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""",
+                      re.IGNORECASE)
+
+
+# ---- the work the cluster does -------------------------------------------------------------------------------
+
+def _thread_io() -> tuple[int, int]:
+    """(rchar, wchar) of the calling thread (Linux per-thread I/O accounting); (0, 0) where unavailable."""
+    try:
+        with open(f"/proc/self/task/{threading.get_native_id()}/io", "rb") as f:
+            fields = dict(line.split(b":") for line in f.read().splitlines())
+        return int(fields[b"rchar"]), int(fields[b"wchar"])
+    except (OSError, KeyError, ValueError):
+        return 0, 0
+
+
+def load(i: int) -> np.ndarray:
+    time.sleep(0.02)
+    return np.random.default_rng(i).standard_normal(50_000 + 10_000 * i)
+
+
+def combine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    time.sleep(0.01)
+    n = min(len(a), len(b))
+    return a[:n] + b[:n]
+
+
+def store(x: np.ndarray, path: str) -> dict:
+    """Write ``x`` to ``path`` and read it back, reporting what this thread read and wrote meanwhile
+    (what the proc-io source records for a task)."""
+    start = time.time_ns()
+    r0, w0 = _thread_io()
+    np.save(path, x)
+    back = np.load(path)
+    r1, w1 = _thread_io()
+    end = time.time_ns()
+    return {"tid": threading.get_native_id(), "thread_ident": threading.get_ident(), "pid": os.getpid(),
+            "host": ids.hostname(), "start_ns": start, "end_ns": end, "read": r1 - r0, "write": w1 - w0,
+            "path": path, "n": int(back.size)}
+
+
+def _record_io(fs, key: str, info: dict) -> None:
+    """The io rows a per-task I/O source writes: bytes read and written by the thread during the task, and
+    the file it opened."""
+    common = {"resource_id": ids.thread_id(info["tid"], info["pid"], info["host"]), "host": info["host"],
+              "pid": info["pid"], "tid": info["tid"], "thread_ident": info["thread_ident"], "task_key": key}
+    for op in ("read", "write"):
+        if info[op] > 0:
+            fs.emit("io", source="proc-io", op=op, nbytes=info[op], start_ns=info["start_ns"],
+                    end_ns=info["end_ns"], **common)
+    fs.emit("io", source="audit", op="open", path=info["path"], start_ns=info["start_ns"], **common)
+
+
+class _Sampler:
+    """flowscope's hardware sampler when it is there, else the same two metrics from psutil."""
+
+    def __init__(self, fs, period: float = 0.1):
+        self.fs, self.period = fs, period
+        self.stop_event = threading.Event()
+        self.sampler = None
+        self.thread = None
+
+    def __enter__(self):
+        try:
+            from flowscope.sources.hardware import HardwareSampler
+
+            self.sampler = HardwareSampler(self.fs, period=self.period).start()
+        except ImportError:
+            import psutil
+
+            rid = ids.host_id()
+            self.fs.resource("host", rid, name=ids.hostname(), host=ids.hostname())
+
+            def loop():
+                psutil.cpu_percent(None)
+                while not self.stop_event.wait(self.period):
+                    self.fs.metric("cpu.percent", psutil.cpu_percent(None), namespace="hardware", resource_id=rid)
+                    self.fs.metric("memory.used_bytes", psutil.virtual_memory().used, namespace="hardware",
+                                   resource_id=rid)
+
+            self.thread = threading.Thread(target=loop, daemon=True)
+            self.thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.sampler is not None:
+            self.sampler.stop(timeout=10)
+        else:
+            self.stop_event.set()
+            self.thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def dask_run(tmp_path_factory):
+    """A real run: 2 workers x 2 threads, loads pinned alternately to each worker so that the combines fetch
+    data across workers, stores that write files, hardware samples, one logged warning."""
+    tmp = tmp_path_factory.mktemp("report")
+    files = tmp / "files"
+    files.mkdir()
+    with dask.config.set({"distributed.scheduler.work-stealing": False}), \
+            LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0",
+                         worker_dashboard_address=None) as cluster, DaskClient(cluster) as client:
+        workers = sorted(client.scheduler_info()["workers"])
+        with observe(client, store=tmp / "store", name="report-test", command="pytest tests/test_report.py") as obs:
+            with _Sampler(obs.client):
+                loads = [client.submit(load, i, key=f"load-{i}", workers=[workers[i % 2]]) for i in range(12)]
+                combs = [client.submit(combine, loads[i], loads[(i + 1) % 12], key=f"combine-{i}")
+                         for i in range(12)]
+                stores = [client.submit(store, combs[i], str(files / f"part-{i}.npy"), key=f"store-{i}")
+                          for i in range(12)]
+                infos = client.gather(stores)
+                total = client.submit(sum, [c.sum() for c in client.gather(combs)], key="total").result()
+                for i, info in enumerate(infos):
+                    _record_io(obs.client, f"store-{i}", info)
+                obs.client.log("event loop was unresponsive for 1.20s (injected by the test)", level="warning",
+                               category="event-loop-unresponsive", resource_id=ids.worker_id(workers[0]))
+                time.sleep(0.3)  # a few more hardware samples
+        assert np.isfinite(total)
+    run = obs.run
+    path = write_report(run)
+    return run, path
+
+
+@pytest.fixture(scope="module")
+def sparse_run(tmp_path_factory):
+    """A run with spans only, from the plain client API (as an imported trace may be)."""
+    tmp = tmp_path_factory.mktemp("sparse")
+    fs = flowscope.Client("embedded", store=tmp / "store", name="sparse")
+    for i in range(20):
+        with fs.timed(f"step-{i % 3}", kind="task", task_key=f"k-{i}"):
+            time.sleep(0.002)
+    fs.close()
+    run = flowscope.open_run(fs.run_dir)
+    return run, write_report(run, tmp / "sparse.html")
+
+
+# ---- the browser ----------------------------------------------------------------------------------------------
+
+def _browser():
+    # scripts/test.sh installs both; where they are missing outside CI, say so and skip; in CI, fail
+    missing = None
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing = "playwright is not installed (pip install -e '.[test]')"
+    if missing is None and not Path(CHROMIUM).exists():
+        missing = f"{CHROMIUM} is missing (apt-get install chromium)"
+    if missing:
+        if os.environ.get("CI"):
+            pytest.fail(missing)
+        pytest.skip(missing)
+    return sync_playwright
+
+
+def render(path: Path, screenshot: Path | None = None) -> dict:
+    """Open ``path`` in headless Chromium, offline: returns console messages, page errors, requests that
+    left the file, and what Plotly drew."""
+    sync_playwright = _browser()
+    out = {"console": [], "errors": [], "external": []}
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            page.on("console", lambda m: out["console"].append((m.type, m.text)))
+            page.on("pageerror", lambda e: out["errors"].append(str(e)))
+
+            def block(route):
+                out["external"].append(route.request.url)
+                route.abort()
+
+            page.route(re.compile(r"^(?!file:|data:|blob:|about:).*"), block)
+            page.goto(path.resolve().as_uri(), wait_until="load")
+            page.wait_for_function("() => window.Plotly === undefined || "
+                                   "document.querySelectorAll('.plot').length === "
+                                   "document.querySelectorAll('.js-plotly-plot').length", timeout=30_000)
+            page.wait_for_timeout(300)
+            out["plots"] = page.evaluate("""() => Object.fromEntries(
+                Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => [d.id, d.data.length]))""")
+            out["drawn"] = page.evaluate("""() => Object.fromEntries(
+                Array.from(document.querySelectorAll('.js-plotly-plot')).map(
+                    d => [d.id, d.querySelectorAll('.trace, canvas').length]))""")
+            out["sections"] = page.evaluate("() => Array.from(document.querySelectorAll('section')).map(s => s.id)")
+            out["text"] = {s: page.inner_text(f"section#{s}") for s in out["sections"]}
+            if screenshot is not None:
+                page.screenshot(path=str(screenshot), full_page=True)
+        finally:
+            browser.close()
+    return out
+
+
+def _errors(result: dict) -> list:
+    return [m for m in result["console"] if m[0] == "error"] + result["errors"]
+
+
+# ---- tests ----------------------------------------------------------------------------------------------------
+
+def test_the_report_is_one_self_contained_file_with_every_section(dask_run):
+    run, path = dask_run
+    assert path == run.path / "report.html" and path.is_file()
+    text = path.read_text()
+    assert not EXTERNAL.findall(text), "the report must load nothing from the network"
+    assert text.count("Plotly.newPlot") >= 5
+    assert text.count('<script type="text/javascript">') == 1, "plotly.js is embedded once"
+    for sid, _title in SECTIONS:
+        assert f'<section id="{sid}">' in text, sid
+    # this run has every kind of data: no section says "No data"
+    assert "No data" not in text
+    # the header carries the provenance
+    meta = run.meta
+    for fact in (meta["run_id"], "report-test", "pytest tests/test_report.py", meta["provenance"]["python"],
+                 meta["provenance"]["packages"]["dask"], socket.gethostname()):
+        assert fact in text, fact
+    size = path.stat().st_size
+    assert size < 8 * 2**20, f"{size} bytes for a small run"
+
+
+def test_the_run_has_what_the_report_shows(dask_run):
+    run, _ = dask_run
+    counts = run.counts()
+    assert counts["transfers"] > 0 and counts["io"] > 0 and counts["metrics"] > 0
+    assert int(run.sql("SELECT count(*) AS n FROM logs WHERE level = 'warning'")["n"][0]) >= 1
+
+
+def test_the_report_renders_in_headless_chromium(dask_run, tmp_path):
+    run, path = dask_run
+    shot = Path(os.environ.get("FLOWSCOPE_REPORT_SCREENSHOT") or tmp_path / "report.png")
+    res = render(path, shot)
+    assert not _errors(res), _errors(res)
+    assert not res["external"], res["external"]
+    assert [s for s, _ in SECTIONS] == res["sections"]
+    plots = res["plots"]
+    for fig in ("fig-breakdown", "fig-task-stream", "fig-hardware", "fig-io", "fig-communication", "fig-warnings"):
+        assert plots.get(fig, 0) > 0, (fig, plots)
+        assert res["drawn"].get(fig, 0) > 0, (fig, res["drawn"])
+    # the task stream has a trace per task group and the incoming transfers
+    stream = res["text"]["task-stream"]
+    for label in ("load", "combine", "store", "transfer"):
+        assert label in stream, label
+    assert re.search(r"worker \S+ / tid \d+", stream), "rows are labelled worker / thread"
+    # the breakdown shows the analysis' numbers
+    b = breakdown(run)
+    text = res["text"]["breakdown"]
+    assert fmt_s(b.compute_s) in text and fmt_s(b.communication_s) in text and fmt_s(b.makespan_s) in text
+    assert f"{b.tasks:,} tasks" in text and f"{b.transfers:,} transfers" in text
+    groups = res["text"]["task-groups"]
+    assert "load" in groups and "combine" in groups and "store" in groups and "CV" in groups
+    assert "event-loop-unresponsive" in res["text"]["warnings"]
+    assert shot.stat().st_size > 10_000
+
+
+def test_a_run_with_only_spans_says_no_data_and_renders_cleanly(sparse_run):
+    _, path = sparse_run
+    text = path.read_text()
+    assert not EXTERNAL.findall(text)
+    for sid in ("hardware", "io", "communication", "warnings"):
+        section = text.split(f'<section id="{sid}">', 1)[1].split("</section>", 1)[0]
+        assert "No data" in section, sid
+    res = render(path)
+    assert not _errors(res), _errors(res)
+    assert not res["external"]
+    assert res["plots"].get("fig-task-stream", 0) > 0
+    assert "step-0" in res["text"]["task-stream"]
+    assert "No data" in res["text"]["io"]
+    assert "20 tasks" in res["text"]["breakdown"]
+
+
+def test_an_empty_run_renders_with_no_data_everywhere(tmp_path):
+    fs = flowscope.Client("embedded", store=tmp_path / "store", name="empty")
+    fs.close()
+    path = write_report(fs.run_dir)
+    text = path.read_text()
+    assert "Plotly.newPlot" not in text and text.count("No data") >= 7
+    res = render(path)
+    assert not _errors(res), _errors(res)
+    assert res["plots"] == {}
+
+
+def _large_run(tmp_path: Path, n: int, threads: int, io_rows: int) -> Path:
+    """``n`` task spans of 30 groups on ``threads`` threads, 1 ms apart on each, and ``io_rows`` reads."""
+    import pyarrow as pa
+
+    from flowscope.model.schemas import schema
+
+    fs = flowscope.Client("embedded", store=tmp_path / "store", name="large")
+    for t in range(threads):
+        fs.resource("thread", f"thread:h:1:{100 + t}", name=f"w-{t}", host="h", pid=1, tid=100 + t)
+    base = time.time_ns()
+    i = np.arange(n)
+    start = base + (i // threads) * 1_000_000
+    cols = {"resource_id": [f"thread:h:1:{100 + t}" for t in i % threads],
+            "kind": ["task"] * n, "name": [f"group-{g}" for g in i % 30],
+            "start_ns": start, "end_ns": start + 600_000, "task_key": [f"key-{k}" for k in i]}
+
+    def table(name: str, cols: dict, rows: int) -> pa.Table:
+        sch = schema(name)
+        return pa.table({f.name: pa.array(cols[f.name], f.type) if f.name in cols else pa.nulls(rows, f.type)
+                         for f in sch}, schema=sch)
+
+    fs.write("spans", table("spans", cols, n))
+    j = np.arange(io_rows)
+    fs.write("io", table("io", {"pid": [1] * io_rows, "tid": (100 + j % threads).tolist(), "host": ["h"] * io_rows,
+                                "source": ["proc-io"] * io_rows, "op": ["read"] * io_rows,
+                                "nbytes": (1 + j * 1000).tolist(), "start_ns": start[:io_rows],
+                                "end_ns": start[:io_rows] + 600_000}, io_rows))
+    fs.close()
+    return fs.run_dir
+
+
+def test_a_large_run_is_drawn_at_the_detail_of_the_zoom_and_stays_small(tmp_path):
+    """30,000 task spans on 8 threads and 20,000 I/O records: the stream travels as compact columns and is
+    drawn per pixel, re-drawn on zoom; the I/O records are binned; the file stays far under the 20 MB budget."""
+    n = 30_000
+    run_dir = _large_run(tmp_path, n, 8, 20_000)
+    t0 = time.perf_counter()
+    path = write_report(run_dir)
+    took = time.perf_counter() - t0
+    text = path.read_text()
+    assert took < 20, took
+    assert path.stat().st_size < 5 * 2**20 + 30 * n, "plotly.js plus about 23 bytes per task"
+    assert "flowscopeStream(" in text and "key-29999" not in text, "no per-task hover text at this scale"
+    # the 20 largest groups have their own colour, the rest share one
+    assert "other (10 groups)" in text
+    res = render(path)
+    assert not _errors(res), _errors(res)
+    assert res["plots"]["fig-task-stream"] == 21 * 4, "per group: exact bars and three levels of merged bars"
+    assert res["plots"]["fig-io"] == 1
+
+    sync_playwright = _browser()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            errors = []
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            page.goto(path.resolve().as_uri(), wait_until="load")
+            points = "() => document.getElementById('fig-task-stream').data.reduce((a, t) => a + t.x.length, 0)"
+            exact = "() => document.getElementById('fig-task-stream').data.filter((t, i) => i % 4 === 0)" \
+                    ".reduce((a, t) => a + t.x.filter(v => v === v).length, 0)"
+            page.wait_for_function("() => document.getElementById('fig-task-stream').flowscopeReady")
+
+            def relayout(update: str) -> None:
+                draws = page.evaluate("document.getElementById('fig-task-stream').flowscopeDraws")
+                page.evaluate(f"Plotly.relayout('fig-task-stream', {update})")
+                page.wait_for_function(f"() => document.getElementById('fig-task-stream').flowscopeDraws > {draws}")
+
+            before = page.evaluate(points)
+            assert page.evaluate(exact) == 0, "at full view every 0.6 ms bar is narrower than a pixel"
+            # zoom to 20 ms: each bar is now many pixels wide and drawn exactly
+            relayout("{'xaxis.range': [1.0, 1.02]}")
+            visible = page.evaluate(exact) // 2
+            assert 8 * 20 * 0.9 <= visible <= 8 * 22, visible
+            # autoscale shows the whole run again, as first drawn
+            relayout("{'xaxis.autorange': true}")
+            assert page.evaluate(points) == before
+            assert not errors, errors
+        finally:
+            browser.close()
+
+
+def test_flowscope_report_command(dask_run, tmp_path, capsys):
+    run, _ = dask_run
+    out = tmp_path / "r.html"
+    assert cli_main(["report", str(run.path), "-o", str(out)]) == 0
+    assert capsys.readouterr().out.strip() == str(out)
+    assert out.stat().st_size > 1_000_000
+    # a directory as the output: report.html in it
+    outdir = tmp_path / "out"
+    outdir.mkdir()
+    assert cli_main(["report", str(run.path), "-o", str(outdir)]) == 0
+    assert capsys.readouterr().out.strip() == str(outdir / "report.html")
+    # by run id in a store, to the default place
+    shutil.copytree(run.path, tmp_path / "store" / run.run_id)
+    assert cli_main(["report", run.run_id, "--store", str(tmp_path / "store")]) == 0
+    assert (tmp_path / "store" / run.run_id / "report.html").is_file()
+    assert cli_main(["report", "nosuch", "--store", str(tmp_path / "store")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("flowscope report: error: nosuch") and err.count("\n") == 1
+
+
+def test_write_report_accepts_a_path_and_replaces_the_file_atomically(sparse_run, tmp_path):
+    run, _ = sparse_run
+    target = tmp_path / "sub" / "x.html"
+    target.parent.mkdir()
+    target.write_text("old")
+    seen = []
+    p = write_report(str(run.path), target, progress=lambda what, done, total: seen.append((what, done, total)))
+    assert p == target and target.read_text().startswith("<!DOCTYPE html>")
+    assert [s[0] for s in seen][:2] == ["breakdown", "task stream"] and seen[-1][0] == "done"
+    assert not [f for f in target.parent.iterdir() if f.name.startswith(".")], "no temp file left"
+    json.dumps(seen)
