@@ -194,9 +194,8 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
     def add_worker(self, scheduler, worker: str) -> None:
         try:
             ws = scheduler.workers.get(worker)
-            host = ws.host if ws is not None else None
+            # host and parent are left to the worker's own plugin, which knows its hostname and process
             self.fs.resource("worker", ids.worker_id(worker), name=str(ws.name) if ws is not None else worker,
-                             parent_id=ids.host_id(host) if host else None, host=host,
                              pid=getattr(ws, "pid", None), address=worker,
                              attrs={"nthreads": ws.nthreads, "memory_limit": ws.memory_limit} if ws else None)
             self.fs.log(f"worker {worker} joined", category="worker-joined", resource_id=ids.worker_id(worker))
