@@ -69,13 +69,34 @@ class Observation:
 
 
 @contextmanager
-def observe(dask_client, *, store: str | Path | None = None, name: str | None = None, command: str | None = None):
-    """Record the cluster of ``dask_client`` into a new run while the block runs (like performance_report)."""
-    from flowscope.client.client import Client
+def observe(dask_client, *, store: str | Path | None = None, name: str | None = None, command: str | None = None,
+            collector: str = "process"):
+    """Record the cluster of ``dask_client`` into a new run while the block runs (like performance_report).
 
-    fs = Client("embedded", store=store, serve=True, name=name or "dask", command=command)
-    register(dask_client, fs.address, fs.run_id)
-    obs = Observation(fs, fs.run_id, fs.run_dir)
+    ``collector="process"`` (the default) runs the collector in a child process, so ingest never competes
+    with a scheduler in this process for its GIL; ``"embedded"`` runs it on threads of this process."""
+    from flowscope.client.client import Client
+    from flowscope.store.catalog import default_store
+
+    store = Path(store) if store is not None else default_store()
+    server = None
+    if collector == "process":
+        from flowscope.service.process import CollectorProcess
+
+        server = CollectorProcess(store)
+        fs = Client(server.address, name=name or "dask", command=command)
+    elif collector == "embedded":
+        fs = Client("embedded", store=store, serve=True, name=name or "dask", command=command)
+    else:
+        raise ValueError(f"collector must be 'process' or 'embedded', not {collector!r}")
+    try:
+        register(dask_client, fs.address, fs.run_id)
+    except BaseException:
+        fs.close(status="failed")
+        if server:
+            server.stop()
+        raise
+    obs = Observation(fs, fs.run_id, store / fs.run_id)
     status = "failed"
     try:
         yield obs
@@ -84,7 +105,11 @@ def observe(dask_client, *, store: str | Path | None = None, name: str | None = 
         try:
             obs.hook_errors = unregister(dask_client)
         finally:
-            fs.close(status=status)
+            try:
+                fs.close(status=status)
+            finally:
+                if server:
+                    server.stop()
 
 
 async def dask_setup(server) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from flowscope.model import identifiers as ids
-from flowscope.sources.thread_io import OpenAudit, ThreadIO, ThreadIOReader, io_rows, thread_ids
+from flowscope.sources.thread_io import OpenAudit, ThreadIO, ThreadIOReader, thread_ids
 
 log = logging.getLogger("flowscope.dask")
 
@@ -241,35 +241,47 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
 
 
 class MeasuringThreadPoolExecutor(Executor):
-    """Delegates to the worker's executor; each call reads its thread's I/O counters before and after.
+    """Delegates to the worker's executor; each call records its thread's I/O counter delta.
 
-    ``window(ident, start, stop)`` returns the counter delta of the call on thread ``ident`` whose
-    interval encloses [start, stop] (a task's compute times, measured inside the call by Dask).
+    The counters are read once per call, on the calling thread, when the call ends: a thread runs one
+    call at a time, so the reading at the end of its previous call is the baseline of the next (a
+    thread seen for the first time is read before its first call too). Each read is a system call,
+    and a system call releases the GIL, so this keeps the handoffs to one per task.
 
+    ``window(ident, submitted, start, stop)`` finds the delta of the call that ran a given task.
     The name matters: Dask runs a task through its thread-aware path (contextvars, active_threads)
     only when "ThreadPoolExecutor" appears in the executor's type name."""
 
-    def __init__(self, inner: Executor, reader: ThreadIOReader, keep: int = 256):
+    def __init__(self, inner: Executor, reader: ThreadIOReader, keep: int = 16):
         self.inner = inner
         self._reader = reader
         self._keep = keep
+        self._last: dict[int, ThreadIO] = {}
         self._windows: dict[int, deque] = {}
 
     def submit(self, fn, /, *args, **kwargs):
         return self.inner.submit(self._measured, fn, args, kwargs)
 
     def _measured(self, fn, args, kwargs):
-        tid = threading.get_native_id()
-        t0, before = time.time(), self._reader.read(tid)
+        ident = threading.get_ident()
+        if ident not in self._windows:
+            self._windows[ident] = deque(maxlen=self._keep)
+            tid = threading.get_native_id()
+            first = self._reader.read(tid)
+            if first is not None:
+                self._last[tid] = first
+        t0 = time.time()
         try:
             return fn(*args, **kwargs)
         finally:
-            after, t1 = self._reader.read(tid), time.time()
-            if before is not None and after is not None:
-                q = self._windows.get(threading.get_ident())
-                if q is None:
-                    q = self._windows[threading.get_ident()] = deque(maxlen=self._keep)
-                q.append((t0, t1, after - before))
+            t1 = time.time()
+            tid = threading.get_native_id()
+            now = self._reader.read(tid)
+            before = self._last.get(tid)
+            if now is not None:
+                self._last[tid] = now
+                if before is not None:
+                    self._windows[ident].append((t0, t1, now - before))
 
     def window(self, ident: int | None, submitted: float | None, start: float, stop: float) -> ThreadIO | None:
         """The delta of the call on thread ``ident`` that ran a task submitted at ``submitted`` whose compute
@@ -318,6 +330,8 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
         self._emit_transition = fs.row_writer("transitions")
         self._emit_span = fs.row_writer("spans")
         self._emit_transfer = fs.row_writer("transfers")
+        self._emit_io = fs.row_writer("io")
+        self._hostname, self._pid = ids.hostname(), os.getpid()
         self._logs = _LogCapture(fs, self.rid)
         self._logs.attach()
         self._gc = _GCWatch(fs, self.rid)
@@ -384,9 +398,15 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
         delta = self._executor.window(ident, submitted, start - shift, stop - shift)
         if delta is None:
             return
-        for row in io_rows(delta, tid=tid, thread_ident=ident, start_ns=t0, end_ns=t1, task_key=k):
-            row["resource_id"] = self._threads.get(ident, row["resource_id"])
-            self.fs.emit("io", **row)
+        rid = self._threads.get(ident) or ids.thread_id(tid)
+        if delta.rchar or delta.syscr or delta.read_bytes:
+            self._emit_io(rid, self._hostname, self._pid, tid, ident, None, "proc-io", "read", None, None,
+                          delta.rchar, t0, t1, k, f'{{"syscr": {delta.syscr}, "read_bytes": {delta.read_bytes}}}')
+        if delta.wchar or delta.syscw or delta.write_bytes or delta.cancelled_write_bytes:
+            self._emit_io(rid, self._hostname, self._pid, tid, ident, None, "proc-io", "write", None, None,
+                          delta.wchar, t0, t1, k,
+                          f'{{"syscw": {delta.syscw}, "write_bytes": {delta.write_bytes}, '
+                          f'"cancelled_write_bytes": {delta.cancelled_write_bytes}}}')
 
     def _thread_resource(self, ident: int | None) -> str:
         rid = self._threads.get(ident)

@@ -1,0 +1,62 @@
+"""A collector in a child process: what `observe()` uses so that ingest never competes for the GIL of the
+process it observes (a LocalCluster's scheduler runs in the user's process)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+class CollectorProcess:
+    """`flowscope serve` on 127.0.0.1 and a free port, writing to ``store``; ``stop()`` drains it."""
+
+    def __init__(self, store: str | Path, timeout: float = 30.0):
+        self.store = Path(store)
+        self._dir = tempfile.TemporaryDirectory(prefix="flowscope-collector-")
+        addr_file = Path(self._dir.name) / "address"
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "flowscope", "serve", "--port", "0", "--store", str(self.store),
+             "--address-file", str(addr_file)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + timeout
+        while not (addr_file.exists() and addr_file.read_text().strip()):
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"the collector process failed to start: "
+                                   f"{self.proc.stderr.read().decode(errors='replace').strip()[-500:]}")
+            if time.monotonic() > deadline:
+                self.stop()
+                raise TimeoutError(f"the collector process did not start within {timeout:.0f} s")
+            time.sleep(0.02)
+        self.address = addr_file.read_text().split()[0]
+        from flowscope.client.transport import HttpTransport, Unreachable
+
+        probe = HttpTransport(self.address, timeout=2.0)
+        while True:  # the address is written just before the server accepts connections
+            try:
+                probe.health()
+                break
+            except Unreachable:
+                if time.monotonic() > deadline:
+                    self.stop()
+                    raise TimeoutError("the collector process does not answer") from None
+                time.sleep(0.02)
+            finally:
+                probe.close()
+
+    def stop(self, timeout: float = 60.0) -> int | None:
+        """Ask it to finish its queued writes and exit (SIGTERM); kill it if it does not within ``timeout``."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        if self.proc.stderr:
+            self.proc.stderr.close()
+        self._dir.cleanup()
+        return self.proc.returncode
