@@ -93,6 +93,9 @@ def test_every_task_is_one_execution_span_on_a_real_worker_thread(cluster, tmp_p
     assert needed <= moved
     assert (transfers["nbytes"] > 0).all()
 
+    # these tasks do no I/O of their own, and the counters' own reads are not charged to them
+    assert run.sql("SELECT count(*) AS n FROM io WHERE source = 'proc-io'")["n"][0] == 0
+
     # the breakdown and group statistics read the same tables
     from flowscope.analysis.breakdown import breakdown, task_groups
 

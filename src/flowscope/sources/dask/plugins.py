@@ -15,6 +15,7 @@ failures (``errors``) instead of failing silently; tests assert they stay at 0.
 from __future__ import annotations
 
 import gc
+import json
 import logging
 from collections import deque
 from concurrent.futures import Executor
@@ -25,6 +26,7 @@ import threading
 import time
 from typing import Any
 
+import pyarrow as pa
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 
 from flowscope.model import identifiers as ids
@@ -149,6 +151,8 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
         self._gc = _GCWatch(fs, SCHEDULER_RESOURCE)
         self._gc.attach()
         self._emit_transition = fs.row_writer("transitions")
+        self._wids: dict[str, str] = {}
+        pa.array([0])  # pyarrow imports pandas on first use (~0.5 s of CPU): pay it now, not mid-workload
         for addr in list(scheduler.workers):
             self.add_worker(scheduler, addr)
 
@@ -163,14 +167,19 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
             worker = kwargs.get("worker")
             if worker is None and ts is not None and ts.processing_on is not None:
                 worker = ts.processing_on.address
-            self._emit_transition(time.time_ns(), key_str(key), ts.group.name if ts else None,
-                                  ts.prefix.name if ts else None, start, finish, "scheduler",
-                                  ids.worker_id(worker) if worker else None, stimulus_id, None)
+            wid = None
+            if worker:
+                wid = self._wids.get(worker)
+                if wid is None:
+                    wid = self._wids[worker] = ids.worker_id(worker)
+            self._emit_transition(time.time_ns(), key if key.__class__ is str else str(key),
+                                  ts.group.name if ts else None, ts.prefix.name if ts else None, start, finish,
+                                  "scheduler", wid, stimulus_id, None)
             if finish == "erred" and start == "processing":
-                self.fs.log(f"task failed with {exception_type(kwargs.get('exception_text')) or 'an exception'}",
-                            level="error", category="task-error", resource_id=ids.worker_id(worker) if worker
-                            else SCHEDULER_RESOURCE, task_key=key_str(key),
-                            attrs={"exception_type": exception_type(kwargs.get("exception_text"))})
+                etype = exception_type(kwargs.get("exception_text"))
+                self.fs.log(f"task failed with {etype or 'an exception'}", level="error", category="task-error",
+                            resource_id=wid or SCHEDULER_RESOURCE, task_key=key_str(key),
+                            attrs={"exception_type": etype})
         except Exception:
             self._failed()
 
@@ -240,6 +249,10 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
             log.exception("flowscope scheduler plugin: closing its client failed")
 
 
+_PROC_IO_LABELS = len(b"rchar: \nwchar: \nsyscr: \nsyscw: \nread_bytes: \nwrite_bytes: \ncancelled_write_bytes: \n")
+_WORKER_FINISH = frozenset(("memory", "error", "released", "forgotten"))
+
+
 class MeasuringThreadPoolExecutor(Executor):
     """Delegates to the worker's executor; each call records its thread's I/O counter delta.
 
@@ -281,7 +294,10 @@ class MeasuringThreadPoolExecutor(Executor):
             if now is not None:
                 self._last[tid] = now
                 if before is not None:
-                    self._windows[ident].append((t0, t1, now - before))
+                    # the read that gave ``before`` is itself counted in ``now``: one read call and the text
+                    # it returned, whose length follows from the values it showed
+                    own = ThreadIO(rchar=_PROC_IO_LABELS + sum(len(str(v)) for v in before), syscr=1)
+                    self._windows[ident].append((t0, t1, now - before - own))
 
     def window(self, ident: int | None, submitted: float | None, start: float, stop: float) -> ThreadIO | None:
         """The delta of the call on thread ``ident`` that ran a task submitted at ``submitted`` whose compute
@@ -331,6 +347,8 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
         self._emit_span = fs.row_writer("spans")
         self._emit_transfer = fs.row_writer("transfers")
         self._emit_io = fs.row_writer("io")
+        self._worker_json = json.dumps(worker.address)
+        pa.array([0])  # pyarrow imports pandas on first use (~0.5 s of CPU): pay it now, not mid-workload
         self._hostname, self._pid = ids.hostname(), os.getpid()
         self._logs = _LogCapture(fs, self.rid)
         self._logs.attach()
@@ -421,14 +439,13 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
 
     def transition(self, key, start, finish, **kwargs) -> None:
         try:
-            now = time.time_ns()
-            k = key_str(key)
+            k = key if key.__class__ is str else str(key)
             ts = self.worker.state.tasks.get(key)
-            self._emit_transition(now, k, None, ts.prefix if ts is not None else None, start, finish, self.rid,
-                                  self.rid, kwargs.get("stimulus_id"), None)
+            self._emit_transition(time.time_ns(), k, None, ts.prefix if ts is not None else None, start, finish,
+                                  self.rid, self.rid, kwargs.get("stimulus_id"), None)
             if start == "flight":
                 self._drain_transfers()
-            if ts is not None and finish in ("memory", "error", "released", "forgotten"):
+            if ts is not None and finish in _WORKER_FINISH and len(ts.startstops) > self._startstops_done.get(key, 0):
                 self._record_startstops(key, k, ts, start, finish)
             if finish == "forgotten":
                 self._startstops_done.pop(key, None)
@@ -469,9 +486,11 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
             t0, t1 = int(ss["start"] * 1e9), int(ss["stop"] * 1e9)
             if action == "compute":
                 ident = self.worker.state.threads.get(key)
-                self._emit_span(None, None, self._thread_resource(ident), "task", ts.prefix, t0, t1, k,
-                                {"nbytes": ts.nbytes, "thread_ident": ident, "worker": self.worker.address,
-                                 "state": finish})
+                nbytes = ts.nbytes
+                attrs = (f'{{"nbytes": {nbytes if nbytes.__class__ is int else json.dumps(nbytes)}, '
+                         f'"thread_ident": {ident if ident.__class__ is int else "null"}, '
+                         f'"worker": {self._worker_json}, "state": "{finish}"}}')
+                self._emit_span(None, None, self._thread_resource(ident), "task", ts.prefix, t0, t1, k, attrs)
                 self._record_task_io(k, ident, ts.start_time, ss["start"], ss["stop"], t0, t1)
             elif action == "transfer":  # Dask books a fetch on the task that needed the data
                 self._emit_span(None, None, self.rid, "transfer", ts.prefix, t0, t1, k, {"source": ss.get("source")})
