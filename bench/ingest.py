@@ -54,6 +54,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import flowscope
+from _machine import cpu_model, git_commit
 from flowscope.client.client import Client
 from flowscope.model.provenance import new_run_id
 from flowscope.model.schemas import schema
@@ -341,27 +342,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
-def _git_commit() -> str | None:
-    """The commit of the flowscope tree being measured (with -dirty if src/ has uncommitted changes)."""
-    root = Path(flowscope.__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10, check=False).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "src"], capture_output=True,
-                               text=True, timeout=10, check=False).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (head + ("-dirty" if dirty else "")) or None
 
 
 def _fmt(x: float) -> str:
@@ -458,9 +438,9 @@ def main(argv: list[str] | None = None) -> int:
             "ceiling": "pyarrow.parquet.write_table(one table of `records` rows, zstd, dictionary)",
             "verified": "open_run(run_dir).counts()['spans'] == records sent, for every measurement",
             "collector_health_rtt_ms": round(collector.rtt_ms, 3),
-            "flowscope_commit": _git_commit(),
+            "flowscope_commit": git_commit(),
             "load_avg_1m_before": round(load_before, 2),
-            "cpu_model": _cpu_model(),
+            "cpu_model": cpu_model(),
             "platform": platform.platform(),
             "pyarrow": pa.__version__,
             "flowscope": flowscope.__version__,

@@ -75,6 +75,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import flowscope
+from _machine import cpu_model, git_commit
 from flowscope.sources.dask import FlowscopeSchedulerPlugin, FlowscopeWorkerPlugin, observe
 
 BENCH = "overhead"
@@ -792,27 +793,6 @@ def _timer_overhead_ns() -> float:
     return max(0.0, best[1] - best[0])
 
 
-def _git_commit() -> str | None:
-    root = Path(flowscope.__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10, check=False).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "src"], capture_output=True,
-                               text=True, timeout=10, check=False).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (head + ("-dirty" if dirty else "")) or None
-
-
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
 
 def _med(xs) -> float | None:
     xs = [x for x in xs if x is not None]
@@ -1003,10 +983,10 @@ def main(argv: list[str] | None = None) -> int:
             "workloads": workloads,
             "timer_overhead_ns_per_call": _r(_timer_overhead_ns(), 1),
             "profile": profiles or None,
-            "flowscope_commit": _git_commit(),
+            "flowscope_commit": git_commit(),
             "load_avg_1m_before": round(load_before, 2),
             "load_avg_1m_after": round(os.getloadavg()[0], 2),
-            "cpu_model": _cpu_model(),
+            "cpu_model": cpu_model(),
             "platform": platform.platform(),
             "dask": dask.__version__, "distributed": distributed.__version__,
             "flowscope": flowscope.__version__,

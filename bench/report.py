@@ -39,7 +39,6 @@ import os
 import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +48,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import flowscope
+from _machine import cpu_model, git_commit
 from flowscope.report import write_report
 from flowscope.store.run import open_run
 
@@ -177,26 +177,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _cpu_model() -> str | None:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or None
-
-
-def _git_commit() -> str | None:
-    root = Path(flowscope.__file__).resolve().parents[2]
-    try:
-        head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True,
-                              text=True, timeout=10, check=False).stdout.strip()
-        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--", "src"], capture_output=True,
-                               text=True, timeout=10, check=False).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (head + ("-dirty" if dirty else "")) or None
 
 
 def _hardware_sampler(fs):
@@ -368,9 +348,9 @@ def main(argv: list[str] | None = None) -> int:
             "run_seconds_with_observe": round(state["run_s"], 2),
             "run_rows": {k: v for k, v in state["counts"].items() if v},
             "hook_errors": state["hook_errors"],
-            "flowscope_commit": _git_commit(),
+            "flowscope_commit": git_commit(),
             "load_avg_1m_before": round(load_before, 2),
-            "cpu_model": _cpu_model(),
+            "cpu_model": cpu_model(),
             "platform": platform.platform(),
             "flowscope": flowscope.__version__,
             "plotly": _version("plotly"),

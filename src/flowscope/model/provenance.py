@@ -41,7 +41,8 @@ def now_ns() -> int:
     return time.time_ns()
 
 
-def _cpu_model() -> str | None:
+def cpu_model() -> str | None:
+    """The CPU model name (from /proc/cpuinfo on Linux)."""
     try:
         with open("/proc/cpuinfo") as f:
             for line in f:
@@ -102,7 +103,7 @@ def collect_provenance() -> dict:
     return {
         "hostname": socket.gethostname(),
         "platform": platform.platform(),
-        "cpu_model": _cpu_model(),
+        "cpu_model": cpu_model(),
         "cpu_logical": os.cpu_count(),
         "cpu_physical": psutil.cpu_count(logical=False),
         "memory_bytes": int(vm.total),
