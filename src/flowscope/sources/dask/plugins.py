@@ -129,6 +129,17 @@ class _GCWatch:
             gc.callbacks.remove(self)
 
 
+def _stop_recording(plugin, what: str) -> None:
+    """Detach a plugin's log and GC watchers and close its client, which delivers what it still holds."""
+    plugin._logs.detach()
+    plugin._gc.detach()
+    fs, plugin.fs = plugin.fs, None
+    try:
+        fs.close(timeout=30)
+    except Exception:
+        log.exception("flowscope %s plugin: closing its client failed", what)
+
+
 class FlowscopeSchedulerPlugin(SchedulerPlugin):
     """Records scheduler-side provenance of a run."""
 
@@ -240,13 +251,7 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
     async def close(self) -> None:
         if self.fs is None:
             return
-        self._logs.detach()
-        self._gc.detach()
-        fs, self.fs = self.fs, None
-        try:
-            fs.close(timeout=30)
-        except Exception:
-            log.exception("flowscope scheduler plugin: closing its client failed")
+        _stop_recording(self, "scheduler")
 
 
 _PROC_IO_LABELS = len(b"rchar: \nwchar: \nsyscr: \nsyscw: \nread_bytes: \nwrite_bytes: \ncancelled_write_bytes: \n")
@@ -512,10 +517,4 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
         if self._sampler is not None:
             self._sampler.stop()
             self._lease.release()
-        self._logs.detach()
-        self._gc.detach()
-        fs, self.fs = self.fs, None
-        try:
-            fs.close(timeout=30)
-        except Exception:
-            log.exception("flowscope worker plugin: closing its client failed")
+        _stop_recording(self, "worker")
