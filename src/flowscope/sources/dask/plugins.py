@@ -55,7 +55,7 @@ def exception_type(text: str | None) -> str | None:
 def _client(address: str, run_id: str):
     from flowscope.client.client import Client
 
-    return Client(address, run_id=run_id, flush_interval=0.5)
+    return Client(address, run_id=run_id, flush_interval=2.0)
 
 
 class _LogCapture(logging.Handler):
