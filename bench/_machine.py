@@ -20,3 +20,17 @@ def git_commit() -> str | None:
     except (OSError, subprocess.SubprocessError):
         return None
     return (head + ("-dirty" if dirty else "")) or None
+
+
+def write_result(result: dict, path: Path) -> dict:
+    """Complete ``result`` with the fields DESIGN.md's Benchmarks section fixes (machine, when) and write it."""
+    import datetime as _dt
+    import json
+    import os
+    import platform
+
+    result["machine"] = {"cpus": os.cpu_count(), "python": platform.python_version()}
+    result["when"] = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return result

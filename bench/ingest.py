@@ -33,7 +33,6 @@ prints one summary line last.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import http.client
 import json
 import os
@@ -54,7 +53,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import flowscope
-from _machine import cpu_model, git_commit
+from _machine import cpu_model, git_commit, write_result
 from flowscope.client.client import Client
 from flowscope.model.provenance import new_run_id
 from flowscope.model.schemas import schema
@@ -446,11 +445,8 @@ def main(argv: list[str] | None = None) -> int:
             "flowscope": flowscope.__version__,
             "wall_s": round(time.perf_counter() - wall0, 1),
         },
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "when": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(result, args.output)
     console.print(f"wrote {args.output}")
     verdict = "meets" if result["meets_target"] else "below"
     print(f"ingest: per-record API {_fmt(value)} records/s ({verdict} target {_fmt(TARGET)}), "

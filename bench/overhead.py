@@ -51,9 +51,7 @@ one summary line last.
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import gc
-import json
 import os
 import platform
 import shutil
@@ -75,7 +73,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import flowscope
-from _machine import cpu_model, git_commit
+from _machine import cpu_model, git_commit, write_result
 from flowscope.sources.dask import FlowscopeSchedulerPlugin, FlowscopeWorkerPlugin, observe
 
 BENCH = "overhead"
@@ -992,11 +990,8 @@ def main(argv: list[str] | None = None) -> int:
             "flowscope": flowscope.__version__,
             "wall_s": round(time.perf_counter() - wall0, 1),
         },
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "when": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(result, args.output)
     console.print(f"wrote {args.output}")
     def verdict(ok: bool) -> str:
         return "meets" if ok else "misses"

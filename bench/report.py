@@ -33,8 +33,6 @@ Writes ``bench/results/report.json`` (format: DESIGN.md, "Benchmarks") and print
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
-import json
 import os
 import platform
 import shutil
@@ -48,7 +46,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import flowscope
-from _machine import cpu_model, git_commit
+from _machine import cpu_model, git_commit, write_result
 from flowscope.report import write_report
 from flowscope.store.run import open_run
 
@@ -359,11 +357,8 @@ def main(argv: list[str] | None = None) -> int:
             "bokeh": _version("bokeh"),
             "wall_s": round(time.perf_counter() - wall0, 1),
         },
-        "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},
-        "when": _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
     }
-    args.output.parent.mkdir(parents=True, exist_ok=True)
-    args.output.write_text(json.dumps(result, indent=2) + "\n")
+    write_result(result, args.output)
     console.print(f"wrote {args.output}")
     verdict = "meets" if result["meets_target"] and result["params"]["meets_size_target"] else "misses"
     print(f"report: {state['tasks']:,} tasks: flowscope {value:.2f} s, {_mib(size)} ({verdict} targets "
