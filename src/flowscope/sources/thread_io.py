@@ -14,9 +14,12 @@ task through the thread that ran it and the time window it ran in (``io.tid`` /
    thread of the process, which is what a Dask worker plugin (hooks on the event-loop thread)
    needs. :func:`io_rows` turns a delta into ``io`` rows (``source="proc-io"``).
 
-   Reads keep one open file descriptor per thread and ``os.pread`` it: about 3 us per thread read
+   Reads keep one open file descriptor per thread and pread it: about 3 us per thread read
    and parsed on the 2-CPU development VM (1.4 us of it the pread), against 7.5 us when the file
-   is opened, read and closed each time; a snapshot of 6 given threads takes about 18 us (45 us
+   is opened, read and closed each time. The pread goes through libc with the GIL held
+   (:func:`_gil_holding_pread`): ``os.pread`` releases the GIL, and a thread that gives the GIL up
+   while the event loop wants it waits to get it back (9 us on average with one busy thread here,
+   62 us per read inside a busy Dask worker), for a kernel call that takes about 2 us; a snapshot of 6 given threads takes about 18 us (45 us
    uncached), of all 8 threads of a process through os.listdir 33 us (65 us). The descriptors are
    closed when their thread is gone, and in a forked child (whose copies describe the parent's
    threads).
@@ -131,8 +134,34 @@ def _parse(data: bytes) -> ThreadIO | None:
         return None
 
 
+def _gil_holding_pread():
+    """libc's pread called without releasing the GIL (ctypes.PyDLL), or None where unavailable."""
+    try:
+        import ctypes
+
+        libc = ctypes.PyDLL(None, use_errno=True)
+        fn = libc.pread
+        fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_long]
+        fn.restype = ctypes.c_ssize_t
+    except (OSError, AttributeError):
+        return None
+    get_errno = ctypes.get_errno
+
+    def pread(fd: int, buf, size: int = 1024) -> bytes:
+        n = fn(fd, buf, size, 0)
+        if n < 0:
+            e = get_errno()
+            raise OSError(e, os.strerror(e))
+        return buf.raw[:n]
+
+    return pread, ctypes.create_string_buffer
+
+
+_GIL_PREAD = _gil_holding_pread()
+
+
 class ThreadIOReader:
-    """Reads /proc/self/task/<tid>/io through one cached descriptor per thread (``os.pread``).
+    """Reads /proc/self/task/<tid>/io through one cached descriptor per thread (pread with the GIL held).
 
     Thread-safe. A descriptor whose thread has exited fails with ESRCH on the next read; it is
     closed then and the tid opened afresh once (the tid may have been reused by a new thread).
@@ -145,6 +174,12 @@ class ThreadIOReader:
         self.cache = cache
         self._fds: dict[int, int] = {}
         self._lock = threading.Lock()
+        if _GIL_PREAD is not None:
+            pread, new_buffer = _GIL_PREAD
+            buf = new_buffer(1024)  # one buffer is enough: reads happen under self._lock
+            self._pread = lambda fd: pread(fd, buf)
+        else:
+            self._pread = lambda fd: os.pread(fd, 1024, 0)
 
     def _open(self, tid: int) -> int | None:
         try:
@@ -166,7 +201,7 @@ class ThreadIOReader:
             if fd is None:
                 return None
             try:
-                return _parse(os.pread(fd, 1024, 0))
+                return _parse(self._pread(fd))
             except OSError:
                 return None
             finally:
@@ -181,7 +216,7 @@ class ThreadIOReader:
                     self._close_all()
                 self._fds[tid] = fd
             try:
-                return _parse(os.pread(fd, 1024, 0))
+                return _parse(self._pread(fd))
             except OSError:
                 self._drop(tid)  # the thread is gone (ESRCH); a new thread may have its tid
                 fd = None

@@ -263,8 +263,8 @@ class MeasuringThreadPoolExecutor(Executor):
 
     The counters are read once per call, on the calling thread, when the call ends: a thread runs one
     call at a time, so the reading at the end of its previous call is the baseline of the next (a
-    thread seen for the first time is read before its first call too). Each read is a system call,
-    and a system call releases the GIL, so this keeps the handoffs to one per task.
+    thread seen for the first time is read before its first call too). The read keeps the GIL (see
+    ThreadIOReader); the call's delta is worked out only when a task is matched to the call.
 
     ``window(ident, submitted, start, stop)`` finds the delta of the call that ran a given task.
     The name matters: Dask runs a task through its thread-aware path (contextvars, active_threads)
@@ -298,23 +298,34 @@ class MeasuringThreadPoolExecutor(Executor):
             before = self._last.get(tid)
             if now is not None:
                 self._last[tid] = now
-                if before is not None:
-                    # the read that gave ``before`` is itself counted in ``now``: one read call and the text
-                    # it returned, whose length follows from the values it showed
-                    own = ThreadIO(rchar=_PROC_IO_LABELS + sum(len(str(v)) for v in before), syscr=1)
-                    self._windows[ident].append((t0, t1, now - before - own))
+                if before is not None:  # the delta is worked out only for the call a task is matched to
+                    self._windows[ident].append((t0, t1, before, now))
 
     def window(self, ident: int | None, submitted: float | None, start: float, stop: float) -> ThreadIO | None:
-        """The delta of the call on thread ``ident`` that ran a task submitted at ``submitted`` whose compute
+        """The I/O counter delta of the call on thread ``ident`` that ran a task submitted at ``submitted`` whose compute
         interval is about [start, stop] (all in this process's clock): of the calls that began after the
         submission, the one whose middle is nearest. Dask's own times carry an estimate of the offset to
         the scheduler's clock that moves with each heartbeat, so an exact match would be fragile."""
         # a copy: the thread may append while we look (iterating a deque being appended to raises)
         calls = tuple(self._windows.get(ident, ()))
         floor = (submitted - 0.001) if submitted is not None else float("-inf")
-        mid = (start + stop) / 2
-        best = min((c for c in calls if c[0] >= floor), key=lambda c: abs((c[0] + c[1]) / 2 - mid), default=None)
-        return best[2] if best is not None else None
+        mid2 = start + stop
+        best, best_d = None, float("inf")
+        for c in reversed(calls):  # newest first: the call sought is almost always the last or the one before
+            if c[0] < floor:
+                break
+            d = abs(c[0] + c[1] - mid2)
+            if d < best_d:
+                best, best_d = c, d
+            elif c[1] * 2 < mid2 - best_d:  # this call and every older one ends too early to be nearer
+                break
+        if best is None:
+            return None
+        before, now = best[2], best[3]
+        # the read that gave ``before`` is itself counted in ``now``: one read call and the text it
+        # returned, whose length follows from the values it showed
+        own = ThreadIO(rchar=_PROC_IO_LABELS + sum(len(str(v)) for v in before), syscr=1)
+        return now - before - own
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self.inner.shutdown(wait=wait, cancel_futures=cancel_futures)
