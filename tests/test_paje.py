@@ -9,6 +9,7 @@ import subprocess
 from collections import Counter
 from pathlib import Path
 
+import pandas as pd
 import pytest
 
 from flowscope.exporters import export_run
@@ -31,7 +32,7 @@ def pj_dump(path: Path) -> tuple[int, Counter, str]:
     """pj_dump's return code and its records per kind. ``-e`` far beyond the trace: pj_dump otherwise
     cuts its dump at the time of the file's last line, which is not the latest time in a trace that is
     not globally time-ordered."""
-    p = subprocess.run([PJ_DUMP, "-e", "1e15", str(path)], capture_output=True, text=True, timeout=60)
+    p = subprocess.run([PJ_DUMP, "-e", "1e15", str(path)], capture_output=True, text=True, timeout=60, check=False)
     counts = Counter(KINDS[line.split(",", 1)[0]] for line in p.stdout.splitlines()
                      if line.split(",", 1)[0] in KINDS)
     return p.returncode, counts, p.stderr + p.stdout[-2000:]
@@ -151,7 +152,7 @@ def test_starpu_demo_agrees_with_starpu_tasks_rec(shared_data, tmp_path):
     # never execute (no WorkerId, StartTime or EndTime)
     tasks = [t for t in records if "StartTime" in t]
     assert len(tasks) == 36 and all(t["Name"] == "starpu_data_unregister" for t in records if t not in tasks)
-    res, run = imported(demo / "paje.trace", tmp_path / "store")
+    _, run = imported(demo / "paje.trace", tmp_path / "store")
     spans = run.sql("""SELECT s.name, s.start_ns, s.end_ns, json_extract_string(s.attrs, '$.JobId') AS job,
                               r.name AS worker
                        FROM spans s JOIN resources r USING (resource_id)
@@ -170,7 +171,7 @@ def test_starpu_demo_agrees_with_starpu_tasks_rec(shared_data, tmp_path):
 
 def _spans(run) -> list[tuple]:
     df = run.sql("SELECT resource_id, kind, name, start_ns, end_ns, task_key FROM spans")
-    return sorted(tuple(None if v is None or v != v else v for v in row) for row in df.itertuples(index=False))
+    return sorted(tuple(None if v is None or pd.isna(v) else v for v in row) for row in df.itertuples(index=False))
 
 
 @needs_pj_dump
@@ -183,7 +184,7 @@ def test_round_trip_of_an_imported_run(shared_data, tmp_path, rel):
     assert want["states"] == counts["states"] == res.rows.get("spans", 0)
     assert want["links"] == counts["links"] == res.rows.get("transfers", 0)
     assert want["events"] == counts["events"] == res.rows.get("logs", 0)
-    back, run2 = imported(out, tmp_path / "b")
+    _, run2 = imported(out, tmp_path / "b")
     assert _spans(run2) == _spans(run)  # same resources, names, kinds, exact ns times
     assert sorted(run2.table("resources")["resource_id"]) == sorted(run.table("resources")["resource_id"])
     t1 = run.sql("SELECT src_resource_id, dst_resource_id, start_ns, end_ns FROM transfers ORDER BY ALL")
@@ -224,7 +225,7 @@ def test_round_trip_of_a_real_dask_run(tmp_path):
     assert rc == 0, err
     assert want["states"] == counts["states"] == len(run.table("spans"))
     assert want["containers"] - 1 == counts["containers"]
-    back, run2 = imported(out, tmp_path / "b")
+    _, run2 = imported(out, tmp_path / "b")
     assert _spans(run2) == _spans(run)
     run2.close()
 
@@ -312,7 +313,7 @@ def test_includes_are_read_in_place_and_cycles_warned(shared_data, tmp_path):
     main.write_text("\n".join(["%EventDef PajeTraceFile 99", "% Filename string", "%EndEventDef"]
                               + lines[:cut] + ['99 "part2.trace"']) + "\n")
     res, run = imported(main, tmp_path / "s2")
-    rc, want, _ = pj_dump(shared_data / "paje" / "pajeng" / "states.trace")
+    _, want, _ = pj_dump(shared_data / "paje" / "pajeng" / "states.trace")
     assert res.files[0].meta["paje_counts"]["states"] == want["states"] == 3
     spans = run.table("spans")
     assert sorted(spans["name"]) == ["Fim", "Inicio", "Meio"]

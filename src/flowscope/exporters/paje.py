@@ -293,8 +293,7 @@ def write(run: Any, out: str | Path) -> dict[str, int]:
         f.write(f"# run {json.dumps(meta.get('run_id'))} {json.dumps(meta.get('name'))}; times are seconds "
                 f"from the origin above\n")
         f.write(HEADER)
-        for line in types.lines:
-            f.write(line + "\n")
+        f.writelines(line + "\n" for line in types.lines)
         for t, _phase, _seq, text in recs:
             d = t - origin
             f.write(text.replace("@", f"{d // 1_000_000_000}.{d % 1_000_000_000:09d}", 1) + "\n")

@@ -13,6 +13,7 @@ the trace's last time.
 
 from __future__ import annotations
 
+import contextlib
 import heapq
 import json
 import os
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.ipc as ipc
+from pyarrow import ipc
 
 from flowscope.importers import TraceError
 from flowscope.importers.sink import ImportSink
@@ -171,11 +172,9 @@ class _Spool:
 
     def close(self) -> None:
         for _, f, writer in self.files.values():
-            try:
+            with contextlib.suppress(Exception):  # already closed by replay
                 writer.close()
                 f.close()
-            except Exception:  # noqa: BLE001 - already closed
-                pass
 
 
 def _split(line: str, where: str) -> list[str]:
@@ -378,7 +377,7 @@ class _Reader:
     def ns(self, t: float) -> int:
         if self.unit_ns is None:
             self._decide_unit()
-        return self.origin_ns + int(round(t * self.unit_ns))
+        return self.origin_ns + round(t * self.unit_ns)
 
     def _decide_unit(self) -> None:
         names = {t.name for t in self.types.values()}
@@ -413,10 +412,8 @@ class _Reader:
         if k.startswith("PajeDefine"):
             self._define(d, toks, where)
             return
-        if t > self.max_t:
-            self.max_t = t
-        if t < self.min_t:
-            self.min_t = t
+        self.max_t = max(self.max_t, t)
+        self.min_t = min(self.min_t, t)
         if k in ("PajeSetState", "PajePushState", "PajePopState", "PajeResetState"):
             c = self.container(toks[ix["Container"]], where, "Container")
             ty = self.ptype(toks[ix["Type"]], where, "Type", "state")
@@ -634,8 +631,7 @@ class _ExternalSort:
         self.buf.sort(key=lambda r: (r[0], r[1]))
         path = os.path.join(self.tmpdir, f"sort-{len(self.runs):05d}.txt")
         with open(path, "w", encoding="utf-8") as f:
-            for t, seq, where, line in self.buf:
-                f.write(f"{t!r}\t{seq}\t{where}\t{line}\n")
+            f.writelines(f"{t!r}\t{seq}\t{where}\t{line}\n" for t, seq, where, line in self.buf)
         self.runs.append(path)
         self.buf = []
 
