@@ -1,0 +1,681 @@
+"""Paje traces (pajeng, StarPU, SimGrid, POTI): the generic self-defining format into the canonical tables.
+
+Containers become resources, states spans (kind ``state``, nested by imbrication), links transfers,
+variables metrics (one row per value change), events logs. The header's ``%EventDef`` blocks define
+each event id's fields in any order; fields beyond the obligatory ones go to ``attrs``. The file is
+read line by line; rows go out in batches, so memory holds only the open states, pending links and
+containers. A trace that is not time-ordered is re-read and simulated after a stable sort by time
+(external, in bounded memory) and a warning says so. Semantics follow pajeng's simulator (what
+``pj_dump`` reports): a PajeSetState closes every open state of its type in its container; a
+variable change at the same time as the previous one replaces it; containers never destroyed end at
+the trace's last time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import heapq
+import json
+import os
+import re
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+from pyarrow import ipc
+
+from flowscope.importers import TraceError
+from flowscope.importers.sink import ImportSink
+from flowscope.model.schemas import schema
+
+NAME = "paje"
+#: rows collected per table before they are spooled
+BATCH_ROWS = 100_000
+#: timed events held in memory per sorted run when a trace must be sorted
+SORT_CHUNK = 500_000
+#: the comment flowscope's Paje exporter writes, so a round trip restores absolute times and ids
+FLOWSCOPE_MARK = re.compile(r"#\s*flowscope paje export:\s*time_origin_ns=(-?\d+)")
+_LANE = re.compile(r"~\d+$")
+
+# obligatory fields per event (pajeng's strict definitions)
+OBLIGATORY: dict[str, tuple[str, ...]] = {
+    "PajeDefineContainerType": ("Name", "Type"),
+    "PajeDefineStateType": ("Name", "Type"),
+    "PajeDefineEventType": ("Name", "Type"),
+    "PajeDefineVariableType": ("Name", "Type"),
+    "PajeDefineLinkType": ("Name", "Type", "StartContainerType", "EndContainerType"),
+    "PajeDefineEntityValue": ("Name", "Type"),
+    "PajeCreateContainer": ("Time", "Name", "Type", "Container"),
+    "PajeDestroyContainer": ("Time", "Name", "Type"),
+    "PajeNewEvent": ("Time", "Type", "Container", "Value"),
+    "PajeSetState": ("Time", "Type", "Container", "Value"),
+    "PajePushState": ("Time", "Type", "Container", "Value"),
+    "PajePopState": ("Time", "Type", "Container"),
+    "PajeResetState": ("Time", "Type", "Container"),
+    "PajeSetVariable": ("Time", "Type", "Container", "Value"),
+    "PajeAddVariable": ("Time", "Type", "Container", "Value"),
+    "PajeSubVariable": ("Time", "Type", "Container", "Value"),
+    "PajeStartLink": ("Time", "Type", "Container", "Value", "StartContainer", "Key"),
+    "PajeEndLink": ("Time", "Type", "Container", "Value", "EndContainer", "Key"),
+    "PajeTraceFile": ("Filename",),
+}
+# fields the simulator reads; any other defined field is kept in attrs
+KNOWN_FIELDS = {"Time", "Name", "Alias", "Type", "Container", "Value", "StartContainer", "EndContainer", "Key",
+                "StartContainerType", "EndContainerType", "Color", "Filename"}
+NUMERIC_TYPES = {"date", "double", "int", "hex"}
+FIELD_TYPES = NUMERIC_TYPES | {"string", "color"}
+_TOKEN = re.compile(r'"([^"]*)"|(\S+)')
+
+
+def sniff(path: Path, head: bytes) -> bool:
+    """A Paje trace starts (after comments and blank lines) with ``%EventDef`` definitions."""
+    try:
+        text = head.decode("utf-8", "replace")
+    except Exception:  # noqa: BLE001 - sniff never raises
+        return False
+    for line in text.splitlines()[:200]:
+        s = line.strip()
+        if not s or s.startswith("#"):
+            continue
+        return s.startswith("%") and "EventDef" in s
+    return False
+
+
+@dataclass
+class EventDef:
+    """One ``%EventDef``: the event's kind and its fields in order."""
+
+    kind: str
+    names: list[str] = field(default_factory=list)
+    types: list[str] = field(default_factory=list)
+    line: int = 0
+    index: dict[str, int] = field(default_factory=dict)
+    extras: list[tuple[str, int]] = field(default_factory=list)
+    time_index: int = -1
+
+
+@dataclass
+class PType:
+    """A Paje type (container, state, event, variable or link type)."""
+
+    ident: str
+    name: str
+    kind: str
+    parent: str | None
+    values: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class Container:
+    ident: str
+    name: str
+    rid: str
+    kind: str
+    parent_rid: str | None
+    start: int
+    attrs: dict[str, Any]
+    end: int | None = None
+
+
+class _Unordered(Exception):
+    """Raised in the streaming pass when a timed event goes back in time."""
+
+    def __init__(self, where: str, t: float, prev: float):
+        self.where, self.t, self.prev = where, t, prev
+
+
+class _Spool:
+    """Output rows per table: collected as columns, spooled to Arrow IPC files in a temp dir, replayed
+    into the sink only once the whole trace has been simulated (so a restart leaves no rows behind)."""
+
+    def __init__(self, tmpdir: str):
+        self.tmpdir = tmpdir
+        self.cols: dict[str, dict[str, list]] = {}
+        self.files: dict[str, tuple[str, Any, Any]] = {}
+        self.counts: dict[str, int] = {}
+
+    def row(self, table: str, **values: Any) -> None:
+        cols = self.cols.get(table)
+        if cols is None:
+            cols = self.cols[table] = {f.name: [] for f in schema(table)}
+        for k, lst in cols.items():
+            lst.append(values.get(k))
+        self.counts[table] = self.counts.get(table, 0) + 1
+        if len(cols["attrs" if "attrs" in cols else "value"]) >= BATCH_ROWS:
+            self._spill(table)
+
+    def _spill(self, table: str) -> None:
+        cols = self.cols.pop(table, None)
+        if not cols:
+            return
+        target = schema(table)
+        batch = pa.record_batch([pa.array(cols[f.name], type=f.type) for f in target], schema=target)
+        if table not in self.files:
+            path = os.path.join(self.tmpdir, f"{table}.arrow")
+            sinkf = pa.OSFile(path, "wb")
+            self.files[table] = (path, sinkf, ipc.new_file(sinkf, target))
+        self.files[table][2].write_batch(batch)
+
+    def replay(self, sink: ImportSink) -> None:
+        for table in list(self.cols):
+            self._spill(table)
+        for table, (path, f, writer) in self.files.items():
+            writer.close()
+            f.close()
+            with pa.memory_map(path) as src:
+                reader = ipc.open_file(src)
+                for i in range(reader.num_record_batches):
+                    sink.add(table, reader.get_batch(i))
+
+    def close(self) -> None:
+        for _, f, writer in self.files.values():
+            with contextlib.suppress(Exception):  # already closed by replay
+                writer.close()
+                f.close()
+
+
+def _split(line: str, where: str) -> list[str]:
+    if '"' not in line:
+        return line.split()
+    if line.count('"') % 2:
+        raise TraceError(f"{where}: unterminated quoted string")
+    return [m.group(1) if m.group(1) is not None else m.group(2) for m in _TOKEN.finditer(line)]
+
+
+class _Reader:
+    """Parses and simulates one trace into a :class:`_Spool`."""
+
+    def __init__(self, path: Path, sink: ImportSink, spool: _Spool, sorted_mode: bool):
+        self.path = path
+        self.sink = sink
+        self.spool = spool
+        self.sorted_mode = sorted_mode
+        self.defs: dict[str, EventDef] = {}
+        self.types: dict[str, PType] = {"0": PType("0", "0", "container", None)}
+        self.type_names: dict[str, PType] = {}
+        self.root = Container("0", "0", "", "0", None, 0, {})
+        self.containers: dict[str, Container] = {"0": self.root}
+        self.container_names: dict[str, Container] = {}
+        self.states: dict[tuple[str, str], list[list]] = {}
+        self.variables: dict[tuple[str, str], list] = {}
+        self.links: dict[tuple[str, str], list] = {}
+        self.used_keys: set[tuple[str, str]] = set()
+        self.unit_ns: float | None = None
+        self.unit_reason = ""
+        self.origin_ns = 0
+        self.flowscope = False
+        self.last_t = float("-inf")
+        self.max_t = float("-inf")
+        self.min_t = float("inf")
+        self.span_id = 0
+        self.transfer_id = 0
+        self.n = {"containers": 0, "states": 0, "events": 0, "links": 0, "variables": 0}
+        self.unknown_value_warned: set[str] = set()
+        self.include_stack: list[str] = []
+        self.bytes_done = 0
+        self.warned: dict[str, int] = {}
+        self.timed_spool: list | None = None
+
+    # ---- notes ----------------------------------------------------------------------------------
+    def warn_once(self, key: str, message: str) -> None:
+        n = self.warned.get(key, 0)
+        self.warned[key] = n + 1
+        if n == 0:
+            self.sink.warn(message)
+
+    # ---- lines ----------------------------------------------------------------------------------
+    def lines(self, path: Path, where: str | None = None) -> Iterator[tuple[str, int, str]]:
+        """Every line of ``path`` with PajeTraceFile includes expanded where they occur."""
+        key = str(path.resolve())
+        if key in self.include_stack:
+            self.sink.warn(f"{where}: PajeTraceFile includes {path.name}, which is already being read "
+                           f"(a cycle); not read again")
+            return
+        if not path.is_file():
+            raise TraceError(f"{where}: field Filename: included file {str(path)!r} does not exist")
+        self.include_stack.append(key)
+        top = len(self.include_stack) == 1
+        try:
+            with open(path, "rb") as f:
+                for n, raw in enumerate(f, 1):
+                    if top:
+                        self.bytes_done += len(raw)
+                        if n % 200_000 == 0:
+                            self.sink.advance(self.bytes_done)
+                    yield str(path), n, raw.decode("utf-8", "replace")
+        finally:
+            self.include_stack.pop()
+
+    # ---- the pass -------------------------------------------------------------------------------
+    def run(self) -> None:
+        """Read the whole trace; in sorted mode, collect the timed events, sort them, then simulate."""
+        cur: EventDef | None = None
+        cur_where = ""
+        stack: list[Iterator[tuple[str, int, str]]] = [self.lines(self.path, str(self.path))]
+        sorter = _ExternalSort(self.spool.tmpdir) if self.sorted_mode else None
+        seq = 0
+        while stack:
+            try:
+                fname, n, line = next(stack[-1])
+            except StopIteration:
+                stack.pop()
+                continue
+            where = f"{fname}:{n}"
+            s = line.strip()
+            if not s:
+                continue
+            c = s[0]
+            if c == "#":
+                m = FLOWSCOPE_MARK.match(s)
+                if m and self.unit_ns is None:
+                    self.origin_ns = int(m.group(1))
+                    self.flowscope = True
+                continue
+            if c == "%":
+                cur, cur_where = self._header_line(s, where, cur, cur_where)
+                continue
+            if cur is not None:
+                raise TraceError(f"{cur_where}: %EventDef {cur.kind} is not closed by %EndEventDef "
+                                 f"before {where}")
+            toks = _split(s, where)
+            d = self.defs.get(toks[0])
+            if d is None:
+                raise TraceError(f"{where}: unknown event id {toks[0]!r} (defined ids: "
+                                 f"{', '.join(sorted(self.defs, key=lambda x: (len(x), x))) or 'none'})")
+            if len(toks) != len(d.names):
+                raise TraceError(f"{where}: event {toks[0]} ({d.kind}) has {len(toks) - 1} fields, its "
+                                 f"definition at {d.line_where} has {len(d.names) - 1} "
+                                 f"({', '.join(d.names[1:])})")
+            if d.kind == "PajeTraceFile":
+                inc = Path(toks[d.index["Filename"]])
+                if not inc.is_absolute():
+                    inc = Path(fname).parent / inc
+                stack.append(self.lines(inc, where))
+                continue
+            if d.time_index < 0:
+                self.dispatch(d, toks, where, 0.0)
+                continue
+            t = self._number(toks, d, d.time_index, where)
+            if sorter is not None:
+                seq += 1
+                sorter.add(t, seq, where, s)
+                continue
+            if t < self.last_t:
+                raise _Unordered(where, t, self.last_t)
+            self.last_t = t
+            self.dispatch(d, toks, where, t)
+        if cur is not None:
+            raise TraceError(f"{cur_where}: %EventDef {cur.kind} is not closed by %EndEventDef (file ends)")
+        if sorter is not None:
+            for t, _seq, where, s in sorter.merged():
+                toks = _split(s, where)
+                d = self.defs[toks[0]]
+                self.last_t = t
+                self.dispatch(d, toks, where, t)
+        self.finish()
+
+    def _header_line(self, s: str, where: str, cur: EventDef | None, cur_where: str) -> tuple[EventDef | None, str]:
+        body = s[1:].split()
+        if not body:
+            return cur, cur_where
+        head = body[0]
+        if head == "EventDef":
+            if cur is not None:
+                raise TraceError(f"{cur_where}: %EventDef {cur.kind} is not closed by %EndEventDef before {where}")
+            if len(body) < 3:
+                raise TraceError(f"{where}: %EventDef needs an event name and an id")
+            kind, ident = body[1], body[2]
+            if kind not in OBLIGATORY:
+                raise TraceError(f"{where}: unknown event {kind!r} in %EventDef")
+            d = EventDef(kind)
+            d.line_where = where  # type: ignore[attr-defined]
+            d.ident = ident  # type: ignore[attr-defined]
+            d.names.append("__id__")
+            d.types.append("id")
+            return d, where
+        if head == "EndEventDef":
+            if cur is None:
+                raise TraceError(f"{where}: %EndEventDef without %EventDef")
+            missing = [f for f in OBLIGATORY[cur.kind] if f not in cur.index]
+            if missing:
+                raise TraceError(f"{cur_where}: the definition of {cur.kind} lacks obligatory field(s) "
+                                 f"{', '.join(missing)} (it has {', '.join(cur.names[1:]) or 'none'})")
+            cur.time_index = cur.index.get("Time", -1)
+            ident = cur.ident  # type: ignore[attr-defined]
+            if ident in self.defs:
+                self.warn_once(f"redef:{ident}", f"{cur_where}: event id {ident} is defined again; the new "
+                                                 f"definition replaces the earlier one")
+            self.defs[ident] = cur
+            return None, ""
+        if cur is None:
+            raise TraceError(f"{where}: field line {s!r} outside an %EventDef block")
+        if len(body) < 2:
+            raise TraceError(f"{where}: field line needs a name and a type")
+        fname, ftype = body[0], body[1].lower()
+        if ftype not in FIELD_TYPES:
+            raise TraceError(f"{where}: field {fname}: unknown field type {body[1]!r} "
+                             f"(known: {', '.join(sorted(FIELD_TYPES))})")
+        if fname in cur.index:
+            raise TraceError(f"{where}: field {fname} defined twice in {cur.kind}")
+        cur.index[fname] = len(cur.names)
+        cur.names.append(fname)
+        cur.types.append(ftype)
+        if fname not in KNOWN_FIELDS:
+            cur.extras.append((fname, len(cur.names) - 1))
+        return cur, cur_where
+
+    def _number(self, toks: list[str], d: EventDef, i: int, where: str) -> float:
+        try:
+            return float(toks[i])
+        except ValueError:
+            raise TraceError(f"{where}: field {d.names[i]} ({d.types[i]}): {toks[i]!r} is not a number") from None
+
+    # ---- simulation -----------------------------------------------------------------------------
+    def ns(self, t: float) -> int:
+        if self.unit_ns is None:
+            self._decide_unit()
+        return self.origin_ns + round(t * self.unit_ns)
+
+    def _decide_unit(self) -> None:
+        names = {t.name for t in self.types.values()}
+        if not self.flowscope and {"Worker State", "Memory Node", "Program"} <= names:
+            self.unit_ns, self.unit_reason = 1e6, "StarPU trace (starpu_fxt_tool writes milliseconds)"
+        else:
+            self.unit_ns, self.unit_reason = 1e9, "Paje times are seconds"
+
+    def ptype(self, ident: str, where: str, fieldname: str, kind: str | None = None) -> PType:
+        t = self.types.get(ident) or self.type_names.get(ident)
+        if t is None:
+            raise TraceError(f"{where}: field {fieldname}: unknown type {ident!r}")
+        if kind is not None and t.kind != kind:
+            raise TraceError(f"{where}: field {fieldname}: type {t.name!r} is a {t.kind} type, not a {kind} type")
+        return t
+
+    def container(self, ident: str, where: str, fieldname: str) -> Container:
+        c = self.containers.get(ident) or self.container_names.get(ident)
+        if c is None:
+            raise TraceError(f"{where}: field {fieldname}: unknown container {ident!r} (not created before "
+                             f"this line)")
+        return c
+
+    def extras(self, d: EventDef, toks: list[str], base: dict[str, Any]) -> str:
+        for name, i in d.extras:
+            base[name] = toks[i]
+        return json.dumps(base)
+
+    def dispatch(self, d: EventDef, toks: list[str], where: str, t: float) -> None:
+        k = d.kind
+        ix = d.index
+        if k.startswith("PajeDefine"):
+            self._define(d, toks, where)
+            return
+        self.max_t = max(self.max_t, t)
+        self.min_t = min(self.min_t, t)
+        if k in ("PajeSetState", "PajePushState", "PajePopState", "PajeResetState"):
+            c = self.container(toks[ix["Container"]], where, "Container")
+            ty = self.ptype(toks[ix["Type"]], where, "Type", "state")
+            stack = self.states.setdefault((c.ident, ty.ident), [])
+            now = self.ns(t)
+            if k in ("PajeSetState", "PajeResetState"):
+                self._close(c, ty, stack, now, len(stack))
+            if k == "PajePopState":
+                if not stack:
+                    raise TraceError(f"{where}: PajePopState of type {ty.name!r} in container {c.name!r} "
+                                     f"with no state to pop")
+                self._close(c, ty, stack, now, 1)
+                return
+            if k == "PajeResetState":
+                return
+            v = toks[ix["Value"]]
+            v = ty.values.get(v, v)
+            depth = len(stack)
+            parent = stack[-1][0] if stack else None
+            self.span_id += 1
+            stack.append([self.span_id, v, now, depth, parent, d, toks])
+            return
+        if k in ("PajeSetVariable", "PajeAddVariable", "PajeSubVariable"):
+            c = self.container(toks[ix["Container"]], where, "Container")
+            ty = self.ptype(toks[ix["Type"]], where, "Type", "variable")
+            v = self._number(toks, d, ix["Value"], where)
+            now = self.ns(t)
+            key = (c.ident, ty.ident)
+            cur = self.variables.get(key)
+            if cur is None:
+                if k == "PajeSubVariable":
+                    raise TraceError(f"{where}: PajeSubVariable on variable {ty.name!r} of container "
+                                     f"{c.name!r}, which has no value yet")
+                self.variables[key] = [now, v if k != "PajeSubVariable" else -v, c, ty]
+                return
+            base = cur[1]
+            new = v if k == "PajeSetVariable" else base + v if k == "PajeAddVariable" else base - v
+            if cur[0] == now:
+                cur[1] = new
+                return
+            self._emit_variable(cur)
+            self.variables[key] = [now, new, c, ty]
+            return
+        if k == "PajeNewEvent":
+            c = self.container(toks[ix["Container"]], where, "Container")
+            ty = self.ptype(toks[ix["Type"]], where, "Type", "event")
+            v = toks[ix["Value"]]
+            v = ty.values.get(v, v)
+            self.n["events"] += 1
+            self.spool.row("logs", ts_ns=self.ns(t), resource_id=c.rid or None, level="info", category=ty.name,
+                           message=v, attrs=self.extras(d, toks, {"paje_type": ty.name}))
+            return
+        if k in ("PajeStartLink", "PajeEndLink"):
+            self._link(d, toks, where, t, k == "PajeStartLink")
+            return
+        if k == "PajeCreateContainer":
+            ty = self.ptype(toks[ix["Type"]], where, "Type", "container")
+            pident = toks[ix["Container"]]
+            parent = self.container(pident, where, "Container")
+            name = toks[ix["Name"]]
+            alias = toks[ix["Alias"]] if "Alias" in ix else ""
+            ident = alias or name
+            if ident in self.containers:
+                raise TraceError(f"{where}: field {'Alias' if alias else 'Name'}: container {ident!r} already "
+                                 f"exists")
+            rid = ident if self.flowscope else f"paje:{ident}"
+            attrs = {"paje_type": ty.name}
+            if alias:
+                attrs["paje_alias"] = alias
+            for fname_, i in d.extras:
+                attrs[fname_] = toks[i]
+            c = Container(ident, name, rid, ty.name, None if parent is self.root else parent.rid, self.ns(t), attrs)
+            self.containers[ident] = c
+            self.container_names.setdefault(name, c)
+            return
+        if k == "PajeDestroyContainer":
+            c = self.container(toks[ix["Name"]], where, "Name")
+            if c.end is not None:
+                raise TraceError(f"{where}: container {c.name!r} is destroyed twice")
+            self._destroy(c, self.ns(t))
+            return
+
+    def _define(self, d: EventDef, toks: list[str], where: str) -> None:
+        ix = d.index
+        k = d.kind
+        tyname = toks[ix["Type"]]
+        if k == "PajeDefineEntityValue":
+            ty = self.ptype(tyname, where, "Type")
+            name = toks[ix["Name"]]
+            alias = toks[ix["Alias"]] if "Alias" in ix else ""
+            ty.values[alias or name] = name
+            ty.values.setdefault(name, name)
+            return
+        parent = self.ptype(tyname, where, "Type", "container")
+        name = toks[ix["Name"]]
+        alias = toks[ix["Alias"]] if "Alias" in ix else ""
+        ident = alias or name
+        if ident in self.types:
+            raise TraceError(f"{where}: type {ident!r} is already defined")
+        kind = {"PajeDefineContainerType": "container", "PajeDefineStateType": "state",
+                "PajeDefineEventType": "event", "PajeDefineVariableType": "variable",
+                "PajeDefineLinkType": "link"}[k]
+        if kind == "link":
+            for f in ("StartContainerType", "EndContainerType"):
+                self.ptype(toks[ix[f]], where, f, "container")
+        t = PType(ident, name, kind, parent.ident)
+        self.types[ident] = t
+        self.type_names.setdefault(name, t)
+
+    def _close(self, c: Container, ty: PType, stack: list[list], now: int, n: int) -> None:
+        for _ in range(n):
+            sid, v, start, depth, parent, d, toks = stack.pop()
+            self.n["states"] += 1
+            attrs = {"paje_type": ty.name, "depth": depth}
+            kind = "state"
+            task_key = None
+            if self.flowscope:
+                kind = _LANE.sub("", ty.name)
+                attrs = {}
+            for name, i in d.extras:
+                if name == "TaskKey":
+                    task_key = toks[i] or None
+                else:
+                    attrs[name] = toks[i]
+            self.spool.row("spans", span_id=sid, parent_id=parent, resource_id=c.rid, kind=kind, name=v,
+                           start_ns=start, end_ns=now, task_key=task_key, attrs=json.dumps(attrs) if attrs else None)
+
+    def _emit_variable(self, cur: list) -> None:
+        ts, value, c, ty = cur
+        self.n["variables"] += 1
+        ns_, name = ("paje", ty.name)
+        if self.flowscope and ":" in ty.name:
+            ns_, name = ty.name.split(":", 1)
+        self.spool.row("metrics", ts_ns=ts, resource_id=c.rid, namespace=ns_, name=name, value=float(value))
+
+    def _link(self, d: EventDef, toks: list[str], where: str, t: float, start: bool) -> None:
+        ix = d.index
+        c = self.container(toks[ix["Container"]], where, "Container")
+        ty = self.ptype(toks[ix["Type"]], where, "Type", "link")
+        endpoint = self.container(toks[ix["StartContainer" if start else "EndContainer"]], where,
+                                  "StartContainer" if start else "EndContainer")
+        v = toks[ix["Value"]]
+        v = ty.values.get(v, v)
+        key = (c.ident, ty.ident, toks[ix["Key"]])
+        now = self.ns(t)
+        half = self.links.pop(key, None)
+        if half is None:
+            if key in self.used_keys:
+                self.warn_once("key-reuse", f"{where}: link key {key[2]!r} of type {ty.name!r} was already used "
+                                            f"by a complete link; treated as a new link (pj_dump refuses it)")
+            self.links[key] = [start, now, endpoint, v, d, toks, where]
+            return
+        was_start, then, other, v0, d0, toks0, where0 = half
+        if was_start == start:
+            raise TraceError(f"{where}: a second {'PajeStartLink' if start else 'PajeEndLink'} with key "
+                             f"{key[2]!r} (the first is at {where0})")
+        if v0 != v:
+            self.warn_once("link-value", f"{where}: link {key[2]!r} has value {v!r} here and {v0!r} at {where0}")
+        self.used_keys.add(key)
+        s_t, s_c, s_d, s_toks = (now, endpoint, d, toks) if start else (then, other, d0, toks0)
+        e_t, e_c, e_d, e_toks = (then, other, d0, toks0) if start else (now, endpoint, d, toks)
+        self.n["links"] += 1
+        self.transfer_id += 1
+        attrs: dict[str, Any] = {"paje_type": ty.name, "value": v, "key": key[2], "container": c.name}
+        for name, i in s_d.extras:
+            attrs[name] = s_toks[i]
+        for name, i in e_d.extras:
+            attrs.setdefault(name, e_toks[i])
+        kind = v if self.flowscope else "paje-link"
+        self.spool.row("transfers", transfer_id=self.transfer_id, kind=kind, src_resource_id=s_c.rid,
+                       dst_resource_id=e_c.rid, start_ns=s_t, end_ns=e_t, attrs=json.dumps(attrs))
+
+    def _destroy(self, c: Container, now: int) -> None:
+        c.end = now
+        for (cid, _tid), stack in self.states.items():
+            if cid == c.ident and stack:
+                self._close(c, self.types[_tid], stack, now, len(stack))
+        self.n["containers"] += 1
+        self.spool.row("resources", resource_id=c.rid, kind=c.kind, name=c.name, parent_id=c.parent_rid,
+                       start_ns=c.start, end_ns=now, attrs=json.dumps(c.attrs))
+
+    def finish(self) -> None:
+        end = self.ns(self.max_t) if self.max_t > float("-inf") else self.origin_ns
+        for c in self.containers.values():
+            if c.end is None and c is not self.root:
+                self._destroy(c, end)
+        for cur in self.variables.values():
+            self._emit_variable(cur)
+        self.variables.clear()
+        if self.links:
+            first = min(h[6] for h in self.links.values())
+            self.sink.warn(f"{len(self.links)} link(s) never completed (a PajeStartLink without its PajeEndLink or "
+                           f"the reverse), e.g. at {first}; not imported (pj_dump refuses such a trace)")
+        for key, n in self.warned.items():
+            if n > 1:
+                self.sink.warn(f"{n - 1} more warning(s) like the one above ({key.split(':')[0]})")
+        if self.unit_ns is None:
+            self._decide_unit()
+
+
+class _ExternalSort:
+    """A stable sort by time of (time, seq, where, line) records, in sorted runs on disk when large."""
+
+    def __init__(self, tmpdir: str):
+        self.tmpdir = tmpdir
+        self.buf: list[tuple[float, int, str, str]] = []
+        self.runs: list[str] = []
+
+    def add(self, t: float, seq: int, where: str, line: str) -> None:
+        self.buf.append((t, seq, where, line))
+        if len(self.buf) >= SORT_CHUNK:
+            self._spill()
+
+    def _spill(self) -> None:
+        self.buf.sort(key=lambda r: (r[0], r[1]))
+        path = os.path.join(self.tmpdir, f"sort-{len(self.runs):05d}.txt")
+        with open(path, "w", encoding="utf-8") as f:
+            f.writelines(f"{t!r}\t{seq}\t{where}\t{line}\n" for t, seq, where, line in self.buf)
+        self.runs.append(path)
+        self.buf = []
+
+    @staticmethod
+    def _read(path: str) -> Iterator[tuple[float, int, str, str]]:
+        with open(path, encoding="utf-8") as f:
+            for row in f:
+                t, seq, where, line = row.rstrip("\n").split("\t", 3)
+                yield float(t), int(seq), where, line
+
+    def merged(self) -> Iterator[tuple[float, int, str, str]]:
+        if not self.runs:
+            self.buf.sort(key=lambda r: (r[0], r[1]))
+            yield from self.buf
+            return
+        self._spill()
+        yield from heapq.merge(*(self._read(p) for p in self.runs), key=lambda r: (r[0], r[1]))
+
+
+def read(path: Path, sink: ImportSink) -> None:
+    """Read the Paje trace at ``path`` (and the files it includes) into ``sink``."""
+    path = Path(path)
+    with tempfile.TemporaryDirectory(prefix="flowscope-paje-") as tmp:
+        spool = _Spool(tmp)
+        reader = _Reader(path, sink, spool, sorted_mode=False)
+        try:
+            reader.run()
+        except _Unordered as exc:
+            spool.close()
+            sink.warn(f"{exc.where}: the trace is not time-ordered (time {exc.t!r} after {exc.prev!r}); it was "
+                      f"imported after a stable sort of its events by time (pj_dump refuses traces whose events go "
+                      f"back in time within a container and type)")
+            spool = _Spool(tempfile.mkdtemp(dir=tmp))
+            reader = _Reader(path, sink, spool, sorted_mode=True)
+            reader.run()
+        spool.replay(sink)
+        spool.close()
+    sink.advance(path.stat().st_size)
+    sink.set_meta(time_unit="ms" if reader.unit_ns == 1e6 else "s", time_unit_reason=reader.unit_reason,
+                  time_origin="flowscope export origin (absolute)" if reader.flowscope else
+                  "trace start (Paje times are relative; ns counted from the epoch's zero)",
+                  time_origin_ns=reader.origin_ns, paje_counts=dict(reader.n),
+                  event_definitions=len(reader.defs), types=len(reader.types) - 1,
+                  sorted_by_time=reader.sorted_mode)
+    if reader.max_t > float("-inf"):
+        sink.set_run_fields(start_ns=reader.ns(min(reader.min_t, 0.0) if not reader.flowscope else reader.min_t),
+                            end_ns=reader.ns(reader.max_t))
