@@ -5,8 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# Debian packages the tests drive: chromium renders the HTML report in a real browser.
-APT_PACKAGES=(chromium)
+# Debian packages the tests drive: chromium renders the HTML report in a real browser; pajeng (pj_dump)
+# is the reference the Paje importer and exporter are checked against.
+APT_PACKAGES=(chromium pajeng)
 if ((${#APT_PACKAGES[@]})); then
   missing=()
   for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -29,6 +29,16 @@ def shared_data() -> Path:
     return d
 
 
+def needs_tool(executable: str, package: str) -> pytest.MarkDecorator:
+    """Skip a test when a reference tool from a Debian package is missing, except in CI
+    (FLOWSCOPE_REQUIRE_SHARED_DATA=1, set by .ci/run, whose scripts/test.sh installs it): there the
+    test runs and fails."""
+    import shutil
+
+    missing = shutil.which(executable) is None and os.environ.get("FLOWSCOPE_REQUIRE_SHARED_DATA") != "1"
+    return pytest.mark.skipif(missing, reason=f"{executable} (Debian package {package}) is not installed")
+
+
 class CollectorProcess:
     """`flowscope serve` in a child process on 127.0.0.1."""
 

@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import needs_tool
 
 from flowscope.exporters import export_run
 from flowscope.importers import TraceError, detect_format, import_paths
 from flowscope.store.run import open_run
 
 PJ_DUMP = shutil.which("pj_dump")
-needs_pj_dump = pytest.mark.skipif(PJ_DUMP is None, reason="pj_dump (Debian package pajeng) is not installed")
+needs_pj_dump = needs_tool("pj_dump", "pajeng")
 
 # the real traces pj_dump accepts (native_paje.trace is deliberately invalid, tested below)
 VALID = ["pajeng/categories.trace", "pajeng/containers.trace", "pajeng/events.trace", "pajeng/gattaca.trace",
