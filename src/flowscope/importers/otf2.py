@@ -198,10 +198,12 @@ class _Reader:
         self.region_name: dict[int, str] = {}
         self.region_attrs: dict[int, str] = {}
         for r in d.regions:
-            name = r.canonical_name or r.name or f"region {r._ref}"
+            name = r.name or r.canonical_name or f"region {r._ref}"  # the display name, as otf2-print shows
             self.region_name[r._ref] = name
             extra = {"region": r._ref, "paradigm": str(r.paradigm).split(".")[-1],
                      "role": str(r.region_role).split(".")[-1]}
+            if r.canonical_name and r.canonical_name != name:
+                extra["canonical_name"] = r.canonical_name
             if r.source_file:
                 extra["file"], extra["line"] = r.source_file, r.begin_line_number
             self.region_attrs[r._ref] = json.dumps(extra)[1:]  # '"region": ..}' after '{"depth": d, '
@@ -395,9 +397,10 @@ class _Reader:
         if s.empty or r.empty:
             return 0, len(s), len(r)
         key = ["src", "dst", "comm", "tag"]
-        for df in (s, r):
-            df.sort_values("time", kind="stable", inplace=True)
-            df["seq"] = df.groupby(key, sort=False).cumcount()
+        s = s.sort_values("time", kind="stable")
+        r = r.sort_values("time", kind="stable")
+        s["seq"] = s.groupby(key, sort=False).cumcount()
+        r["seq"] = r.groupby(key, sort=False).cumcount()
         m = s.merge(r, on=key + ["seq"], suffixes=("_s", "_r"))
         if m.empty:
             return 0, len(s), len(r)
