@@ -36,19 +36,21 @@ SELECT row, task_key FROM thread_pick UNION ALL SELECT row, task_key FROM host_p
 def attribute_io(io: pd.DataFrame, tasks: pd.DataFrame) -> pd.Series:
     """The task each I/O row belongs to (None where no task can be named), aligned with ``io``'s index.
 
-    ``io`` needs host, pid, tid, thread_ident, start_ns, end_ns (the ``io`` table's columns; nulls allowed
-    except host and start_ns); ``tasks`` needs task_key, host, pid, tid, thread_ident, start_ns, end_ns: the
+    ``io`` needs host and start_ns, and may have pid, tid, thread_ident, end_ns (the ``io`` table's columns;
+    missing or null means unknown); ``tasks`` needs task_key, host, pid, tid, thread_ident, start_ns, end_ns: the
     task spans joined to their resources. A row that names its thread (tid or thread_ident) goes to the
     task on that thread whose span overlaps it most; a row that names only its host (and maybe its process),
     as Darshan DXT segments do, goes to a task only when exactly one task span on that host contains it."""
-    missing = [c for c in IO_COLUMNS if c not in io.columns] + \
+    missing = [c for c in ("host", "start_ns") if c not in io.columns] + \
               [f"tasks.{c}" for c in TASK_COLUMNS if c not in tasks.columns]
     if missing:
         raise KeyError(f"attribute_io needs columns {', '.join(missing)}")
     out = pd.Series([None] * len(io), index=io.index, dtype=object)
     if io.empty or tasks.empty:
         return out
-    left = pd.DataFrame({c: _ints(io[c]) if c != "host" else io[c].astype(object) for c in IO_COLUMNS})
+    left = pd.DataFrame({c: io[c].astype(object) if c == "host" else
+                         _ints(io[c] if c in io.columns else pd.Series([None] * len(io), index=io.index))
+                         for c in IO_COLUMNS})
     left.insert(0, "row", range(len(io)))
     right = pd.DataFrame({c: _ints(tasks[c]) if c not in ("host", "task_key") else tasks[c].astype(object)
                           for c in TASK_COLUMNS})
