@@ -1,0 +1,308 @@
+"""Darshan logs read through PyDarshan's darshan-util bindings.
+
+Mapping (docs/formats/darshan.md): the job header and mounts go to run.json; each rank becomes a
+``rank`` resource (on its host when DXT names one); DXT_POSIX / DXT_MPIIO segments become ``io`` rows
+(``source="darshan-dxt"``); the per-file counters of POSIX, MPI-IO, STDIO, H5F, H5D, PNETCDF, BG/Q and
+Lustre become ``metrics`` named ``darshan.<MODULE>.<COUNTER>:<file>``. Modules whose data the log marks
+as partial are reported. Added to a run that has task spans, the I/O is attributed to tasks
+(:func:`flowscope.analysis.io_attribution.attribute_io`).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from flowscope.importers import TraceError
+from flowscope.importers.sink import ImportSink
+
+NAME = "darshan"
+
+DARSHAN_MAGIC = 6567223  # DARSHAN_MAGIC_NR in darshan-log-format.h
+#: modules whose records are {base_rec, counters[], fcounters[]}, with the name darshan-util gives their counters
+GENERIC = {"POSIX": "POSIX", "MPI-IO": "MPI-IO", "STDIO": "STDIO", "H5F": "H5F", "H5D": "H5D",
+           "PNETCDF_FILE": "PNETCDF_FILE", "PNETCDF_VAR": "PNETCDF_VAR", "BG/Q": "BGQ", "DFS": "DFS",
+           "DAOS": "DAOS"}
+DXT = ("DXT_POSIX", "DXT_MPIIO")
+_SEGMENT = np.dtype([("offset", "<i8"), ("length", "<i8"), ("start", "<f8"), ("end", "<f8")])
+
+
+def sniff(path: Path, head: bytes) -> bool:
+    """A Darshan log: a version string like ``3.41`` then the magic number (either byte order) at byte 8."""
+    if len(head) < 16 or not head[:1].isdigit() or head[1:2] != b".":
+        return False
+    return DARSHAN_MAGIC in (struct.unpack("<q", head[8:16])[0], struct.unpack(">q", head[8:16])[0])
+
+
+class _Log:
+    """One open darshan-util log handle; reading errors raise TraceError naming the file and module."""
+
+    def __init__(self, path: Path):
+        from darshan.backend import cffi_backend as be
+
+        self.be, self.ffi, self.lib = be, be.ffi, be.libdutil
+        self.path = path
+        self.log = be.log_open(str(path))
+        if self.log["handle"] == self.ffi.NULL:
+            raise TraceError(f"{path}: not a readable Darshan log (header invalid or truncated; "
+                             f"file has {path.stat().st_size} bytes)")
+        self.failed = False
+
+    def records(self, module: str, idx: int, struct_type: str):
+        """Yield each record of ``module`` cast to ``struct_type``; the buffer is freed after the yield."""
+        n = 0
+        while True:
+            buf = self.ffi.new("void **")
+            r = self.lib.darshan_log_get_record(self.log["handle"], idx, buf)
+            if r == 0:
+                return
+            if r < 0:
+                self.failed = True
+                raise TraceError(f"{self.path}: module {module} record {n} cannot be read: the log is truncated "
+                                 f"or corrupt (file has {self.path.stat().st_size} bytes)")
+            try:
+                yield self.ffi.cast(struct_type, buf)
+            finally:
+                self.lib.darshan_free(buf[0])
+            n += 1
+
+    def close(self) -> None:
+        # darshan_log_close asserts (aborting the process) on a handle whose read failed: leak it instead
+        if not self.failed:
+            self.lib.darshan_log_close(self.log["handle"])
+
+
+def _job(log: _Log) -> dict[str, Any]:
+    be = log.be
+    job = be.log_get_job(log.log)
+    start_ns = int(job["start_time_sec"]) * 1_000_000_000 + int(job.get("start_time_nsec") or 0)
+    end_ns = int(job["end_time_sec"]) * 1_000_000_000 + int(job.get("end_time_nsec") or 0)
+    return {"jobid": int(job["jobid"]), "uid": int(job["uid"]), "nprocs": int(job["nprocs"]),
+            "start_ns": start_ns, "end_ns": end_ns, "run_time_s": float(job["run_time"]),
+            "log_version": job.get("log_ver"), "metadata": job.get("metadata") or {},
+            "exe": be.log_get_exe(log.log), "mounts": [list(m) for m in be.log_get_mounts(log.log)]}
+
+
+def _names(log: _Log) -> dict[int, str]:
+    return dict(log.be.log_get_name_records(log.log))
+
+
+def _dxt(log: _Log, module: str, idx: int, names: dict[int, str], t0: int) -> tuple[dict[str, Any], dict[int, str]]:
+    """One module's DXT segments as io columns, and the host of each rank that has segments."""
+    ffi = log.ffi
+    head = ffi.sizeof("struct dxt_file_record")
+    parts: list[np.ndarray] = []
+    meta: list[tuple[int, int, str, int, int]] = []  # (record id, rank, host, writes, reads)
+    hosts: dict[int, str] = {}
+    for rec in log.records(module, idx, "struct dxt_file_record **"):
+        w, r = int(rec[0].write_count), int(rec[0].read_count)
+        rank = int(rec[0].base_rec.rank)
+        host = ffi.string(rec[0].hostname).decode("utf-8", "replace")
+        if w + r:
+            seg = np.frombuffer(ffi.buffer(ffi.cast("char *", rec[0]) + head, _SEGMENT.itemsize * (w + r)),
+                                dtype=_SEGMENT).copy()
+            parts.append(seg)
+            meta.append((int(rec[0].base_rec.id), rank, host, w, r))
+        if rank >= 0 and host:
+            hosts.setdefault(rank, host)
+    if not parts:
+        return {}, hosts
+    seg = np.concatenate(parts)
+    counts = np.array([w + r for *_, w, r in meta])
+    ops = np.concatenate([np.repeat(np.array(["write", "read"]), [w, r]) for *_, w, r in meta])
+    rank = np.repeat(np.array([m[1] for m in meta], dtype=np.int64), counts)
+    host = np.repeat(np.array([m[2] for m in meta], dtype=object), counts)
+    path = np.repeat(np.array([names.get(m[0], f"<record {m[0]:#x}>") for m in meta], dtype=object), counts)
+    rid = np.where(rank >= 0, np.char.add("rank:", rank.astype(str)), "darshan:shared").astype(object)
+    attrs = json.dumps({"module": module})
+    cols = {"resource_id": rid, "host": host, "rank": np.where(rank >= 0, rank, -1),
+            "source": np.full(len(seg), "darshan-dxt", dtype=object), "op": ops, "path": path,
+            "offset": seg["offset"], "nbytes": seg["length"],
+            "start_ns": t0 + np.round(seg["start"] * 1e9).astype(np.int64),
+            "end_ns": t0 + np.round(seg["end"] * 1e9).astype(np.int64),
+            "attrs": np.full(len(seg), attrs, dtype=object)}
+    return cols, hosts
+
+
+def _counters(log: _Log, module: str, idx: int, names: dict[int, str], ts: int) -> dict[str, Any] | None:
+    """One module's per-file counters as metrics columns (None when darshan-util has no names for them)."""
+    be, ffi = log.be, log.ffi
+    key = GENERIC[module]
+    c_names = be.counter_names(key)
+    f_names = be.counter_names(key, fcnts=True) or []
+    if c_names is None or module not in be._structdefs:
+        return None
+    ids, ranks, rows = [], [], []
+    for rec in log.records(module, idx, be._structdefs[module]):
+        c = np.frombuffer(ffi.buffer(rec[0].counters), dtype=np.int64).astype(np.float64)
+        f = np.frombuffer(ffi.buffer(rec[0].fcounters), dtype=np.float64) if f_names else np.empty(0)
+        rows.append(np.concatenate([c[:len(c_names)], f[:len(f_names)]]))
+        ids.append(int(rec[0].base_rec.id))
+        ranks.append(int(rec[0].base_rec.rank))
+    if not rows:
+        return {}
+    counter = np.array([f"darshan.{module}.{n}" for n in c_names + f_names], dtype=object)
+    values = np.vstack(rows)
+    n_rec, n_cnt = values.shape
+    files = np.array([":" + names.get(i, f"<record {i:#x}>") for i in ids], dtype=object)
+    rids = np.array([f"rank:{r}" if r >= 0 else "darshan:shared" for r in ranks], dtype=object)
+    return {"ts_ns": np.full(n_rec * n_cnt, ts, dtype=np.int64),
+            "resource_id": np.repeat(rids, n_cnt), "namespace": np.full(n_rec * n_cnt, "performance", dtype=object),
+            "name": np.tile(counter, n_rec) + np.repeat(files, n_cnt), "value": values.ravel()}
+
+
+def _lustre(log: _Log, idx: int, names: dict[int, str], ts: int) -> dict[str, list]:
+    be, ffi = log.be, log.ffi
+    c_names = be.counter_names("LUSTRE", special="COMP_") or []
+    out: dict[str, list] = {"ts_ns": [], "resource_id": [], "namespace": [], "name": [], "value": []}
+    for rec in log.records("LUSTRE", idx, "struct darshan_lustre_record **"):
+        rid = f"rank:{rec[0].base_rec.rank}" if rec[0].base_rec.rank >= 0 else "darshan:shared"
+        file = names.get(int(rec[0].base_rec.id), f"<record {int(rec[0].base_rec.id):#x}>")
+        for i in range(int(rec[0].num_comps)):
+            vals = np.frombuffer(ffi.buffer(rec[0].comps[i].counters), dtype=np.int64)
+            for n, v in zip(c_names, vals):
+                out["ts_ns"].append(ts)
+                out["resource_id"].append(rid)
+                out["namespace"].append("performance")
+                out["name"].append(f"darshan.LUSTRE.comp{i}.{n}:{file}")
+                out["value"].append(float(v))
+    return out
+
+
+def _run_dir(sink: ImportSink) -> Path | None:
+    """The directory of the run the sink writes to, when it can be known."""
+    d = getattr(sink, "run_dir", None)
+    if d is not None:
+        return Path(d)
+    # ImportSink does not expose its run yet: its writer is a closure over the embedded collector
+    for cell in getattr(sink._write, "__closure__", None) or ():
+        run_dir = getattr(cell.cell_contents, "run_dir", None)
+        if callable(run_dir):
+            try:
+                return Path(run_dir(sink.run_id))
+            except Exception:
+                return None
+    return None
+
+
+def read(path: Path, sink: ImportSink) -> None:
+    """Import one Darshan log."""
+    path = Path(path)
+    try:
+        import darshan  # noqa: F401
+    except ImportError:
+        raise TraceError(f"{path}: reading Darshan logs needs PyDarshan (pip install darshan)") from None
+    log = _Log(path)
+    try:
+        _read(log, path, sink)
+    finally:
+        log.close()
+
+
+def _read(log: _Log, path: Path, sink: ImportSink) -> None:
+    job = _job(log)
+    modules = log.be.log_get_modules(log.log)
+    names = _names(log)
+    t0, t1 = job["start_ns"], job["end_ns"]
+    partial = sorted(m for m, info in modules.items() if info["partial_flag"])
+    for m in partial:
+        sink.warn(f"{path}: module {m} filled its Darshan memory buffer while the job ran: its records are incomplete "
+                  f"(Darshan's partial flag)")
+    if not modules:
+        sink.warn(f"{path}: the log has no module data (no instrumented I/O was recorded); "
+                  f"only the job's metadata is imported")
+    io_parts: list[dict[str, Any]] = []
+    hosts: dict[int, str] = {}
+    metric_parts: list[dict[str, Any]] = []
+    skipped: list[str] = []
+    dxt_counts: dict[str, dict[str, int]] = {}
+    for module, info in modules.items():
+        idx = info["idx"]
+        if module in DXT:
+            cols, h = _dxt(log, module, idx, names, t0)
+            for r, host in h.items():
+                hosts.setdefault(r, host)
+            if cols:
+                io_parts.append(cols)
+            dxt_counts[module] = {"segments": len(cols.get("op", ())),
+                                  "bytes": int(np.sum(cols["nbytes"])) if cols else 0}
+        elif module in GENERIC:
+            cols = _counters(log, module, idx, names, t1)
+            if cols is None:
+                skipped.append(module)
+            elif cols:
+                metric_parts.append(cols)
+        elif module == "LUSTRE":
+            cols = _lustre(log, idx, names, t1)
+            if cols["name"]:
+                metric_parts.append(cols)
+        else:
+            skipped.append(module)
+        sink.advance(int(path.stat().st_size * (len(dxt_counts) + len(metric_parts)) / max(len(modules), 1)))
+    if skipped:
+        sink.warn(f"{path}: modules {', '.join(skipped)} are not imported (no per-file counters flowscope maps)")
+
+    # resources: the job, its hosts, one rank per process
+    job_rid = f"darshan:job:{job['jobid']}"
+    res: list[dict[str, Any]] = [{"resource_id": job_rid, "kind": "container", "name": job["exe"][:200],
+                                  "start_ns": t0, "end_ns": t1,
+                                  "attrs": json.dumps({"darshan": "job", "jobid": job["jobid"]})}]
+    for host in sorted(set(hosts.values())):
+        res.append({"resource_id": f"host:{host}", "kind": "host", "name": host, "host": host})
+    for r in range(job["nprocs"]):
+        host = hosts.get(r)
+        res.append({"resource_id": f"rank:{r}", "kind": "rank", "name": f"rank {r}", "address": str(r),
+                    "host": host, "parent_id": f"host:{host}" if host else job_rid, "start_ns": t0, "end_ns": t1})
+    res.append({"resource_id": "darshan:shared", "kind": "container", "name": "shared files (all ranks)",
+                "parent_id": job_rid, "attrs": json.dumps({"darshan": "shared records (rank -1)"})})
+    sink.add("resources", res)
+
+    for part in metric_parts:
+        sink.add("metrics", part)
+    if io_parts:
+        import pandas as pd
+
+        io = pd.concat([pd.DataFrame(p) for p in io_parts], ignore_index=True)
+        io["host"] = [hosts.get(r, h) if h in (None, "") else h for r, h in zip(io["rank"], io["host"])]
+        io["rank"] = io["rank"].where(io["rank"] >= 0, None)
+        io["task_key"] = None
+        attributed = _attribute(sink, io)
+        if attributed is not None:
+            sink.set_meta(attributed_to_tasks=attributed)
+        sink.add("io", {c: io[c].to_numpy() if c not in ("rank",) else pd.array(io[c], dtype="Int64")
+                        for c in io.columns})
+
+    sink.set_meta(job={k: job[k] for k in ("jobid", "uid", "nprocs", "start_ns", "end_ns", "run_time_s",
+                                           "log_version", "metadata", "exe")},
+                  mounts=job["mounts"],
+                  modules={m: {"bytes": int(i["len"]), "version": int(i["ver"]), "partial": bool(i["partial_flag"])}
+                           for m, i in modules.items()},
+                  partial_modules=partial, dxt=dxt_counts, modules_not_imported=skipped,
+                  thread_ids=False, time_resolution="job start/end: 1 s (whole seconds in the header); "
+                                                    "DXT segments: relative to job start, double seconds")
+    sink.set_run_fields(start_ns=t0, end_ns=t1, command=job["exe"],
+                        job={"scheduler_job_id": job["jobid"], "uid": job["uid"], "nprocs": job["nprocs"],
+                             "darshan_log": str(path)})
+
+
+def _attribute(sink: ImportSink, io) -> int | None:
+    """Fill io.task_key from the run's task spans, when the run has any; the number of rows attributed."""
+    run_dir = _run_dir(sink)
+    if run_dir is None or not (run_dir / "spans").is_dir():
+        return None
+    from flowscope.analysis.io_attribution import attribute_io
+    from flowscope.store.run import open_run
+
+    run = open_run(run_dir)
+    tasks = run.sql_arrow("select s.start_ns, s.end_ns, s.task_key, r.host, r.pid, r.tid, r.thread_ident "
+                    "from spans s join resources r using (resource_id) "
+                    "where s.kind = 'task' and s.task_key is not null").to_pandas(types_mapper={
+        __import__("pyarrow").int64(): __import__("pandas").Int64Dtype()}.get)
+    if tasks.empty:
+        return None
+    io["task_key"] = attribute_io(io, tasks)
+    return int(io["task_key"].notna().sum())
