@@ -6,8 +6,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages the tests drive: chromium renders the HTML report in a real browser; pajeng (pj_dump)
-# is the reference the Paje importer and exporter are checked against.
-APT_PACKAGES=(chromium pajeng)
+# and otf2-tools (otf2-print) are the references the Paje and OTF2 importers are checked against.
+APT_PACKAGES=(chromium pajeng otf2-tools)
 if ((${#APT_PACKAGES[@]})); then
   missing=()
   for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import needs_tool
 
 pytest.importorskip("otf2", reason="the otf2 Python package (pip install otf2) reads OTF2 archives")
 
@@ -19,7 +20,7 @@ from flowscope.importers import TraceError, detect_format, import_paths, read_he
 from flowscope.importers import otf2 as otf2_importer  # noqa: E402
 
 OTF2_PRINT = shutil.which("otf2-print")
-needs_otf2_print = pytest.mark.skipif(OTF2_PRINT is None, reason="otf2-print (Debian package otf2-tools) absent")
+needs_otf2_print = needs_tool("otf2-print", "otf2-tools")
 
 
 @pytest.fixture(scope="module")

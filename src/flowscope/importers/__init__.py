@@ -187,7 +187,7 @@ def import_paths(paths: Iterable[str | Path], store: str | Path | None = None, *
         for path, f in todo:
             total = path.stat().st_size
             cb = (lambda done, _p=path, _t=total: progress(str(_p), done, _t)) if progress else None
-            sink = ImportSink(run_id, path, f, lambda r, t, s, d: collector.ingest(r, t, s, d), cb)
+            sink = ImportSink(run_id, path, f, lambda r, t, s, d: collector.ingest(r, t, s, d), cb, run_dir)
             try:
                 format_module(f).read(path, sink)
                 sink.flush()

@@ -173,29 +173,13 @@ def _lustre(log: _Log, idx: int, names: dict[int, str], ts: int) -> dict[str, li
     return out
 
 
-def _run_dir(sink: ImportSink) -> Path | None:
-    """The directory of the run the sink writes to, when it can be known."""
-    d = getattr(sink, "run_dir", None)
-    if d is not None:
-        return Path(d)
-    # ImportSink does not expose its run yet: its writer is a closure over the embedded collector
-    for cell in getattr(sink._write, "__closure__", None) or ():
-        run_dir = getattr(cell.cell_contents, "run_dir", None)
-        if callable(run_dir):
-            try:
-                return Path(run_dir(sink.run_id))
-            except Exception:
-                return None
-    return None
-
-
 def read(path: Path, sink: ImportSink) -> None:
     """Import one Darshan log."""
     path = Path(path)
     try:
         import darshan  # noqa: F401
     except ImportError:
-        raise TraceError(f"{path}: reading Darshan logs needs PyDarshan (pip install darshan)") from None
+        raise TraceError(f"{path}: reading Darshan logs needs PyDarshan (pip install 'flowscope[import]', or pip install darshan)") from None
     log = _Log(path)
     try:
         _read(log, path, sink)
@@ -291,7 +275,7 @@ def _read(log: _Log, path: Path, sink: ImportSink) -> None:
 
 def _attribute(sink: ImportSink, io) -> int | None:
     """Fill io.task_key from the run's task spans, when the run has any; the number of rows attributed."""
-    run_dir = _run_dir(sink)
+    run_dir = sink.run_dir
     if run_dir is None or not (run_dir / "spans").is_dir():
         return None
     from flowscope.analysis.io_attribution import attribute_io

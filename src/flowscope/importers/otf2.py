@@ -436,7 +436,7 @@ def read(path: Path, sink: ImportSink) -> None:
     try:
         import otf2  # noqa: F401
     except ImportError:
-        raise TraceError(f"{path}: reading OTF2 needs the 'otf2' Python package (pip install otf2)") from None
+        raise TraceError(f"{path}: reading OTF2 needs the 'otf2' Python package (pip install 'flowscope[import]', or pip install otf2)") from None
     tr = _open(path)
     try:
         _Reader(path, sink, tr).run()

@@ -43,13 +43,15 @@ class ImportSink:
     """Receives one file's canonical batches for a run and writes them as segments.
 
     ``write(run_id, table, segment_id, data)`` is the store-side writer (the embedded collector's
-    ``ingest``); ``progress(done)`` is called with the bytes of input consumed so far when an importer
+    ``ingest``); ``run_dir`` the run's directory (rows this sink writes appear there as it flushes); ``progress(done)`` is called with the bytes of input consumed so far when an importer
     reports them through :meth:`advance`."""
 
     def __init__(self, run_id: str, path: Path, fmt: str,
                  write: Callable[[str, str, str, pa.Table], Any],
-                 progress: Callable[[int], None] | None = None):
+                 progress: Callable[[int], None] | None = None, run_dir: Path | None = None):
         self.run_id = run_id
+        #: the run's directory: an importer that adds to an existing run may read what is there
+        self.run_dir = run_dir
         self.path = path
         self.format = fmt
         self._write = write
