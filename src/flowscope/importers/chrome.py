@@ -288,6 +288,12 @@ def _args_json(args: Any) -> str | None:
         return json.dumps(str(args))
 
 
+def _marked_attrs(args: dict, fs: dict) -> str | None:
+    """The attrs of a row flowscope exported: the args without what the exporter added for display."""
+    added = set(fs.get("added") or ()) | {"flowscope"}
+    return _args_json({k: v for k, v in args.items() if k not in added})
+
+
 def _async_key(e: dict, pid: Any) -> tuple:
     id2 = e.get("id2")
     if isinstance(id2, dict):
@@ -392,7 +398,7 @@ class _Reader:
                 L["level"].append(fs.get("level") or "info")
                 L["category"].append(fs.get("category") or "instant")
                 L["task_key"].append(fs.get("task_key"))
-                L["attrs"].append(fs.get("attrs"))
+                L["attrs"].append(_marked_attrs(args, fs))
             else:
                 L["level"].append("info")
                 L["category"].append(e.get("cat") or ("async-instant" if ph == "n" else "instant"))
@@ -708,7 +714,7 @@ class _Reader:
             if isinstance(fs, dict):
                 kinds.append(fs.get("kind") or "call")
                 task_keys.append(fs.get("task_key"))
-                attrs.append(fs.get("attrs"))
+                attrs.append(_marked_attrs(args, fs))
                 continue
             kinds.append("async" if is_async[i] else "call")
             task_keys.append(None)
@@ -785,7 +791,7 @@ class _Reader:
             rows["kind"].append(fs.get("kind") or "flow")
             rows["nbytes"].append(fs.get("nbytes"))
             rows["keys"].append(fs.get("keys"))
-            rows["attrs"].append(fs.get("attrs"))
+            rows["attrs"].append(_marked_attrs(args, fs))
             return
         a: dict[str, Any] = {"name": name, "flow_id": ident}
         if cat is not None:
