@@ -262,8 +262,9 @@ class _Intern:
 def _us_to_ns(ts: array | list) -> np.ndarray:
     """Microseconds (ints or floats) to int64 nanoseconds, exact for integer microseconds."""
     a = np.asarray(ts, dtype=np.float64)
-    whole = np.floor(a)
-    return whole.astype(np.int64) * 1000 + np.rint((a - whole) * 1000).astype(np.int64)
+    if np.array_equal(a, np.floor(a)):
+        return a.astype(np.int64) * 1000
+    return np.rint(a * 1000).astype(np.int64)
 
 
 def _num(event: dict, key: str, ev: _Events, required: bool = True) -> float | int | None:
@@ -680,6 +681,11 @@ class _Reader:
         thread = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
         start = _us_to_ns([r[1] for r in rows])
         end = _us_to_ns([r[2] for r in rows])
+        # an X slice's end is its start plus its duration, each rounded to the ns on its own
+        x_rows = [j for j, r in enumerate(rows) if len(r) == 8 and r[7] >= 0 and self.sl_ph[r[7]] == 0]
+        if x_rows:
+            x = np.asarray(x_rows, dtype=np.int64)
+            end[x] = start[x] + _us_to_ns([self.sl_dur[rows[j][7]] for j in x_rows])
         is_async = np.fromiter((len(r) > 8 for r in rows), dtype=bool, count=n)
         base = (zlib.crc32(self.sink._token.encode()) & 0x7FFFFFFF) << 32
         # nesting: per thread, by start then longest first; async spans nest only by their own ids
