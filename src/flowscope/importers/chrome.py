@@ -121,6 +121,8 @@ class _Events:
 
     def _skip_ws(self) -> str:
         """The next non-blank character ("" at end of input), not consumed."""
+        if self.pos < len(self.buf) and self.buf[self.pos] not in " \t\n\r":
+            return self.buf[self.pos]
         while True:
             self.pos = _WS.match(self.buf, self.pos).end()
             if self.pos < len(self.buf):
@@ -280,13 +282,16 @@ def _num(event: dict, key: str, ev: _Events, required: bool = True) -> float | i
                           f"field {key!r} is {type(v).__name__} {v!r:.40}, expected a number of microseconds")
 
 
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
 def _args_json(args: Any) -> str | None:
     if not args:
         return None
     try:
-        return json.dumps(args, separators=(",", ":"), ensure_ascii=False)
+        return _ENCODE(args)
     except (TypeError, ValueError):
-        return json.dumps(str(args))
+        return _ENCODE(str(args))
 
 
 def _marked_attrs(args: dict, fs: dict) -> str | None:
@@ -713,6 +718,7 @@ class _Reader:
         self._span_start = start
         self._span_thread = thread
         kinds, names, task_keys, attrs = [], [], [], []
+        cat_json: dict[Any, str] = {}
         for i, r in enumerate(rows):
             args = r[5]
             fs = args.get("flowscope") if isinstance(args, dict) else None
@@ -724,6 +730,12 @@ class _Reader:
                 continue
             kinds.append("async" if is_async[i] else "call")
             task_keys.append(None)
+            if not args and not r[6] and not is_async[i]:  # the common case, without building a dict
+                c = cat_json.get(r[4])
+                if c is None:
+                    c = cat_json[r[4]] = "" if r[4] is None else ',"cat":' + _ENCODE(r[4])
+                attrs.append(f'{{"depth":{depth[i]}{c}}}')
+                continue
             a: dict[str, Any] = {"depth": int(r[8]["async_depth"]) if is_async[i] else int(depth[i])}
             if r[4] is not None:
                 a["cat"] = r[4]
