@@ -1,0 +1,904 @@
+"""Chrome / Perfetto trace-event JSON (chrome://tracing, ui.perfetto.dev, viztracer, PyTorch profiler).
+
+Reads the object form (``{"traceEvents": [...], "displayTimeUnit": ..., ...}``) and the bare-array
+form (also cut short without its closing bracket, which Chrome accepts), plain or gzip. Events are
+decoded one at a time from a sliding text window, so the file's text is never held whole; what is
+kept is a compact column store of the events themselves, matched and emitted at the end.
+
+Mapping (docs/formats/chrome-perfetto.md): pids and tids -> process and thread resources (named by
+``M`` metadata); ``X`` and ``B``/``E`` -> spans (kind ``call``) nested per thread, with
+``parent_id`` and ``depth``; async ``b``/``e`` and ``S``/``T``/``F`` -> spans (kind ``async``) on
+the process; flows ``s``/``t``/``f`` and ``bind_id``/``flow_in``/``flow_out`` -> transfers;
+``C`` counters -> metrics (one per series key); ``i``/``I``/``R``/``n`` -> logs. ``ts``/``dur`` are
+microseconds whatever ``displayTimeUnit`` says (that only changes how viewers label the axis).
+"""
+
+from __future__ import annotations
+
+import codecs
+import gzip
+import json
+import re
+import zlib
+from array import array
+from collections import Counter
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from flowscope.importers.sink import ImportSink
+
+NAME = "chrome"
+
+CHUNK = 1 << 20
+_WS = re.compile(r"[ \t\n\r]*")
+_SNIFF_OBJECT = re.compile(rb'^\s*\{.*"traceEvents"\s*:', re.S)
+_SNIFF_ARRAY = re.compile(rb'^\s*\[\s*\{')
+
+SLICE = {"X", "B", "E"}
+ASYNC = {"b", "e", "S", "T", "p", "F"}
+FLOW = {"s", "t", "f"}
+INSTANT = {"i", "I", "R", "n"}
+#: phases the format defines that have no canonical table (object snapshots, samples, memory dumps,
+#: clock sync, context markers): counted and reported, not imported
+UNMAPPED = {"N", "O", "D", "P", "V", "v", "c", "(", ")", "=", "M"}
+
+#: how many rows go to the sink at a time
+BATCH = 200_000
+
+
+def sniff(path: Path, head: bytes) -> bool:
+    """A JSON object with a ``traceEvents`` key, or a JSON array whose first object has ``ph``."""
+    head = head.lstrip(b"\xef\xbb\xbf")
+    if _SNIFF_OBJECT.match(head[:65536]):
+        return True
+    if _SNIFF_ARRAY.match(head):
+        first = head[:4096]
+        return b'"ph"' in first and (b'"ts"' in first or b'"name"' in first)
+    return False
+
+
+def _error(path: Path, msg: str) -> Exception:
+    from flowscope.importers import TraceError
+
+    return TraceError(f"{path}: {msg}")
+
+
+class _Events:
+    """Decodes the top-level value of a trace-event file one event at a time with bounded memory.
+
+    Iterating yields each event (a dict); ``meta`` collects the object form's other keys,
+    ``form`` is ``"object"`` or ``"array"``, ``unterminated`` whether an array ended without ``]``."""
+
+    def __init__(self, path: Path, raw: BinaryIO, text_offset_note: str):
+        self.path = path
+        self.raw = raw
+        self.note = text_offset_note
+        self.dec = codecs.getincrementaldecoder("utf-8")("strict")
+        self.scan = json.JSONDecoder().scan_once
+        self.buf = ""
+        self.pos = 0
+        self.base_bytes = 0   # bytes of decoded content before self.buf
+        self.eof = False
+        self.form = ""
+        self.unterminated = False
+        self.meta: dict[str, Any] = {}
+        self.index = -1        # index of the event being decoded
+        self.event_pos = 0     # its position in self.buf
+
+    # ---- window --------------------------------------------------------------------------------
+    def byte_offset(self, pos: int | None = None) -> int:
+        """Byte offset (in the decompressed content) of ``pos`` in the current window."""
+        p = self.pos if pos is None else pos
+        return self.base_bytes + len(self.buf[:p].encode("utf-8", "surrogatepass"))
+
+    def where(self, pos: int | None = None) -> str:
+        return f"byte offset {self.byte_offset(pos)}{self.note}"
+
+    def _fill(self) -> bool:
+        """Drop what is consumed, read another chunk; False at end of input."""
+        if self.eof:
+            return False
+        if self.pos:
+            self.base_bytes += len(self.buf[:self.pos].encode("utf-8", "surrogatepass"))
+            self.event_pos -= self.pos
+            self.buf = self.buf[self.pos:]
+            self.pos = 0
+        try:
+            data = self.raw.read(CHUNK)
+        except (OSError, EOFError, zlib.error) as exc:
+            raise _error(self.path, f"cannot read past {self.where(len(self.buf))}: {exc}") from None
+        try:
+            text = self.dec.decode(data, final=not data)
+        except UnicodeDecodeError as exc:
+            raise _error(self.path, f"invalid UTF-8 at byte offset "
+                                    f"{self.byte_offset(len(self.buf)) + exc.start}{self.note}") from None
+        if not data:
+            self.eof = True
+        self.buf += text
+        return bool(data) or bool(text)
+
+    def _skip_ws(self) -> str:
+        """The next non-blank character ("" at end of input), not consumed."""
+        if self.pos < len(self.buf) and self.buf[self.pos] not in " \t\n\r":
+            return self.buf[self.pos]
+        while True:
+            self.pos = _WS.match(self.buf, self.pos).end()
+            if self.pos < len(self.buf):
+                return self.buf[self.pos]
+            if not self._fill():
+                return ""
+
+    def _value(self, what: str) -> Any:
+        """Decode one JSON value at the cursor, reading more input when the window ends inside it."""
+        while True:
+            try:
+                value, end = self.scan(self.buf, self.pos)
+                if end == len(self.buf) and not self.eof and not isinstance(value, (dict, list, str)):
+                    # a number at the window's end may continue in the next chunk
+                    raise json.JSONDecodeError("number at window end", self.buf, len(self.buf))
+                self.pos = end
+                return value
+            except StopIteration as exc:
+                err = ("Expecting value", exc.value)
+            except json.JSONDecodeError as exc:
+                err = (exc.msg, exc.pos)
+            except RecursionError:
+                raise _error(self.path, f"{what} nested too deeply at {self.where()}") from None
+            at_end = err[1] >= len(self.buf) - 8 or err[0].startswith("Unterminated string")
+            if at_end and self._fill():
+                continue
+            pos = min(err[1], len(self.buf))
+            if at_end:
+                raise _error(self.path, f"truncated: the file ends inside {what} "
+                                        f"(which starts at {self.where(self.pos)}; input ends at "
+                                        f"{self.where(len(self.buf))})")
+            raise _error(self.path, f"invalid JSON in {what} at {self.where(pos)}: {err[0]}")
+
+    def _expect(self, chars: str, what: str) -> str:
+        c = self._skip_ws()
+        if c == "":
+            raise _error(self.path, f"truncated: the file ends where {what} was expected ({self.where()})")
+        if c not in chars:
+            raise _error(self.path, f"invalid JSON at {self.where()}: expected {what}, found {c!r}")
+        self.pos += 1
+        return c
+
+    # ---- structure -----------------------------------------------------------------------------
+    def __iter__(self):
+        c = self._skip_ws()
+        if c == "\ufeff":
+            self.pos += 1
+            c = self._skip_ws()
+        if c == "[":
+            self.form = "array"
+            self.pos += 1
+            yield from self._array(top=True)
+        elif c == "{":
+            self.form = "object"
+            self.pos += 1
+            yield from self._object()
+        elif c == "":
+            raise _error(self.path, "empty file: expected a JSON object with traceEvents or an array of events")
+        else:
+            raise _error(self.path, f"not a trace-event file: expected '{{' or '[' at {self.where()}, found {c!r}")
+        if self._skip_ws() != "":
+            raise _error(self.path, f"unexpected data after the end of the trace at {self.where()}")
+
+    def _object(self):
+        seen_events = False
+        if self._skip_ws() == "}":
+            self.pos += 1
+        else:
+            while True:
+                self._expect('"', "a key (string)")
+                self.pos -= 1
+                key = self._value("a key")
+                self._expect(":", "':'")
+                if key == "traceEvents":
+                    self._expect("[", "the traceEvents array '['")
+                    seen_events = True
+                    yield from self._array(top=False)
+                else:
+                    if self._skip_ws() == "":
+                        raise _error(self.path, f"truncated: the file ends before the value of {key!r} "
+                                                f"({self.where()})")
+                    self.meta[key] = self._value(f"the value of {key!r}")
+                if self._expect(",}", "',' or '}'") == "}":
+                    break
+        if not seen_events:
+            raise _error(self.path, "the JSON object has no traceEvents array")
+
+    def _array(self, top: bool):
+        c = self._skip_ws()
+        if c == "]":
+            self.pos += 1
+            return
+        while True:
+            c = self._skip_ws()
+            if c == "" and top and self.index >= 0:
+                self.unterminated = True  # Chrome writes the array form without "]" while tracing
+                return
+            self.index += 1
+            self.event_pos = self.pos
+            event = self._value(f"event #{self.index}")
+            if not isinstance(event, dict):
+                raise _error(self.path, f"event #{self.index} at {self.where(self.event_pos)} is a "
+                                        f"{type(event).__name__}, expected a JSON object")
+            yield event
+            c = self._skip_ws()
+            if c == ",":
+                self.pos += 1
+                if top and self._skip_ws() == "":
+                    self.unterminated = True
+                    return
+                continue
+            if c == "]":
+                self.pos += 1
+                return
+            if c == "" and top:
+                self.unterminated = True
+                return
+            if c == "":
+                raise _error(self.path, f"truncated: the file ends inside the traceEvents array ({self.where()})")
+            raise _error(self.path, f"invalid JSON at {self.where()}: expected ',' or ']' after event "
+                                    f"#{self.index}, found {c!r}")
+
+
+class _Intern:
+    """Strings to small ints, so millions of events keep one copy of each name."""
+
+    def __init__(self):
+        self.codes: dict[Any, int] = {}
+        self.values: list[Any] = []
+
+    def __call__(self, v: Any) -> int:
+        c = self.codes.get(v)
+        if c is None:
+            c = self.codes[v] = len(self.values)
+            self.values.append(v)
+        return c
+
+
+def _us_to_ns(ts: array | list) -> np.ndarray:
+    """Microseconds (ints or floats) to int64 nanoseconds, exact for integer microseconds."""
+    a = np.asarray(ts, dtype=np.float64)
+    if np.array_equal(a, np.floor(a)):
+        return a.astype(np.int64) * 1000
+    return np.rint(a * 1000).astype(np.int64)
+
+
+def _num(event: dict, key: str, ev: _Events, required: bool = True) -> float | int | None:
+    v = event.get(key)
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        return v
+    if v is None and not required:
+        return None
+    if v is None:
+        raise _error(ev.path, f"event #{ev.index} (ph {event.get('ph')!r}) at {ev.where(ev.event_pos)} "
+                              f"has no {key!r} field")
+    raise _error(ev.path, f"event #{ev.index} (ph {event.get('ph')!r}) at {ev.where(ev.event_pos)}: "
+                          f"field {key!r} is {type(v).__name__} {v!r:.40}, expected a number of microseconds")
+
+
+_ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
+
+
+def _args_json(args: Any) -> str | None:
+    if not args:
+        return None
+    try:
+        return _ENCODE(args)
+    except (TypeError, ValueError):
+        return _ENCODE(str(args))
+
+
+def _marked_attrs(args: dict, fs: dict) -> str | None:
+    """The attrs of a row flowscope exported: the args without what the exporter added for display."""
+    added = set(fs.get("added") or ()) | {"flowscope"}
+    return _args_json({k: v for k, v in args.items() if k not in added})
+
+
+def _async_key(e: dict, pid: Any) -> tuple:
+    id2 = e.get("id2")
+    if isinstance(id2, dict):
+        if "global" in id2:
+            ident: Any = ("g", str(id2["global"]))
+        else:
+            ident = ("l", pid, str(id2.get("local")))
+    else:
+        ident = ("i", str(e.get("id")))
+    return e.get("cat"), e.get("scope"), ident
+
+
+class _Reader:
+    """State of one import: resources seen, and column stores per kind of record."""
+
+    def __init__(self, path: Path, sink: ImportSink):
+        self.path = path
+        self.sink = sink
+        self.label = path.name
+        self.names = _Intern()
+        self.cats = _Intern()
+        self.threads = _Intern()     # (pid, tid) -> code; tid None = the process itself
+        self.proc_names: dict[Any, str] = {}
+        self.thread_names: dict[tuple, str] = {}
+        self.sort_index: dict[tuple, Any] = {}
+        self.marked: dict[tuple, dict] = {}  # (pid, tid) -> flowscope resource description
+        self.phases: Counter = Counter()
+        self.unknown: dict[str, tuple[int, str]] = {}
+        self.other_meta: dict[str, Any] = {}
+        self.t_min = None
+        self.t_max = None
+        # slices: X and B/E, in file order
+        self.sl_thread = array("q"); self.sl_ts = array("d"); self.sl_dur = array("d")
+        self.sl_ph = array("b"); self.sl_name = array("q"); self.sl_cat = array("q")
+        self.sl_args: list = []
+        self.sl_bind: list = []  # (index, bind key, flow_in, flow_out) for flow v2
+        self.no_dur = 0
+        # async: (key, ph, ts, thread, name, cat, args, order)
+        self.asyncs: list = []
+        # flows: (key, ph, ts, thread, name, cat, args, order, bp)
+        self.flows: list = []
+        # instants and counters go to the sink in batches
+        self.logs: dict[str, list] = {k: [] for k in ("ts", "thread", "level", "category", "message", "task_key", "attrs")}
+        self.metrics: dict[str, list] = {k: [] for k in ("ts", "thread", "namespace", "name", "value")}
+        self.origin_ns = 0
+
+    # ---- resources -------------------------------------------------------------------------
+    def thread(self, e: dict, scope_process: bool = False) -> int:
+        pid = e.get("pid")
+        tid = None if scope_process else e.get("tid")
+        return self.threads((pid, tid))
+
+    def process_rid(self, pid: Any) -> str:
+        m = self.marked.get((pid, None))
+        return m["resource_id"] if m else f"process:{self.label}:{pid}"
+
+    def resource_id(self, key: tuple) -> str:
+        pid, tid = key
+        m = self.marked.get(key)
+        if m:
+            return m["resource_id"]
+        if tid is None:
+            return self.process_rid(pid)
+        return f"thread:{self.label}:{pid}:{tid}"
+
+    # ---- per event -------------------------------------------------------------------------
+    def event(self, e: dict, ev: _Events) -> None:
+        ph = e.get("ph")
+        self.phases[ph] += 1
+        if ph == "X" or ph == "B" or ph == "E":
+            ts = _num(e, "ts", ev)
+            self._seen(ts)
+            if ph == "X":
+                dur = _num(e, "dur", ev, required=False)
+                if dur is None:
+                    self.no_dur += 1
+                    dur = 0
+                self._seen(ts + dur)
+            else:
+                dur = 0
+            if "bind_id" in e or e.get("flow_in") or e.get("flow_out"):
+                bid = e.get("bind_id", e.get("id"))
+                self.sl_bind.append((len(self.sl_ts), (e.get("cat"), str(bid)), bool(e.get("flow_in")),
+                                     bool(e.get("flow_out")), ts))
+            self.sl_thread.append(self.thread(e))
+            self.sl_ts.append(ts)
+            self.sl_dur.append(dur)
+            self.sl_ph.append(0 if ph == "X" else (1 if ph == "B" else 2))
+            self.sl_name.append(self.names(e.get("name") or ""))
+            self.sl_cat.append(self.cats(e.get("cat")))
+            self.sl_args.append(e.get("args") or None)
+        elif ph in INSTANT:
+            ts = _num(e, "ts", ev)
+            self._seen(ts)
+            s = e.get("s")
+            args = e.get("args") or {}
+            fs = args.get("flowscope") if isinstance(args, dict) else None
+            L = self.logs
+            L["ts"].append(ts)
+            L["thread"].append(-1 if s == "g" else self.thread(e, scope_process=(s == "p" or ph == "n")))
+            if isinstance(fs, dict):
+                L["level"].append(fs.get("level") or "info")
+                L["category"].append(fs.get("category") or "instant")
+                L["task_key"].append(fs.get("task_key"))
+                L["attrs"].append(_marked_attrs(args, fs))
+            else:
+                L["level"].append("info")
+                L["category"].append(e.get("cat") or ("async-instant" if ph == "n" else "instant"))
+                L["task_key"].append(None)
+                extra = {k: e[k] for k in ("s", "id", "scope") if k in e}
+                if args:
+                    extra["args"] = args
+                L["attrs"].append(_args_json(extra))
+            L["message"].append(e.get("name"))
+            if len(L["ts"]) >= BATCH:
+                self.flush_logs()
+        elif ph == "C":
+            ts = _num(e, "ts", ev)
+            self._seen(ts)
+            args = e.get("args") or {}
+            if not isinstance(args, dict):
+                raise _error(self.path, f"event #{ev.index} (counter {e.get('name')!r}) at {ev.where(ev.event_pos)}: "
+                                        f"args is {type(args).__name__}, expected an object of series values")
+            base = str(e.get("name") or "counter")
+            if e.get("id") is not None:
+                base = f"{base}[{e['id']}]"
+            th = self.thread(e, scope_process=True)
+            M = self.metrics
+            for key, v in args.items():
+                if isinstance(v, bool) or not isinstance(v, (int, float)):
+                    if isinstance(v, str):
+                        try:
+                            v = float(v)
+                        except ValueError:
+                            continue
+                    else:
+                        continue
+                M["ts"].append(ts)
+                M["thread"].append(th)
+                M["namespace"].append(e.get("cat") or "counter")
+                M["name"].append(base if key == "value" else f"{base}.{key}")
+                M["value"].append(float(v))
+            if len(M["ts"]) >= BATCH:
+                self.flush_metrics()
+        elif ph in ASYNC:
+            ts = _num(e, "ts", ev)
+            self._seen(ts)
+            self.asyncs.append((_async_key(e, e.get("pid")), ph, ts, self.thread(e), e.get("name") or "",
+                                e.get("cat"), e.get("args") or None, len(self.asyncs)))
+        elif ph in FLOW:
+            ts = _num(e, "ts", ev)
+            self._seen(ts)
+            self.flows.append(((e.get("cat"), str(e.get("id", (e.get("id2") or {}).get("global")))), ph, ts,
+                               self.thread(e), e.get("name") or "", e.get("cat"), e.get("args") or None,
+                               len(self.flows), e.get("bp")))
+        elif ph == "M":
+            self.metadata(e)
+        elif ph in UNMAPPED:
+            self.thread(e)
+        else:
+            if ph not in self.unknown:
+                self.unknown[str(ph)] = (ev.index, ev.where(ev.event_pos))
+
+    def _seen(self, ts: float) -> None:
+        if self.t_min is None or ts < self.t_min:
+            self.t_min = ts
+        if self.t_max is None or ts > self.t_max:
+            self.t_max = ts
+
+    def metadata(self, e: dict) -> None:
+        name = e.get("name")
+        args = e.get("args") or {}
+        pid, tid = e.get("pid"), e.get("tid")
+        fs = args.get("flowscope") if isinstance(args, dict) else None
+        if name == "process_name":
+            self.proc_names[pid] = str(args.get("name"))
+            self.threads((pid, None))
+            if isinstance(fs, dict) and fs.get("resource_id"):
+                self.marked[(pid, None)] = fs
+        elif name == "thread_name":
+            self.thread_names[(pid, tid)] = str(args.get("name"))
+            self.threads((pid, tid))
+            if isinstance(fs, dict) and fs.get("resource_id"):
+                self.marked[(pid, tid)] = fs
+        elif name == "process_sort_index":
+            self.sort_index[(pid, None)] = args.get("sort_index")
+        elif name == "thread_sort_index":
+            self.sort_index[(pid, tid)] = args.get("sort_index")
+        else:
+            self.other_meta.setdefault(str(name), args if len(json.dumps(args, default=str)) < 4096 else "…")
+
+    # ---- output ----------------------------------------------------------------------------
+    def _rids(self, codes: np.ndarray) -> list:
+        table = [self.resource_id(k) for k in self.threads.values]
+        return [None if c < 0 else table[c] for c in codes.tolist()]
+
+    def flush_logs(self) -> None:
+        L = self.logs
+        if not L["ts"]:
+            return
+        self.sink.add("logs", {"ts_ns": _us_to_ns(L["ts"]) + self.origin_ns,
+                               "resource_id": self._rids(np.asarray(L["thread"])),
+                               "level": L["level"], "category": L["category"], "message": L["message"],
+                               "task_key": L["task_key"], "attrs": L["attrs"]})
+        for v in L.values():
+            v.clear()
+
+    def flush_metrics(self) -> None:
+        M = self.metrics
+        if not M["ts"]:
+            return
+        self.sink.add("metrics", {"ts_ns": _us_to_ns(M["ts"]) + self.origin_ns,
+                                  "resource_id": self._rids(np.asarray(M["thread"])),
+                                  "namespace": M["namespace"], "name": M["name"], "value": M["value"]})
+        for v in M.values():
+            v.clear()
+
+    def finish(self, ev: _Events) -> None:
+        self.flush_logs()
+        self.flush_metrics()
+        end_us = self.t_max if self.t_max is not None else 0
+        spans = self._slices(end_us)
+        spans += self._async_spans(end_us)
+        self._emit_spans(spans)
+        self._transfers()
+        self._resources()
+        meta: dict[str, Any] = {"form": ev.form, "events": int(sum(self.phases.values())),
+                                "events_by_phase": {str(k): v for k, v in sorted(self.phases.items(), key=str)}}
+        if ev.unterminated:
+            meta["unterminated_array"] = True
+        dtu = ev.meta.get("displayTimeUnit")
+        if dtu is not None:
+            meta["display_time_unit"] = dtu
+        small = {k: v for k, v in ev.meta.items() if k not in ("displayTimeUnit", "traceEvents")
+                 and len(json.dumps(v, default=str)) < 8192}
+        if small:
+            meta["trace_metadata"] = small
+        big = sorted(set(ev.meta) - set(small) - {"displayTimeUnit"})
+        if big:
+            meta["not_imported_keys"] = big
+        if self.other_meta:
+            meta["metadata_events"] = self.other_meta
+        self.sink.set_meta(**meta)
+        if self.t_min is not None:
+            self.sink.set_run_fields(start_ns=int(_us_to_ns([self.t_min])[0]) + self.origin_ns,
+                                     end_ns=int(_us_to_ns([self.t_max])[0]) + self.origin_ns)
+        if self.no_dur:
+            self.sink.warn(f"{self.no_dur} X events have no 'dur': imported with duration 0")
+        for ph, (i, where) in sorted(self.unknown.items()):
+            self.sink.warn(f"unknown phase ph={ph!r} ({self.phases[ph]} events, first: event #{i} at {where}): "
+                           f"not imported")
+        skipped = {str(p): n for p, n in self.phases.items() if p in UNMAPPED and p != "M"}
+        if skipped:
+            self.sink.warn(f"{sum(skipped.values())} events of phases {', '.join(sorted(skipped))} (object "
+                           f"snapshots, samples, memory dumps, clock sync) have no flowscope table: not imported")
+
+    # ---- slices ----------------------------------------------------------------------------
+    def _slices(self, end_us: float) -> list[tuple]:
+        """(thread, start_us, end_us, name, cat, args, unclosed, index) for X slices and matched B/E."""
+        n = len(self.sl_ts)
+        out: list[tuple] = []
+        if n == 0:
+            return out
+        thread = np.frombuffer(self.sl_thread, dtype=np.int64)
+        ts = np.frombuffer(self.sl_ts, dtype=np.float64)
+        dur = np.frombuffer(self.sl_dur, dtype=np.float64)
+        ph = np.frombuffer(self.sl_ph, dtype=np.int8)
+        names, cats, args = self.names.values, self.cats.values, self.sl_args
+        self._slice_of_event: dict[int, int] = {}
+        for i in np.flatnonzero(ph == 0).tolist():
+            self._slice_of_event[i] = len(out)
+            out.append((int(thread[i]), ts[i], ts[i] + dur[i], names[self.sl_name[i]], cats[self.sl_cat[i]],
+                        args[i], False, i))
+        be = np.flatnonzero(ph != 0)
+        if len(be):
+            order = be[np.lexsort((be, ts[be], thread[be]))]  # per thread, by time, file order on ties
+            stacks: dict[int, list] = {}
+            orphans = 0
+            mismatched = 0
+            for i in order.tolist():
+                th = int(thread[i])
+                st = stacks.setdefault(th, [])
+                if ph[i] == 1:
+                    st.append(i)
+                    continue
+                if not st:
+                    orphans += 1
+                    continue
+                b = st.pop()
+                if self.sl_name[i] != self.sl_name[b] and names[self.sl_name[i]]:
+                    mismatched += 1
+                a = args[b]
+                if args[i]:
+                    a = {**(a or {}), **args[i]} if isinstance(a, dict) or a is None else a
+                self._slice_of_event[b] = len(out)
+                out.append((th, ts[b], ts[i], names[self.sl_name[b]], cats[self.sl_cat[b]], a, False, b))
+            unclosed = [(th, b) for th, st in stacks.items() for b in st]
+            for th, b in unclosed:
+                self._slice_of_event[b] = len(out)
+                out.append((th, ts[b], max(end_us, ts[b]), names[self.sl_name[b]], cats[self.sl_cat[b]],
+                            args[b], True, b))
+            if unclosed:
+                ex = ", ".join(f"{names[self.sl_name[b]]!r} on {self.resource_id(self.threads.values[th])}"
+                               for th, b in unclosed[:3])
+                self.sink.warn(f"{len(unclosed)} B events have no matching E (unclosed slices, e.g. {ex}): "
+                               f"imported ending at the trace end, marked unclosed in attrs")
+            if orphans:
+                self.sink.warn(f"{orphans} E events have no open B on their thread: ignored")
+            if mismatched:
+                self.sink.warn(f"{mismatched} E events close a B of another name (matched by nesting, as viewers do)")
+        return out
+
+    def _async_spans(self, end_us: float) -> list[tuple]:
+        """Matched async begin/end pairs, as slices on the process of their begin event."""
+        out: list[tuple] = []
+        if not self.asyncs:
+            return out
+        events = sorted(self.asyncs, key=lambda r: (r[2], r[7]))
+        open_n: dict[tuple, list] = {}     # nestable b/e: stack per key
+        open_l: dict[tuple, dict] = {}     # legacy S/T/F: per key and name
+        orphans = 0
+        for key, ph, ts, th, name, cat, args, order in events:
+            if ph == "b":
+                open_n.setdefault(key, []).append([ts, th, name, cat, args])
+            elif ph == "e":
+                st = open_n.get(key)
+                if not st:
+                    orphans += 1
+                    continue
+                j = len(st) - 1
+                while j >= 0 and name and st[j][2] != name:
+                    j -= 1
+                j = j if j >= 0 else len(st) - 1
+                b = st.pop(j)
+                a = b[4]
+                if args:
+                    a = {**(a or {}), **args} if isinstance(a, dict) or a is None else a
+                out.append(self._async_row(b[1], b[0], ts, b[2], b[3], a, False, key, len(st)))
+            elif ph == "S":
+                open_l.setdefault((key, name), [])
+                open_l[(key, name)].append([ts, th, name, cat, args, []])
+            elif ph in ("T", "p"):
+                st = open_l.get((key, name))
+                if st:
+                    st[-1][5].append({"ts_us": ts, "ph": ph, **({"args": args} if args else {})})
+                else:
+                    orphans += 1
+            elif ph == "F":
+                st = open_l.get((key, name))
+                if not st:
+                    orphans += 1
+                    continue
+                b = st.pop(0)
+                a = dict(b[4] or {})
+                if args:
+                    a.update(args)
+                if b[5]:
+                    a["steps"] = b[5]
+                out.append(self._async_row(b[1], b[0], ts, b[2], b[3], a or None, False, key, 0))
+        unclosed = [(k, b) for k, st in open_n.items() for b in st] + \
+                   [(k[0], b) for k, st in open_l.items() for b in st]
+        for key, b in unclosed:
+            out.append(self._async_row(b[1], b[0], max(end_us, b[0]), b[2], b[3], b[4], True, key, 0))
+        if unclosed:
+            self.sink.warn(f"{len(unclosed)} async begin events (b/S) have no matching end: imported ending "
+                           f"at the trace end, marked unclosed in attrs")
+        if orphans:
+            self.sink.warn(f"{orphans} async end/step events (e/T/F) have no open begin: ignored")
+        return out
+
+    def _async_row(self, th: int, t0: float, t1: float, name: str, cat: Any, args: Any, unclosed: bool,
+                   key: tuple, depth: int) -> tuple:
+        pid = self.threads.values[th][0]
+        ident = key[2][-1]
+        extra = {"async_id": ident, "async_depth": depth, "tid": self.threads.values[th][1]}
+        if key[1] is not None:
+            extra["scope"] = key[1]
+        return (self.threads((pid, None)), t0, t1, name, cat, args, unclosed, -1, extra)
+
+    def _emit_spans(self, rows: list[tuple]) -> None:
+        if not rows:
+            return
+        n = len(rows)
+        thread = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
+        start = _us_to_ns([r[1] for r in rows])
+        end = _us_to_ns([r[2] for r in rows])
+        # an X slice's end is its start plus its duration, each rounded to the ns on its own
+        x_rows = [j for j, r in enumerate(rows) if len(r) == 8 and r[7] >= 0 and self.sl_ph[r[7]] == 0]
+        if x_rows:
+            x = np.asarray(x_rows, dtype=np.int64)
+            end[x] = start[x] + _us_to_ns([self.sl_dur[rows[j][7]] for j in x_rows])
+        is_async = np.fromiter((len(r) > 8 for r in rows), dtype=bool, count=n)
+        base = (zlib.crc32(self.sink._token.encode()) & 0x7FFFFFFF) << 32
+        # nesting: per thread, by start then longest first; async spans nest only by their own ids
+        order = np.lexsort((np.arange(n), -end, start, is_async, thread))
+        parent = np.full(n, -1, dtype=np.int64)
+        depth = np.zeros(n, dtype=np.int64)
+        stack: list[int] = []
+        cur = None
+        for i in order.tolist():
+            if is_async[i]:
+                continue
+            key = thread[i]
+            if key != cur:
+                stack.clear()
+                cur = key
+            while stack and end[stack[-1]] <= start[i] and not (end[stack[-1]] == start[i] == end[i]):
+                stack.pop()
+            while stack and end[i] > end[stack[-1]]:  # overlaps without nesting: not a child
+                stack.pop()
+            if stack:
+                parent[i] = stack[-1]
+                depth[i] = len(stack)
+            stack.append(i)
+        self._span_base = base
+        self._span_start = start
+        self._span_thread = thread
+        kinds, names, task_keys, attrs = [], [], [], []
+        cat_json: dict[Any, str] = {}
+        for i, r in enumerate(rows):
+            args = r[5]
+            fs = args.get("flowscope") if isinstance(args, dict) else None
+            names.append(r[3])
+            if isinstance(fs, dict):
+                kinds.append(fs.get("kind") or "call")
+                task_keys.append(fs.get("task_key"))
+                attrs.append(_marked_attrs(args, fs))
+                continue
+            kinds.append("async" if is_async[i] else "call")
+            task_keys.append(None)
+            if not args and not r[6] and not is_async[i]:  # the common case, without building a dict
+                c = cat_json.get(r[4])
+                if c is None:
+                    c = cat_json[r[4]] = "" if r[4] is None else ',"cat":' + _ENCODE(r[4])
+                attrs.append(f'{{"depth":{depth[i]}{c}}}')
+                continue
+            a: dict[str, Any] = {"depth": int(r[8]["async_depth"]) if is_async[i] else int(depth[i])}
+            if r[4] is not None:
+                a["cat"] = r[4]
+            if r[6]:
+                a["unclosed"] = True
+            if is_async[i]:
+                a.update(r[8])
+            if args:
+                a["args"] = args
+            attrs.append(_args_json(a))
+        span_id = base + np.arange(n, dtype=np.int64)
+        parent_id = np.where(parent >= 0, base + parent, 0)
+        rids = self._rids(thread)
+        for lo in range(0, n, BATCH):
+            hi = min(n, lo + BATCH)
+            pid_col = [None if parent[j] < 0 else int(parent_id[j]) for j in range(lo, hi)]
+            self.sink.add("spans", {"span_id": span_id[lo:hi], "parent_id": pid_col,
+                                    "resource_id": rids[lo:hi], "kind": kinds[lo:hi], "name": names[lo:hi],
+                                    "start_ns": start[lo:hi] + self.origin_ns, "end_ns": end[lo:hi] + self.origin_ns,
+                                    "task_key": task_keys[lo:hi], "attrs": attrs[lo:hi]})
+        self._thread_span_times = (thread, start, end)
+
+    # ---- flows -----------------------------------------------------------------------------
+    def _transfers(self) -> None:
+        rows: dict[str, list] = {k: [] for k in ("src", "dst", "t0", "t1", "kind", "attrs", "nbytes", "keys")}
+        unmatched = 0
+        open_f: dict[tuple, list] = {}
+        for key, ph, ts, th, name, cat, args, order, bp in sorted(self.flows, key=lambda r: (r[2], r[7])):
+            if ph == "s":
+                open_f[key] = [ts, th, name, cat, args, []]
+            elif ph == "t":
+                if key in open_f:
+                    open_f[key][5].append({"ts_us": ts, "resource_id": self.resource_id(self.threads.values[th])})
+                else:
+                    unmatched += 1
+            else:
+                b = open_f.pop(key, None)
+                if b is None:
+                    unmatched += 1
+                    continue
+                self._transfer_row(rows, b[1], th, b[0], ts, b[2], b[3], b[4], b[5], key[1])
+        unmatched += len(open_f)
+        # flow v2: slices bound by id, flow_out on the source, flow_in on the destination
+        if self.sl_bind:
+            outs: dict[tuple, tuple] = {}
+            for i, key, fin, fout, ts in sorted(self.sl_bind, key=lambda r: r[4]):
+                if fin and key in outs:
+                    j, th0, t0 = outs.pop(key)
+                    self._transfer_row(rows, th0, int(self.sl_thread[i]), t0, ts,
+                                       self.names.values[self.sl_name[j]], key[0], None, [], key[1])
+                if fout:
+                    outs[key] = (i, int(self.sl_thread[i]), ts)
+            unmatched += len(outs)
+        if unmatched:
+            self.sink.warn(f"{unmatched} flow events have no matching start or finish: ignored")
+        if rows["src"]:
+            self.sink.add("transfers", {
+                "kind": rows["kind"], "src_resource_id": self._rids(np.asarray(rows["src"])),
+                "dst_resource_id": self._rids(np.asarray(rows["dst"])), "nbytes": rows["nbytes"],
+                "start_ns": _us_to_ns(rows["t0"]) + self.origin_ns, "end_ns": _us_to_ns(rows["t1"]) + self.origin_ns,
+                "keys": rows["keys"], "attrs": rows["attrs"]})
+
+    def _transfer_row(self, rows: dict, src: int, dst: int, t0: float, t1: float, name: str, cat: Any,
+                      args: Any, steps: list, ident: str) -> None:
+        fs = args.get("flowscope") if isinstance(args, dict) else None
+        rows["src"].append(src)
+        rows["dst"].append(dst)
+        rows["t0"].append(t0)
+        rows["t1"].append(t1)
+        if isinstance(fs, dict):
+            rows["kind"].append(fs.get("kind") or "flow")
+            rows["nbytes"].append(fs.get("nbytes"))
+            rows["keys"].append(fs.get("keys"))
+            rows["attrs"].append(_marked_attrs(args, fs))
+            return
+        a: dict[str, Any] = {"name": name, "flow_id": ident}
+        if cat is not None:
+            a["cat"] = cat
+        if steps:
+            a["steps"] = steps
+        if args:
+            a["args"] = args
+        rows["kind"].append("flow")
+        rows["nbytes"].append(None)
+        rows["keys"].append(None)
+        rows["attrs"].append(_args_json(a))
+
+    # ---- resources -------------------------------------------------------------------------
+    def _resources(self) -> None:
+        first: dict[int, int] = {}
+        last: dict[int, int] = {}
+        if hasattr(self, "_thread_span_times"):
+            thread, start, end = self._thread_span_times
+            if len(thread):
+                order = np.argsort(thread, kind="stable")
+                th_sorted = thread[order]
+                cuts = np.flatnonzero(np.diff(th_sorted)) + 1
+                starts = np.minimum.reduceat(start[order], np.r_[0, cuts])
+                ends = np.maximum.reduceat(end[order], np.r_[0, cuts])
+                for th, s, e in zip(th_sorted[np.r_[0, cuts]].tolist(), starts.tolist(), ends.tolist()):
+                    first[th], last[th] = s + self.origin_ns, e + self.origin_ns
+        rows: dict[str, dict] = {}
+        for code, (pid, tid) in enumerate(self.threads.values):
+            for key in ((pid, None), (pid, tid)) if tid is not None else ((pid, None),):
+                rid = self.resource_id(key)
+                row = rows.get(rid)
+                if row is None:
+                    m = self.marked.get(key)
+                    is_thread = key[1] is not None
+                    attrs = {"trace_pid": pid} if not is_thread else {"trace_pid": pid, "trace_tid": tid}
+                    if key in self.sort_index:
+                        attrs["sort_index"] = self.sort_index[key]
+                    row = rows[rid] = {
+                        "resource_id": rid,
+                        "kind": (m or {}).get("kind") or ("thread" if is_thread else "process"),
+                        "name": (m or {}).get("name") or (self.thread_names.get(key) if is_thread
+                                                          else self.proc_names.get(pid)) or
+                                (f"{pid}:{tid}" if is_thread else str(pid)),
+                        "parent_id": (m or {}).get("parent_id") if m else
+                                     (self.process_rid(pid) if is_thread else None),
+                        "host": (m or {}).get("host"),
+                        "pid": pid if isinstance(pid, int) and not isinstance(pid, bool) else None,
+                        "tid": tid if is_thread and isinstance(tid, int) and not isinstance(tid, bool) else None,
+                        "address": (m or {}).get("address"),
+                        "start_ns": None, "end_ns": None,
+                        "attrs": (m or {}).get("attrs") if m else _args_json(attrs)}
+                if code in first and (key[1] is not None or tid is None or True):
+                    s, e = first[code], last[code]
+                    row["start_ns"] = s if row["start_ns"] is None else min(row["start_ns"], s)
+                    row["end_ns"] = e if row["end_ns"] is None else max(row["end_ns"], e)
+        if rows:
+            self.sink.add("resources", list(rows.values()))
+
+
+def _open(path: Path) -> tuple[BinaryIO, BinaryIO, str]:
+    raw = open(path, "rb")
+    if raw.read(2) == b"\x1f\x8b":
+        raw.seek(0)
+        return gzip.GzipFile(fileobj=raw, mode="rb"), raw, " of the decompressed content"
+    raw.seek(0)
+    return raw, raw, ""
+
+
+def read(path: Path, sink: ImportSink) -> None:
+    """Import one Chrome trace-event JSON file (object or array form, plain or gzip) into ``sink``."""
+    path = Path(path)
+    stream, raw, note = _open(path)
+    try:
+        ev = _Events(path, stream, note)
+        r = _Reader(path, sink)
+        n = 0
+        origin_checked = False
+        for e in ev:
+            if not origin_checked:
+                origin_checked = True
+                fs = ev.meta.get("flowscope")
+                if isinstance(fs, dict) and isinstance(fs.get("time_origin_ns"), int):
+                    r.origin_ns = fs["time_origin_ns"]
+            r.event(e, ev)
+            n += 1
+            if n % 65536 == 0:
+                sink.advance(raw.tell())
+        r.finish(ev)
+    finally:
+        stream.close()
+        raw.close()
