@@ -342,3 +342,80 @@ def test_other_broken_fields(shared_data, tmp_path):
     task = json.loads((shared_data / "wfinstances" / name).read_text())["workflow"]["execution"]["tasks"][2]["id"]
     msg = _import_error(bad, tmp_path)
     assert repr(task) in msg and "no entry in workflow.execution.tasks" in msg, msg
+
+
+# ---- fuzz: mutated real instances give a TraceError or an import, never another exception ----------
+FUZZ_EXAMPLES = int(__import__("os").environ.get("FLOWSCOPE_FUZZ_EXAMPLES", "600"))
+
+
+def _read_only(path: Path) -> None:
+    """Run the importer into a sink that conforms every batch but writes nothing."""
+    from flowscope.importers import wfcommons
+    from flowscope.importers.sink import ImportSink
+
+    sink = ImportSink("fuzz", path, "wfcommons", lambda *a: None)
+    wfcommons.read(path, sink)
+    sink.flush()
+
+
+def _json_paths(node, prefix=()):
+    yield prefix
+    if isinstance(node, dict):
+        for k, v in node.items():
+            yield from _json_paths(v, (*prefix, k))
+    elif isinstance(node, list):
+        for i, v in enumerate(node[:4]):  # the first few items of each list are enough to reach every field
+            yield from _json_paths(v, (*prefix, i))
+
+
+def test_fuzz_mutated_instances(shared_data, tmp_path):
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    sources = [shared_data / "wfinstances" / "helloworld-chain-5-chameleon.json",
+               shared_data / "wfinstances" / "schema-1.4" / "epigenomics-chameleon-hep-1seq-100k-001.json"]
+    raws = [s.read_bytes() for s in sources]
+    docs = [json.loads(r) for r in raws]
+    paths = [[p for p in _json_paths(d) if p] for d in docs]
+    target = tmp_path / "fuzz.json"
+    counts = {"examples": 0, "errors": 0}
+    extremes = st.sampled_from([float("nan"), float("inf"), -1, 2**70, 1e300, 1.5, "", "12", "9999-12-31T23:59:59Z"])
+    values = st.one_of(extremes, st.none(), st.booleans(), st.integers(-2**70, 2**70), st.floats(allow_nan=True),
+                       st.text(max_size=12), st.just([]), st.just({}), st.lists(st.text(max_size=5), max_size=3))
+
+    def run(data: bytes) -> None:
+        target.write_bytes(data)
+        counts["examples"] += 1
+        try:
+            _read_only(target)
+        except TraceError as exc:
+            assert str(target) in str(exc)
+            counts["errors"] += 1
+
+    @hypothesis.settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None)
+    @hypothesis.given(which=st.integers(0, 1), cut=st.integers(0, 10**6),
+                      flips=st.lists(st.tuples(st.integers(0, 10**6), st.integers(0, 255)), max_size=4))
+    def bytes_level(which, cut, flips):
+        data = bytearray(raws[which][: cut % (len(raws[which]) + 1)] if cut % 3 == 0 else raws[which])
+        for pos, b in flips:
+            if data:
+                data[pos % len(data)] = b
+        run(bytes(data))
+
+    @hypothesis.settings(max_examples=FUZZ_EXAMPLES, deadline=None, derandomize=True, database=None)
+    @hypothesis.given(which=st.integers(0, 1), pick=st.integers(0, 10**6), value=values, delete=st.booleans())
+    def field_level(which, pick, value, delete):
+        doc = json.loads(raws[which])
+        where = paths[which][pick % len(paths[which])]
+        parent = doc
+        for k in where[:-1]:
+            parent = parent[k]
+        if delete and isinstance(parent, dict):
+            del parent[where[-1]]
+        else:
+            parent[where[-1]] = value
+        run(json.dumps(doc).encode())
+
+    bytes_level()
+    field_level()
+    assert counts["examples"] >= FUZZ_EXAMPLES  # hypothesis ran them all; every failure was a TraceError
+    print(f"wfcommons fuzz: {counts['examples']} inputs, {counts['errors']} TraceErrors, no other exception")

@@ -14,6 +14,7 @@ docs/formats/wfcommons.md explains the mapping and its limits.
 from __future__ import annotations
 
 import json
+import math
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -36,6 +37,9 @@ UNASSIGNED = "host:wfcommons-unassigned"
 _PEGASUS_ID = re.compile(r"_ID\d+$")
 #: executedAt as WfCommons' Pegasus and Makeflow parsers write it, e.g. "12-19-20T21:31:53Z" (month first)
 _MDY = "%m-%d-%yT%H:%M:%S%z"
+#: the largest time, in seconds, a runtime or makespan may have (its ns must fit int64 with room for a sum)
+MAX_SECONDS = 1e9
+_INT64_MAX = 2**63 - 1
 
 
 def _error(path: Path, msg: str) -> Exception:
@@ -162,20 +166,34 @@ class _Reader:
     def strings(self, v: Any, where: str) -> list[str]:
         return [self.string(x, f"{where}[{i}]") for i, x in enumerate(self.arr(v, where))]
 
-    def number(self, v: Any, where: str, *, required: bool = False, minimum: float | None = None) -> float | None:
+    def number(self, v: Any, where: str, *, required: bool = False, minimum: float | None = None,
+               maximum: float | None = None) -> float | None:
         if v is None:
             if required:
                 raise self.fail(f"{where} is missing")
             return None
         if not _is_number(v):
             raise self.fail(f"{where} must be a number, got {type(v).__name__} {json.dumps(v)[:60]}")
+        if not math.isfinite(v):
+            raise self.fail(f"{where} must be a finite number, got {v}")
         if minimum is not None and v < minimum:
             raise self.fail(f"{where} must be >= {minimum}, got {v}")
+        if maximum is not None and v > maximum:
+            raise self.fail(f"{where} must be <= {maximum:g}, got {v:g}")
         return v
+
+    def integer(self, v: Any, where: str) -> int | None:
+        """A non-negative int64 (a byte count); an integral float such as 1024.0 is accepted."""
+        n = self.number(v, where, minimum=0, maximum=_INT64_MAX)
+        if n is None:
+            return None
+        if n != int(n):
+            raise self.fail(f"{where} must be an integer, got {n}")
+        return int(n)
 
     def runtime(self, t: dict, where: str) -> tuple[float, int]:
         key = "runtimeInSeconds" if "runtimeInSeconds" in t else "runtime"
-        rt = self.number(t.get(key), f"{where}.{key}", required=True, minimum=0)
+        rt = self.number(t.get(key), f"{where}.{key}", required=True, minimum=0, maximum=MAX_SECONDS)
         return float(rt), int(round(rt * 1e9))
 
     def task_attrs(self, t: dict, where: str) -> dict[str, Any]:
@@ -226,9 +244,7 @@ def _read_15(r: _Reader, doc: dict, version: str) -> _Instance:
     for i, f in enumerate(r.arr(spec.get("files"), "workflow.specification.files")):
         f = r.obj(f, f"workflow.specification.files[{i}]")
         fid = r.string(f.get("id"), f"workflow.specification.files[{i}].id")
-        size = r.number(f.get("sizeInBytes"), f"file {fid!r} (workflow.specification.files[{i}]).sizeInBytes",
-                        minimum=0)
-        files[fid] = None if size is None else int(size)
+        files[fid] = r.integer(f.get("sizeInBytes"), f"file {fid!r} (workflow.specification.files[{i}]).sizeInBytes")
     tasks: list[_Task] = []
     for i, st in enumerate(r.arr(spec.get("tasks"), "workflow.specification.tasks")):
         where = f"workflow.specification.tasks[{i}]"
@@ -282,8 +298,7 @@ def _read_14(r: _Reader, doc: dict, version: str) -> _Instance:
             fid = r.string(f.get("name"), f"{fwhere}.name")
             if isinstance(f.get("path"), str):
                 fid = f["path"] + fid
-            size = r.number(f.get("sizeInBytes", f.get("size")), f"{fwhere}.sizeInBytes", minimum=0)
-            size = None if size is None else int(size)
+            size = r.integer(f.get("sizeInBytes", f.get("size")), f"{fwhere}.sizeInBytes")
             if fid in files and size is not None and files[fid] is not None and files[fid] != size:
                 r.warnings.append(f"{r.path}: {fwhere}: file {fid!r} has size {size} here and {files[fid]} "
                                   f"elsewhere; the first is kept")
@@ -356,6 +371,13 @@ def _dumps(d: dict[str, Any]) -> str:
     return json.dumps({k: v for k, v in d.items() if v is not None}, separators=(",", ":"))
 
 
+def _plain(v: Any) -> str | int | float | None:
+    """``v`` when it is text or a finite number (what a descriptive field may hold), else None."""
+    if isinstance(v, str) or (_is_number(v) and math.isfinite(v)):
+        return v
+    return None
+
+
 def _machine_resource(m: dict, declared: bool) -> dict:
     name = m["nodeName"]
     cpu = m.get("cpu") if isinstance(m.get("cpu"), dict) else {}
@@ -363,6 +385,7 @@ def _machine_resource(m: dict, declared: bool) -> dict:
              "cpu_cores": cpu.get("coreCount", cpu.get("count")),
              "cpu_speed_mhz": cpu.get("speedInMHz", cpu.get("speed")), "cpu_vendor": cpu.get("vendor"),
              "memory_bytes": m.get("memoryInBytes")}
+    attrs = {k: _plain(v) for k, v in attrs.items()}
     if not declared:
         attrs["declared"] = False
     return {"resource_id": host_id(name), "kind": "host", "name": name, "host": name, "attrs": _dumps(attrs)}
@@ -385,7 +408,9 @@ def read(path: Path, sink: ImportSink) -> None:
     except ValueError as exc:
         raise _error(path, f"executedAt: {exc}") from None
     t0 = executed.ns
-    makespan = _Reader(path).number(inst.makespan, "makespanInSeconds", minimum=0)
+    if not 0 <= t0 < 2**62:
+        raise _error(path, f"executedAt {inst.executed_at!r} is outside the years 1970-2116 that int64 ns hold")
+    makespan = _Reader(path).number(inst.makespan, "makespanInSeconds", minimum=0, maximum=MAX_SECONDS)
     tasks = inst.tasks
     if not tasks:
         raise _error(path, "the instance has no tasks")
@@ -450,6 +475,9 @@ def read(path: Path, sink: ImportSink) -> None:
     except CycleError as exc:
         cycle = " -> ".join(map(str, exc.args[1])) if len(exc.args) > 1 else "?"
         raise _error(path, f"the task graph has a cycle: {cycle}") from None
+    last = max(end for _, end in sched.values())
+    if t0 + last > _INT64_MAX:
+        raise _error(path, f"the derived schedule lasts {last / 1e9:g} s, beyond what int64 ns hold")
 
     # -- resources
     machine_names: dict[str, dict] = {}
@@ -561,9 +589,9 @@ def read(path: Path, sink: ImportSink) -> None:
         except ValueError:
             sink.warn(f"{path}: createdAt {doc['createdAt']!r} is not a date flowscope reads; kept as text")
     rs = inst.runtime_system if isinstance(inst.runtime_system, dict) else {}
-    meta["wms"] = {k: rs.get(k) for k in ("name", "version", "url") if rs.get(k) is not None} or None
+    meta["wms"] = {k: _plain(rs.get(k)) for k in ("name", "version", "url") if _plain(rs.get(k)) is not None} or None
     if isinstance(doc.get("author"), dict):
-        meta["author"] = doc["author"]
+        meta["author"] = {k: v for k, v in doc["author"].items() if isinstance(v, str)}
     wf = doc.get("workflow") or {}
     for k, out in (("repo", "repo"), ("runName", "run_name")):
         if isinstance(wf.get(k), str):
