@@ -18,7 +18,7 @@ import math
 import posixpath
 import re
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 from typing import Any
@@ -98,8 +98,8 @@ def parse_timestamp(text: str) -> Instant:
         raise ValueError(f"unrecognised date format: {text!r}")
     naive = dt.tzinfo is None
     if naive:
-        dt = dt.replace(tzinfo=timezone.utc)
-    delta = dt - datetime(1970, 1, 1, tzinfo=timezone.utc)
+        dt = dt.replace(tzinfo=UTC)
+    delta = dt - datetime(1970, 1, 1, tzinfo=UTC)
     ns = (delta.days * 86_400 + delta.seconds) * 1_000_000_000 + delta.microseconds * 1_000
     return Instant(ns, form, naive)
 
@@ -194,7 +194,7 @@ class _Reader:
     def runtime(self, t: dict, where: str) -> tuple[float, int]:
         key = "runtimeInSeconds" if "runtimeInSeconds" in t else "runtime"
         rt = self.number(t.get(key), f"{where}.{key}", required=True, minimum=0, maximum=MAX_SECONDS)
-        return float(rt), int(round(rt * 1e9))
+        return float(rt), round(rt * 1e9)
 
     def task_attrs(self, t: dict, where: str) -> dict[str, Any]:
         """The execution facts of one task, under flowscope's attr names."""
@@ -597,7 +597,7 @@ def read(path: Path, sink: ImportSink) -> None:
         if isinstance(wf.get(k), str):
             meta[out] = wf[k]
     sink.set_meta(**{k: v for k, v in meta.items() if v is not None})
-    end = t0 + (int(round(makespan * 1e9)) if makespan is not None else asap_ns)
+    end = t0 + (round(makespan * 1e9) if makespan is not None else asap_ns)
     sink.set_run_fields(start_ns=t0, end_ns=max(end, t0 + asap_ns), task_times="durations-only",
                         time_source=TIME_SOURCE)
     sink.advance(size)
