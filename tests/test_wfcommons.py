@@ -367,8 +367,9 @@ def _json_paths(node, prefix=()):
 
 
 def test_fuzz_mutated_instances(shared_data, tmp_path):
-    hypothesis = pytest.importorskip("hypothesis")
-    st = hypothesis.strategies
+    import hypothesis
+    import hypothesis.strategies as st
+
     sources = [shared_data / "wfinstances" / "helloworld-chain-5-chameleon.json",
                shared_data / "wfinstances" / "schema-1.4" / "epigenomics-chameleon-hep-1seq-100k-001.json"]
     raws = [s.read_bytes() for s in sources]
