@@ -153,18 +153,35 @@ def expand(paths: Iterable[str | Path], fmt: str | None = None) -> tuple[list[tu
     return todo, skipped
 
 
+def _commit_staged(staging: Path, run_dir: Path) -> None:
+    """Move a file's staged segments into the run, table by table (each rename is atomic)."""
+    for table_dir in sorted(p for p in staging.iterdir() if p.is_dir()):
+        dest = run_dir / table_dir.name
+        dest.mkdir(exist_ok=True)
+        for seg in sorted(table_dir.iterdir()):
+            target = dest / seg.name
+            if target.exists():  # the same file imported into this run before: nothing new
+                seg.unlink()
+            else:
+                os.replace(seg, target)
+
+
 def import_paths(paths: Iterable[str | Path], store: str | Path | None = None, *, run: str | Path | None = None,
                  name: str | None = None, fmt: str | None = None,
                  progress: Callable[[str, int, int], None] | None = None) -> ImportResult:
     """Import trace files (and folders of them) into a new run of ``store``, or into the existing ``run``.
 
     ``progress(path, done_bytes, total_bytes)`` is called as each file is read. Each file's rows,
-    warnings and facts go to run.json's ``imports`` list; a failed file raises and leaves the files
-    imported before it in place."""
+    warnings and facts go to run.json's ``imports`` list. A file lands whole or not at all: its
+    segments are staged in a hidden folder of the run and moved in once it has been read
+    completely. A failed file raises; the files imported before it stay, and a new run that
+    received nothing is removed."""
+    import shutil
+
     from flowscope.model.provenance import collect_provenance, new_run_id
     from flowscope.service.collector import Collector
     from flowscope.store.catalog import default_store, resolve_run
-    from flowscope.store.layout import RUN_JSON, read_json
+    from flowscope.store.layout import RUN_JSON, read_json, write_segment
 
     todo, skipped = expand(paths, fmt)
     if not todo:
@@ -187,14 +204,22 @@ def import_paths(paths: Iterable[str | Path], store: str | Path | None = None, *
         for path, f in todo:
             total = path.stat().st_size
             cb = (lambda done, _p=path, _t=total: progress(str(_p), done, _t)) if progress else None
-            sink = ImportSink(run_id, path, f, lambda r, t, s, d: collector.ingest(r, t, s, d), cb, run_dir)
+            staging = run_dir / f".import-{os.getpid()}-{len(files)}"
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir()
+            sink = ImportSink(run_id, path, f, lambda _r, t, seg, d, _s=staging: write_segment(_s, t, seg, d),
+                              cb, run_dir)
             try:
-                format_module(f).read(path, sink)
-                sink.flush()
-            except (TraceError, OSError, MemoryError):
-                raise
-            except ValueError as exc:  # a SchemaError or a parse error the importer did not place
-                raise TraceError(f"{path}: {exc}") from exc
+                try:
+                    format_module(f).read(path, sink)
+                    sink.flush()
+                except (TraceError, OSError, MemoryError):
+                    raise
+                except ValueError as exc:  # a SchemaError or a parse error the importer did not place
+                    raise TraceError(f"{path}: {exc}") from exc
+                _commit_staged(staging, run_dir)
+            finally:
+                shutil.rmtree(staging, ignore_errors=True)
             if cb:
                 cb(total)
             done = FileImport(str(path), f, dict(sink.counts), list(sink.warnings), dict(sink.meta))
@@ -210,9 +235,15 @@ def import_paths(paths: Iterable[str | Path], store: str | Path | None = None, *
                         v = min(meta[k], v) if k == "start_ns" else max(meta[k], v)
                     fields[k] = v
             collector.update_run(run_id, fields)
-        if created:
+    except BaseException:
+        if created and not files:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        elif created:
             collector.close_run(run_id, end_ns=read_json(run_dir / RUN_JSON).get("end_ns") or None,
-                                status="imported")
+                                status="imported-partly")
+        raise
     finally:
         collector.shutdown()
+    if created:
+        collector.close_run(run_id, end_ns=read_json(run_dir / RUN_JSON).get("end_ns") or None, status="imported")
     return ImportResult(run_dir, run_id, created, files, skipped)
