@@ -296,8 +296,8 @@ def scorer(model: FunctionModel, config: AnomalyConfig) -> Scorer:
         nonempty = counts > 0
         smin = np.where(nonempty, scores, np.inf).min(axis=1) if F else np.zeros(0)
         smax = np.where(nonempty, scores, -np.inf).max(axis=1) if F else np.zeros(0)
-        threshold = smin + config.threshold * (smax - smin)
-        judged &= smax > smin
+        judged &= np.isfinite(smin) & (smax > smin)
+        threshold = np.where(judged, smin + config.threshold * np.where(judged, smax - smin, 0.0), np.inf)
         table = np.take_along_axis(scores, coarse, axis=1)
         bin_count = np.take_along_axis(counts, coarse, axis=1).astype(np.int64)
     return Scorer(config, model, judged, threshold, table, nbins, width, bin_count)
