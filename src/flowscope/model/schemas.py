@@ -136,6 +136,42 @@ MUTATIONS = _schema("mutations", [
     ("attrs", STR, True),
 ])
 
+# Derived tables: written by an analysis into a run (never by a producer), read like the others.
+ANOMALIES = _schema("anomalies", [
+    ("anomaly_id", pa.int64(), False),   # 0.. within the run, most severe first
+    ("call_id", pa.int64(), False),      # the span: spans.span_id, else its position in (resource, start, end, name) order
+    ("resource_id", STR, False),         # thread / worker / rank the call ran on
+    ("function", STR, False),            # spans.name: function, or the Dask task prefix
+    ("kind", STR, False),                # spans.kind of the call
+    ("task_key", STR, True),
+    ("start_ns", NS, False),             # entry
+    ("end_ns", NS, False),               # exit
+    ("inclusive_ns", NS, False),         # end - start
+    ("exclusive_ns", NS, False),         # inclusive minus the inclusive time of direct children
+    ("metric", STR, False),              # exclusive | inclusive: what was scored
+    ("algo", STR, False),                # hbos | sstd
+    ("score", pa.float64(), False),      # the algorithm's score (hbos: -log2 p, sstd: |x - mean| / std)
+    ("threshold", pa.float64(), False),  # the score from which a call is flagged
+    ("severity_ns", NS, False),          # metric value minus the function's mean: time lost (negative: too fast)
+    ("step", pa.int64(), False),         # (start - run start) // step length
+    ("depth", pa.int64(), False),        # 0 for a root call
+    ("parent_call_id", pa.int64(), True),
+    ("call_stack", pa.list_(STR), True),  # function names, root first, ending with this call's function
+    ("children", pa.int64(), False),     # direct children count
+    ("messages", pa.int64(), False),     # transfers touching the call's resource (or its parent) during the call
+    ("window_before", pa.list_(pa.int64()), True),  # call_ids of up to k calls before, same resource
+    ("window_after", pa.list_(pa.int64()), True),   # call_ids of up to k calls after, same resource
+    ("exemplar_call_id", pa.int64(), True),         # one normal call of the same function in the same step
+    ("exemplar_ns", NS, True),                      # its metric value
+    ("model", STR, False),               # JSON: the function's model parameters the call was judged against
+    ("run_id", STR, True),               # the run the call was recorded in
+    ("provenance", STR, True),           # JSON: the run's provenance reference (name, command, host, start)
+])
+
+DERIVED_TABLES: dict[str, pa.Schema] = {
+    "anomalies": ANOMALIES,
+}
+
 TABLES: dict[str, pa.Schema] = {
     "resources": RESOURCES,
     "spans": SPANS,
@@ -155,6 +191,6 @@ MUTATION_KINDS = ("TRANSFER", "CONVERT", "APPEND", "SPLIT", "MERGE", "DELETE")
 def schema(table: str) -> pa.Schema:
     """The canonical schema of ``table``; KeyError naming the known tables otherwise."""
     try:
-        return TABLES[table]
+        return TABLES[table] if table in TABLES else DERIVED_TABLES[table]
     except KeyError:
-        raise KeyError(f"unknown table {table!r}; known tables: {', '.join(TABLES)}") from None
+        raise KeyError(f"unknown table {table!r}; known tables: {', '.join([*TABLES, *DERIVED_TABLES])}") from None

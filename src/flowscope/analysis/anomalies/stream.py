@@ -1,0 +1,65 @@
+"""Streaming, distributed detection as in Chimbuko: a detector next to each producer judges calls
+against the latest global model plus its own data since the last sync and hands its local statistics
+to a parameter server, which merges them and returns the global model."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+
+from flowscope.analysis.anomalies.config import AnomalyConfig
+from flowscope.analysis.anomalies.model import FunctionModel, scorer
+
+
+class ParameterServer:
+    """Holds the global model; ``exchange`` merges a detector's local statistics and returns a copy."""
+
+    def __init__(self) -> None:
+        self.model = FunctionModel()
+        self._lock = threading.Lock()
+        self.updates = 0
+
+    def exchange(self, local: FunctionModel) -> FunctionModel:
+        with self._lock:
+            self.model.merge_in(local)
+            self.updates += 1
+            return self.model.copy()
+
+    def snapshot(self) -> FunctionModel:
+        with self._lock:
+            return self.model.copy()
+
+
+class Detector:
+    """Judges batches of calls of one producer; ``sync`` trades local statistics for the global model."""
+
+    def __init__(self, config: AnomalyConfig | None = None, global_model: FunctionModel | None = None):
+        self.config = config or AnomalyConfig()
+        self.global_model = global_model.copy() if global_model is not None else FunctionModel()
+        self.local = FunctionModel()       # calls seen since the last sync
+        self.view = self.global_model.copy()  # global + local: what calls are judged against
+
+    def process(self, functions: Sequence[str], func: np.ndarray, values: np.ndarray
+                ) -> tuple[np.ndarray, np.ndarray]:
+        """Add calls (``func`` codes into ``functions``) to the model, then judge them: (score, flagged)."""
+        lcodes = self.local.codes(list(functions))[np.asarray(func, np.int64)]
+        vcodes = self.view.codes(list(functions))[np.asarray(func, np.int64)]
+        self.local.update(lcodes, values)
+        self.view.update(vcodes, values)
+        return scorer(self.view, self.config).score(vcodes, values)
+
+    def take_local(self) -> FunctionModel:
+        """The statistics gathered since the last call, and start afresh."""
+        out, self.local = self.local, FunctionModel()
+        return out
+
+    def set_global(self, model: FunctionModel) -> None:
+        """Adopt a new global model (which includes every local update already sent)."""
+        self.global_model = model
+        self.view = model.merge(self.local)
+
+    def sync(self, server: ParameterServer) -> None:
+        """Send local statistics to ``server`` and adopt the merged global model it returns."""
+        self.set_global(server.exchange(self.take_local()))
