@@ -7,9 +7,9 @@ import os
 import sys
 
 from flowscope import __version__
-from flowscope.cli import demo, export, importing, report, run, runs, serve, spool
+from flowscope.cli import anomalies, demo, export, importing, report, run, runs, serve, spool
 
-GROUPS = (demo, run, serve, runs, report, importing, export, spool)
+GROUPS = (demo, run, serve, runs, report, anomalies, importing, export, spool)
 
 
 class UserError(Exception):

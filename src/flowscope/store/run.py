@@ -12,7 +12,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flowscope.model.conform import type_family
-from flowscope.model.schemas import TABLES, schema
+from flowscope.model.schemas import DERIVED_TABLES, TABLES, schema
 from flowscope.store.layout import RUN_JSON, read_json, segment_files
 
 if TYPE_CHECKING:
@@ -139,12 +139,13 @@ class Run:
         return out
 
     def connection(self) -> duckdb.DuckDBPyConnection:
-        """A DuckDB connection with one view per table (refreshed on every call)."""
+        """A DuckDB connection with one view per table, derived tables (anomalies) included (refreshed on
+        every call)."""
         with self._lock:
             if self._con is None:
                 self._con = duckdb.connect(":memory:")
             con = self._con
-            for name, target in TABLES.items():
+            for name, target in {**TABLES, **DERIVED_TABLES}.items():
                 files = segment_files(self.path, name)
                 if files:
                     glob = str(self.path / name / "*.parquet").replace("'", "''")
