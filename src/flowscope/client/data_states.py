@@ -330,3 +330,113 @@ class DataStates:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             self.flush()
+
+
+def step_kind(n_inputs: int, n_outputs: int) -> str:
+    """The mutation kind linking a step's inputs to its outputs: one to one CONVERT, one to many SPLIT,
+    several inputs MERGE."""
+    if n_inputs > 1:
+        return "MERGE"
+    return "SPLIT" if n_outputs > 1 else "CONVERT"
+
+
+class Step:
+    """A step in progress (see :func:`step`): its recorder and its declared files."""
+
+    def __init__(self, name: str, ds: DataStates, inputs: Sequence[str | Path], outputs: Sequence[str | Path]):
+        self.name = name
+        self.ds = ds
+        self.client = ds.client
+        self.inputs = [Path(p) for p in inputs]
+        self.outputs = [Path(p) for p in outputs]
+        self.input_states: list[str] = []
+        self.output_states: list[str] = []
+        self.skipped: list[str] = []  # declared outputs the step did not write
+        self.start_ns = self.end_ns = 0
+
+    def begin(self) -> None:
+        """Record the inputs' states as they are before the step runs (missing input: DataStateError)."""
+        for p in self.inputs:
+            if not p.exists():
+                raise DataStateError(STATES, "label", f"declared input {str(p)!r} does not exist")
+        self.input_states = [self.ds.file(p) for p in self.inputs]
+        self.ds.flush()
+        self.start_ns = time.time_ns()
+
+    def end(self, attrs: dict | None = None, resource_id: str | None = None) -> None:
+        """Record the step's span, its outputs' states and the mutations from inputs to outputs."""
+        self.end_ns = time.time_ns()
+        written = []
+        for p in self.outputs:
+            try:
+                st = p.stat()
+            except OSError:
+                self.skipped.append(f"{p}: missing")
+                continue
+            if st.st_mtime_ns < self.start_ns - 2_000_000_000 and self.inputs:  # coarse file-system clocks
+                self.skipped.append(f"{p}: not modified by the step")
+                continue
+            written.append(p)
+        kind = step_kind(len(self.inputs), len(written))
+        for p in written:
+            sid = self.ds.file(p, origin=self.name)
+            self.output_states.append(sid)
+            ts = self.ds._index.states[sid][0]
+            for src in self.input_states:
+                if ts >= self.ds._index.states[src][0]:
+                    self.ds.mutation(src, sid, kind, application=self.name, attrs={"step": self.name})
+                else:
+                    self.skipped.append(f"{p}: older than input {src}")
+        self.ds.flush()
+        self.client.span(self.name, self.start_ns, self.end_ns, kind="step", resource_id=resource_id,
+                         attrs={"inputs": [str(p) for p in self.inputs], "outputs": [str(p) for p in self.outputs],
+                                "input_states": self.input_states, "output_states": self.output_states,
+                                **(attrs or {})})
+
+
+def step_client(address: str | None = None, run_id: str | None = None, store: str | Path | None = None,
+                name: str | None = None, serve: bool = False):
+    """A Client that joins ``run_id`` (or $FLOWSCOPE_RUN) at ``address`` (or $FLOWSCOPE_ADDRESS), or an embedded
+    one writing to ``store`` when no collector address is known."""
+    from flowscope.client.client import EMBEDDED, Client
+
+    address = address or os.environ.get("FLOWSCOPE_ADDRESS") or None
+    run_id = run_id or os.environ.get("FLOWSCOPE_RUN") or None
+    if address is None and not os.environ.get("FLOWSCOPE_ADDRESS_FILE"):
+        address = EMBEDDED
+    return Client(address, store=store, run_id=run_id, name=name, serve=serve)
+
+
+class step:  # noqa: N801 - used as a context manager, like contextlib's
+    """``with step("name", inputs=[...], outputs=[...]):`` records the block as a step: its span, its
+    input files' states before, its output files' states after (size and time from the file system), and
+    mutations from inputs to outputs. Joins $FLOWSCOPE_RUN at $FLOWSCOPE_ADDRESS when set, else ``client``,
+    else an embedded collector (``store``)."""
+
+    def __init__(self, name: str, inputs: Sequence[str | Path] = (), outputs: Sequence[str | Path] = (), *,
+                 client=None, address: str | None = None, run_id: str | None = None,
+                 store: str | Path | None = None):
+        self._own = client is None
+        self._client = client
+        self._args = (name, inputs, outputs, address, run_id, store)
+        self.step: Step | None = None
+
+    def __enter__(self) -> Step:
+        name, inputs, outputs, address, run_id, store = self._args
+        if self._client is None:
+            self._client = step_client(address, run_id, store, name=name)
+        self.step = Step(name, DataStates(self._client, batch=1_000_000), inputs, outputs)
+        try:
+            self.step.begin()
+        except BaseException:
+            if self._own:
+                self._client.close(status="failed")
+            raise
+        return self.step
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        try:
+            self.step.end({"error": f"{exc_type.__name__}: {exc}"} if exc_type else None)
+        finally:
+            if self._own:
+                self._client.close(status="failed" if exc_type else "finished")
