@@ -384,7 +384,8 @@ class Step:
             ts = self.ds._index.states[sid][0]
             for src in self.input_states:
                 if ts >= self.ds._index.states[src][0]:
-                    self.ds.mutation(src, sid, kind, application=self.name, attrs={"step": self.name})
+                    self.ds.mutation(src, sid, kind, application=self.name,
+                                     attrs={"step": self.name, "start_ns": self.start_ns})
                 else:
                     self.skipped.append(f"{p}: older than input {src}")
         self.ds.flush()

@@ -113,11 +113,8 @@ class RunGraph:
                 raise LookupError("critical-path analysis is not available in this collector "
                                   "(flowscope.analysis.critical_path is missing)")
             cp = self.path.current()
-        steps = cp.steps
-        rows = json.loads(steps.to_json(orient="records")) if steps is not None and len(steps) else []
-        ids = [r["state_id"] for r in rows] if rows and "state_id" in rows[0] else []
-        return {"run_id": self.run_id, "states": ids, "length_ns": int(cp.length_ns), "steps": rows,
-                "n_states": len(self.index.states), "n_mutations": len(self.index.mutations)}
+            n_states, n_muts = len(self.index.states), len(self.index.mutations)
+        return {"run_id": self.run_id, **cp.to_dict(), "n_states": n_states, "n_mutations": n_muts}
 
 
 _graphs: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
