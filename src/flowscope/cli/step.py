@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 
-
 DESCRIPTION = ("Run COMMAND as the workflow step NAME. Its declared input files are recorded as data states before "
                "it runs and its output files after (size and time from the file system), with a mutation from each "
                "input to each output (one to one CONVERT, one to many SPLIT, many MERGE) and a span for the step. "

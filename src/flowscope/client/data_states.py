@@ -408,7 +408,7 @@ def step_client(address: str | None = None, run_id: str | None = None, store: st
     return Client(address, store=store, run_id=run_id, name=name, serve=serve)
 
 
-class step:  # noqa: N801 - used as a context manager, like contextlib's
+class step:
     """``with step("name", inputs=[...], outputs=[...]):`` records the block as a step: its span, its
     input files' states before, its output files' states after (size and time from the file system), and
     mutations from inputs to outputs. Joins $FLOWSCOPE_RUN at $FLOWSCOPE_ADDRESS when set, else ``client``,
