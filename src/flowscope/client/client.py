@@ -314,10 +314,10 @@ class Client:
         """Deliver states and mutations synchronously, all or nothing; DataStateError names a refused field."""
         from flowscope.client.data_states import DataStateError
 
+        self._opened.wait()  # the sender thread opens the run
         if self._collector is not None:
             from flowscope.service.wcp_routes import ingest
 
-            self._opened.wait()
             return ingest(self._collector, self.run_id, states, mutations)
         body = json.dumps({"states": states, "mutations": mutations}, default=str).encode()
         transport = getattr(self._local, "ds_transport", None)
