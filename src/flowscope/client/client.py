@@ -14,6 +14,7 @@ whose buffer is full waits for room (it slows down, it does not lose records).
 from __future__ import annotations
 
 import itertools
+import json
 import logging
 import os
 import queue
@@ -287,6 +288,47 @@ class Client:
 
     def _segment_id(self) -> str:
         return f"{self._token}-{next(self._seq):08d}"
+
+    # ---- data states and mutations (client/data_states.py) ------------------------------------
+    def data_states(self, batch: int = 1):
+        """A :class:`~flowscope.client.data_states.DataStates` recorder for this run; ``batch`` records are
+        delivered per request (1: each call is delivered, and checked by the collector, at once)."""
+        from flowscope.client.data_states import DataStates
+
+        if batch == 1:
+            ds = getattr(self, "_data_states", None)
+            if ds is None:
+                ds = self._data_states = DataStates(self)
+            return ds
+        return DataStates(self, batch=batch)
+
+    def state(self, state_id: str | None = None, **fields: Any) -> str:
+        """Record a data state now (see DataStates.state) and return its id."""
+        return self.data_states().state(state_id, **fields)
+
+    def mutation(self, src: str, dst: str, kind: str, **fields: Any) -> str:
+        """Record a data mutation now (see DataStates.mutation) and return its id."""
+        return self.data_states().mutation(src, dst, kind, **fields)
+
+    def post_data_states(self, states: list[dict], mutations: list[dict]) -> dict:
+        """Deliver states and mutations synchronously, all or nothing; DataStateError names a refused field."""
+        from flowscope.client.data_states import DataStateError
+
+        self._opened.wait()  # the sender thread opens the run
+        if self._collector is not None:
+            from flowscope.service.wcp_routes import ingest
+
+            return ingest(self._collector, self.run_id, states, mutations)
+        body = json.dumps({"states": states, "mutations": mutations}, default=str).encode()
+        transport = getattr(self._local, "ds_transport", None)
+        if transport is None:  # one kept-alive connection per thread
+            transport = self._local.ds_transport = HttpTransport(self.address)
+        status, doc = transport._request("POST", f"/v1/runs/{self.run_id}/states", body,
+                                         {"Content-Type": "application/json"})
+        if status == 422:
+            raise DataStateError(doc.get("table") or "data_states", doc.get("field") or "?",
+                                 doc.get("message") or doc.get("error", "refused"), doc.get("record"))
+        return transport._check(status, doc)
 
     # ---- builder: packers -> Arrow batches --------------------------------------------------
     def _due(self, p: Packer, force: bool, now: float) -> bool:

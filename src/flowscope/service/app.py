@@ -241,6 +241,7 @@ def build_app(collector: Collector) -> Starlette:
         Route("/v1/runs/{run_id}/close", close, methods=["POST"]),
         Route("/v1/runs/{run_id}/tables/{table}", ingest, methods=["POST"]),
         Route("/v1/runs/{run_id}/tables/{table}", query, methods=["GET"]),
+        *__import__("flowscope.service.wcp_routes", fromlist=["*"]).data_state_routes(collector),
     ]
     return Starlette(routes=routes, exception_handlers={
         ApiError: api_error, HTTPException: http_error, SchemaError: schema_error,
