@@ -379,7 +379,16 @@ class IncrementalDataStatePath:
 # ---- longest paths on a weighted DAG (the structural critical path) -----------------------------------------
 
 def _csr(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(src, kind="stable")
+    """(edge order by source, offsets): the out-edges of v are order[offsets[v]:offsets[v + 1]]."""
+    m = len(src)
+    bits = max(int(m).bit_length(), 1)
+    if int(n).bit_length() + bits <= 62:
+        # sorting (source, edge number) packed in one int64 is several times faster than argsort
+        key = (src << bits) | np.arange(m, dtype=np.int64)
+        key.sort()
+        order = key & ((1 << bits) - 1)
+    else:
+        order = np.argsort(src, kind="stable")
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(src, minlength=n), out=offsets[1:])
     return order, offsets
@@ -421,7 +430,9 @@ def _forward(n: int, src: np.ndarray, dst: np.ndarray, ew: np.ndarray, vw: np.nd
     rounds (one round per level of the DAG)."""
     order, offsets = _csr(n, src, dst)
     dst_s, w_s = dst[order], ew[order]
-    indeg = np.bincount(dst, minlength=n)
+    indeg = np.bincount(dst, minlength=n).astype(np.int64)
+    one = np.int64(1)     # same dtype as indeg: ufunc.at has a fast path only for matching types
+    mark = np.zeros(n, dtype=np.int64)
     best_in = np.full(n, -np.inf)
     dist = vw.copy()
     frontier = np.flatnonzero(indeg == 0)
@@ -435,10 +446,11 @@ def _forward(n: int, src: np.ndarray, dst: np.ndarray, ew: np.ndarray, vw: np.nd
             break
         d = dst_s[e]
         np.maximum.at(best_in, d, np.repeat(dist[frontier], counts) + w_s[e])
-        # decrement in-degrees; a vertex joins the next frontier when its last in-edge was seen
-        du, dc = np.unique(d, return_counts=True)
-        indeg[du] -= dc
-        frontier = du[indeg[du] == 0]
+        # a vertex joins the next frontier when its last in-edge has been seen
+        np.subtract.at(indeg, d, one)
+        cand = d[indeg[d] == 0]
+        mark[cand] = np.arange(len(cand))     # dedupe without sorting: keep one occurrence of each
+        frontier = cand[mark[cand] == np.arange(len(cand))]
         dist[frontier] += best_in[frontier]
     if done < n:
         raise ValueError(f"the graph has a cycle: {n - done} of {n} vertices are on or behind one")
