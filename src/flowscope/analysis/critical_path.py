@@ -553,6 +553,10 @@ def _task_graph(spans, dependencies, transfers=None) -> _TaskGraph:
     deps = deps[deps["task_key"].isin(pos.index) & deps["depends_on"].isin(pos.index)]
     src = pos.reindex(deps["depends_on"]).to_numpy(dtype=np.int64)
     dst = pos.reindex(deps["task_key"]).to_numpy(dtype=np.int64)
+    # a dependent that started before its dependency did is another execution than the one kept: drop the edge
+    starts = tasks["start_ns"].to_numpy(dtype=np.int64)
+    ok = starts[dst] >= starts[src]
+    src, dst = src[ok], dst[ok]
     xs = np.full(len(src), -1, dtype=np.int64)
     xe = np.full(len(src), -1, dtype=np.int64)
     if transfers is not None and len(src):
@@ -790,10 +794,11 @@ def what_if(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame | pa.Tabl
     dur = (end - start) * factor
     fx, fq = float(scale.get("transfer", 1.0)), float(scale.get("queue", 1.0))
     # constraints u -> v with lag: v may start lag after u ends. Vertex n is the run's start (weight 0).
-    arrival = g.arrival
+    # a fetch starts only once its dependent is placed (after its last input): only the transfer itself
+    # sits on the edge; the wait before it is part of the dependent's observed extra wait
     xt = g.xfer_time
-    data_lag = np.where(g.xfer_start >= 0, arrival - end[g.src], 0).astype(np.float64)  # waits + transfer
-    data_lag = np.where(g.xfer_start >= 0, (data_lag - xt) + xt * fx, 0.0)
+    arrival = end[g.src] + xt
+    data_lag = xt * fx
     res = g.tasks["resource_id"].to_numpy()
     o = np.lexsort((start, pd.factorize(pd.Series(res, dtype=object))[0]))
     same = np.r_[False, res[o][1:] == res[o][:-1]]
@@ -801,13 +806,18 @@ def what_if(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame | pa.Tabl
     # how long each task waited past its binding constraint: kept (scaled by "queue") on that constraint
     ready = np.full(n, t0, dtype=np.int64)
     if len(g.src):
-        np.maximum.at(ready, g.dst, arrival)
+        np.maximum.at(ready, g.dst, np.minimum(arrival, start[g.dst]))
     if len(t_src):
-        np.maximum.at(ready, t_dst, end[t_src])
+        np.maximum.at(ready, t_dst, np.minimum(end[t_src], start[t_dst]))
     extra = np.maximum(start - ready, 0) * fq
+    # spans of one thread may overlap by a few microseconds (where the end is taken), and clocks of two
+    # processes differ: a constraint that the observed start violates gets a negative lag, so that with
+    # every factor 1.0 the replay starts each task exactly when it started
+    over_d = np.maximum(arrival - start[g.dst], 0) if len(g.src) else np.zeros(0)
+    over_t = np.maximum(end[t_src] - start[t_dst], 0)
     src = np.concatenate([g.src, t_src, np.full(n, n)])
     dst = np.concatenate([g.dst, t_dst, np.arange(n)])
-    w = np.concatenate([data_lag, np.zeros(len(t_src)), np.zeros(n)])  # every task released at t0
+    w = np.concatenate([data_lag - over_d, -over_t.astype(np.float64), np.zeros(n)])  # all released at t0
     # the extra wait sits on the vertex, before it runs
     vw = np.concatenate([dur + extra, [0.0]])
     return int(round(longest_path_length(n + 1, src, dst, w, vw)))
