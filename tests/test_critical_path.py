@@ -274,3 +274,20 @@ def test_the_dask_data_state_graph(dask_run, tmp_path):
     assert int(p.steps["duration_ns"].sum()) == p.length_ns
     t0 = int(tasks["start_ns"].min())
     assert p.start_ns == t0
+
+
+def test_the_view_and_its_exports(tmp_path):
+    import networkx as nx
+
+    from flowscope.report.critical_path import critical_path_section, graph_figure, to_graphml, to_json
+
+    states, mutations = fig6()
+    html = critical_path_section(states, mutations)
+    assert "Workflow critical path" in html and "MERGE" in html
+    doc = to_json(states, mutations, tmp_path / "g.json")
+    assert doc["critical_path"]["ids"] == list("ABCDF")
+    g = nx.read_graphml(to_graphml(states, mutations, tmp_path / "g.graphml"))
+    assert {n for n, a in g.nodes(data=True) if a["critical"]} == set("ABCDF")
+    # above the limit the graph is drawn collapsed by location
+    fig = graph_figure(states, mutations, max_vertices=3)
+    assert "2 vertices" in fig.layout.title.text
