@@ -379,7 +379,16 @@ class IncrementalDataStatePath:
 # ---- longest paths on a weighted DAG (the structural critical path) -----------------------------------------
 
 def _csr(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(src, kind="stable")
+    """(edge order by source, offsets): the out-edges of v are order[offsets[v]:offsets[v + 1]]."""
+    m = len(src)
+    bits = max(int(m).bit_length(), 1)
+    if int(n).bit_length() + bits <= 62:
+        # sorting (source, edge number) packed in one int64 is several times faster than argsort
+        key = (src << bits) | np.arange(m, dtype=np.int64)
+        key.sort()
+        order = key & ((1 << bits) - 1)
+    else:
+        order = np.argsort(src, kind="stable")
     offsets = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(src, minlength=n), out=offsets[1:])
     return order, offsets
@@ -421,7 +430,9 @@ def _forward(n: int, src: np.ndarray, dst: np.ndarray, ew: np.ndarray, vw: np.nd
     rounds (one round per level of the DAG)."""
     order, offsets = _csr(n, src, dst)
     dst_s, w_s = dst[order], ew[order]
-    indeg = np.bincount(dst, minlength=n)
+    indeg = np.bincount(dst, minlength=n).astype(np.int64)
+    one = np.int64(1)     # same dtype as indeg: ufunc.at has a fast path only for matching types
+    mark = np.zeros(n, dtype=np.int64)
     best_in = np.full(n, -np.inf)
     dist = vw.copy()
     frontier = np.flatnonzero(indeg == 0)
@@ -435,10 +446,11 @@ def _forward(n: int, src: np.ndarray, dst: np.ndarray, ew: np.ndarray, vw: np.nd
             break
         d = dst_s[e]
         np.maximum.at(best_in, d, np.repeat(dist[frontier], counts) + w_s[e])
-        # decrement in-degrees; a vertex joins the next frontier when its last in-edge was seen
-        du, dc = np.unique(d, return_counts=True)
-        indeg[du] -= dc
-        frontier = du[indeg[du] == 0]
+        # a vertex joins the next frontier when its last in-edge has been seen
+        np.subtract.at(indeg, d, one)
+        cand = d[indeg[d] == 0]
+        mark[cand] = np.arange(len(cand))     # dedupe without sorting: keep one occurrence of each
+        frontier = cand[mark[cand] == np.arange(len(cand))]
         dist[frontier] += best_in[frontier]
     if done < n:
         raise ValueError(f"the graph has a cycle: {n - done} of {n} vertices are on or behind one")
@@ -541,6 +553,10 @@ def _task_graph(spans, dependencies, transfers=None) -> _TaskGraph:
     deps = deps[deps["task_key"].isin(pos.index) & deps["depends_on"].isin(pos.index)]
     src = pos.reindex(deps["depends_on"]).to_numpy(dtype=np.int64)
     dst = pos.reindex(deps["task_key"]).to_numpy(dtype=np.int64)
+    # a dependent that started before its dependency did is another execution than the one kept: drop the edge
+    starts = tasks["start_ns"].to_numpy(dtype=np.int64)
+    ok = starts[dst] >= starts[src]
+    src, dst = src[ok], dst[ok]
     xs = np.full(len(src), -1, dtype=np.int64)
     xe = np.full(len(src), -1, dtype=np.int64)
     if transfers is not None and len(src):
@@ -778,10 +794,11 @@ def what_if(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame | pa.Tabl
     dur = (end - start) * factor
     fx, fq = float(scale.get("transfer", 1.0)), float(scale.get("queue", 1.0))
     # constraints u -> v with lag: v may start lag after u ends. Vertex n is the run's start (weight 0).
-    arrival = g.arrival
+    # a fetch starts only once its dependent is placed (after its last input): only the transfer itself
+    # sits on the edge; the wait before it is part of the dependent's observed extra wait
     xt = g.xfer_time
-    data_lag = np.where(g.xfer_start >= 0, arrival - end[g.src], 0).astype(np.float64)  # waits + transfer
-    data_lag = np.where(g.xfer_start >= 0, (data_lag - xt) + xt * fx, 0.0)
+    arrival = end[g.src] + xt
+    data_lag = xt * fx
     res = g.tasks["resource_id"].to_numpy()
     o = np.lexsort((start, pd.factorize(pd.Series(res, dtype=object))[0]))
     same = np.r_[False, res[o][1:] == res[o][:-1]]
@@ -789,13 +806,18 @@ def what_if(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame | pa.Tabl
     # how long each task waited past its binding constraint: kept (scaled by "queue") on that constraint
     ready = np.full(n, t0, dtype=np.int64)
     if len(g.src):
-        np.maximum.at(ready, g.dst, arrival)
+        np.maximum.at(ready, g.dst, np.minimum(arrival, start[g.dst]))
     if len(t_src):
-        np.maximum.at(ready, t_dst, end[t_src])
+        np.maximum.at(ready, t_dst, np.minimum(end[t_src], start[t_dst]))
     extra = np.maximum(start - ready, 0) * fq
+    # spans of one thread may overlap by a few microseconds (where the end is taken), and clocks of two
+    # processes differ: a constraint that the observed start violates gets a negative lag, so that with
+    # every factor 1.0 the replay starts each task exactly when it started
+    over_d = np.maximum(arrival - start[g.dst], 0) if len(g.src) else np.zeros(0)
+    over_t = np.maximum(end[t_src] - start[t_dst], 0)
     src = np.concatenate([g.src, t_src, np.full(n, n)])
     dst = np.concatenate([g.dst, t_dst, np.arange(n)])
-    w = np.concatenate([data_lag, np.zeros(len(t_src)), np.zeros(n)])  # every task released at t0
+    w = np.concatenate([data_lag - over_d, -over_t.astype(np.float64), np.zeros(n)])  # all released at t0
     # the extra wait sits on the vertex, before it runs
     vw = np.concatenate([dur + extra, [0.0]])
     return int(round(longest_path_length(n + 1, src, dst, w, vw)))

@@ -1,0 +1,180 @@
+"""The data-state graph of a Dask run, derived from its canonical tables (no instrumentation needed).
+
+* a null state ``start`` at the run's first task start (as every Crux graph begins with one);
+* each task's output is a state: size = the result's nbytes, location = ``<worker>:memory``, time = its finish;
+* each transfer of a key to a worker is a TRANSFER to a state ``<key>@<worker>``;
+* a task with one input is a CONVERT from it (from the copy on its worker when it was fetched), with several a
+  MERGE from each; a task without inputs is a CONVERT from ``start``. Mutations carry ``start_ns`` (the task's
+  or transfer's start) in attrs, so the critical path separates waiting from work;
+* files a task opened for writing / reading (io rows with a task_key, source "audit" or "proc-io") are states
+  ``file:<path>@<writer>`` on ``<host>:disk`` with a TRANSFER from the writer, and a TRANSFER to each reader
+  (from the latest version written before the read, or from a state ``file:<path>`` for a file that existed).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+
+from flowscope.store.run import Run
+
+__all__ = ["data_states_from_tasks"]
+
+_IO_SOURCES = ("audit", "proc-io")
+
+
+def _attrs(text) -> dict:
+    if not isinstance(text, str):
+        return {}
+    try:
+        v = json.loads(text)
+    except ValueError:
+        return {}
+    return v if isinstance(v, dict) else {}
+
+
+def _opens_for_writing(op: str, attrs: dict) -> bool | None:
+    """True / False when the row says whether the file was written; None when it cannot tell."""
+    if op == "write":
+        return True
+    if op == "read":
+        return False
+    mode = attrs.get("mode")
+    if isinstance(mode, str) and mode:
+        return any(c in mode for c in "wax+")
+    flags = attrs.get("flags")
+    if isinstance(flags, int):
+        return bool(flags & 3)          # O_WRONLY | O_RDWR
+    return None
+
+
+def data_states_from_tasks(run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(data_states, mutations) of a Dask run, in the canonical columns (see the module docstring)."""
+    spans = run.table("spans")
+    t = spans[(spans["kind"] == "task") & spans["task_key"].notna()]
+    t = t.sort_values("end_ns", kind="stable").drop_duplicates("task_key", keep="last")
+    if len(t) == 0:
+        return _states([]), _mutations([])
+    attrs = t["attrs"].map(_attrs) if "attrs" in t.columns else pd.Series([{}] * len(t), index=t.index)
+    tasks = pd.DataFrame({"key": t["task_key"].astype(str).to_numpy(), "group": t["name"].astype(str).to_numpy(),
+                          "start": t["start_ns"].astype("int64").to_numpy(), "end": t["end_ns"].astype("int64").to_numpy(),
+                          "worker": [a.get("worker") for a in attrs], "nbytes": [a.get("nbytes") for a in attrs]})
+    by_key = tasks.set_index("key")
+    t0 = int(tasks["start"].min())
+    states: list[dict] = [{"state_id": "start", "label": "start", "size_bytes": None, "ts_ns": t0, "origin": None,
+                           "location": None, "attrs": None}]
+    muts: list[dict] = []
+    for r in tasks.itertuples(index=False):
+        states.append({"state_id": r.key, "label": r.key, "size_bytes": r.nbytes, "ts_ns": int(r.end),
+                       "origin": r.group, "location": f"{r.worker}:memory" if r.worker else None, "attrs": None})
+    # transferred copies: the first arrival of a key on a worker
+    copies: dict[tuple[str, str], str] = {}
+    transfers = run.table("transfers")
+    if len(transfers):
+        tr = transfers.explode("keys").dropna(subset=["keys"]).sort_values("end_ns", kind="stable")
+        tr = tr.drop_duplicates(["keys", "dst_resource_id"])
+        for r in tr.itertuples(index=False):
+            key = str(r.keys)
+            if key not in by_key.index:
+                continue
+            worker = str(r.dst_resource_id).removeprefix("worker:")
+            sid = f"{key}@{worker}"
+            ts = max(int(r.end_ns), int(by_key.at[key, "end"]))
+            copies[(key, worker)] = sid
+            states.append({"state_id": sid, "label": key, "size_bytes": by_key.at[key, "nbytes"], "ts_ns": ts,
+                           "origin": by_key.at[key, "group"], "location": f"{worker}:memory", "attrs": None})
+            muts.append({"src_state_id": key, "dst_state_id": sid, "kind": "TRANSFER",
+                         "application": by_key.at[key, "group"],
+                         "attrs": json.dumps({"start_ns": max(int(r.start_ns), int(by_key.at[key, "end"])),
+                                              "nbytes": None if pd.isna(r.nbytes) else int(r.nbytes)})})
+    copy_ts = {sid: s["ts_ns"] for s in states for sid in [s["state_id"]]}
+    deps = run.table("dependencies")[["task_key", "depends_on"]].astype(str).drop_duplicates()
+    deps = deps[deps["task_key"].isin(by_key.index) & deps["depends_on"].isin(by_key.index)]
+    inputs = deps.groupby("task_key")["depends_on"].agg(list).to_dict()
+    for r in tasks.itertuples(index=False):
+        ins = inputs.get(r.key, [])
+        start_attr = json.dumps({"start_ns": int(r.start)})
+        if not ins:
+            muts.append({"src_state_id": "start", "dst_state_id": r.key, "kind": "CONVERT", "application": r.group,
+                         "attrs": start_attr})
+            continue
+        kind = "MERGE" if len(ins) > 1 else "CONVERT"
+        for u in ins:
+            src = copies.get((u, r.worker)) if r.worker else None
+            if src is None or copy_ts[src] > int(r.end):
+                src = u
+            muts.append({"src_state_id": src, "dst_state_id": r.key, "kind": kind, "application": r.group,
+                         "attrs": start_attr})
+    _files(run, tasks, by_key, states, muts)
+    return _states(states), _mutations(muts)
+
+
+def _files(run: Run, tasks: pd.DataFrame, by_key: pd.DataFrame, states: list[dict], muts: list[dict]) -> None:
+    io = run.table("io")
+    if len(io) == 0:
+        return
+    io = io[io["task_key"].notna() & io["source"].isin(_IO_SOURCES)]
+    io = io[io["task_key"].astype(str).isin(by_key.index)]
+    if len(io) == 0:
+        return
+    wrote_bytes = io[(io["op"] == "write") & io["nbytes"].notna()].groupby("task_key")["nbytes"].sum().to_dict()
+    rows = io[io["path"].notna()]
+    writes: dict[str, list[tuple[int, str]]] = {}     # path -> [(ts, state id)]
+    reads: list[tuple[str, str, int]] = []              # (path, reader key, ts of the open)
+    for r in rows.itertuples(index=False):
+        key = str(r.task_key)
+        w = _opens_for_writing(str(r.op), _attrs(r.attrs))
+        if w is None:
+            w = wrote_bytes.get(key, 0) > 0
+        if w:
+            sid = f"file:{r.path}@{key}"
+            if any(s == sid for _, s in writes.get(r.path, [])):
+                continue
+            end = int(by_key.at[key, "end"])
+            ts = max(end, int(r.end_ns) if pd.notna(r.end_ns) else end)
+            writes.setdefault(r.path, []).append((ts, sid))
+            states.append({"state_id": sid, "label": r.path, "size_bytes": wrote_bytes.get(key),
+                           "ts_ns": ts, "origin": by_key.at[key, "group"],
+                           "location": f"{r.host}:disk" if pd.notna(r.host) else "disk", "attrs": None})
+            muts.append({"src_state_id": key, "dst_state_id": sid, "kind": "TRANSFER",
+                         "application": by_key.at[key, "group"], "attrs": json.dumps({"component": "io"})})
+        else:
+            reads.append((r.path, key, int(r.start_ns)))
+    existing: dict[str, str] = {}
+    seen: set[tuple[str, str]] = set()
+    for path, key, ts in reads:
+        if (path, key) in seen:
+            continue
+        seen.add((path, key))
+        start = int(by_key.at[key, "start"])
+        versions = [(vts, sid) for vts, sid in writes.get(path, []) if vts <= start and not sid.endswith(f"@{key}")]
+        if any(sid.endswith(f"@{key}") for _, sid in writes.get(path, [])) and not versions:
+            continue        # a task reading back what it wrote itself
+        if versions:
+            src = max(versions)[1]
+        else:
+            src = existing.get(path)
+            if src is None:
+                src = existing[path] = f"file:{path}"
+                host = rows.loc[rows["path"] == path, "host"].dropna()
+                states.append({"state_id": src, "label": path, "size_bytes": None, "ts_ns": min(ts, start),
+                               "origin": None, "location": f"{host.iloc[0]}:disk" if len(host) else "disk",
+                               "attrs": None})
+        muts.append({"src_state_id": src, "dst_state_id": key, "kind": "TRANSFER",
+                     "application": by_key.at[key, "group"], "attrs": json.dumps({"component": "io"})})
+
+
+def _states(rows: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=["state_id", "label", "size_bytes", "ts_ns", "origin", "location", "attrs"])
+    df["size_bytes"] = pd.array([None if v is None or (isinstance(v, float) and np.isnan(v)) else int(v)
+                                 for v in df["size_bytes"]], dtype="Int64")
+    df["ts_ns"] = df["ts_ns"].astype("int64")
+    return df
+
+
+def _mutations(rows: list[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(rows, columns=["src_state_id", "dst_state_id", "kind", "application", "attrs"])
+    df.insert(0, "mutation_id", [f"m{i}" for i in range(len(df))])
+    return df

@@ -1,0 +1,293 @@
+"""Workflow Critical Path: the MERGE rule on the paper's Fig. 6, the structural path against networkx, the measured
+path on a real Dask run, incremental == offline, what-if replays, the Dask data-state graph."""
+
+from __future__ import annotations
+
+import time
+
+import networkx as nx
+import numpy as np
+import pandas as pd
+import pytest
+
+import dask
+from distributed import Client as DaskClient
+from distributed import LocalCluster
+
+from flowscope.analysis.critical_path import (COMPONENTS, IncrementalDataStatePath, data_state_path,
+                                              longest_path, longest_path_length, near_critical_paths, slack,
+                                              task_graph_paths, what_if)
+from flowscope.analysis.dataflow import data_states_from_tasks
+from flowscope.sources.dask import observe
+
+S = 10**9
+
+
+def fig6() -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The Crux paper's Fig. 6: D took 6 s to create from A (through B, C), E 2 s; F merges D and E at 1:08."""
+    t0 = 60 * S
+    states = pd.DataFrame({"state_id": list("ABCDEF"),
+                           "ts_ns": [t0, t0 + 2 * S, t0 + 4 * S, t0 + 6 * S, t0 + 2 * S, t0 + 8 * S],
+                           "label": ["input", "b", "c", "d", "e", "merged"],
+                           "location": ["node1:disk1"] + ["node1:memory"] * 5})
+    mutations = pd.DataFrame({"src_state_id": list("ABCAED"), "dst_state_id": list("BCDEFF"),
+                              "kind": ["TRANSFER", "CONVERT", "CONVERT", "TRANSFER", "MERGE", "MERGE"],
+                              "application": ["stagein", "pre", "pre", "stagein", "post", "post"]})
+    return states, mutations
+
+
+def test_merge_takes_the_input_that_arrived_last_fig6():
+    states, mutations = fig6()
+    p = data_state_path(states, mutations)
+    assert p.ids == list("ABCDF")
+    assert p.length_ns == 8 * S
+    assert p.steps["duration_ns"].sum() == p.length_ns
+    # the order of the mutation rows does not matter
+    p2 = data_state_path(states.iloc[::-1], mutations.iloc[::-1])
+    assert p2.ids == list("ABCDF")
+    # if E had arrived last (at 1:07) the path would go through it
+    late = states.copy()
+    late.loc[late["state_id"] == "E", "ts_ns"] = 67 * S
+    assert data_state_path(late, mutations).ids == ["A", "E", "F"]
+    # A -> B is a transfer from disk: I/O; the rest computes
+    comp = p.by_component().set_index("component")["duration_ns"]
+    assert comp["io"] == 2 * S and comp["compute"] == 6 * S and comp["wait"] == 0
+    assert list(p.by_component()["component"]) == list(COMPONENTS)
+    assert p.by_application().set_index("application")["duration_ns"].to_dict() == {
+        "pre": 4 * S, "stagein": 2 * S, "post": 2 * S}
+
+
+def test_a_wait_after_the_last_input_is_its_own_component():
+    states, mutations = fig6()
+    mutations = mutations.copy()
+    mutations["attrs"] = None
+    # the merge only began at 1:07: 1 s of waiting after D arrived, then 1 s of merging
+    mutations.loc[mutations["dst_state_id"] == "F", "attrs"] = '{"start_ns": %d}' % (67 * S)
+    p = data_state_path(states, mutations)
+    wait = p.steps[p.steps["kind"] == "WAIT"]
+    assert len(wait) == 1 and int(wait["duration_ns"].iloc[0]) == S
+    assert p.steps["duration_ns"].sum() == 8 * S
+
+
+def test_bad_data_state_graphs_are_named():
+    states, mutations = fig6()
+    bad = mutations.copy()
+    bad.loc[2, "src_state_id"] = "Z"
+    with pytest.raises(ValueError, match=r"src_state_id 'Z' \(row 2\)"):
+        data_state_path(states, bad)
+    older = mutations.copy()
+    older.loc[0, ["src_state_id", "dst_state_id"]] = ["D", "B"]
+    with pytest.raises(ValueError, match="row 0 .*older than its source"):
+        data_state_path(states, older)
+    with pytest.raises(ValueError, match="missing column.*ts_ns"):
+        data_state_path(states.drop(columns="ts_ns"), mutations)
+    with pytest.raises(ValueError, match="cycle"):
+        longest_path_length(3, [0, 1, 2], [1, 2, 0])
+
+
+def _random_dag(rng, n: int, m: int):
+    perm = rng.permutation(n)
+    a, b = rng.integers(0, n, m), rng.integers(0, n, m)
+    keep = a != b
+    a, b = a[keep], b[keep]
+    lo, hi = np.minimum(a, b), np.maximum(a, b)
+    return perm[lo], perm[hi], rng.integers(0, 1000, len(lo)).astype(float)
+
+
+def test_structural_length_agrees_with_networkx_on_1000_random_dags():
+    rng = np.random.default_rng(4)
+    for i in range(1000):
+        n = int(rng.integers(1, 60))
+        src, dst, w = _random_dag(rng, n, int(rng.integers(0, 4 * n + 1)))
+        g = nx.DiGraph()
+        g.add_nodes_from(range(n))
+        for s, d, x in sorted(zip(src.tolist(), dst.tolist(), w.tolist()), key=lambda e: e[2]):
+            g.add_edge(s, d, weight=x)   # a duplicate edge keeps its largest weight
+        expect = nx.dag_longest_path_length(g, weight="weight") if g.number_of_edges() else 0
+        assert longest_path_length(n, src, dst, w) == pytest.approx(expect, rel=1e-12, abs=0), f"DAG {i}"
+        length, path = longest_path(n, src, dst, w)
+        assert sum(g[u][v]["weight"] for u, v in zip(path[:-1], path[1:])) == pytest.approx(length)
+
+
+def test_vertex_weights_count_like_a_split_vertex():
+    rng = np.random.default_rng(7)
+    for _ in range(50):
+        n = 30
+        src, dst, w = _random_dag(rng, n, 80)
+        vw = rng.integers(0, 100, n).astype(float)
+        # the same graph with each vertex v split into v_in -> v_out carrying its weight
+        g = nx.DiGraph()
+        for v in range(n):
+            g.add_edge(("in", v), ("out", v), weight=vw[v])
+        for s, d, x in sorted(zip(src.tolist(), dst.tolist(), w.tolist()), key=lambda e: e[2]):
+            g.add_edge(("out", s), ("in", d), weight=x)
+        assert longest_path_length(n, src, dst, w, vw) == pytest.approx(nx.dag_longest_path_length(g))
+
+
+def test_incremental_equals_offline_at_every_batch():
+    rng = np.random.default_rng(11)
+    n = 400
+    ts = np.sort(rng.integers(0, 10**6, n)) * 1000
+    src, dst = [], []
+    for v in range(1, n):
+        for u in set(rng.integers(max(0, v - 30), v, int(rng.integers(1, 4))).tolist()):
+            src.append(u)
+            dst.append(v)
+    ids = np.array([f"s{i}" for i in range(n)])
+    states = pd.DataFrame({"state_id": ids, "ts_ns": ts, "location": rng.choice(["n1:disk", "w1:memory"], n)})
+    mutations = pd.DataFrame({"src_state_id": ids[src], "dst_state_id": ids[dst],
+                              "kind": rng.choice(["CONVERT", "MERGE", "TRANSFER"], len(src))})
+    inc = IncrementalDataStatePath()
+    cuts_s = np.linspace(0, n, 9).astype(int)
+    cuts_m = np.linspace(0, len(mutations), 9).astype(int)
+    for k in range(8):
+        # mutations arrive in a different batching than states; some before their states
+        inc.add(None, mutations.iloc[cuts_m[k]:cuts_m[k + 1]])
+        inc.add(states.iloc[cuts_s[k]:cuts_s[k + 1]], None)
+        known = set(states["state_id"].iloc[:cuts_s[k + 1]])
+        sub = mutations.iloc[:cuts_m[k + 1]]
+        sub = sub[sub["src_state_id"].isin(known) & sub["dst_state_id"].isin(known)]
+        offline = data_state_path(states.iloc[:cuts_s[k + 1]], sub)
+        online = inc.current()
+        assert online.ids == offline.ids
+        pd.testing.assert_frame_equal(online.steps, offline.steps)
+    assert inc.pending == 0
+    assert inc.current().ids[-1] == f"s{n - 1}"
+
+
+# ---- a real Dask run ----------------------------------------------------------------------------------------
+
+def load(i: int) -> np.ndarray:
+    time.sleep(0.03 + 0.01 * i)
+    return np.ones(20_000 * (i + 1))
+
+
+def combine(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    time.sleep(0.02)
+    return a[:100] + b[:100]
+
+
+def slow(x: np.ndarray) -> np.ndarray:
+    time.sleep(0.25)
+    return x * 2
+
+
+def write_file(x: float, path: str) -> int:
+    with open(path, "wb") as f:
+        return f.write(np.full(10_000, x).tobytes())
+
+
+@pytest.fixture(scope="module")
+def dask_run(tmp_path_factory):
+    """2 workers x 1 thread; loads feed pairwise combines (fetches across workers), one slow chain, one task
+    writing a file."""
+    tmp = tmp_path_factory.mktemp("wcp")
+    with dask.config.set({"distributed.scheduler.work-stealing": False}), \
+            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                         worker_dashboard_address=None) as cluster, DaskClient(cluster) as client:
+        with observe(client, store=tmp / "store", name="wcp-test") as obs:
+            loads = [client.submit(load, i, key=f"load-{i}") for i in range(6)]
+            combs = [client.submit(combine, loads[i], loads[(i + 1) % 6], key=f"combine-{i}") for i in range(6)]
+            s = client.submit(slow, combs[0], key="slow-0")
+            total = client.submit(lambda xs: float(sum(x.sum() for x in xs)), combs + [s], key="total-0")
+            written = client.submit(write_file, total, str(tmp / "out.bin"), key="write-0")
+            written.result()
+    return obs.run
+
+
+def _tables(run):
+    return run.table("spans"), run.table("dependencies"), run.table("transfers")
+
+
+def test_measured_path_covers_the_makespan_of_a_real_run(dask_run):
+    spans, deps, transfers = _tables(dask_run)
+    tasks = spans[spans["kind"] == "task"]
+    makespan = int(tasks["end_ns"].max() - tasks["start_ns"].min())
+    paths = task_graph_paths(spans, deps, transfers)
+    m = paths.measured
+    assert m.length_ns == makespan
+    assert int(m.steps["duration_ns"].sum()) == makespan
+    assert (m.steps["duration_ns"] >= 0).all()
+    # contiguous: each step starts where the previous one ended
+    assert (m.steps["start_ns"].to_numpy()[1:] == m.steps["end_ns"].to_numpy()[:-1]).all()
+    assert int(m.by_component()["duration_ns"].sum()) == makespan
+    assert set(m.steps["component"]) <= set(COMPONENTS)
+    assert m.ids[-1] == tasks.loc[tasks["end_ns"].idxmax(), "task_key"]
+    # every consecutive pair on the path is a dependency or two tasks on the same thread
+    dep_pairs = set(zip(deps["depends_on"], deps["task_key"]))
+    thread = dict(zip(tasks["task_key"], tasks["resource_id"]))
+    for a, b in zip(m.ids[:-1], m.ids[1:]):
+        assert (a, b) in dep_pairs or thread[a] == thread[b], (a, b)
+    # the slow task is on both paths; unlimited workers can only be faster
+    assert "slow-0" in m.ids and "slow-0" in paths.structural.ids
+    assert 0 <= paths.structural.length_ns <= m.length_ns
+    assert paths.difference_ns == m.length_ns - paths.structural.length_ns
+
+
+def test_slack_and_near_critical_paths(dask_run):
+    spans, deps, transfers = _tables(dask_run)
+    paths = task_graph_paths(spans, deps, transfers)
+    sl = slack(spans, deps, transfers).set_index("key")
+    assert (sl.loc[paths.structural.ids, "slack_ns"] == 0).all()
+    assert (sl["slack_ns"] >= 0).all()
+    near = near_critical_paths(spans, deps, transfers, k=3)
+    assert near[0] == (paths.structural.length_ns, paths.structural.ids)
+    assert [x[0] for x in near] == sorted((x[0] for x in near), reverse=True)
+    assert len({tuple(x[1]) for x in near}) == len(near)
+
+
+def test_what_if_replays_the_run(dask_run):
+    spans, deps, transfers = _tables(dask_run)
+    tasks = spans[spans["kind"] == "task"]
+    makespan = int(tasks["end_ns"].max() - tasks["start_ns"].min())
+    groups = set(tasks["name"])
+    assert what_if(spans, deps, transfers, scale={g: 1.0 for g in groups}) == makespan
+    assert what_if(spans, deps, transfers) == makespan
+    slow_ns = int((tasks.loc[tasks["name"] == "slow", "end_ns"] - tasks.loc[tasks["name"] == "slow", "start_ns"]).sum())
+    freed = what_if(spans, deps, transfers, scale={"slow": 0.0})
+    assert freed < makespan
+    assert freed >= makespan - slow_ns
+    assert what_if(spans, deps, transfers, scale={"slow": 0.5}) < makespan
+    assert what_if(spans, deps, transfers, scale={"transfer": 0.0}) <= makespan
+    with pytest.raises(ValueError, match="no task group 'nope'"):
+        what_if(spans, deps, transfers, scale={"nope": 0.5})
+
+
+def test_the_dask_data_state_graph(dask_run, tmp_path):
+    states, mutations = data_states_from_tasks(dask_run)
+    spans, deps, transfers = _tables(dask_run)
+    tasks = spans[spans["kind"] == "task"]
+    ids = set(states["state_id"])
+    assert set(tasks["task_key"]) <= ids
+    kinds = mutations.groupby("dst_state_id")["kind"].agg(set)
+    assert kinds["total-0"] == {"MERGE"} and kinds["slow-0"] == {"CONVERT"}
+    assert (mutations["kind"] == "TRANSFER").sum() >= sum(len(k) for k in transfers["keys"])
+    assert set(mutations["src_state_id"]) <= ids and set(mutations["dst_state_id"]) <= ids
+    # the file the write task produced is a state on disk
+    disk = states[states["location"].fillna("").str.endswith(":disk")]
+    assert any(str(x).endswith("out.bin") for x in disk["label"])
+    p = data_state_path(states, mutations)
+    assert p.ids[-1] == disk["state_id"].iloc[0] or p.ids[-1] == "write-0"
+    # the written file is the final state; the merge that produced its input is on the path
+    assert p.ids[-1].startswith("file:") and p.ids[-2:] == ["write-0", p.ids[-1]] and "total-0" in p.ids
+    assert "MERGE" in set(p.steps["kind"])
+    assert int(p.steps["duration_ns"].sum()) == p.length_ns
+    t0 = int(tasks["start_ns"].min())
+    assert p.start_ns == t0
+
+
+def test_the_view_and_its_exports(tmp_path):
+    import networkx as nx
+
+    from flowscope.report.critical_path import critical_path_section, graph_figure, to_graphml, to_json
+
+    states, mutations = fig6()
+    html = critical_path_section(states, mutations)
+    assert "Workflow critical path" in html and "MERGE" in html
+    doc = to_json(states, mutations, tmp_path / "g.json")
+    assert doc["critical_path"]["ids"] == list("ABCDF")
+    g = nx.read_graphml(to_graphml(states, mutations, tmp_path / "g.graphml"))
+    assert {n for n, a in g.nodes(data=True) if a["critical"]} == set("ABCDF")
+    # above the limit the graph is drawn collapsed by location
+    fig = graph_figure(states, mutations, max_vertices=3)
+    assert "2 vertices" in fig.layout.title.text
