@@ -13,7 +13,8 @@ import flowscope
 from flowscope import Client
 from flowscope.cli.main import build_parser
 
-COMMANDS = ["demo", "run", "serve", "runs", "show", "sql", "report", "ingest-spool"]
+COMMANDS = ["demo", "run", "step", "simulate", "serve", "runs", "show", "sql", "report", "anomalies", "import",
+            "export", "ingest-spool"]
 
 
 def fs(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:

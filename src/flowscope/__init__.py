@@ -6,8 +6,9 @@ from flowscope.client.client import Client, FlowscopeError  # noqa: E402
 from flowscope.model.provenance import now_ns  # noqa: E402
 from flowscope.model.schemas import TABLES  # noqa: E402
 from flowscope.store.run import Run, open_run  # noqa: E402
+from flowscope.client.data_states import step  # noqa: E402
 
-__all__ = ["Client", "FlowscopeError", "Run", "TABLES", "open_run", "now_ns", "observe", "__version__"]
+__all__ = ["Client", "FlowscopeError", "Run", "TABLES", "open_run", "now_ns", "observe", "step", "__version__"]
 
 
 def __getattr__(name: str):

@@ -7,9 +7,9 @@ import os
 import sys
 
 from flowscope import __version__
-from flowscope.cli import anomalies, demo, export, importing, report, run, runs, serve, spool
+from flowscope.cli import anomalies, demo, export, importing, report, run, runs, serve, simulate, spool, step
 
-GROUPS = (demo, run, serve, runs, report, anomalies, importing, export, spool)
+GROUPS = (demo, run, step, simulate, serve, runs, report, anomalies, importing, export, spool)
 
 
 class UserError(Exception):
@@ -28,6 +28,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["step"]:  # parses its own words: NAME, list options, then a command after "--"
+        return step.main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

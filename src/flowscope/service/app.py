@@ -26,6 +26,7 @@ from flowscope.model.schemas import TABLES
 from flowscope.service.collector import Collector, CollectorBusy, UnknownRun
 from flowscope.store.catalog import list_runs
 from flowscope.store.run import Run
+from flowscope.service.wcp_routes import data_state_routes
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 SEGMENT_HEADER = "x-flowscope-segment"
@@ -241,7 +242,7 @@ def build_app(collector: Collector) -> Starlette:
         Route("/v1/runs/{run_id}/close", close, methods=["POST"]),
         Route("/v1/runs/{run_id}/tables/{table}", ingest, methods=["POST"]),
         Route("/v1/runs/{run_id}/tables/{table}", query, methods=["GET"]),
-        *__import__("flowscope.service.wcp_routes", fromlist=["*"]).data_state_routes(collector),
+        *data_state_routes(collector),
     ]
     return Starlette(routes=routes, exception_handlers={
         ApiError: api_error, HTTPException: http_error, SchemaError: schema_error,
