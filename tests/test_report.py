@@ -22,6 +22,7 @@ import flowscope
 from flowscope.analysis.breakdown import breakdown
 from flowscope.cli.main import main as cli_main
 from flowscope.model import identifiers as ids
+from flowscope.analysis.critical_path import task_graph_paths
 from flowscope.report import write_report
 from flowscope.report.page import SECTIONS, fmt_s
 from flowscope.sources.dask import observe
@@ -276,6 +277,13 @@ def test_the_report_renders_in_headless_chromium(dask_run, tmp_path):
     groups = res["text"]["task-groups"]
     assert "load" in groups and "combine" in groups and "store" in groups and "CV" in groups
     assert "event-loop-unresponsive" in res["text"]["warnings"]
+    # the critical path: the analysis' measured and structural lengths, drawn
+    tp = task_graph_paths(run.table("spans").query("kind == 'task'"), run.table("dependencies"), run.table("transfers"))
+    cp = res["text"]["critical-path"]
+    assert f"Measured critical path: {fmt_s(tp.measured.length_ns / 1e9)}" in cp, cp[:300]
+    assert f"structural (unlimited workers): {fmt_s(tp.structural.length_ns / 1e9)}" in cp
+    for fig in ("fig-critical-path-attribution", "fig-critical-path-graph"):
+        assert res["drawn"].get(fig, 0) > 0, (fig, res["drawn"])
     assert shot.stat().st_size > 10_000
 
 

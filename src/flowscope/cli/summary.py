@@ -17,7 +17,8 @@ def _bytes(n: float) -> str:
 
 
 def print_run_summary(run: Run, report: Path | None = None, top: int = 5) -> None:
-    """Print tasks, makespan, compute / communication / I/O totals, slowest task groups and warnings."""
+    """Print tasks, makespan, compute / communication / I/O totals, slowest task groups, the critical path and
+    warnings."""
     meta = run.meta
     b = breakdown(run)
     console.print(f"[bold]{meta.get('name')}[/bold] run {meta['run_id']}: {meta.get('status')}, "
@@ -31,6 +32,15 @@ def print_run_summary(run: Run, report: Path | None = None, top: int = 5) -> Non
         print_table("slowest task groups", ["group", "count", "total", "mean", "CV"],
                     [[g["group"], int(g["count"]), fmt_ns(g["total_s"] * 1e9), fmt_ns(g["mean_s"] * 1e9),
                       f"{g['cv']:.2f}"] for g in groups.to_dict("records")])
+    if b.tasks:
+        from flowscope.analysis.critical_path import task_graph_paths
+
+        spans = run.table("spans")
+        tp = task_graph_paths(spans[spans["kind"] == "task"], run.table("dependencies"), run.table("transfers"))
+        by = tp.measured.by_component()
+        console.print(f"  critical path {fmt_ns(tp.measured.length_ns)} measured ("
+                      + ", ".join(f"{c} {s:.0%}" for c, s in zip(by["component"], by["share"]) if s >= 0.005)
+                      + f"), {fmt_ns(tp.structural.length_ns)} with unlimited workers")
     warnings = run.sql("""SELECT category, count(*) AS n FROM logs WHERE level IN ('warning', 'error')
                           GROUP BY 1 ORDER BY n DESC""")
     if len(warnings):

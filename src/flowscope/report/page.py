@@ -29,6 +29,7 @@ SECTIONS = (  # id, title
     ("io", "I/O per thread"),
     ("communication", "Communication: time vs size"),
     ("task-groups", "Task groups"),
+    ("critical-path", "Critical path"),
     ("warnings", "Warnings over time"),
 )
 
@@ -247,6 +248,61 @@ def communication_extra(ctx: Context) -> str:
     return _table(["transfers", "count", "bytes", "total time", "median time", "bytes / time"], rows)
 
 
+def _path_table(path, limit: int = 200) -> str:
+    rows = []
+    for r in path.steps.head(limit).itertuples(index=False):
+        share = r.duration_ns / path.length_ns if path.length_ns else 0.0
+        rows.append([r.id, r.kind, r.component, r.application or "", r.location or "",
+                     fmt_duration(r.duration_ns / 1e9), f"{share:.1%}"])
+    note = (f'<p class="note">{len(path.steps) - limit:,} more steps not shown.</p>'
+            if len(path.steps) > limit else "")
+    return _table(["task / state", "kind", "component", "group / application", "location", "time", "share"],
+                  rows, left=5) + note
+
+
+def critical_path_section(ctx: Context, figs: _Figures) -> str:
+    """The task graph's measured and structural critical paths, and the data-state graph with its path."""
+    from flowscope.analysis.critical_path import data_state_path, task_graph_paths
+    from flowscope.analysis.dataflow import data_states_from_tasks
+    from flowscope.report.critical_path import attribution_figure, graph_figure
+
+    help_text = ("The chain of work that bounds the makespan. <b>Measured</b>: traced back from the last task to "
+                 "finish, taking at each task the input that arrived last (with the transfer that brought it) or, "
+                 "when its inputs were ready earlier, the task before it on its thread (queueing). "
+                 "<b>Structural</b>: the longest path through the task graph with the measured durations and "
+                 "transfer times, i.e. the makespan with unlimited workers; the difference is what scheduling and "
+                 "contention for workers cost. Below, the data-state graph (task outputs, transfers and files "
+                 "as states; recorded with the data-state API or derived from the tasks) with its critical path "
+                 "in red.")
+    body = []
+    tasks = ctx.sql("SELECT count(*) AS n FROM spans WHERE kind = 'task' AND task_key IS NOT NULL")["n"].iloc[0]
+    if tasks:
+        spans = ctx.run.table("spans")
+        tp = task_graph_paths(spans[spans["kind"] == "task"], ctx.run.table("dependencies"),
+                              ctx.run.table("transfers"))
+        m, st = tp.measured, tp.structural
+        body.append(f'<p>Measured critical path: <b>{fmt_s(m.length_ns / 1e9)}</b> through '
+                    f'{int((m.steps["kind"] == "task").sum()):,} tasks; structural (unlimited workers): '
+                    f'<b>{fmt_s(st.length_ns / 1e9)}</b>; scheduling and contention cost '
+                    f'<b>{fmt_s(tp.difference_ns / 1e9)}</b>.</p>')
+        body.append(figs.html(attribution_figure(m), "critical-path-attribution"))
+        body.append(_path_table(m))
+    states, mutations = ctx.run.table("data_states"), ctx.run.table("mutations")
+    if states.empty and tasks:
+        states, mutations = data_states_from_tasks(ctx.run)
+    if not states.empty and not mutations.empty:
+        path = data_state_path(states, mutations)
+        body.append(f"<p>Data-state graph: {len(states):,} states, {len(mutations):,} mutations; its critical "
+                    f"path passes {len(path.ids):,} states over {fmt_s(path.length_ns / 1e9)}.</p>")
+        body.append(figs.html(graph_figure(states, mutations, path), "critical-path-graph"))
+        if not tasks:
+            body.append(figs.html(attribution_figure(path), "critical-path-attribution"))
+            body.append(_path_table(path))
+    if not body:
+        return _section("critical-path", _nodata("no task spans and no data states in this run."), help_text)
+    return _section("critical-path", "\n".join(body), help_text)
+
+
 def groups_section(ctx: Context, groups: pd.DataFrame, limit: int = 60) -> str:
     help_text = ("Task spans grouped by name (Dask's task prefix), largest total time first. "
                  "CV is the coefficient of variation of the durations (standard deviation / mean): "
@@ -278,7 +334,8 @@ def warnings_extra(ctx: Context) -> str:
 
 def build_html(ctx: Context, progress: Progress | None = None) -> str:
     """The whole report of ``ctx.run`` as one HTML string."""
-    steps = ["breakdown", "task stream", "hardware", "I/O", "communication", "task groups", "warnings"]
+    steps = ["breakdown", "task stream", "hardware", "I/O", "communication", "task groups", "critical path",
+             "warnings"]
     total = len(steps) + 1
 
     def step(i: int, what: str) -> None:
@@ -326,13 +383,15 @@ def build_html(ctx: Context, progress: Progress | None = None) -> str:
         extra=communication_extra(ctx) if ctx.counts.get("transfers") else ""))
     step(5, "task groups")
     parts.append(groups_section(ctx, groups))
-    step(6, "warnings")
+    step(6, "critical path")
+    parts.append(critical_path_section(ctx, figs))
+    step(7, "warnings")
     parts.append(figure_section(
         "warnings", charts.warnings(ctx), figs,
         "Warnings and errors the run logged (event loop unresponsive, long garbage collections, memory pauses, "
         "task errors...), one row per category, at the time they happened.",
         "no warnings or errors in this run.", extra=warnings_extra(ctx) if ctx.counts.get("logs") else ""))
-    step(7, "writing")
+    step(8, "writing")
 
     meta = ctx.run.meta
     title = f"{meta.get('name') or 'run'} {meta.get('run_id', '')}".strip()
