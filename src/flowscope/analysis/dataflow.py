@@ -54,7 +54,9 @@ def data_states_from_tasks(run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(data_states, mutations) of a Dask run, in the canonical columns (see the module docstring)."""
     spans = run.table("spans")
     t = spans[(spans["kind"] == "task") & spans["task_key"].notna()]
-    t = t.sort_values("end_ns", kind="stable").drop_duplicates("task_key", keep="last")
+    # a key computed twice (recomputed after a worker left, or run again by a later graph): its dependents
+    # read the first result
+    t = t.sort_values("end_ns", kind="stable").drop_duplicates("task_key", keep="first")
     if len(t) == 0:
         return _states([]), _mutations([])
     attrs = t["attrs"].map(_attrs) if "attrs" in t.columns else pd.Series([{}] * len(t), index=t.index)
@@ -108,7 +110,37 @@ def data_states_from_tasks(run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
             muts.append({"src_state_id": src, "dst_state_id": r.key, "kind": kind, "application": r.group,
                          "attrs": start_attr})
     _files(run, tasks, by_key, states, muts)
-    return _states(states), _mutations(muts)
+    return _monotone(_states(states), _mutations(muts))
+
+
+def _monotone(states: pd.DataFrame, muts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Move a state that appears older than one of its sources to that source's time (flagged
+    ``{"ts_adjusted_from": ns}`` in its attrs). Task times come from each worker's clock corrected by
+    Dask's estimate of its offset to the scheduler's, so on different hosts a very short task can seem to
+    finish before an input it read; the graph's rule (a destination is not older than its source) must hold."""
+    if muts.empty:
+        return states, muts
+    pos = pd.Series(np.arange(len(states)), index=states["state_id"].astype(str))
+    src = pos.reindex(muts["src_state_id"].astype(str)).to_numpy()
+    dst = pos.reindex(muts["dst_state_id"].astype(str)).to_numpy()
+    ok = ~(np.isnan(src) | np.isnan(dst))
+    src, dst = src[ok].astype(np.int64), dst[ok].astype(np.int64)
+    ts = states["ts_ns"].to_numpy(dtype=np.int64).copy()
+    original = ts.copy()
+    for _ in range(len(states)):  # each round fixes one more level of a chain of inversions
+        need = ts[src] > ts[dst]
+        if not need.any():
+            break
+        np.maximum.at(ts, dst[need], ts[src[need]])
+    moved = np.flatnonzero(ts != original)
+    if len(moved):
+        states = states.copy()
+        states["ts_ns"] = ts
+        attrs = states["attrs"].to_numpy(dtype=object, copy=True)
+        for i in moved:
+            attrs[i] = json.dumps({"ts_adjusted_from": int(original[i])})
+        states["attrs"] = attrs
+    return states, muts
 
 
 def _files(run: Run, tasks: pd.DataFrame, by_key: pd.DataFrame, states: list[dict], muts: list[dict]) -> None:

@@ -276,10 +276,19 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
                  "in red.")
     body = []
     tasks = ctx.sql("SELECT count(*) AS n FROM spans WHERE kind = 'task' AND task_key IS NOT NULL")["n"].iloc[0]
+
+    def failed(what: str, exc: Exception) -> str:
+        return f'<p class="nodata">The {what} could not be computed: {_e(str(exc))}</p>'
+
+    tp = None
     if tasks:
         spans = ctx.run.table("spans")
-        tp = task_graph_paths(spans[spans["kind"] == "task"], ctx.run.table("dependencies"),
-                              ctx.run.table("transfers"))
+        try:
+            tp = task_graph_paths(spans[spans["kind"] == "task"], ctx.run.table("dependencies"),
+                                  ctx.run.table("transfers"))
+        except ValueError as exc:  # a table that breaks the analysis' rules must not cost the whole report
+            body.append(failed("task graph's critical path", exc))
+    if tp is not None:
         m, st = tp.measured, tp.structural
         body.append(f'<p>Measured critical path: <b>{fmt_s(m.length_ns / 1e9)}</b> through '
                     f'{int((m.steps["kind"] == "task").sum()):,} tasks; structural (unlimited workers): '
@@ -290,8 +299,13 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
     states, mutations = ctx.run.table("data_states"), ctx.run.table("mutations")
     if states.empty and tasks:
         states, mutations = data_states_from_tasks(ctx.run)
+    path = None
     if not states.empty and not mutations.empty:
-        path = data_state_path(states, mutations)
+        try:
+            path = data_state_path(states, mutations)
+        except ValueError as exc:
+            body.append(failed("data-state graph's critical path", exc))
+    if path is not None:
         body.append(f"<p>Data-state graph: {len(states):,} states, {len(mutations):,} mutations; its critical "
                     f"path passes {len(path.ids):,} states over {fmt_s(path.length_ns / 1e9)}.</p>")
         body.append(figs.html(graph_figure(states, mutations, path), "critical-path-graph"))
