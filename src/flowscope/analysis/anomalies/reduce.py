@@ -6,7 +6,7 @@ A reduced run directory holds:
 * ``anomalies/`` -- the anomalies table (canonical ``anomalies`` schema), one row per anomaly, its
   ``window_before``/``window_after`` left empty: ``reduced_anomalies`` rebuilds them from the kept calls;
 * ``anomaly_calls.parquet`` -- every kept call (anomalies, their window neighbours, exemplars) as a
-  compact row: resource, position on the resource, call id, function, kind, task key, depth, gap to the
+  compact row: resource, position on the resource, call id, function, kind, task key, depth, children, gap to the
   previous kept call's exit (or the entry when the previous call on the resource was not kept), inclusive
   time and child time (inclusive - exclusive). ``window_calls`` expands it back into spans rows.
 * ``anomaly_model.parquet`` -- the per-function model (count, mean, M2, min, max, sparse grid histogram)
@@ -40,6 +40,7 @@ CALLS_SCHEMA = pa.schema([
     pa.field("kind", pa.string(), False),
     pa.field("task_key", pa.string()),
     pa.field("depth", pa.int64(), False),
+    pa.field("children", pa.int64(), False),
     pa.field("start_ns", pa.int64()),            # set when the previous kept call on the resource is not pos - 1
     pa.field("gap_ns", pa.int64()),              # else: entry - previous call's exit
     pa.field("residual_ns", pa.int64(), False),  # scored time (config.metric) - its function's model mean, rounded
@@ -118,7 +119,7 @@ def compact_calls(det: Detection, rows: np.ndarray) -> pa.Table:
         "resource_id": pa.array(c.resources, pa.string()).take(pa.array(c.resource[rows])),
         "pos": pos, "call_offset": c.call_id[rows] - pos, "function": function,
         "kind": c.table["kind"].take(take), "task_key": c.table["task_key"].take(take),
-        "depth": c.depth[rows],
+        "depth": c.depth[rows], "children": c.children[rows],
         "start_ns": pa.array(start, pa.int64(), mask=chained),
         "gap_ns": pa.array(gap, pa.int64(), mask=~chained),
         "residual_ns": metric - _model_mean(det.model, function, "compact_calls"),
@@ -240,7 +241,7 @@ def write_reduced(det: Detection, out: str | Path, *, full_spans: pa.Table, meta
         raise FileExistsError(f"{out}: a run is already there")
     out.mkdir(parents=True, exist_ok=True)
     rows = kept_rows(det)
-    _write_compact(compact_calls(det, rows), out / CALLS_FILE, delta=("pos", "call_offset", "depth"),
+    _write_compact(compact_calls(det, rows), out / CALLS_FILE, delta=("pos", "call_offset", "depth", "children"),
                    split=("residual_ns",))
     # stored in (resource, entry) order, where entries, call ids and windows are near-sorted (anomaly_id keeps the
     # severity rank)
