@@ -11,9 +11,13 @@ Measured, side by side in one process (alternating, medians):
   of the function's count/mean/M2 and the mean +- sigma*std test. It runs on a 300,000-event subsample and
   its rate is extrapolated to 10,000,000 events (a rate per event: the loop's cost is linear).
 
-Reduction: offline detection over an Arrow spans table of 1,000,000 calls on 16 threads with 0.1 % planted
-anomalies (window 5), reduced as ``flowscope anomalies --reduce`` does; the factor is the Parquet bytes of
-the full spans table over the bytes the reduced run keeps (spans, anomalies, model).
+Reduction: offline detection (SSTD) over an Arrow spans table of 1,000,000 flat calls of 20 functions on 16
+threads with 0.1 % planted anomalies (window 5), reduced as ``flowscope anomalies --reduce`` does. The factor
+is the bytes of the full spans table as the store writes a segment (one Parquet file, zstd, dictionary
+encoding, rows in completion order; span_id, parent_id, task_key and attrs null, so the full table is as small
+as flowscope ever stores it) over the bytes of every file of the reduced run (anomalies, compact kept calls,
+per-function model). ``row_factor`` is the same ratio in rows: its ceiling for isolated anomalies is
+1 / (0.001 * (2 * window + 1)) = 90.9x, less where windows overlap, plus exemplars.
 
     python bench/anomalies.py            # full (about a minute)
     python bench/anomalies.py --quick    # smoke run

@@ -16,6 +16,8 @@ import flowscope
 from flowscope.analysis.anomalies import (AnomalyConfig, CallTreeError, Detector, FunctionModel, ParameterServer,
                                           calls_from_spans, detect, detect_run, post_prune, scorer)
 from flowscope.analysis.anomalies.model import FINE_BINS, batch_stats, fine_bin
+from flowscope.analysis.anomalies.reduce import (compact_calls, kept_rows, load_model,
+                                                 reduced_anomalies, window_calls, write_reduced)
 from flowscope.cli import anomalies as cli_anomalies
 from flowscope.model.schemas import ANOMALIES, schema
 
@@ -306,16 +308,18 @@ def test_reduced_run_and_cli(tmp_path, capsys):
     assert all("std above the mean" in t["why"] for t in out["top"])
     red = out["reduction"]
     reduced = flowscope.open_run(tmp_path / "reduced")
-    a = reduced.arrow("anomalies")
-    kept = reduced.arrow("spans")
+    a = reduced_anomalies(tmp_path / "reduced")
+    assert reduced.arrow("anomalies").num_rows == a.num_rows  # the stored table is a readable derived table
+    kept = window_calls(tmp_path / "reduced")
     assert set(zip(a["resource_id"].to_pylist(), a["start_ns"].to_pylist())) <= planted
-    assert a.num_rows == out["anomalies"] and kept.num_rows == red["kept_spans_rows"]
-    ids = set(kept["span_id"].to_pylist())  # every window and exemplar id resolves in the reduced run
+    assert a.num_rows == out["anomalies"] and kept.num_rows == red["kept_calls_rows"]
+    ids = set(kept["call_id"].to_pylist())  # every window and exemplar id resolves in the reduced run
     for r in a.to_pylist():
         assert {r["call_id"], r["exemplar_call_id"], *r["window_before"], *r["window_after"]} <= ids
         assert len(r["window_before"]) == 5 and len(r["window_after"]) == 5
     assert kept.num_rows <= len(planted) * 12
     assert red["reduction_factor"] == pytest.approx(red["full_spans_bytes"] / red["kept_bytes"])
+    assert red["kept_bytes"] == sum(f.stat().st_size for f in (tmp_path / "reduced").rglob("*.parquet"))
     assert red["reduction_factor"] > 10
     assert reduced.meta["anomaly_reduction"]["anomalies"] == a.num_rows
     assert _cli([str(fs.run_dir), "--top", "3"]) == 0
@@ -354,3 +358,63 @@ def test_dask_slowed_task_group_is_found_and_ranked_first(tmp_path):
         assert top[0]["function"] == "work" and top[0]["severity_ns"] > 150_000_000
         assert top[0]["resource_id"].startswith("thread:")
         assert top[0]["provenance"] and json.loads(top[0]["provenance"])["run_id"] == run.meta["run_id"]
+
+
+# ---- reduced runs keep everything they claim ----------------------------------------------------------------
+
+@pytest.mark.parametrize("metric", ["exclusive", "inclusive"])
+def test_reduced_run_round_trips_anomalies_windows_and_model(tmp_path, metric):
+    """A reduced run gives back the detection's anomalies table, the kept calls' entry, exit, inclusive and
+    exclusive times and ids, and the model, exactly -- on nested calls (exclusive != inclusive) too."""
+    spans, _ = synthetic(n=6_000, threads=3, planted=8, seed=9)
+    n = spans.num_rows
+    # nest every third call under a parent call that encloses it
+    parents = spans.slice(0, n // 3)
+    pid = np.arange(n // 3, dtype=np.int64) + 10_000_000
+    ps = parents["start_ns"].to_numpy() - 500
+    pe = parents["end_ns"].to_numpy() + 700
+    outer = _spans(parents["resource_id"].to_pylist(), ["outer"] * len(pid), ps, pe, span_id=pid)
+    child_ids = np.arange(n, dtype=np.int64) + 1
+    child_parent = np.r_[pid, np.full(n - len(pid), -1)]
+    inner = _spans(spans["resource_id"].to_pylist(), spans["name"].to_pylist(), spans["start_ns"].to_numpy(),
+                   spans["end_ns"].to_numpy(), span_id=child_ids,
+                   parent_id=[int(p) if p >= 0 else None for p in child_parent])
+    full = pa.concat_tables([outer, inner])
+    det = detect(full, AnomalyConfig(algo="sstd", metric=metric, window=3), meta={"run_id": "x", "start_ns": 0})
+    assert det.anomalies.num_rows > 0
+    info = write_reduced(det, tmp_path / "r", full_spans=full, meta={"run_id": "x"})
+    assert reduced_anomalies(tmp_path / "r").equals(det.anomalies)
+    rows = kept_rows(det)
+    w = window_calls(tmp_path / "r")
+    c = det.calls
+    for col, want in (("call_id", c.call_id), ("start_ns", c.start), ("end_ns", c.end),
+                      ("inclusive_ns", c.inclusive), ("exclusive_ns", c.exclusive), ("depth", c.depth)):
+        assert np.array_equal(w[col].to_numpy(), want[rows]), col
+    assert (c.exclusive[rows] != c.inclusive[rows]).any()
+    config, model = load_model(tmp_path / "r")
+    assert config == det.config
+    for a, b in zip(model.arrays, det.model.arrays):
+        assert np.array_equal(a, b)
+    assert info["row_factor"] == pytest.approx(full.num_rows / len(rows))
+
+
+def test_reduced_run_bad_files_say_which(tmp_path):
+    spans, _ = synthetic(n=3_000, threads=2, planted=5, seed=2)
+    det = detect(spans, AnomalyConfig(algo="sstd"))
+    write_reduced(det, tmp_path / "r", full_spans=spans)
+    calls = tmp_path / "r" / "anomaly_calls.parquet"
+    calls.write_bytes(calls.read_bytes()[: calls.stat().st_size // 2])  # truncated
+    with pytest.raises(ValueError, match="anomaly_calls.parquet"):
+        window_calls(tmp_path / "r")
+    write_reduced(det, tmp_path / "s", full_spans=spans)
+    t = compact_calls(det, kept_rows(det)).drop_columns(["residual_ns"])
+    import pyarrow.parquet as pq
+    pq.write_table(t, tmp_path / "s" / "anomaly_calls.parquet")
+    with pytest.raises(ValueError, match="missing column.*residual_ns"):
+        window_calls(tmp_path / "s")
+    model = tmp_path / "s" / "anomaly_model.parquet"
+    model.write_bytes(b"not parquet")
+    with pytest.raises(ValueError, match="anomaly_model.parquet"):
+        load_model(tmp_path / "s")
+    with pytest.raises(FileExistsError):
+        write_reduced(det, tmp_path / "r", full_spans=spans)

@@ -75,7 +75,7 @@ def run(args: argparse.Namespace) -> int:
                     [[row["anomaly_id"], row["function"], row["resource_id"], row["task_key"] or "",
                       fmt_ns(row[f"{config.metric}_ns"]), fmt_ns(row["severity_ns"]), why(row)] for row in rows])
     if reduction:
-        console.print(f"reduced run written to {args.reduce}: kept {reduction['kept_spans_rows']} of "
-                      f"{reduction['full_spans_rows']} spans, {reduction['kept_bytes']} of "
+        console.print(f"reduced run written to {args.reduce}: kept {reduction['kept_calls_rows']} of "
+                      f"{reduction['full_spans_rows']} calls, {reduction['kept_bytes']} of "
                       f"{reduction['full_spans_bytes']} bytes ({reduction['reduction_factor']:.1f}x smaller)")
     return 0

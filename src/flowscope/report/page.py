@@ -15,6 +15,7 @@ from plotly.offline import get_plotlyjs
 import flowscope
 from flowscope.analysis.breakdown import Breakdown, breakdown, task_groups
 from flowscope.report import charts
+from flowscope.report.anomalies import anomaly_section
 from flowscope.report.context import Context
 from flowscope.report.stream import JS as STREAM_JS
 from flowscope.report.stream import StreamFigure
@@ -405,11 +406,16 @@ def build_html(ctx: Context, progress: Progress | None = None) -> str:
         "Warnings and errors the run logged (event loop unresponsive, long garbage collections, memory pauses, "
         "task errors...), one row per category, at the time they happened.",
         "no warnings or errors in this run.", extra=warnings_extra(ctx) if ctx.counts.get("logs") else ""))
+    anomalies = anomaly_section(ctx.run)
+    if anomalies:
+        parts.append(anomalies)
+        figs.count += 1  # the section's figures need plotly.js
     step(8, "writing")
 
     meta = ctx.run.meta
     title = f"{meta.get('name') or 'run'} {meta.get('run_id', '')}".strip()
-    nav = "".join(f'<a href="#{sid}">{_e(t)}</a>' for sid, t in SECTIONS)
+    nav = "".join(f'<a href="#{sid}">{_e(t)}</a>' for sid, t in SECTIONS) + (
+        '<a href="#anomalies">Anomalies</a>' if anomalies else "")
     plotly_js = get_plotlyjs() if figs.count else ""
     when = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     sub = " · ".join(_e(x) for x in (meta.get("status"), _when(meta.get("start_ns") or ctx.t0_ns),

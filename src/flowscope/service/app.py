@@ -26,6 +26,7 @@ from flowscope.model.schemas import TABLES
 from flowscope.service.collector import Collector, CollectorBusy, UnknownRun
 from flowscope.store.catalog import list_runs
 from flowscope.store.run import Run
+from flowscope.service.anomaly_server import anomaly_routes
 from flowscope.service.wcp_routes import data_state_routes
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -243,6 +244,7 @@ def build_app(collector: Collector) -> Starlette:
         Route("/v1/runs/{run_id}/tables/{table}", ingest, methods=["POST"]),
         Route("/v1/runs/{run_id}/tables/{table}", query, methods=["GET"]),
         *data_state_routes(collector),
+        *anomaly_routes(),
     ]
     return Starlette(routes=routes, exception_handlers={
         ApiError: api_error, HTTPException: http_error, SchemaError: schema_error,
