@@ -937,7 +937,10 @@ def main(argv: list[str] | None = None) -> int:
             info["flowscope_variant_setup_s"] = _r(_med(s["setup_s"] for s in variant))
         workloads[w] = info
 
+    # the headline is the demo workflow; a run without it (--workloads tiny) reports the tiny graph against its
+    # own target instead
     demo_w = "demo" if "demo" in workloads else args.workloads[0]
+    main_target = TARGET if demo_w == "demo" else TARGET_TINY
     value = workloads[demo_w]["ratio_vs_none"]["flowscope"]
     tiny_ratio = workloads["tiny"]["ratio_vs_none"]["flowscope"] if "tiny" in workloads else None
     hook_sched = {w: workloads[w]["hooks"]["flowscope"].get("scheduler", {}).get(FlowscopeSchedulerPlugin.name, {})
@@ -951,8 +954,8 @@ def main(argv: list[str] | None = None) -> int:
         "metric": "wall_time_ratio",
         "value": value,
         "unit": "x",
-        "target": TARGET,
-        "meets_target": value <= TARGET,
+        "target": main_target,
+        "meets_target": value <= main_target,
         "peers": peers,
         "ratio_vs_peer": value,
         "params": {
@@ -996,16 +999,18 @@ def main(argv: list[str] | None = None) -> int:
     def verdict(ok: bool) -> str:
         return "meets" if ok else "misses"
 
-    dw = workloads[demo_w]
-    parts = [(f"{demo_w} workflow ({dw['tasks']:,} tasks) flowscope/none {value:.3f}x wall "
-              f"({verdict(value <= TARGET)} {TARGET}), {dw['ratio_flowscope_including_setup']:.3f}x with observe() "
-              f"setup+teardown, {dw['cpu_ratio_vs_none']['flowscope']:.3f}x CPU")]
-    if "taskstream" in args.modes:
-        parts[-1] += f"; taskstream {dw['ratio_vs_none']['taskstream']:.3f}x"
+    parts = []
+    if "demo" in workloads:
+        dw = workloads["demo"]
+        parts.append(f"demo workflow ({dw['tasks']:,} tasks) flowscope/none {value:.3f}x wall "
+                     f"({verdict(value <= TARGET)} {TARGET}), {dw['ratio_flowscope_including_setup']:.3f}x with "
+                     f"observe() setup+teardown, {dw['cpu_ratio_vs_none']['flowscope']:.3f}x CPU"
+                     + (f"; taskstream {dw['ratio_vs_none']['taskstream']:.3f}x" if "taskstream" in args.modes else ""))
     if tiny_ratio is not None:
         tw = workloads["tiny"]
         parts.append(f"tiny graph ({tw['tasks']:,} tasks) {tiny_ratio:.3f}x wall ({verdict(tiny_ratio <= TARGET_TINY)} "
-                     f"{TARGET_TINY}), {tw['cpu_ratio_vs_none']['flowscope']:.3f}x CPU"
+                     f"{TARGET_TINY}), {tw['ratio_flowscope_including_setup']:.3f}x with observe() setup+teardown, "
+                     f"{tw['cpu_ratio_vs_none']['flowscope']:.3f}x CPU"
                      + (f"; taskstream {tw['ratio_vs_none']['taskstream']:.3f}x" if "taskstream" in args.modes else ""))
     parts.append(f"scheduler hooks {hook_sched_max:.1f} us/task ({verdict(hook_sched_max <= TARGET_HOOK_US)} "
                  f"{TARGET_HOOK_US:.0f}), worker hooks "
