@@ -33,6 +33,7 @@ from flowscope.model import identifiers as ids
 from flowscope.sources.thread_io import OpenAudit, ThreadIO, ThreadIOReader, thread_ids
 
 log = logging.getLogger("flowscope.dask")
+_time_ns = time.time_ns
 
 SCHEDULER_RESOURCE = "scheduler"
 _EXC_TYPE = re.compile(r"^\s*([A-Za-z_][\w.]*)")
@@ -162,6 +163,7 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
         self._gc = _GCWatch(fs, SCHEDULER_RESOURCE)
         self._gc.attach()
         self._emit_transition = fs.row_writer("transitions")
+        self._tasks_get = scheduler.tasks.get
         self._wids: dict[str, str] = {}
         pa.array([0])  # pyarrow imports pandas on first use (~0.5 s of CPU): pay it now, not mid-workload
         for addr in list(scheduler.workers):
@@ -173,19 +175,24 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
             log.exception("flowscope scheduler hook failed")
 
     def transition(self, key, start, finish, *args, stimulus_id=None, **kwargs) -> None:
+        # the hottest hook (about 5 calls per task, on the scheduler's event loop): attribute lookups bound in
+        # start(), worker ids cached per address
         try:
-            ts = self.scheduler.tasks.get(key)
+            ts = self._tasks_get(key)
             worker = kwargs.get("worker")
-            if worker is None and ts is not None and ts.processing_on is not None:
-                worker = ts.processing_on.address
-            wid = None
-            if worker:
-                wid = self._wids.get(worker)
-                if wid is None:
-                    wid = self._wids[worker] = ids.worker_id(worker)
-            self._emit_transition(time.time_ns(), key if key.__class__ is str else str(key),
-                                  ts.group.name if ts else None, ts.prefix.name if ts else None, start, finish,
-                                  "scheduler", wid, stimulus_id, None)
+            if worker is None and ts is not None:
+                ws = ts.processing_on
+                if ws is not None:
+                    worker = ws.address
+            wid = self._wids.get(worker) if worker else None
+            if wid is None and worker:
+                wid = self._wids[worker] = ids.worker_id(worker)
+            if ts is not None:
+                self._emit_transition(_time_ns(), key if key.__class__ is str else str(key), ts.group.name,
+                                      ts.prefix.name, start, finish, "scheduler", wid, stimulus_id, None)
+            else:
+                self._emit_transition(_time_ns(), key if key.__class__ is str else str(key), None, None, start,
+                                      finish, "scheduler", wid, stimulus_id, None)
             if finish == "erred" and start == "processing":
                 etype = exception_type(kwargs.get("exception_text"))
                 self.fs.log(f"task failed with {etype or 'an exception'}", level="error", category="task-error",
