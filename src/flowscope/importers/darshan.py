@@ -100,11 +100,12 @@ def _header(path: Path, head: bytes, size: int) -> tuple[str, str, int, list[tup
     if not header_size <= job_end <= size:
         raise bad(f"job region would end at byte {job_end}, outside {header_size}..{size}", name_at, "job")
     out = [("job", header_size, job_end - header_size)]
-    used = sorted([(off, off + length, name) for name, off, length, _ in regions if length]
-                  + [(header_size, job_end, "job")])
-    for (a0, a1, an), (b0, b1, bn) in zip(used, used[1:]):
+    used = sorted([(off, off + length, name, at) for name, off, length, at in regions if length]
+                  + [(header_size, job_end, "job", name_at)])
+    for (a0, a1, an, _), (b0, b1, bn, at) in zip(used, used[1:]):
         if b0 < a1:
-            raise bad(f"region {bn} (bytes {b0}..{b1}) overlaps region {an} (bytes {a0}..{a1})", b0, bn)
+            raise bad(f"region map entry says bytes {b0}..{b1}, overlapping region {an} (bytes {a0}..{a1})",
+                      at, bn)
     out += [(name, off, length) for name, off, length, _ in regions if length]
     return version, _COMPRESSION[comp], header_size, out
 
