@@ -169,8 +169,8 @@ def _first_bad_byte(d, chunk: bytes, pos: int) -> int:
         except zlib.error:
             return pos + i
         if d.eof:
-            return pos + i
-    return pos
+            d = zlib.decompressobj()  # the next stream of the region starts after this byte
+    return pos + len(chunk)
 
 
 def validate(path: Path) -> dict[str, Any]:
