@@ -10,8 +10,10 @@ as partial are reported. Added to a run that has task spans, the I/O is attribut
 
 from __future__ import annotations
 
+import bz2
 import json
 import struct
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +38,155 @@ def sniff(path: Path, head: bytes) -> bool:
     if len(head) < 16 or not head[:1].isdigit() or head[1:2] != b".":
         return False
     return DARSHAN_MAGIC in (struct.unpack("<q", head[8:16])[0], struct.unpack(">q", head[8:16])[0])
+
+
+#: log format versions darshan-util 3.5 (PyDarshan 3.5) reads: releases 3.0.0 to 3.5.0 write these
+LOG_VERSIONS = ("3.00", "3.10", "3.20", "3.21", "3.41")
+#: module ids of log format 3.41 (darshan-log-format.h); older formats are mapped onto them in :func:`_module_name`
+MODULE_NAMES = ("NULL", "POSIX", "MPI-IO", "H5F", "H5D", "PNETCDF_FILE", "PNETCDF_VAR", "BG/Q", "LUSTRE",
+                "STDIO", "DXT_POSIX", "DXT_MPIIO", "MDHIM", "APXC", "APMPI", "HEATMAP", "DFS", "DAOS")
+_COMPRESSION = {0: "zlib", 1: "bzip2", 2: "none"}
+_CHUNK = 1 << 20  # bytes read (and decompressed) per step: memory stays bounded on large logs
+
+
+def _module_name(version: str, index: int) -> str:
+    """The module stored at ``index`` of a log's region map. 3.20/3.21 had one PNETCDF module (later split
+    into FILE and VAR); before 3.20 H5D did not exist either."""
+    if version < "3.20":
+        index = index if index <= 3 else (5 if index == 4 else index + 2)
+    elif version < "3.41":
+        index = index if index <= 5 else index + 1
+    return MODULE_NAMES[index] if index < len(MODULE_NAMES) else f"module #{index}"
+
+
+def _header(path: Path, head: bytes, size: int) -> tuple[str, str, int, list[tuple[str, int, int]]]:
+    """Version, compression, header size and the (region name, offset, length) map, checked against the file."""
+    def bad(what: str, at: int, region: str = "header") -> TraceError:
+        return TraceError(f"{path}: {what} at byte {at} (region {region})")
+
+    if size < 16:
+        raise bad(f"file has only {size} bytes, fewer than a Darshan header", size)
+    version = head[:8].split(b"\0", 1)[0].decode("ascii", "replace")
+    for order in "<>":
+        if struct.unpack_from(order + "q", head, 8)[0] == DARSHAN_MAGIC:
+            break
+    else:
+        raise bad(f"magic number is not Darshan's {DARSHAN_MAGIC}", 8)
+    if version not in LOG_VERSIONS:
+        raise bad(f"log format version {version!r} is not one PyDarshan reads ({', '.join(LOG_VERSIONS)})", 0)
+    # 3.41 widened the partial flags to 64 bits and the module map from 16 to 64 entries
+    # (uint32 partial flags at byte 20 before; uint64 at byte 24 since)
+    n_mods, name_at = (64, 32) if version >= "3.41" else (16, 24)
+    mods_at = name_at + 16
+    header_size = mods_at + 16 * n_mods + 4 * n_mods
+    if size < header_size:
+        raise bad(f"file has {size} bytes, fewer than the {header_size}-byte header of format {version}", size)
+    comp = head[16]
+    if comp not in _COMPRESSION:
+        raise bad(f"compression type {comp} is not zlib (0), bzip2 (1) or none (2)", 16)
+    name_off, name_len = struct.unpack_from(order + "QQ", head, name_at)
+    regions = [("name records", name_off, name_len, name_at)]
+    for i in range(n_mods):
+        off, length = struct.unpack_from(order + "QQ", head, mods_at + 16 * i)
+        if off or length:
+            regions.append((_module_name(version, i), off, length, mods_at + 16 * i))
+    for name, off, length, at in regions:
+        if length and (off < header_size or off + length > size):
+            raise bad(f"region map says bytes {off}..{off + length}, outside the file's data "
+                      f"({header_size}..{size})", at, name)
+    # the job region runs from the header to the first mapped region (darshan_log_get_header's rule)
+    starts = [off for _, off, length, _ in regions if off]
+    job_end = name_off if name_off else (min(starts) if starts else size)
+    if not header_size <= job_end <= size:
+        raise bad(f"job region would end at byte {job_end}, outside {header_size}..{size}", name_at, "job")
+    out = [("job", header_size, job_end - header_size)]
+    used = sorted([(off, off + length, name, at) for name, off, length, at in regions if length]
+                  + [(header_size, job_end, "job", name_at)])
+    for (a0, a1, an, _), (b0, b1, bn, at) in zip(used, used[1:]):
+        if b0 < a1:
+            raise bad(f"region map entry says bytes {b0}..{b1}, overlapping region {an} (bytes {a0}..{a1})",
+                      at, bn)
+    out += [(name, off, length) for name, off, length, _ in regions if length]
+    return version, _COMPRESSION[comp], header_size, out
+
+
+def _decompressor(kind: str):
+    return zlib.decompressobj() if kind == "zlib" else bz2.BZ2Decompressor()
+
+
+def _check_region(f, path: Path, kind: str, name: str, off: int, length: int) -> None:
+    """Decompress one region to its end: every stream in it must be whole (zlib checks its adler32,
+    bzip2 its CRC) and nothing may follow the last one. Raises TraceError with the first bad byte."""
+    if kind == "none":
+        return
+    f.seek(off)
+    pos = off  # file offset of the next byte to feed
+    d = _decompressor(kind)
+    fed_in_stream = 0
+    while pos < off + length:
+        chunk = f.read(min(_CHUNK, off + length - pos))
+        if not chunk:
+            raise TraceError(f"{path}: file ends inside region {name} at byte {pos} (region {name})")
+        while chunk:
+            before = d.copy() if kind == "zlib" else None
+            try:
+                _drain(d, kind, chunk)
+            except (zlib.error, OSError, EOFError, ValueError) as exc:
+                at = _first_bad_byte(before, chunk, pos) if before is not None else pos
+                raise TraceError(f"{path}: {kind} data does not decompress ({exc}) at byte {at} "
+                                 f"(region {name})") from None
+            rest = d.unused_data if d.eof else b""
+            used = len(chunk) - len(rest)
+            pos += used
+            fed_in_stream += used
+            chunk = rest
+            if d.eof:
+                d, fed_in_stream = _decompressor(kind), 0  # darshan-util restarts a stream after each end
+    if fed_in_stream:
+        raise TraceError(f"{path}: {kind} stream is cut short: region ends before its stream does "
+                         f"at byte {off + length} (region {name})")
+
+
+def _drain(d, kind: str, data: bytes) -> None:
+    """Feed ``data`` to ``d``, discarding the output in bounded pieces (memory stays flat whatever the ratio)."""
+    d.decompress(data, 1 << 16)
+    while not d.eof:
+        if kind == "zlib":
+            if not d.unconsumed_tail:
+                return
+            d.decompress(d.unconsumed_tail, 1 << 16)
+        else:
+            if d.needs_input:
+                return
+            d.decompress(b"", 1 << 16)
+
+
+def _first_bad_byte(d, chunk: bytes, pos: int) -> int:
+    """The file offset of the byte at which zlib first rejects ``chunk`` (``d`` is the state before it)."""
+    for i in range(len(chunk)):
+        try:
+            d.decompress(chunk[i:i + 1])
+        except zlib.error:
+            return pos + i
+        if d.eof:
+            d = zlib.decompressobj()  # the next stream of the region starts after this byte
+    return pos + len(chunk)
+
+
+def validate(path: Path) -> dict[str, Any]:
+    """Check a Darshan log before darshan-util reads it, since darshan-util trusts the file (a flipped byte
+    can crash the process): the version is one PyDarshan reads, every region of the header's map lies in
+    the file without overlapping another, and every region decompresses whole with its checksum.
+    Returns the version, compression and regions; raises TraceError naming the file, byte and region."""
+    path = Path(path)
+    size = path.stat().st_size
+    with open(path, "rb") as f:
+        head = f.read(2048)
+        version, kind, header_size, regions = _header(path, head, size)
+        for name, off, length in regions:
+            _check_region(f, path, kind, name, off, length)
+    return {"version": version, "compression": kind, "header_bytes": header_size,
+            "regions": {name: (off, length) for name, off, length in regions}}
 
 
 class _Log:
@@ -180,6 +331,7 @@ def read(path: Path, sink: ImportSink) -> None:
         import darshan  # noqa: F401
     except ImportError:
         raise TraceError(f"{path}: reading Darshan logs needs PyDarshan (pip install 'flowscope[import]', or pip install darshan)") from None
+    validate(path)
     log = _Log(path)
     try:
         _read(log, path, sink)

@@ -84,6 +84,17 @@ def _locate_bad_location(path: Path, locations: list) -> str:
     return "no single location fails on its own"
 
 
+def _enum(path: Path, value, what: str) -> str:
+    """The name of an OTF2 enum value read from the definitions; a value the format does not define (a
+    corrupted byte) raises TraceError naming the definition instead of a KeyError from the bindings."""
+    names = getattr(type(value), "_names", {})
+    if getattr(value, "value", None) not in names:
+        raise TraceError(f"{path}: global definitions {path.with_suffix('.def').name}: {what} has "
+                         f"{type(value).__name__} {getattr(value, 'value', value)!r}, which OTF2 does not define "
+                         f"(the file is corrupt)")
+    return names[value.value]
+
+
 class _Reader:
     """State of one archive's import: definitions -> resources, events -> buffered columns."""
 
@@ -175,7 +186,8 @@ class _Reader:
             rows.append({"resource_id": rid, "kind": kind, "name": lg.name, "parent_id": stn_id.get(parent),
                          "host": host, "address": None if rank is None else str(rank),
                          "attrs": json.dumps({"otf2": "location_group", "id": ref,
-                                              "type": str(lg.location_group_type)})})
+                                              "type": "LocationGroupType." + _enum(
+                                                  self.path, lg.location_group_type, f"location group {ref}")})})
         self.loc_rid: dict[int, str] = {}
         self.loc_host: dict[int, str | None] = {}
         self.rank_rid: dict[int, str] = {}  # location -> its rank (location group) resource
@@ -183,7 +195,7 @@ class _Reader:
             ref = loc._ref
             g = loc.group._ref
             rid = f"otf2:loc:{ref}"
-            t = str(loc.type)
+            t = "LocationType." + _enum(self.path, loc.type, f"location {ref}")
             kind = "thread" if "THREAD" in t else ("device" if ("GPU" in t or "ACCELERATOR" in t) else "container")
             self.loc_rid[ref] = rid
             self.loc_host[ref] = lg_host.get(g)
@@ -200,8 +212,8 @@ class _Reader:
         for r in d.regions:
             name = r.name or r.canonical_name or f"region {r._ref}"  # the display name, as otf2-print shows
             self.region_name[r._ref] = name
-            extra = {"region": r._ref, "paradigm": str(r.paradigm).split(".")[-1],
-                     "role": str(r.region_role).split(".")[-1]}
+            extra = {"region": r._ref, "paradigm": _enum(self.path, r.paradigm, f"region {r._ref} ({name!r})"),
+                     "role": _enum(self.path, r.region_role, f"region {r._ref} ({name!r})")}
             if r.canonical_name and r.canonical_name != name:
                 extra["canonical_name"] = r.canonical_name
             if r.source_file:
@@ -439,7 +451,14 @@ def read(path: Path, sink: ImportSink) -> None:
         raise TraceError(f"{path}: reading OTF2 needs the 'otf2' Python package (pip install 'flowscope[import]', or pip install otf2)") from None
     tr = _open(path)
     try:
-        _Reader(path, sink, tr).run()
+        try:
+            reader = _Reader(path, sink, tr)
+        except TraceError:
+            raise
+        except Exception as exc:  # a corrupted definition the bindings accept but cannot resolve
+            raise TraceError(f"{path}: global definitions {path.with_suffix('.def').name} are inconsistent "
+                             f"(the file is corrupt): {type(exc).__name__}: {exc}") from None
+        reader.run()
     finally:
         try:
             tr.close()
