@@ -67,10 +67,8 @@ class RunGraph:
         run = Run(self.collector.run_dir(self.run_id))
         states, muts = run.arrow(STATES), run.arrow(MUTATIONS)
         self.index = StateIndex()
-        self.index.add_states(states)
-        self.index.add_mutations(muts.set_column(0, "mutation_id", pa.array(
-            [m or f"{s}->{d}:{k}" for m, s, d, k in zip(*(muts.column(c).to_pylist() for c in
-             ("mutation_id", "src_state_id", "dst_state_id", "kind")))], pa.string())))
+        self.index.add_states(states, checked=False)
+        self.index.add_mutations(muts, checked=False)
         self.path = _incremental_path()
         if self.path is not None and (states.num_rows or muts.num_rows):
             self.path.add(states, muts)
@@ -113,7 +111,7 @@ class RunGraph:
                 raise LookupError("critical-path analysis is not available in this collector "
                                   "(flowscope.analysis.critical_path is missing)")
             cp = self.path.current()
-            n_states, n_muts = len(self.index.states), len(self.index.mutations)
+            n_states, n_muts = len(self.index), self.index.n_mutations
         return {"run_id": self.run_id, **cp.to_dict(), "n_states": n_states, "n_mutations": n_muts}
 
 
@@ -156,9 +154,13 @@ def _split_body(table: str, body: bytes, content_type: str) -> tuple[pa.Table, p
     """The (states, mutations) a request carries; ``table`` is what the path names."""
     empty = {STATES: None, MUTATIONS: None}
     if content_type.startswith(ARROW_STREAM):
-        try:
-            with pa.ipc.open_stream(pa.py_buffer(body)) as reader:
+        try:  # on /states, a second stream after the first carries mutations (one request for both)
+            source = pa.BufferReader(pa.py_buffer(body))
+            with pa.ipc.open_stream(source) as reader:
                 parts = {**empty, table: reader.read_all()}
+            if table == STATES and source.tell() < len(body):
+                with pa.ipc.open_stream(source) as reader:
+                    parts[MUTATIONS] = reader.read_all()
         except (pa.ArrowInvalid, OSError) as exc:
             raise _Refused(400, {"error": f"malformed Arrow IPC stream ({len(body)} bytes): {exc}"}) from None
     elif content_type.startswith("application/json") or not content_type:
