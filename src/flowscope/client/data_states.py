@@ -169,6 +169,7 @@ class StateIndex:
         self._size = np.empty(0, dtype=np.int64)         # -1: unknown size (negative sizes are refused)
         self._muts = _IdSet()
         self._ends = np.empty((0, 3), dtype=object)       # per mutation row: src, dst, kind
+        self._checked_states = self._checked_muts = None  # what the last check returned, to record it cheaply
 
     def __len__(self) -> int:
         return len(self._states)
@@ -221,7 +222,9 @@ class StateIndex:
                                  f"size_bytes={_size_text(have_sz[i])}; this record has ts_ns={ts[i]}, "
                                  f"size_bytes={_size_text(sz[i])} (a state id names one state)", i)
         keep = (rep == np.arange(n)) & ~k
-        return data if keep.all() else data.filter(pa.array(keep))
+        out = data if keep.all() else data.filter(pa.array(keep))
+        self._checked_states = (out, ids[keep], h[keep])
+        return out
 
     def _times(self, keys: np.ndarray, col: pa.ChunkedArray, batch_ids: pa.Array | None,
                batch_ts: np.ndarray | None) -> np.ndarray:
@@ -268,9 +271,14 @@ class StateIndex:
         rep = _first_of_each(mid, mh)
         known = self._muts.lookup(mid, mh)
         k = known >= 0
-        have = np.stack([src[rep], dst[rep], kinds[rep]], axis=1)
-        if k.any():
-            have[k] = self._ends[known[k]]
+        again = np.flatnonzero((rep != np.arange(n)) | k)      # ids seen before: the same mutation?
+        have = np.empty((n, 3), dtype=object)
+        have[:, 0], have[:, 1], have[:, 2] = src, dst, kinds
+        if len(again):
+            r = rep[again]
+            have[again] = np.stack([src[r], dst[r], kinds[r]], axis=1)
+            ka = again[k[again]]
+            have[ka] = self._ends[known[ka]]
         errors = [  # in the order a record is checked
             (t_src < 0, "src_state_id", lambda i: f"unknown state {src[i]!r}: post the state first "
                                                   f"(or in the same request)"),
@@ -288,14 +296,20 @@ class StateIndex:
             raise DataStateError(MUTATIONS, errors[j][1], errors[j][2](i), i)
         data = data.set_column(0, "mutation_id", mids)
         keep = (rep == np.arange(n)) & ~k
-        return data if keep.all() else data.filter(pa.array(keep))
+        out = data if keep.all() else data.filter(pa.array(keep))
+        self._checked_muts = (out, mid[keep], mh[keep], have[keep])
+        return out
 
     def add_states(self, data: pa.Table, *, checked: bool = True) -> None:
         """Record written states (``checked``: as returned by :meth:`check_states`, so new and distinct)."""
         if not data.num_rows:
             return
-        ids = _objects(data.column("state_id").fill_null(""))
-        h = _hash(ids)
+        cached = getattr(self, "_checked_states", None)
+        if checked and cached is not None and cached[0] is data:
+            ids, h = cached[1], cached[2]
+        else:
+            ids = _objects(data.column("state_id").fill_null(""))
+            h = _hash(ids)
         if not checked:  # rows from disk: keep the first of each id not known yet
             new = (_first_of_each(ids, h) == np.arange(len(ids))) & (self._states.lookup(ids, h) < 0)
             data, ids, h = data.filter(pa.array(new)), ids[new], h[new]
@@ -307,14 +321,19 @@ class StateIndex:
         """Record written mutations (``checked``: as returned by :meth:`check_mutations`)."""
         if not data.num_rows:
             return
-        mid = _objects(mutation_ids(data))
-        h = _hash(mid)
-        if not checked:
-            new = (_first_of_each(mid, h) == np.arange(len(mid))) & (self._muts.lookup(mid, h) < 0)
-            data, mid, h = data.filter(pa.array(new)), mid[new], h[new]
+        cached = getattr(self, "_checked_muts", None)
+        if checked and cached is not None and cached[0] is data:
+            mid, h, ends = cached[1], cached[2], cached[3]
+        else:
+            mid = _objects(mutation_ids(data))
+            h = _hash(mid)
+            if not checked:
+                new = (_first_of_each(mid, h) == np.arange(len(mid))) & (self._muts.lookup(mid, h) < 0)
+                data, mid, h = data.filter(pa.array(new)), mid[new], h[new]
+            ends = np.stack([_objects(data.column(c).fill_null("")) for c in ("src_state_id", "dst_state_id",
+                                                                             "kind")], axis=1) \
+                if data.num_rows else np.empty((0, 3), dtype=object)
         self._muts.add(mid, h)
-        ends = np.stack([_objects(data.column(c).fill_null("")) for c in ("src_state_id", "dst_state_id", "kind")],
-                        axis=1) if data.num_rows else np.empty((0, 3), dtype=object)
         self._ends = np.concatenate([self._ends, ends])
 
 
