@@ -41,13 +41,13 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+from _machine import cpu_model, git_commit, write_result
+from ingest import BenchError, Collector
 
 import flowscope
-from _machine import cpu_model, git_commit, write_result
 from flowscope.client.client import Client
 from flowscope.model.provenance import new_run_id
 from flowscope.sim.dag import layered_dag
-from ingest import BenchError, Collector
 
 BENCH = "data_states_ingest"
 TARGET = 200_000
@@ -83,7 +83,7 @@ class Workload:
         ids = {r["state_id"] for r in st}
         mu = [m for m in self.mutations.slice(0, min(self.mutations.num_rows, 4 * n)).to_pylist()
               if m["src_state_id"] in ids and m["dst_state_id"] in ids][: n - k]
-        clean = lambda r: {c: v for c, v in r.items() if v is not None}  # noqa: E731
+        clean = lambda r: {c: v for c, v in r.items() if v is not None}
         return [("states", clean(r)) for r in st] + [("mutations", clean(r)) for r in mu]
 
 

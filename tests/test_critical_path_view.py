@@ -11,6 +11,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
+from test_report import CHROMIUM, CHROMIUM_ARGS, _browser
 
 import flowscope
 from flowscope.analysis.critical_path import data_state_path
@@ -18,11 +19,10 @@ from flowscope.report import write_report
 from flowscope.report.critical_path import GraphLayout, graph_view, to_graphml, to_json
 from flowscope.sim.dag import layered_dag
 
-from test_report import CHROMIUM, CHROMIUM_ARGS, _browser
-
 N_STATES, N_MUTATIONS = 100_000, 150_000
 REPORT_SECONDS = 60      # write_report of the 100,000-state run, on a shared 2-core machine
 OPEN_SECONDS = 30        # until every plot of the page is drawn in headless Chromium
+EXPAND_SECONDS = 5       # from the click until the group is drawn (measured about 1.4 s under load)
 GRAPH = "fig-critical-path-graph"
 
 
@@ -73,6 +73,8 @@ def test_a_100k_state_graph_opens_collapsed_and_expands_a_group(big_run, tmp_pat
             assert names == ["mutations between groups", "groups (collapsed)", "critical path"], names
             assert traces[1][1] == len(sizes), "one vertex per application"
             assert traces[2][1] == len(path.ids), "the critical path is drawn in full"
+            page.wait_for_function(f"() => Array.isArray(document.getElementById('{GRAPH}').data[2].text)")
+            assert page.evaluate(f"() => document.getElementById('{GRAPH}').data[2].text") == path.ids
             options = page.evaluate(f"() => Array.from(document.querySelectorAll('#{GRAPH}-group option'))"
                                     ".map(o => o.textContent)")
             assert options == [f"{g} ({c:,} states)" for g, c in sizes.items()]
@@ -93,7 +95,7 @@ def test_a_100k_state_graph_opens_collapsed_and_expands_a_group(big_run, tmp_pat
             colours = page.evaluate(f"() => new Set(document.getElementById('{GRAPH}').data[4 - 1].marker.color)"
                                     ".size")
             assert colours == states.loc[states["origin"] == group, "location"].nunique()
-            assert expand_s < 10, expand_s
+            assert expand_s < EXPAND_SECONDS, expand_s
             # collapse it again
             page.click(f"#{GRAPH}-collapse")
             page.wait_for_function(f"() => document.getElementById('{GRAPH}').data.length === 3")
@@ -142,6 +144,7 @@ def test_json_export_reads_back(tmp_path):
     states, muts = layered_dag(3_000, 6_000, seed=9)
     states, muts = states.to_pandas(), muts.to_pandas()
     to_json(states, muts, tmp_path / "graph.json")
-    doc = json.load(open(tmp_path / "graph.json"))
+    with open(tmp_path / "graph.json") as f:
+        doc = json.load(f)
     assert len(doc["states"]) == 3_000 and len(doc["mutations"]) == 6_000
     assert doc["critical_path"]["ids"] == data_state_path(states, muts).ids

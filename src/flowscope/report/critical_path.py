@@ -11,6 +11,7 @@ import base64
 import html as _html
 import json
 import xml.etree.ElementTree as ET
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,7 @@ import plotly.io as pio
 
 from flowscope.analysis.critical_path import CriticalPath, data_state_path
 
-__all__ = ["GraphLayout", "graph_figure", "graph_view", "attribution_figure", "steps_table", "critical_path_section", "to_json", "to_graphml"]
+__all__ = ["GraphLayout", "attribution_figure", "critical_path_section", "graph_figure", "graph_view", "steps_table", "to_graphml", "to_json"]
 
 
 _PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
@@ -104,65 +105,72 @@ def graph_figure(states: pd.DataFrame, mutations: pd.DataFrame, path: CriticalPa
         gy = np.arange(len(g.groups), dtype=float)
         ge = g.group_edges()
         xs, ys = _segments(last[ge["src"]], gy[ge["src"]], first[ge["dst"]], gy[ge["dst"]])
-        fig.add_trace(go.Scattergl(x=xs, y=ys, mode="lines", line=dict(color="#bbb", width=1),
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"color": "#bbb", "width": 1},
                                    name="mutations between groups", hoverinfo="skip"))
         fig.add_trace(go.Scatter(
             x=((first + last) / 2).tolist(), y=gy.tolist(), mode="markers", name="groups (collapsed)",
-            error_x=dict(type="data", array=((last - first) / 2).tolist(), thickness=6, width=0, color="#9ecae1"),
-            marker=dict(size=np.clip(6 + 3 * np.log2(np.maximum(counts, 1)), 6, 40).tolist(), color="#4292c6",
-                        line=dict(color="#08519c", width=1)),
+            error_x={"type": "data", "array": ((last - first) / 2).tolist(), "thickness": 6, "width": 0, "color": "#9ecae1"},
+            marker={"size": np.clip(6 + 3 * np.log2(np.maximum(counts, 1)), 6, 40).tolist(), "color": "#4292c6",
+                        "line": {"color": "#08519c", "width": 1}},
             text=[f"{name}: {c:,} states" for name, c in zip(g.groups, counts)], hoverinfo="text"))
     else:
         xs, ys = _segments(g.x[g.src], g.y[g.src], g.x[g.dst], g.y[g.dst])
-        fig.add_trace(go.Scattergl(x=xs, y=ys, mode="lines", line=dict(color="#bbb", width=1), name="mutations",
+        fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines", line={"color": "#bbb", "width": 1}, name="mutations",
                                    hoverinfo="skip"))
         for code, name in enumerate(g.locations):
             m = g.loc == code
             fig.add_trace(go.Scattergl(x=g.x[m], y=g.y[m], mode="markers", name=name,
-                                       marker=dict(size=7, color=_PALETTE[code % len(_PALETTE)]),
+                                       marker={"size": 7, "color": _PALETTE[code % len(_PALETTE)]},
                                        text=g.ids[m], hoverinfo="text+x"))
     p = g.path[g.path >= 0]
     fig.add_trace(go.Scattergl(x=g.x[p].tolist(), y=g.y[p].tolist(), mode="lines+markers", name="critical path",
-                               line=dict(color="crimson", width=3), marker=dict(color="crimson", size=9),
-                               text=g.ids[p].tolist(), hoverinfo="text+x"))
+                               line={"color": "crimson", "width": 3}, marker={"color": "crimson", "size": 9},
+                               text=None if collapsed else g.ids[p].tolist(), hoverinfo="text+x"))
     what = (f"{g.n:,} states in {len(g.groups):,} groups by {g.group_by} (collapsed)" if collapsed
             else f"{g.n:,} states")
     fig.update_layout(title=f"Data-state graph ({what}), critical path in red",
                       xaxis_title="seconds since the first state", showlegend=True,
-                      yaxis=dict(tickvals=list(range(len(g.groups))), ticktext=g.groups),
+                      yaxis={"tickvals": list(range(len(g.groups))), "ticktext": g.groups},
                       height=max(420, min(900, 60 + 28 * len(g.groups))))
     return fig
 
 
-def _b64(a: np.ndarray) -> str:
-    return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()
-
-
 _EXPAND_JS = """
 (function(){
-var D=%(data)s, div=%(div)s, P=%(palette)s;
-function dec(s,T){var b=atob(s),u=new Uint8Array(b.length);for(var i=0;i<b.length;i++)u[i]=b.charCodeAt(i);
-  return new T(u.buffer);}
-var X=dec(D.x,Float32Array),Y=dec(D.y,Float32Array),L=dec(D.loc,Int32Array),S=dec(D.src,Int32Array),
-    T=dec(D.dst,Int32Array),ids=D.ids.split("\\n"),shown={};
+var M=%(meta)s, Z=%(blob)s, div=%(div)s, P=%(palette)s, D=null, shown={};
+function load(){  // the detail, deflated: decompressed once, on the first expand
+  if(D)return D;
+  var b=atob(Z),u=new Uint8Array(b.length);for(var i=0;i<b.length;i++)u[i]=b.charCodeAt(i);
+  D=new Response(new Blob([u]).stream().pipeThrough(new DecompressionStream("deflate"))).arrayBuffer().then(
+    function(buf){var n=M.n,ne=M.ne,o=0,r={};
+      r.X=new Float32Array(buf,o,n);o+=4*n;r.L=new Int32Array(buf,o,n);o+=4*n;
+      r.S=new Int32Array(buf,o,ne);o+=4*ne;r.T=new Int32Array(buf,o,ne);o+=4*ne;
+      r.ids=new TextDecoder().decode(new Uint8Array(buf,o)).split("\\n");
+      r.G=new Int32Array(n);for(var g=0;g<M.groups.length;g++)for(var k=M.start[g];k<M.start[g+1];k++)r.G[k]=g;
+      return r;});
+  return D;
+}
+function ypos(r,k){var g=r.G[k];return g+((k-M.start[g])%%5)*0.15;}
 function expand(g){
-  if(shown[g]!==undefined)return;
-  var a=D.start[g],b=D.start[g+1],ea=D.estart[g],eb=D.estart[g+1],n=b-a,ne=eb-ea;
-  var mx=new Array(n),my=new Array(n),mc=new Array(n),mt=new Array(n);
-  for(var i=0;i<n;i++){mx[i]=X[a+i];my[i]=Y[a+i];mc[i]=P[L[a+i]%%P.length];
-    mt[i]=ids[a+i]+" ("+D.locations[L[a+i]]+")";}
-  var lx=new Array(3*ne),ly=new Array(3*ne);
-  for(var j=0;j<ne;j++){var s=S[ea+j],t=T[ea+j];lx[3*j]=X[s];lx[3*j+1]=X[t];lx[3*j+2]=null;
-    ly[3*j]=Y[s];ly[3*j+1]=Y[t];ly[3*j+2]=null;}
-  var el=document.getElementById(div),k=el.data.length;
-  Plotly.addTraces(el,[{type:"scattergl",mode:"lines",x:lx,y:ly,hoverinfo:"skip",name:D.groups[g]+": inputs",
-      line:{color:"#999",width:1},meta:"expanded:"+g},
-    {type:"scattergl",mode:"markers",x:mx,y:my,text:mt,hoverinfo:"text+x",name:D.groups[g]+" ("+n+")",
-      marker:{size:6,color:mc},meta:"expanded:"+g}]);
+  if(shown[g]!==undefined)return Promise.resolve();
   shown[g]=true;
-  // keep the critical path on top
-  var last=el.data.length;for(var q=0;q<el.data.length;q++){if(el.data[q].name==="critical path"){
-    Plotly.moveTraces(el,q,el.data.length-1);break;}}
+  return load().then(function(r){
+    var a=M.start[g],b=M.start[g+1],ea=M.estart[g],eb=M.estart[g+1],n=b-a,ne=eb-ea;
+    var mx=new Array(n),my=new Array(n),mc=new Array(n),mt=new Array(n);
+    for(var i=0;i<n;i++){mx[i]=r.X[a+i];my[i]=ypos(r,a+i);mc[i]=P[r.L[a+i]%%P.length];
+      mt[i]=r.ids[a+i]+" ("+M.locations[r.L[a+i]]+")";}
+    var step=Math.max(1,Math.ceil(ne/M.max_edges)),m=Math.ceil(ne/step);  // SVG lines: regl is slow with gaps
+    var lx=new Array(3*m),ly=new Array(3*m);
+    for(var k=0;k<m;k++){var j=ea+k*step,s=r.S[j],t=r.T[j];lx[3*k]=r.X[s];lx[3*k+1]=r.X[t];lx[3*k+2]=null;
+      ly[3*k]=ypos(r,s);ly[3*k+1]=ypos(r,t);ly[3*k+2]=null;}
+    var el=document.getElementById(div),at=el.data.length;
+    for(var q=0;q<el.data.length;q++)if(el.data[q].name==="critical path"){at=q;break;}  // the path stays on top
+    return Plotly.addTraces(el,[{type:"scatter",mode:"lines",x:lx,y:ly,hoverinfo:"skip",
+        name:M.groups[g]+": inputs"+(step>1?" (1 in "+step+" drawn)":""),line:{color:"#999",width:1},
+        meta:"expanded:"+g},
+      {type:"scattergl",mode:"markers",x:mx,y:my,text:mt,hoverinfo:"text+x",name:M.groups[g]+" ("+n+")",
+        marker:{size:6,color:mc},meta:"expanded:"+g}],[at,at+1]);
+  });
 }
 function collapse(g){
   var el=document.getElementById(div),rm=[];
@@ -173,18 +181,24 @@ var sel=document.getElementById(div+"-group");
 document.getElementById(div+"-expand").onclick=function(){expand(+sel.value);};
 document.getElementById(div+"-collapse").onclick=function(){collapse(+sel.value);};
 document.getElementById(div+"-collapse-all").onclick=function(){Object.keys(shown).forEach(function(g){collapse(+g);});};
+load().then(function(r){  // the path's hover text: its ids travel with the others, compressed
+  var el=document.getElementById(div);
+  for(var q=0;q<el.data.length;q++)if(el.data[q].name==="critical path")
+    Plotly.restyle(el,{text:[M.path.map(function(k){return r.ids[k];})]},[q]);
+});
 window.flowscopeGraph=window.flowscopeGraph||{};window.flowscopeGraph[div]={expand:expand,collapse:collapse,
-  shown:shown,groups:D.groups};
+  shown:shown,groups:M.groups};
 })();
 """
 
 
 def graph_view(states: pd.DataFrame, mutations: pd.DataFrame, path: CriticalPath | None = None, *,
                div_id: str = "fig-critical-path-graph", color_by: str = "location", group_by: str = "origin",
-               max_vertices: int = 2000, plot_config: dict | None = None) -> str:
+               max_vertices: int = 2000, max_edges: int = 30_000, plot_config: dict | None = None) -> str:
     """The graph as an HTML fragment (plotly.js expected on the page). Above ``max_vertices`` states it opens
     collapsed by group, with a control that expands one group at a time into its states (coloured by
-    ``color_by``) and the mutations ending in them; the critical path is always drawn in full."""
+    ``color_by``) and the mutations ending in them (at most ``max_edges`` drawn, evenly sampled, as the trace's
+    name says); the critical path is always drawn in full."""
     path = path or data_state_path(states, mutations)
     g = GraphLayout(states, mutations, path, group_by=group_by, color_by=color_by)
     fig = graph_figure(states, mutations, path, max_vertices=max_vertices, layout=g)
@@ -196,12 +210,13 @@ def graph_view(states: pd.DataFrame, mutations: pd.DataFrame, path: CriticalPath
         counts = g.counts()
         options = "".join(f'<option value="{i}">{_html.escape(name)} ({c:,} states)</option>'
                           for i, (name, c) in enumerate(zip(g.groups, counts)))
-        data = {"x": _b64(g.x.astype(np.float32)), "y": _b64(g.y.astype(np.float32)),
-                "loc": _b64(g.loc.astype(np.int32)), "src": _b64(g.src.astype(np.int32)),
-                "dst": _b64(g.dst.astype(np.int32)), "ids": "\n".join(g.ids), "groups": g.groups,
-                "locations": g.locations, "start": g.start.tolist(), "estart": g.estart.tolist()}
-        js = _EXPAND_JS % {"data": json.dumps(data).replace("</", "<\\/"), "div": json.dumps(div_id),
-                           "palette": json.dumps(_PALETTE)}
+        blob = b"".join([g.x.astype("<f4").tobytes(), g.loc.astype("<i4").tobytes(), g.src.astype("<i4").tobytes(),
+                         g.dst.astype("<i4").tobytes(), "\n".join(g.ids).encode()])
+        meta = {"n": g.n, "ne": len(g.src), "groups": g.groups, "locations": g.locations, "start": g.start.tolist(),
+                "estart": g.estart.tolist(), "max_edges": max_edges, "path": g.path[g.path >= 0].tolist()}
+        js = _EXPAND_JS % {"meta": json.dumps(meta).replace("</", "<\\/"),
+                           "blob": json.dumps(base64.b64encode(zlib.compress(blob, 6)).decode()),
+                           "div": json.dumps(div_id), "palette": json.dumps(_PALETTE)}
         out.insert(0, f'<p class="cp-controls">Collapsed: one vertex per {_html.escape(g.group_by)} '
                       f'({g.n:,} states). Expand a group: <select id="{div_id}-group">{options}</select> '
                       f'<button id="{div_id}-expand">expand</button> <button id="{div_id}-collapse">collapse'
@@ -219,7 +234,7 @@ def attribution_figure(path: CriticalPath) -> go.Figure:
         fig.add_trace(go.Bar(x=df["duration_ns"] / 1e9, y=[f"{name}: {v}" for v in df[col]], orientation="h",
                              name=name, text=[f"{s:.0%}" for s in df["share"]]))
     fig.update_layout(title="Where the critical path's time goes", xaxis_title="seconds", height=420,
-                      yaxis=dict(autorange="reversed"))
+                      yaxis={"autorange": "reversed"})
     return fig
 
 

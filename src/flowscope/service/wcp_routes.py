@@ -23,7 +23,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from flowscope.client.data_states import MUTATIONS, STATES, DataStateError, StateIndex, as_table
+from flowscope.client.data_states import (
+    MUTATIONS,
+    STATES,
+    DataStateError,
+    StateIndex,
+    as_table,
+)
 from flowscope.model.conform import SchemaError
 from flowscope.model.provenance import check_run_id
 from flowscope.model.schemas import TABLES
