@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -68,18 +70,122 @@ def _first(mask: pa.ChunkedArray | pa.Array) -> int:
     return pc.index(mask.fill_null(False), True).as_py()
 
 
+def _objects(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """A string column as a numpy object array (None for nulls)."""
+    return col.to_numpy(zero_copy_only=False) if len(col) else np.empty(0, dtype=object)
+
+
+def _hash(ids: np.ndarray) -> np.ndarray:
+    return pd.util.hash_array(ids, categorize=False) if len(ids) else np.empty(0, dtype=np.uint64)
+
+
+class _IdSet:
+    """Ids with a row each, looked up a whole array at a time: 64-bit hashes kept sorted (a hash join by
+    binary search), every match confirmed on the string itself, so a hash collision never confuses two ids."""
+
+    def __init__(self) -> None:
+        self.ids = np.empty(0, dtype=object)              # row -> id, in insertion order
+        self._h = np.empty(0, dtype=np.uint64)            # sorted hashes
+        self._row = np.empty(0, dtype=np.int64)           # row of each sorted hash
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def lookup(self, keys: np.ndarray, hashes: np.ndarray | None = None) -> np.ndarray:
+        """The row of each key, -1 where unknown."""
+        out = np.full(len(keys), -1, dtype=np.int64)
+        if not len(keys) or not len(self.ids):
+            return out
+        h = _hash(keys) if hashes is None else hashes
+        pos = np.searchsorted(self._h, h)
+        hit = self._h[np.minimum(pos, len(self._h) - 1)] == h
+        rows = self._row[np.minimum(pos, len(self._h) - 1)]
+        same = np.zeros(len(keys), dtype=bool)
+        same[hit] = self.ids[rows[hit]] == keys[hit]
+        out[same] = rows[same]
+        for i in np.flatnonzero(hit & ~same):             # a collision: look through every id with that hash
+            j = pos[i]
+            while j < len(self._h) and self._h[j] == h[i]:
+                if self.ids[self._row[j]] == keys[i]:
+                    out[i] = self._row[j]
+                    break
+                j += 1
+        return out
+
+    def add(self, keys: np.ndarray, hashes: np.ndarray | None = None) -> None:
+        """Append ids (not known yet, distinct) as the next rows."""
+        if not len(keys):
+            return
+        h = _hash(keys) if hashes is None else hashes
+        order = np.argsort(h, kind="stable")
+        h, rows = h[order], order.astype(np.int64) + len(self.ids)
+        at = np.searchsorted(self._h, h)
+        self._h = np.insert(self._h, at, h)
+        self._row = np.insert(self._row, at, rows)
+        self.ids = np.concatenate([self.ids, keys])
+
+
+def _first_of_each(keys: np.ndarray, hashes: np.ndarray) -> np.ndarray:
+    """For each row, the first row with the same key."""
+    codes, _ = pd.factorize(hashes)
+    _, first = np.unique(codes, return_index=True)
+    rep = first[codes]
+    differ = keys[rep] != keys
+    if differ.any():                                       # a hash collision inside the batch: go exact
+        codes, _ = pd.factorize(keys)
+        _, first = np.unique(codes, return_index=True)
+        rep = first[codes]
+    return rep
+
+
+def mutation_ids(data: pa.Table) -> pa.ChunkedArray:
+    """Each mutation's id: its own, or ``src->dst:KIND`` where it has none."""
+    mid = data.column("mutation_id")
+    default = pc.binary_join_element_wise(
+        pc.binary_join_element_wise(data.column("src_state_id").fill_null(""),
+                                    data.column("dst_state_id").fill_null(""), "->"),
+        data.column("kind").fill_null(""), ":")
+    if mid.null_count == len(mid):
+        return default
+    missing = pc.or_kleene(pc.is_null(mid), pc.equal(mid, ""))
+    return pc.if_else(missing, default, mid)
+
+
+def _size_text(v: int) -> int | None:
+    return None if v < 0 else int(v)
+
+
 class StateIndex:
     """What a run's data-state graph holds already: each state's time and size, each mutation's ends.
 
-    Not thread-safe; the collector holds one per run under a lock.
+    Checks a whole batch at once (vectorised: kinds by set membership, ids by a hash join against the
+    known states and the batch itself, times compared through that join). Not thread-safe; the
+    collector holds one per run under a lock.
     """
 
     def __init__(self) -> None:
-        self.states: dict[str, tuple[int, int | None]] = {}
-        self.mutations: dict[str, tuple[str, str, str]] = {}
+        self._states = _IdSet()
+        self._ts = np.empty(0, dtype=np.int64)
+        self._size = np.empty(0, dtype=np.int64)         # -1: unknown size (negative sizes are refused)
+        self._muts = _IdSet()
+        self._ends = np.empty((0, 3), dtype=object)       # per mutation row: src, dst, kind
+        self._checked_states = self._checked_muts = None  # what the last check returned, to record it cheaply
 
     def __len__(self) -> int:
-        return len(self.states)
+        return len(self._states)
+
+    @property
+    def n_mutations(self) -> int:
+        """How many mutations are known."""
+        return len(self._muts)
+
+    def get(self, state_id: str) -> tuple[int, int | None] | None:
+        """``(ts_ns, size_bytes)`` of a known state, else None."""
+        row = self._states.lookup(np.array([state_id], dtype=object))[0]
+        return None if row < 0 else (int(self._ts[row]), _size_text(self._size[row]))
+
+    def __contains__(self, state_id: str) -> bool:
+        return self.get(state_id) is not None
 
     def check_states(self, data: pa.Table) -> pa.Table:
         """The rows of ``data`` to write (repeats of known states dropped); DataStateError if any is bad."""
@@ -92,24 +198,50 @@ class StateIndex:
             i = _first(neg)
             raise DataStateError(STATES, "size_bytes", f"negative size {size[i].as_py()} "
                                  f"(state {data.column('state_id')[i].as_py()!r})", i)
-        ids = data.column("state_id").to_pylist()
-        ts = data.column("ts_ns").to_pylist()
-        sizes = size.to_pylist()
-        keep, seen = [], {}
-        known = self.states
-        for i, sid in enumerate(ids):
-            if not sid:
-                raise DataStateError(STATES, "state_id", "is empty", i)
-            have = seen.get(sid) or known.get(sid)
-            if have is not None:
-                if have != (ts[i], sizes[i]):
-                    raise DataStateError(STATES, "state_id", f"{sid!r} exists already with ts_ns={have[0]}, "
-                                         f"size_bytes={have[1]}; this record has ts_ns={ts[i]}, "
-                                         f"size_bytes={sizes[i]} (a state id names one state)", i)
-                continue
-            seen[sid] = (ts[i], sizes[i])
-            keep.append(i)
-        return data if len(keep) == n else data.take(pa.array(keep, pa.int64()))
+        ids = _objects(data.column("state_id").fill_null(""))
+        empty = ids == ""
+        ts_col = data.column("ts_ns")
+        if ts_col.null_count:
+            i = _first(pc.is_null(ts_col))
+            if not empty[:i].any():
+                raise DataStateError(STATES, "ts_ns", f"is missing (state {ids[i]!r}): a state has a time", i)
+        if empty.any():
+            raise DataStateError(STATES, "state_id", "is empty", int(np.argmax(empty)))
+        ts = ts_col.to_numpy()
+        sz = size.fill_null(-1).to_numpy()
+        h = _hash(ids)
+        rep = _first_of_each(ids, h)
+        known = self._states.lookup(ids, h)
+        k = known >= 0
+        have_ts, have_sz = ts[rep], sz[rep]
+        have_ts[k], have_sz[k] = self._ts[known[k]], self._size[known[k]]
+        bad = (have_ts != ts) | (have_sz != sz)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise DataStateError(STATES, "state_id", f"{ids[i]!r} exists already with ts_ns={have_ts[i]}, "
+                                 f"size_bytes={_size_text(have_sz[i])}; this record has ts_ns={ts[i]}, "
+                                 f"size_bytes={_size_text(sz[i])} (a state id names one state)", i)
+        keep = (rep == np.arange(n)) & ~k
+        out = data if keep.all() else data.filter(pa.array(keep))
+        self._checked_states = (out, ids[keep], h[keep])
+        return out
+
+    def _times(self, keys: np.ndarray, col: pa.ChunkedArray, batch_ids: pa.Array | None,
+               batch_ts: np.ndarray | None) -> np.ndarray:
+        """The time of each state in ``keys`` (the batch's states first, then the known ones); -1 where unknown."""
+        out = np.full(len(keys), -1, dtype=np.int64)
+        miss = np.ones(len(keys), dtype=bool)
+        if batch_ids is not None:
+            pos = pc.index_in(col, value_set=batch_ids).to_numpy(zero_copy_only=False)
+            found = ~np.isnan(pos) if pos.dtype.kind == "f" else pos >= 0
+            out[found] = batch_ts[pos[found].astype(np.int64)]
+            miss = ~found
+        if miss.any():
+            rows = self._states.lookup(keys[miss])
+            t = np.full(len(rows), -1, dtype=np.int64)
+            t[rows >= 0] = self._ts[rows[rows >= 0]]
+            out[miss] = t
+        return out
 
     def check_mutations(self, data: pa.Table, new_states: pa.Table | None = None) -> pa.Table:
         """The rows of ``data`` to write, with mutation ids filled in; DataStateError if any is bad.
@@ -124,55 +256,85 @@ class StateIndex:
             i = _first(bad)
             raise DataStateError(MUTATIONS, "kind", f"{kind[i].as_py()!r} is not a mutation kind; "
                                  f"kinds are {', '.join(MUTATION_KINDS)}", i)
-        extra: dict[str, int] = {}
+        batch_ids = batch_ts = None
         if new_states is not None and new_states.num_rows:
-            extra = dict(zip(new_states.column("state_id").to_pylist(), new_states.column("ts_ns").to_pylist()))
-        known = self.states
-        src = data.column("src_state_id").to_pylist()
-        dst = data.column("dst_state_id").to_pylist()
-        kinds = kind.to_pylist()
-        mids = data.column("mutation_id").to_pylist()
-        keep, seen = [], {}
-        for i in range(n):
-            ends = []
-            for field, sid in (("src_state_id", src[i]), ("dst_state_id", dst[i])):
-                t = extra.get(sid)
-                if t is None:
-                    k = known.get(sid)
-                    if k is None:
-                        raise DataStateError(MUTATIONS, field, f"unknown state {sid!r}: post the state first "
-                                             f"(or in the same request)", i)
-                    t = k[0]
-                ends.append(t)
-            if src[i] == dst[i]:
-                raise DataStateError(MUTATIONS, "dst_state_id", f"is the source itself ({src[i]!r})", i)
-            if ends[1] < ends[0]:
-                raise DataStateError(MUTATIONS, "dst_state_id", f"state {dst[i]!r} (ts_ns={ends[1]}) is older than "
-                                     f"its source {src[i]!r} (ts_ns={ends[0]})", i)
-            mid = mids[i] or f"{src[i]}->{dst[i]}:{kinds[i]}"
-            mids[i] = mid
-            edge = (src[i], dst[i], kinds[i])
-            have = seen.get(mid) or self.mutations.get(mid)
-            if have is not None:
-                if have != edge:
-                    raise DataStateError(MUTATIONS, "mutation_id", f"{mid!r} exists already as {have[0]!r} -> "
-                                         f"{have[1]!r} ({have[2]})", i)
-                continue
-            seen[mid] = edge
-            keep.append(i)
-        data = data.set_column(0, "mutation_id", pa.array(mids, pa.string()))
-        return data if len(keep) == n else data.take(pa.array(keep, pa.int64()))
+            batch_ids = new_states.column("state_id").combine_chunks()
+            batch_ts = new_states.column("ts_ns").fill_null(-1).to_numpy()
+        src_col, dst_col = data.column("src_state_id").fill_null(""), data.column("dst_state_id").fill_null("")
+        src, dst = _objects(src_col), _objects(dst_col)
+        t_src = self._times(src, src_col, batch_ids, batch_ts)
+        t_dst = self._times(dst, dst_col, batch_ids, batch_ts)
+        mids = mutation_ids(data)
+        mid = _objects(mids)
+        kinds = _objects(kind)
+        mh = _hash(mid)
+        rep = _first_of_each(mid, mh)
+        known = self._muts.lookup(mid, mh)
+        k = known >= 0
+        again = np.flatnonzero((rep != np.arange(n)) | k)      # ids seen before: the same mutation?
+        have = np.empty((n, 3), dtype=object)
+        have[:, 0], have[:, 1], have[:, 2] = src, dst, kinds
+        if len(again):
+            r = rep[again]
+            have[again] = np.stack([src[r], dst[r], kinds[r]], axis=1)
+            ka = again[k[again]]
+            have[ka] = self._ends[known[ka]]
+        errors = [  # in the order a record is checked
+            (t_src < 0, "src_state_id", lambda i: f"unknown state {src[i]!r}: post the state first "
+                                                  f"(or in the same request)"),
+            (t_dst < 0, "dst_state_id", lambda i: f"unknown state {dst[i]!r}: post the state first "
+                                                  f"(or in the same request)"),
+            (src == dst, "dst_state_id", lambda i: f"is the source itself ({src[i]!r})"),
+            (t_dst < t_src, "dst_state_id", lambda i: f"state {dst[i]!r} (ts_ns={t_dst[i]}) is older than "
+                                                      f"its source {src[i]!r} (ts_ns={t_src[i]})"),
+            ((have[:, 0] != src) | (have[:, 1] != dst) | (have[:, 2] != kinds), "mutation_id",
+             lambda i: f"{mid[i]!r} exists already as {have[i, 0]!r} -> {have[i, 1]!r} ({have[i, 2]})"),
+        ]
+        firsts = [(int(np.argmax(m)), j) for j, (m, _, _) in enumerate(errors) if m.any()]
+        if firsts:
+            i, j = min(firsts)
+            raise DataStateError(MUTATIONS, errors[j][1], errors[j][2](i), i)
+        data = data.set_column(0, "mutation_id", mids)
+        keep = (rep == np.arange(n)) & ~k
+        out = data if keep.all() else data.filter(pa.array(keep))
+        self._checked_muts = (out, mid[keep], mh[keep], have[keep])
+        return out
 
-    def add_states(self, data: pa.Table) -> None:
-        """Record written states."""
-        self.states.update(zip(data.column("state_id").to_pylist(),
-                               zip(data.column("ts_ns").to_pylist(), data.column("size_bytes").to_pylist())))
+    def add_states(self, data: pa.Table, *, checked: bool = True) -> None:
+        """Record written states (``checked``: as returned by :meth:`check_states`, so new and distinct)."""
+        if not data.num_rows:
+            return
+        cached = getattr(self, "_checked_states", None)
+        if checked and cached is not None and cached[0] is data:
+            ids, h = cached[1], cached[2]
+        else:
+            ids = _objects(data.column("state_id").fill_null(""))
+            h = _hash(ids)
+        if not checked:  # rows from disk: keep the first of each id not known yet
+            new = (_first_of_each(ids, h) == np.arange(len(ids))) & (self._states.lookup(ids, h) < 0)
+            data, ids, h = data.filter(pa.array(new)), ids[new], h[new]
+        self._states.add(ids, h)
+        self._ts = np.concatenate([self._ts, data.column("ts_ns").fill_null(0).to_numpy()])
+        self._size = np.concatenate([self._size, data.column("size_bytes").fill_null(-1).to_numpy()])
 
-    def add_mutations(self, data: pa.Table) -> None:
-        """Record written mutations."""
-        self.mutations.update(zip(data.column("mutation_id").to_pylist(),
-                                  zip(data.column("src_state_id").to_pylist(), data.column("dst_state_id").to_pylist(),
-                                      data.column("kind").to_pylist())))
+    def add_mutations(self, data: pa.Table, *, checked: bool = True) -> None:
+        """Record written mutations (``checked``: as returned by :meth:`check_mutations`)."""
+        if not data.num_rows:
+            return
+        cached = getattr(self, "_checked_muts", None)
+        if checked and cached is not None and cached[0] is data:
+            mid, h, ends = cached[1], cached[2], cached[3]
+        else:
+            mid = _objects(mutation_ids(data))
+            h = _hash(mid)
+            if not checked:
+                new = (_first_of_each(mid, h) == np.arange(len(mid))) & (self._muts.lookup(mid, h) < 0)
+                data, mid, h = data.filter(pa.array(new)), mid[new], h[new]
+            ends = np.stack([_objects(data.column(c).fill_null("")) for c in ("src_state_id", "dst_state_id",
+                                                                             "kind")], axis=1) \
+                if data.num_rows else np.empty((0, 3), dtype=object)
+        self._muts.add(mid, h)
+        self._ends = np.concatenate([self._ends, ends])
 
 
 def file_state_id(path: str | Path, stat: os.stat_result | None = None, host: str | None = None) -> str:
@@ -201,16 +363,19 @@ class DataStates:
     naming the field); states other processes recorded are checked by the collector when the
     batch is delivered. With ``batch=1`` (the default) every call is delivered at once and a
     refusal raises there; larger batches are delivered by :meth:`flush` (and on leaving a
-    ``with`` block), as one all-or-nothing request.
+    ``with`` block), as one all-or-nothing request. :meth:`add` takes whole tables.
     """
 
     def __init__(self, client, *, batch: int = 1, host: str | None = None):
         self.client = client
         self.batch = max(1, int(batch))
         self.host = host or socket.gethostname()
-        self._index = StateIndex()
+        self._known: dict[str, tuple[int, int | None]] = {}      # states recorded through this object
+        self._known_m: dict[str, tuple[str, str, str]] = {}
         self._states: list[dict] = []
         self._mutations: list[dict] = []
+        self._tables: list[tuple[pa.Table, pa.Table]] = []
+        self._pending = 0
         self._lock = threading.Lock()
         self._seq = 0
 
@@ -219,46 +384,85 @@ class DataStates:
               ts_ns: int | None = None, origin: str | None = None, location: str | None = None,
               attrs: dict | str | None = None) -> str:
         """Record a data state (default time: now; default id: generated) and return its id."""
-        if size_bytes is not None and size_bytes < 0:
-            raise DataStateError(STATES, "size_bytes", f"negative size {size_bytes}")
+        if size_bytes is not None and (not isinstance(size_bytes, int) or size_bytes < 0):
+            raise DataStateError(STATES, "size_bytes", f"negative size {size_bytes}" if isinstance(size_bytes, int)
+                                 else f"must be an integer (bytes), got {size_bytes!r}")
         if ts_ns is not None and not isinstance(ts_ns, int):
             raise DataStateError(STATES, "ts_ns", f"must be an integer (ns since epoch), got {ts_ns!r}")
+        if state_id is not None and (not isinstance(state_id, str) or not state_id):
+            raise DataStateError(STATES, "state_id", f"must be a non-empty string, got {state_id!r}")
         with self._lock:
             if state_id is None:
                 self._seq += 1
                 state_id = f"state:{self.host}:{os.getpid()}:{time.time_ns()}:{self._seq}"
-            rec = {"state_id": state_id, "label": label, "size_bytes": size_bytes,
-                   "ts_ns": time.time_ns() if ts_ns is None else ts_ns, "origin": origin,
-                   "location": location, "attrs": _attrs(attrs)}
-            tbl = as_table(STATES, rec)
-            if self._index.check_states(tbl).num_rows:
-                self._index.add_states(tbl)
-                self._states.append(rec)
+            ts = time.time_ns() if ts_ns is None else ts_ns
+            have = self._known.get(state_id)
+            if have is not None:
+                if have != (ts, size_bytes):
+                    raise DataStateError(STATES, "state_id", f"{state_id!r} exists already with ts_ns={have[0]}, "
+                                         f"size_bytes={have[1]}; this record has ts_ns={ts}, size_bytes={size_bytes}"
+                                         f" (a state id names one state)")
+                return state_id
+            self._known[state_id] = (ts, size_bytes)
+            self._states.append({"state_id": state_id, "label": label, "size_bytes": size_bytes, "ts_ns": ts,
+                                 "origin": origin, "location": location, "attrs": _attrs(attrs)})
+            self._pending += 1
         self._maybe_flush()
         return state_id
 
     def mutation(self, src: str, dst: str, kind: str, *, application: str | None = None,
                  attrs: dict | str | None = None, mutation_id: str | None = None) -> str:
         """Record that ``src`` became ``dst`` by ``kind`` and return the mutation's id."""
-        rec = {"mutation_id": mutation_id, "src_state_id": src, "dst_state_id": dst, "kind": kind,
-               "application": application, "attrs": _attrs(attrs)}
+        if kind not in MUTATION_KINDS:
+            raise DataStateError(MUTATIONS, "kind", f"{kind!r} is not a mutation kind; kinds are "
+                                 f"{', '.join(MUTATION_KINDS)}")
+        if src == dst:
+            raise DataStateError(MUTATIONS, "dst_state_id", f"is the source itself ({src!r})")
+        mid = mutation_id or f"{src}->{dst}:{kind}"
         with self._lock:
-            tbl = as_table(MUTATIONS, rec)
-            missing = [s for s in (src, dst) if s not in self._index.states]
-            if missing:  # recorded elsewhere: the collector checks these when the batch arrives
-                out = tbl.set_column(0, "mutation_id", pa.array([mutation_id or f"{src}->{dst}:{kind}"]))
-                if kind not in MUTATION_KINDS:
-                    raise DataStateError(MUTATIONS, "kind", f"{kind!r} is not a mutation kind; kinds are "
-                                         f"{', '.join(MUTATION_KINDS)}")
-            else:
-                out = self._index.check_mutations(tbl)
-            mid = out.column("mutation_id")[0].as_py() if out.num_rows else (mutation_id or f"{src}->{dst}:{kind}")
-            if out.num_rows:
-                self._index.add_mutations(out)
-                rec["mutation_id"] = mid
-                self._mutations.append(rec)
+            a, b = self._known.get(src), self._known.get(dst)
+            if a is not None and b is not None and b[0] < a[0]:
+                # both recorded here; states recorded elsewhere are checked by the collector
+                raise DataStateError(MUTATIONS, "dst_state_id", f"state {dst!r} (ts_ns={b[0]}) is older than "
+                                     f"its source {src!r} (ts_ns={a[0]})")
+            have = self._known_m.get(mid)
+            if have is not None:
+                if have != (src, dst, kind):
+                    raise DataStateError(MUTATIONS, "mutation_id", f"{mid!r} exists already as {have[0]!r} -> "
+                                         f"{have[1]!r} ({have[2]})")
+                return mid
+            self._known_m[mid] = (src, dst, kind)
+            self._mutations.append({"mutation_id": mid, "src_state_id": src, "dst_state_id": dst, "kind": kind,
+                                    "application": application, "attrs": _attrs(attrs)})
+            self._pending += 1
         self._maybe_flush()
         return mid
+
+    def add(self, states: pa.Table | Mapping[str, Any] | Iterable[Mapping[str, Any]] | None = None,
+            mutations: pa.Table | Mapping[str, Any] | Iterable[Mapping[str, Any]] | None = None) -> None:
+        """Record many states and mutations at once (Arrow tables, dicts of columns or records), checked as a
+        whole against each other (their references to other states are checked by the collector); delivered
+        with the next :meth:`flush`, or now when ``batch`` records are waiting."""
+        st, mu = as_table(STATES, states), as_table(MUTATIONS, mutations)
+        check = StateIndex()
+        st = check.check_states(st)
+        mu = mu.set_column(0, "mutation_id", mutation_ids(mu))
+        local = pc.and_(pc.is_in(mu.column("src_state_id"), value_set=st.column("state_id")),
+                        pc.is_in(mu.column("dst_state_id"), value_set=st.column("state_id")))
+        bad = pc.invert(pc.is_in(mu.column("kind"), value_set=_KINDS))
+        if pc.any(bad).as_py():
+            i = _first(bad)
+            raise DataStateError(MUTATIONS, "kind", f"{mu.column('kind')[i].as_py()!r} is not a mutation kind; "
+                                 f"kinds are {', '.join(MUTATION_KINDS)}", i)
+        try:  # mutations between states of this call: time order, self loops, ids
+            check.check_mutations(mu.filter(local), st)
+        except DataStateError as exc:
+            exc.record = int(np.flatnonzero(local.to_numpy(zero_copy_only=False))[exc.record])
+            raise DataStateError(exc.table, exc.field, exc.message, exc.record) from None
+        with self._lock:
+            self._tables.append((st, mu))
+            self._pending += st.num_rows + mu.num_rows
+        self._maybe_flush()
 
     # ---- helpers for the common cases ---------------------------------------------------------
     def file(self, path: str | Path, *, origin: str | None = None, location: str | None = None,
@@ -278,7 +482,7 @@ class DataStates:
         """A file was read into memory: its on-disk state, a new in-memory state (now), a TRANSFER; returns
         the in-memory state."""
         src = self.file(path)
-        size = self._index.states[src][1]
+        size = self._known[src][1]
         dst = self.state(label=Path(path).name, size_bytes=size, ts_ns=ts_ns, origin=application,
                          location=location or f"{self.host}:memory:{os.getpid()}")
         self.mutation(src, dst, "TRANSFER", application=application)
@@ -312,17 +516,23 @@ class DataStates:
 
     # ---- delivery -----------------------------------------------------------------------------------
     def _maybe_flush(self) -> None:
-        if len(self._states) + len(self._mutations) >= self.batch:
+        if self._pending >= self.batch:
             self.flush()
 
     def flush(self) -> dict:
         """Deliver what is recorded as one all-or-nothing batch; raises DataStateError if it is refused."""
         with self._lock:
-            states, muts = self._states, self._mutations
-            self._states, self._mutations = [], []
-        if not states and not muts:
+            states, muts, tables = self._states, self._mutations, self._tables
+            self._states, self._mutations, self._tables, self._pending = [], [], [], 0
+        if not states and not muts and not tables:
             return {"states": 0, "mutations": 0}
-        return self.client.post_data_states(states, muts)
+        if not tables and len(states) + len(muts) <= 64:  # small: JSON
+            return self.client.post_data_states(states, muts)
+        st = [as_table(STATES, states)] if states else []
+        mu = [as_table(MUTATIONS, muts)] if muts else []
+        st = pa.concat_tables(st + [t[0] for t in tables]) if st or tables else as_table(STATES, None)
+        mu = pa.concat_tables(mu + [t[1] for t in tables]) if mu or tables else as_table(MUTATIONS, None)
+        return post_tables(self.client, st, mu)
 
     def __enter__(self) -> DataStates:
         return self
@@ -330,6 +540,37 @@ class DataStates:
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             self.flush()
+
+
+def arrow_body(states: pa.Table, mutations: pa.Table) -> bytes:
+    """The body of one all-or-nothing POST .../states carrying both tables: two Arrow IPC streams, states
+    then mutations."""
+    out = pa.BufferOutputStream()
+    for t in (states, mutations):
+        with pa.ipc.new_stream(out, t.schema) as w:
+            w.write_table(t)
+    return out.getvalue().to_pybytes()
+
+
+def post_tables(client, states: pa.Table, mutations: pa.Table) -> dict:
+    """Deliver canonical ``states`` and ``mutations`` tables to ``client``'s run in one all-or-nothing request
+    (Arrow IPC); DataStateError names a refused field."""
+    client._opened.wait()  # the sender thread opens the run
+    if client._collector is not None:
+        from flowscope.service.wcp_routes import ingest
+
+        return ingest(client._collector, client.run_id, states, mutations)
+    from flowscope.client.transport import HttpTransport
+
+    transport = getattr(client._local, "ds_transport", None)
+    if transport is None:  # one kept-alive connection per thread
+        transport = client._local.ds_transport = HttpTransport(client.address)
+    status, doc = transport._request("POST", f"/v1/runs/{client.run_id}/states", arrow_body(states, mutations),
+                                     {"Content-Type": "application/vnd.apache.arrow.stream"})
+    if status == 422:
+        raise DataStateError(doc.get("table") or STATES, doc.get("field") or "?",
+                             doc.get("message") or doc.get("error", "refused"), doc.get("record"))
+    return transport._check(status, doc)
 
 
 def step_kind(n_inputs: int, n_outputs: int) -> str:
@@ -381,9 +622,9 @@ class Step:
         for p in written:
             sid = self.ds.file(p, origin=self.name)
             self.output_states.append(sid)
-            ts = self.ds._index.states[sid][0]
+            ts = self.ds._known[sid][0]
             for src in self.input_states:
-                if ts >= self.ds._index.states[src][0]:
+                if ts >= self.ds._known[src][0]:
                     self.ds.mutation(src, sid, kind, application=self.name,
                                      attrs={"step": self.name, "start_ns": self.start_ns})
                 else:

@@ -265,7 +265,7 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
     """The task graph's measured and structural critical paths, and the data-state graph with its path."""
     from flowscope.analysis.critical_path import data_state_path, task_graph_paths
     from flowscope.analysis.dataflow import data_states_from_tasks
-    from flowscope.report.critical_path import attribution_figure, graph_figure
+    from flowscope.report.critical_path import attribution_figure, graph_view
 
     help_text = ("The chain of work that bounds the makespan. <b>Measured</b>: traced back from the last task to "
                  "finish, taking at each task the input that arrived last (with the transfer that brought it) or, "
@@ -309,7 +309,8 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
     if path is not None:
         body.append(f"<p>Data-state graph: {len(states):,} states, {len(mutations):,} mutations; its critical "
                     f"path passes {len(path.ids):,} states over {fmt_s(path.length_ns / 1e9)}.</p>")
-        body.append(figs.html(graph_figure(states, mutations, path), "critical-path-graph"))
+        figs.count += 1  # collapsed by application/step above 2,000 states, groups expand on demand
+        body.append(graph_view(states, mutations, path, div_id="fig-critical-path-graph", plot_config=PLOT_CONFIG))
         if not tasks:
             body.append(figs.html(attribution_figure(path), "critical-path-attribution"))
             body.append(_path_table(path))

@@ -6,7 +6,8 @@ whole request is checked against the run's graph (client/data_states.py: StateIn
 anything is written, and a bad record gets 422 ``{"error", "table", "field", "record"}``.
 GET on the same paths lists rows, filtered by column (``?location=node1:disk1``,
 ``?kind=MERGE``, ``?ts_ns__gte=...``). GET /v1/runs/{run}/critical-path serves the path
-maintained incrementally as states and mutations arrive.
+maintained incrementally: each request adds the batches acknowledged since the previous one
+(O(new records)), so posting stays at the cost of checking and writing.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from flowscope.client.data_states import MUTATIONS, STATES, DataStateError, StateIndex, as_table
+from flowscope.client.data_states import (
+    MUTATIONS,
+    STATES,
+    DataStateError,
+    StateIndex,
+    as_table,
+)
 from flowscope.model.conform import SchemaError
 from flowscope.model.provenance import check_run_id
 from flowscope.model.schemas import TABLES
@@ -54,6 +61,7 @@ class RunGraph:
         self.lock = threading.Lock()
         self.index = StateIndex()
         self.path = _incremental_path()
+        self._unpathed: list[tuple[pa.Table, pa.Table]] = []   # checked and written, not yet in the path
         self._on_disk = (0, 0)
         self._reload()
 
@@ -67,17 +75,32 @@ class RunGraph:
         run = Run(self.collector.run_dir(self.run_id))
         states, muts = run.arrow(STATES), run.arrow(MUTATIONS)
         self.index = StateIndex()
-        self.index.add_states(states)
-        self.index.add_mutations(muts.set_column(0, "mutation_id", pa.array(
-            [m or f"{s}->{d}:{k}" for m, s, d, k in zip(*(muts.column(c).to_pylist() for c in
-             ("mutation_id", "src_state_id", "dst_state_id", "kind")))], pa.string())))
+        self.index.add_states(states, checked=False)
+        self.index.add_mutations(muts, checked=False)
         self.path = _incremental_path()
+        self._unpathed = []
         if self.path is not None and (states.num_rows or muts.num_rows):
             self.path.add(states, muts)
         self._on_disk = (states.num_rows, muts.num_rows)
 
-    def _write(self, table: str, data: pa.Table) -> None:
-        self.collector.ingest(self.run_id, table, f"ds-{uuid.uuid4().hex}", data)
+    def _write(self, parts: list[tuple[str, pa.Table]]) -> None:
+        """Write the tables (in parallel on the collector's writers) and wait until all are on disk."""
+        total = sum(d.nbytes for _, d in parts)
+        self.collector.reserve(total)  # all or none: busy before anything is queued
+        futures = []
+        for i, (table, data) in enumerate(parts):
+            futures.append(self.collector.submit(self.run_id, table, f"ds-{uuid.uuid4().hex}", data,
+                                                 reserved=data.nbytes if i < len(parts) - 1 else
+                                                 total - sum(d.nbytes for _, d in parts[:-1])))
+        for f in futures:
+            f.result()
+
+    def _catch_up(self) -> None:
+        """Bring the critical path up to date with the batches written since it was last asked for."""
+        if self.path is not None and self._unpathed:
+            self.path.add(pa.concat_tables([s for s, _ in self._unpathed]),
+                          pa.concat_tables([m for _, m in self._unpathed]))
+        self._unpathed = []
 
     def ingest(self, states: pa.Table, mutations: pa.Table) -> dict:
         """Check both batches against the graph, then write states before mutations; DataStateError (nothing
@@ -92,15 +115,12 @@ class RunGraph:
                 self._reload()  # another writer added states: check again against everything
                 new_states = self.index.check_states(states)
                 new_muts = self.index.check_mutations(mutations, states)
-            if new_states.num_rows:
-                self._write(STATES, new_states)
-                self.index.add_states(new_states)
-            if new_muts.num_rows:
-                self._write(MUTATIONS, new_muts)
-                self.index.add_mutations(new_muts)
+            self._write([(t, d) for t, d in ((STATES, new_states), (MUTATIONS, new_muts)) if d.num_rows])
+            self.index.add_states(new_states)
+            self.index.add_mutations(new_muts)
             self._on_disk = (self._on_disk[0] + new_states.num_rows, self._on_disk[1] + new_muts.num_rows)
-            if self.path is not None and (new_states.num_rows or new_muts.num_rows):
-                self.path.add(new_states, new_muts)
+            if new_states.num_rows or new_muts.num_rows:
+                self._unpathed.append((new_states, new_muts))
             return {"states": new_states.num_rows, "mutations": new_muts.num_rows,
                     "repeated": states.num_rows + mutations.num_rows - new_states.num_rows - new_muts.num_rows}
 
@@ -109,11 +129,12 @@ class RunGraph:
         with self.lock:
             if self._disk_counts() != self._on_disk:
                 self._reload()
+            self._catch_up()
             if self.path is None:
                 raise LookupError("critical-path analysis is not available in this collector "
                                   "(flowscope.analysis.critical_path is missing)")
             cp = self.path.current()
-            n_states, n_muts = len(self.index.states), len(self.index.mutations)
+            n_states, n_muts = len(self.index), self.index.n_mutations
         return {"run_id": self.run_id, **cp.to_dict(), "n_states": n_states, "n_mutations": n_muts}
 
 
@@ -156,9 +177,13 @@ def _split_body(table: str, body: bytes, content_type: str) -> tuple[pa.Table, p
     """The (states, mutations) a request carries; ``table`` is what the path names."""
     empty = {STATES: None, MUTATIONS: None}
     if content_type.startswith(ARROW_STREAM):
-        try:
-            with pa.ipc.open_stream(pa.py_buffer(body)) as reader:
+        try:  # on /states, a second stream after the first carries mutations (one request for both)
+            source = pa.BufferReader(pa.py_buffer(body))
+            with pa.ipc.open_stream(source) as reader:
                 parts = {**empty, table: reader.read_all()}
+            if table == STATES and source.tell() < len(body):
+                with pa.ipc.open_stream(source) as reader:
+                    parts[MUTATIONS] = reader.read_all()
         except (pa.ArrowInvalid, OSError) as exc:
             raise _Refused(400, {"error": f"malformed Arrow IPC stream ({len(body)} bytes): {exc}"}) from None
     elif content_type.startswith("application/json") or not content_type:

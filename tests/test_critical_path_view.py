@@ -1,0 +1,150 @@
+"""The critical-path view at scale: a report of a run with a 100,000-state data-state graph opens collapsed by
+application in headless Chromium, expands a group on demand with the critical path always in full; the GraphML
+and JSON exports read back with networkx and json.load."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import networkx as nx
+import numpy as np
+import pytest
+from test_report import CHROMIUM, CHROMIUM_ARGS, _browser
+
+import flowscope
+from flowscope.analysis.critical_path import data_state_path
+from flowscope.report import write_report
+from flowscope.report.critical_path import GraphLayout, graph_view, to_graphml, to_json
+from flowscope.sim.dag import layered_dag
+
+N_STATES, N_MUTATIONS = 100_000, 150_000
+REPORT_SECONDS = 60      # write_report of the 100,000-state run, on a shared 2-core machine
+OPEN_SECONDS = 30        # until every plot of the page is drawn in headless Chromium
+EXPAND_SECONDS = 5       # from the click until the group is drawn (measured about 1.4 s under load)
+GRAPH = "fig-critical-path-graph"
+
+
+def _run(tmp_path: Path, n: int, m: int, seed: int = 3) -> Path:
+    """A run holding a random layered data-state graph (7 applications, 16 locations), recorded through the
+    client's table API into an embedded collector."""
+    states, muts = layered_dag(n, m, seed=seed)
+    fs = flowscope.Client("embedded", store=tmp_path / "store", name="wcp-view")
+    ds = fs.data_states(batch=10 * (n + m))
+    ds.add(states, muts)
+    ds.flush()
+    fs.close()
+    return Path(fs.run_dir)
+
+
+@pytest.fixture(scope="module")
+def big_run(tmp_path_factory) -> Path:
+    return _run(tmp_path_factory.mktemp("big"), N_STATES, N_MUTATIONS)
+
+
+def test_a_100k_state_graph_opens_collapsed_and_expands_a_group(big_run, tmp_path):
+    run = flowscope.open_run(big_run)
+    states, muts = run.table("data_states"), run.table("mutations")
+    assert (len(states), len(muts)) == (N_STATES, N_MUTATIONS)
+    path = data_state_path(states, muts)
+    t0 = time.perf_counter()
+    report = write_report(big_run, tmp_path / "report.html")
+    took = time.perf_counter() - t0
+    assert took < REPORT_SECONDS, f"write_report took {took:.1f} s"
+    sizes = states.groupby("origin").size()
+
+    sync_playwright = _browser()
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1400, "height": 900})
+            console, errors = [], []
+            page.on("console", lambda msg: console.append((msg.type, msg.text)))
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            t0 = time.perf_counter()
+            page.goto(report.resolve().as_uri(), wait_until="load")
+            page.wait_for_function("() => document.querySelectorAll('.plot').length === "
+                                   "document.querySelectorAll('.js-plotly-plot').length", timeout=OPEN_SECONDS * 1000)
+            opened = time.perf_counter() - t0
+            assert opened < OPEN_SECONDS, opened
+            traces = page.evaluate(f"() => document.getElementById('{GRAPH}').data.map(t => [t.name, t.x.length])")
+            names = [t[0] for t in traces]
+            assert names == ["mutations between groups", "groups (collapsed)", "critical path"], names
+            assert traces[1][1] == len(sizes), "one vertex per application"
+            assert traces[2][1] == len(path.ids), "the critical path is drawn in full"
+            page.wait_for_function(f"() => Array.isArray(document.getElementById('{GRAPH}').data[2].text)")
+            assert page.evaluate(f"() => document.getElementById('{GRAPH}').data[2].text") == path.ids
+            options = page.evaluate(f"() => Array.from(document.querySelectorAll('#{GRAPH}-group option'))"
+                                    ".map(o => o.textContent)")
+            assert options == [f"{g} ({c:,} states)" for g, c in sizes.items()]
+
+            # expand the second application: its states (coloured by location) and the mutations ending there
+            group = sizes.index[1]
+            page.select_option(f"#{GRAPH}-group", "1")
+            t0 = time.perf_counter()
+            page.click(f"#{GRAPH}-expand")
+            page.wait_for_function(f"() => document.getElementById('{GRAPH}').data.length === 5")
+            expand_s = time.perf_counter() - t0
+            traces = page.evaluate(f"() => document.getElementById('{GRAPH}').data.map(t => [t.name, t.x.length])")
+            by_name = {t[0]: t for t in traces}
+            assert by_name[f"{group} ({sizes[group]})"][1] == sizes[group]
+            ends = int(muts["dst_state_id"].isin(states.loc[states["origin"] == group, "state_id"]).sum())
+            assert by_name[f"{group}: inputs"][1] == 3 * ends
+            assert traces[-1][0] == "critical path", "the path stays on top"
+            colours = page.evaluate(f"() => new Set(document.getElementById('{GRAPH}').data[4 - 1].marker.color)"
+                                    ".size")
+            assert colours == states.loc[states["origin"] == group, "location"].nunique()
+            assert expand_s < EXPAND_SECONDS, expand_s
+            # collapse it again
+            page.click(f"#{GRAPH}-collapse")
+            page.wait_for_function(f"() => document.getElementById('{GRAPH}').data.length === 3")
+            bad = [m for m in console if m[0] == "error"] + errors
+            assert not bad, bad
+        finally:
+            browser.close()
+
+
+def test_a_small_graph_is_drawn_state_by_state(tmp_path):
+    states, muts = layered_dag(500, 900, seed=5)
+    states, muts = states.to_pandas(), muts.to_pandas()
+    html = graph_view(states, muts, div_id="g")
+    assert "-expand" not in html, "nothing to expand below the threshold"
+    layout = GraphLayout(states, muts, data_state_path(states, muts))
+    assert layout.n == 500 and len(layout.src) == 900
+    # states lie in their group's lane, at their time
+    row = int(np.flatnonzero(layout.ids == "s42")[0])
+    origin = states.set_index("state_id").loc["s42", "origin"]
+    assert int(layout.y[row]) == layout.groups.index(origin)
+    assert layout.x[row] == pytest.approx((states.set_index("state_id").loc["s42", "ts_ns"] -
+                                           states["ts_ns"].min()) / 1e9)
+
+
+def test_graphml_export_reads_back_in_networkx(big_run, tmp_path):
+    run = flowscope.open_run(big_run)
+    states, muts = run.table("data_states").head(20_000), None
+    keep = set(states["state_id"])
+    muts = run.table("mutations")
+    muts = muts[muts["src_state_id"].isin(keep) & muts["dst_state_id"].isin(keep)]
+    path = data_state_path(states, muts)
+    out = to_graphml(states, muts, tmp_path / "graph.graphml")
+    g = nx.read_graphml(out, force_multigraph=True)
+    assert g.number_of_nodes() == len(states) and g.number_of_edges() == len(muts)
+    critical = {n for n, d in g.nodes(data=True) if d["critical"]}
+    assert critical == set(path.ids)
+    on_edges = {(u, v) for u, v, d in g.edges(data=True) if d["critical"]}
+    assert on_edges == set(zip(path.ids[:-1], path.ids[1:]))
+    sample = states.iloc[1234]
+    node = g.nodes[sample["state_id"]]
+    assert node["ts_ns"] == int(sample["ts_ns"]) and node["location"] == sample["location"]
+    assert {d["kind"] for _, _, d in g.edges(data=True)} == set(muts["kind"])
+
+
+def test_json_export_reads_back(tmp_path):
+    states, muts = layered_dag(3_000, 6_000, seed=9)
+    states, muts = states.to_pandas(), muts.to_pandas()
+    to_json(states, muts, tmp_path / "graph.json")
+    with open(tmp_path / "graph.json") as f:
+        doc = json.load(f)
+    assert len(doc["states"]) == 3_000 and len(doc["mutations"]) == 6_000
+    assert doc["critical_path"]["ids"] == data_state_path(states, muts).ids
