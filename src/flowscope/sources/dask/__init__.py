@@ -71,12 +71,13 @@ class Observation:
 
 @contextmanager
 def observe(dask_client, *, store: str | Path | None = None, name: str | None = None, command: str | None = None,
-            collector: str = "process", anomalies: bool | object = False, anomaly_period: float = 1.0):
+            collector: str = "process", anomalies: bool | object = False):
     """Record the cluster of ``dask_client`` into a new run while the block runs (like performance_report).
 
-    ``anomalies=True`` (or an ``AnomalyConfig``) also runs a detector on every worker that flags anomalous
-    tasks online against the run's global model, synced every ``anomaly_period`` seconds through the
-    collector, and post-prunes them at the end (``sources/dask/anomaly_plugin.py``).
+    ``anomalies=True`` also runs a detector on every worker that flags anomalous tasks online against the
+    run's global model, synced every second through the collector, and post-prunes them at the end
+    (``sources/dask/anomaly_plugin.py``); an ``AnomalyConfig`` sets its parameters, a dict the keyword
+    arguments of ``register_anomalies`` (``config``, ``period``, ``mature``).
 
     ``collector="process"`` (the default) runs the collector in a child process, so ingest never competes
     with a scheduler in this process for its GIL; ``"embedded"`` runs it on threads of this process."""
@@ -99,8 +100,9 @@ def observe(dask_client, *, store: str | Path | None = None, name: str | None = 
         if anomalies:
             from flowscope.sources.dask.anomaly_plugin import register_anomalies
 
-            register_anomalies(dask_client, fs.address, fs.run_id,
-                               anomalies if not isinstance(anomalies, bool) else None, anomaly_period)
+            options = anomalies if isinstance(anomalies, dict) else \
+                {} if isinstance(anomalies, bool) else {"config": anomalies}
+            register_anomalies(dask_client, fs.address, fs.run_id, **options)
     except BaseException:
         fs.close(status="failed")
         if server:

@@ -10,6 +10,13 @@ the run's ``anomalies`` table through a flowscope Client, posts its local statis
 collector's ``/v1/runs/{run}/anomaly-model`` (the parameter server, which merges them exactly) and
 adopts the global model it returns.
 
+Calls are judged again later, at each sync and at the end against the final model, while the model they
+were judged against held fewer than ``mature`` calls of their function (default 1,000), and when they were
+near misses (HBOS: a bin at most 8x as full as a flagged one; SSTD: beyond 2/3 of sigma); those then
+flagged are recorded with ``"late": true``. Chimbuko re-checks only what it flagged, so a call the early
+model let pass is lost; these few kept calls (at most ``max_pending``, default 100,000) are what makes the
+online verdicts agree with the offline pass.
+
 Post-pruning: at the end (``finish_anomalies`` from ``observe``, after every worker has sent its last
 statistics; else on teardown, against the global model of that moment) each worker re-judges the
 anomalies it stored against the final global model and records a ``logs`` row of category
@@ -58,9 +65,14 @@ class AnomalyWorkerPlugin(WorkerPlugin):
 
     name = NAME
 
-    def __init__(self, address: str, run_id: str, config: AnomalyConfig | None = None, period: float = 1.0):
+    def __init__(self, address: str, run_id: str, config: AnomalyConfig | None = None, period: float = 1.0,
+                 mature: int = 1000, max_pending: int = 100_000):
         if not period > 0:
             raise ValueError(f"period must be > 0 seconds, not {period!r}")
+        if mature < 0:
+            raise ValueError(f"mature must be >= 0 calls, not {mature!r}")
+        self.mature = int(mature)
+        self.max_pending = int(max_pending)
         self.address = address
         self.run_id = run_id
         self.config = config or AnomalyConfig()
@@ -79,12 +91,13 @@ class AnomalyWorkerPlugin(WorkerPlugin):
         self._path = f"/v1/runs/{self.run_id}/anomaly-model"
         self.detector = Detector(self.config)
         self.version = 0
-        self.stats = {"calls": 0, "batches": 0, "syncs": 0, "flagged": 0, "pruned": 0, "judge_ns": 0,
+        self.stats = {"calls": 0, "batches": 0, "syncs": 0, "flagged": 0, "late": 0, "pruned": 0, "pending_dropped": 0, "pending_max": 0, "judge_ns": 0,
                       "sync_ns": 0}
         self._queue: deque = deque()
         self._threads: dict[int | None, str] = {}
         self._exemplar: dict[str, tuple[int, int]] = {}   # function -> (step, value) of a normal call
         self._stored: list[tuple[str, float, str, int]] = []  # flagged: function, value, task key, start
+        self._pending: list[tuple] = []  # unflagged calls judged against a thin model: judged again later
         self._finished = False
         self._worker_addr = worker.address
         try:
@@ -165,38 +178,77 @@ class AnomalyWorkerPlugin(WorkerPlugin):
         start = np.fromiter(starts, np.int64, n)
         end = np.fromiter(ends, np.int64, n)
         values = (end - start).astype(np.float64)
-        score, flagged = self.detector.process(functions, codes, values)
-        origin = self._run_start if self._run_start is not None else int(start.min())
+        det = self.detector  # Detector.process, keeping the scorer for the near-miss test below
+        vcodes = det.view.codes(functions)[codes]
+        det.local.update(det.local.codes(functions)[codes], values)
+        det.view.update(vcodes, values)
+        sc = scorer(det.view, self.config)
+        score, flagged = sc.score(vcodes, values)
         if self._run_start is None:
-            self._run_start = origin
-        step = np.maximum(start - origin, 0) // self.config.step_ns
+            self._run_start = int(start.min())
+        step = np.maximum(start - self._run_start, 0) // self.config.step_ns
         normal = np.flatnonzero(~flagged)
         for i in normal[np.unique(codes[normal], return_index=True)[1]]:  # one normal call per function
             self._exemplar[functions[codes[i]]] = (int(step[i]), int(values[i]))
-        rows = np.flatnonzero(flagged)
         self.stats["calls"] += n
         self.stats["batches"] += 1
+        names = np.asarray(functions, dtype=object)[codes]
+        rows = np.flatnonzero(flagged)
         if len(rows):
-            self._record(rows, functions, codes, keys, start, end, values, score, step, idents)
+            self._record(rows, names, keys, start, end, values, score, idents, late=False)
+        # judged again later: calls judged against a thin model of their function, and near misses
+        again = np.flatnonzero(~flagged & ((det.view.count[vcodes] < self.mature) | self._near(sc, vcodes, score)))
+        for i in again:
+            self._pending.append((names[i], keys[i], int(start[i]), int(end[i]), idents[i]))
+        self.stats["pending_max"] = max(self.stats["pending_max"], len(self._pending))
+        if len(self._pending) > self.max_pending:
+            self.stats["pending_dropped"] += len(self._pending) - self.max_pending
+            del self._pending[:len(self._pending) - self.max_pending]
         self.stats["judge_ns"] += time.perf_counter_ns() - t0
 
-    def _record(self, rows, functions, codes, keys, start, end, values, score, step, idents) -> None:
-        view = self.detector.view
-        sc = scorer(view, self.config)  # the model the batch was just judged against
-        vcodes = view.codes(functions)[codes[rows]]
+    def _near(self, sc, codes: np.ndarray, score: np.ndarray) -> np.ndarray:
+        """Calls a model that has grown a little could flag: hbos, a bin up to 8x as full as a flagged one
+        (score within 3 bits of the threshold); sstd, beyond two thirds of sigma."""
+        cut = sc.threshold[codes] - 3.0 if self.config.algo == "hbos" else sc.threshold[codes] * (2 / 3)
+        return sc.judged[codes] & (score >= cut)
+
+    def _rejudge(self, model: FunctionModel, final: bool) -> None:
+        """Judge the pending calls again against ``model``; keep those whose function is still thin."""
+        if not self._pending:
+            return
+        names, keys, starts, ends, idents = zip(*self._pending)
+        start, end = np.asarray(starts, np.int64), np.asarray(ends, np.int64)
+        values = (end - start).astype(np.float64)
+        codes = model.codes(list(names))
+        sc = scorer(model, self.config)
+        score, flagged = sc.score(codes, values)
+        rows = np.flatnonzero(flagged)
+        if len(rows):
+            self._record(rows, np.asarray(names, dtype=object), keys, start, end, values, score, idents,
+                         late=True, model=model)
+        keep = [] if final else np.flatnonzero(~flagged & ((model.count[codes] < self.mature) |
+                                                           self._near(sc, codes, score)))
+        self._pending = [self._pending[i] for i in keep]
+
+    def _record(self, rows, names, keys, start, end, values, score, idents, *, late: bool,
+                model: FunctionModel | None = None) -> None:
+        model = model if model is not None else self.detector.view  # what the calls were just judged against
+        sc = scorer(model, self.config)
         k = len(rows)
-        names = [functions[codes[r]] for r in rows]
-        ex = [self._exemplar.get(f) for f in names]
+        fn = [str(names[r]) for r in rows]
+        vcodes = model.codes(fn)
+        step = np.maximum(start[rows] - self._run_start, 0) // self.config.step_ns
+        ex = [self._exemplar.get(f) for f in fn]
         models = []
         for r, vc in zip(rows, vcodes):
             m = sc.explain(int(vc), float(values[r]))
-            m.update(online=True, model_version=self.version, worker=self._worker_addr)
+            m.update(online=True, late=late, model_version=self.version, worker=self._worker_addr)
             models.append(json.dumps(m))
         cols = {
             "anomaly_id": [_anomaly_id(keys[r], int(start[r])) for r in rows],
             "call_id": np.full(k, -1, np.int64),
             "resource_id": [self._thread_resource(idents[r]) for r in rows],
-            "function": names,
+            "function": fn,
             "kind": ["task"] * k,
             "task_key": [keys[r] for r in rows],
             "start_ns": start[rows],
@@ -207,10 +259,10 @@ class AnomalyWorkerPlugin(WorkerPlugin):
             "algo": [self.config.algo] * k,
             "score": score[rows],
             "threshold": sc.threshold[vcodes],
-            "severity_ns": (values[rows] - view.mean[vcodes]).round().astype(np.int64),
-            "step": step[rows],
+            "severity_ns": (values[rows] - model.mean[vcodes]).round().astype(np.int64),
+            "step": step,
             "depth": np.zeros(k, np.int64),
-            "call_stack": [[f] for f in names],
+            "call_stack": [[f] for f in fn],
             "children": np.zeros(k, np.int64),
             "messages": np.zeros(k, np.int64),
             "exemplar_ns": pa.array([e[1] if e else None for e in ex], pa.int64()),
@@ -218,8 +270,8 @@ class AnomalyWorkerPlugin(WorkerPlugin):
             "run_id": [self.run_id] * k,
         }
         self.fs.write("anomalies", pa.table({c: cols[c] for c in ANOMALIES.names if c in cols}))
-        self._stored.extend((names[j], float(values[r]), keys[r], int(start[r])) for j, r in enumerate(rows))
-        self.stats["flagged"] += k
+        self._stored.extend((fn[j], float(values[r]), keys[r], int(start[r])) for j, r in enumerate(rows))
+        self.stats["late" if late else "flagged"] += k
 
     def _sync(self) -> None:
         """Send the local statistics to the parameter server and adopt the global model it returns."""
@@ -236,6 +288,7 @@ class AnomalyWorkerPlugin(WorkerPlugin):
             raise
         self.detector.set_global(FunctionModel.from_dict(doc["model"]))
         self.version = int(doc["version"])
+        self._rejudge(self.detector.view, final=False)
         self.stats["syncs"] += 1
         self.stats["sync_ns"] += time.perf_counter_ns() - t0
 
@@ -257,6 +310,7 @@ class AnomalyWorkerPlugin(WorkerPlugin):
             doc = self._http._check(*self._http._request("GET", self._path))
             final = FunctionModel.from_dict(doc["model"])
             self.version = int(doc["version"])
+        self._rejudge(final, final=True)
         if self._stored:
             names, values, keys, starts = zip(*self._stored)
             sc = scorer(final, self.config)
@@ -282,9 +336,9 @@ def _prune(dask_worker) -> dict | None:
 
 
 def register_anomalies(dask_client, address: str, run_id: str, config: AnomalyConfig | None = None,
-                       period: float = 1.0) -> None:
+                       period: float = 1.0, mature: int = 1000) -> None:
     """Install the anomaly detector on every worker of ``dask_client``'s cluster (and workers joining later)."""
-    dask_client.register_plugin(AnomalyWorkerPlugin(address, run_id, config, period), name=NAME)
+    dask_client.register_plugin(AnomalyWorkerPlugin(address, run_id, config, period, mature), name=NAME)
 
 
 def finish_anomalies(dask_client) -> dict[str, dict]:

@@ -1,0 +1,112 @@
+"""Distributed anomaly detection on a real Dask LocalCluster: a detector on each worker, the collector as
+the parameter server, post-pruning, and agreement with the offline pass (`flowscope anomalies`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from distributed import Client, LocalCluster
+
+from flowscope import observe
+from flowscope.analysis.anomalies import AnomalyConfig
+from flowscope.sources.dask.anomaly_plugin import PRUNED, distributed_anomalies
+
+# calls of `work` slowed 10- to 30-fold, each by a different amount: HBOS flags the rarest bins, and equal
+# slowdowns sharing one bin would score lower than a lone call of the noise (docs/anomalies.md)
+SLOW = {37: 0.15, 111: 0.25, 190: 0.35, 260: 0.45}
+
+
+def work(i):
+    time.sleep(SLOW.get(i, 0.01 + 0.002 * ((i * 7919) % 5)))
+    return i
+
+
+def other(i):
+    time.sleep(0.005)
+    return i
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
+                      worker_dashboard_address=None) as cl, Client(cl) as client:
+        yield client
+
+
+def _offline(run_dir, store, algo: str) -> set[str]:
+    """Task keys `flowscope anomalies` flags on the finished run (same algorithm, default parameters)."""
+    out = subprocess.run([sys.executable, "-m", "flowscope", "anomalies", str(run_dir), "--store", str(store),
+                          "--algo", algo, "--json", "--top", "100000"], capture_output=True, text=True, check=True)
+    doc = json.loads(out.stdout)
+    assert len(doc["top"]) == doc["anomalies"]
+    return {row["task_key"] for row in doc["top"]}
+
+
+@pytest.mark.parametrize("case,algo,period,mature", [(0, "hbos", 1.0, 1000), (1, "sstd", 0.5, 1000),
+                                                     (2, "hbos", 0.5, 100)])
+def test_workers_flag_slowed_tasks_online_and_agree_with_offline(cluster, tmp_path, case, algo, period, mature):
+    client = cluster
+    n = 300
+    deadline = time.monotonic() + 20  # the cluster forgets the tasks of the case before (released asynchronously)
+    while client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with observe(client, store=tmp_path, name="anomalies", anomalies={"config": AnomalyConfig(algo=algo), "period": period, "mature": mature}) as obs:
+        # keys of their own per case (the task prefix stays `work` / `other`): no result of another case is reused
+        a = client.map(work, range(n), key=[f"work-{i}-{case}" for i in range(n)])
+        b = client.map(other, range(n), key=[f"other-{i}-{case}" for i in range(n)])
+        client.gather(a + b)
+        del a, b
+    assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors
+    stats = obs.anomaly_stats
+    assert len(stats) == 2 and all(s["errors"] == 0 for s in stats.values()), stats
+    assert sum(s["calls"] for s in stats.values()) == 2 * n  # every task judged once, on its worker
+    # the model was synced through the collector more than once on each worker (the run lasts several periods)
+    assert all(s["syncs"] >= 2 for s in stats.values()), stats
+
+    run = obs.run
+    raw = run.arrow("anomalies")
+    online = distributed_anomalies(run)
+    spans = run.sql("SELECT task_key, start_ns, end_ns FROM spans WHERE kind = 'task'").set_index("task_key")
+    slowed = {f"work-{i}-{case}" for i in SLOW}
+    if algo == "sstd":  # the SSTD rule over all `work` calls, worked out here: its std is inflated by the
+        # slowdowns themselves (masking), so the mildest may stay within 6 std
+        work_ns = (spans["end_ns"] - spans["start_ns"])[spans.index.str.startswith("work-")].astype(float)
+        mean, std = work_ns.mean(), work_ns.std(ddof=1)
+        slowed = {k for k in slowed if abs(work_ns[k] - mean) > 6 * std}
+        assert len(slowed) >= 2
+    # each slowed call was flagged by its worker: online against the model of that moment, or later (`late`)
+    # when that model held fewer than `mature` calls of its function
+    assert slowed <= set(raw["task_key"].to_pylist())
+    for row in raw.to_pylist():
+        m = json.loads(row["model"])
+        assert m["online"] is True and m["algo"] == algo and m["worker"] in stats
+        assert row["score"] >= row["threshold"]
+        assert row["inclusive_ns"] == row["end_ns"] - row["start_ns"]
+    # ... and survives post-pruning, ranked first by time lost
+    assert slowed <= set(online["task_key"].to_pylist())
+    top = sorted(online.to_pylist(), key=lambda r: -r["severity_ns"])[:len(slowed)]
+    assert {r["task_key"] for r in top} == slowed
+
+    # post-pruning removed exactly what the workers logged as pruned
+    pruned = run.sql(f"SELECT task_key FROM logs WHERE category = '{PRUNED}'")
+    assert raw.num_rows - online.num_rows == len(pruned) == sum(s["pruned"] for s in stats.values())
+
+    # the online times are the spans' times: the same call, the same nanoseconds
+    for row in online.to_pylist():
+        assert (spans.loc[row["task_key"], "start_ns"], spans.loc[row["task_key"], "end_ns"]) == \
+            (row["start_ns"], row["end_ns"])
+
+    offline = _offline(obs.run_dir, tmp_path, algo)
+    dist = set(online["task_key"].to_pylist())
+    agree = len(dist & offline) / len(dist | offline)
+    print(f"{algo}: online flagged {raw.num_rows}, after post-pruning {len(dist)}, offline {len(offline)}, "
+          f"agreement {agree:.4f}; late {sum(s['late'] for s in stats.values())}, calls kept to judge again "
+          f"at most {max(s['pending_max'] for s in stats.values())} per worker")
+    assert slowed <= offline
+    assert agree >= 0.995, (sorted(dist - offline), sorted(offline - dist))
+    # pruned anomalies are ones the offline pass (the model of the whole run) does not flag
+    assert not set(pruned["task_key"]) & offline
