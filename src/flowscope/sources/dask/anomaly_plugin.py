@@ -195,7 +195,7 @@ class AnomalyWorkerPlugin(WorkerPlugin):
         names = np.asarray(functions, dtype=object)[codes]
         rows = np.flatnonzero(flagged)
         if len(rows):
-            self._record(rows, names, keys, start, end, values, score, idents, late=False)
+            self._record(rows, names, keys, start, end, values, score, idents, det.view, sc, late=False)
         # judged again later: calls judged against a thin model of their function, and near misses
         again = np.flatnonzero(~flagged & ((det.view.count[vcodes] < self.mature) | self._near(sc, vcodes, score)))
         for i in again:
@@ -225,15 +225,14 @@ class AnomalyWorkerPlugin(WorkerPlugin):
         rows = np.flatnonzero(flagged)
         if len(rows):
             self._record(rows, np.asarray(names, dtype=object), keys, start, end, values, score, idents,
-                         late=True, model=model)
+                         model, sc, late=True)
         keep = [] if final else np.flatnonzero(~flagged & ((model.count[codes] < self.mature) |
                                                            self._near(sc, codes, score)))
         self._pending = [self._pending[i] for i in keep]
 
-    def _record(self, rows, names, keys, start, end, values, score, idents, *, late: bool,
-                model: FunctionModel | None = None) -> None:
-        model = model if model is not None else self.detector.view  # what the calls were just judged against
-        sc = scorer(model, self.config)
+    def _record(self, rows, names, keys, start, end, values, score, idents, model: FunctionModel, sc,
+                *, late: bool) -> None:
+        """Write the anomalies table rows of the flagged ``rows``, judged by ``sc`` (the scorer of ``model``)."""
         k = len(rows)
         fn = [str(names[r]) for r in rows]
         vcodes = model.codes(fn)
