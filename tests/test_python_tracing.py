@@ -7,6 +7,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -18,6 +19,7 @@ from flowscope.sources import python_tracing
 
 MODULE = '''
 import time
+from pathlib import Path
 
 def outer(n, slow=0.0):
     time.sleep(0.004)
@@ -194,3 +196,29 @@ def test_overhead_per_call(tracing):
     assert run.counts()["spans"] == 3 * n + 1
     print(f"traced call: {best['traced']:.0f} ns, plain call {best['plain']:.0f} ns, "
           f"overhead {best['traced'] - best['plain']:.0f} ns per call")
+
+
+def test_flowscope_run_trace_pattern(tmp_path):
+    """`flowscope run --trace` traces the named functions in the command's Python process, nothing else."""
+    import os
+    import subprocess
+
+    (tmp_path / "app").mkdir()
+    (tmp_path / "app" / "cli_mod.py").write_text(textwrap.dedent(MODULE))
+    script = tmp_path / "app" / "main.py"
+    script.write_text("import cli_mod\ncli_mod.outer(2)\n")
+    store = tmp_path / "store"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(Path(flowscope.__file__).parents[1])])}
+    out = subprocess.run([sys.executable, "-m", "flowscope", "run", "--store", str(store), "--no-report", "--quiet",
+                          "--sample-period", "0", "--trace", "cli_mod:outer", "--trace", "cli_mod:inner", "--",
+                          sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    (run_dir,) = [p for p in store.iterdir() if (p / "run.json").exists()]
+    spans = open_run(run_dir).table("spans")
+    calls = spans[spans["kind"] == "call"].sort_values("start_ns")
+    assert list(calls["name"]) == ["cli_mod.outer", "cli_mod.inner", "cli_mod.inner"]
+    assert (calls["parent_id"].iloc[1:] == calls["span_id"].iloc[0]).all()
+
+    bad = subprocess.run([sys.executable, "-m", "flowscope", "run", "--store", str(store), "--trace", ":x", "--",
+                          sys.executable, "-c", "pass"], env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "module glob" in bad.stderr
