@@ -91,7 +91,7 @@ class AnomalyWorkerPlugin(WorkerPlugin):
         self._path = f"/v1/runs/{self.run_id}/anomaly-model"
         self.detector = Detector(self.config)
         self.version = 0
-        self.stats = {"calls": 0, "batches": 0, "syncs": 0, "flagged": 0, "late": 0, "pruned": 0, "pending_dropped": 0, "pending_max": 0, "judge_ns": 0,
+        self.stats = {"calls": 0, "batches": 0, "syncs": 0, "flagged": 0, "late": 0, "pruned": 0, "pending_dropped": 0, "pending_max": 0, "thread_cpu_ns": 0, "judge_ns": 0,
                       "sync_ns": 0}
         self._queue: deque = deque()
         self._threads: dict[int | None, str] = {}
@@ -157,6 +157,7 @@ class AnomalyWorkerPlugin(WorkerPlugin):
                     self._sync()
             except Exception:
                 self._failed()
+            self.stats["thread_cpu_ns"] = time.thread_time_ns()  # this thread's CPU time so far
 
     def _thread_resource(self, ident: int | None) -> str:
         rid = self._threads.get(ident)
