@@ -110,3 +110,43 @@ def test_workers_flag_slowed_tasks_online_and_agree_with_offline(cluster, tmp_pa
     assert agree >= 0.995, (sorted(dist - offline), sorted(offline - dist))
     # pruned anomalies are ones the offline pass (the model of the whole run) does not flag
     assert not set(pruned["task_key"]) & offline
+
+
+SCRIPT = '''
+import time
+from distributed import Client, LocalCluster
+
+SLOW = {SLOW!r}
+
+def work(i):
+    time.sleep(SLOW.get(i, 0.01 + 0.002 * ((i * 7919) % 5)))
+    return i
+
+if __name__ == "__main__":
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
+                      worker_dashboard_address=None) as cl, Client(cl) as c:
+        c.gather(c.map(work, range(200), key=[f"work-{{i}}" for i in range(200)]))
+'''
+
+
+def test_flowscope_run_anomalies_option(tmp_path):
+    """`flowscope run --anomalies`: workers started by the command get the detector through the Dask preload and
+    post-prune on teardown."""
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT.format(SLOW={37: 0.15, 111: 0.25, 190: 0.35}))
+    store = tmp_path / "store"
+    out = subprocess.run([sys.executable, "-m", "flowscope", "run", "--store", str(store), "--no-report", "--quiet",
+                          "--sample-period", "0", "--anomalies", "--", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run_dir,) = [p for p in store.iterdir() if (p / "run.json").exists()]
+    import flowscope
+
+    run = flowscope.open_run(run_dir)
+    raw = run.arrow("anomalies")
+    assert {"work-37", "work-111", "work-190"} <= set(raw["task_key"].to_pylist())
+    assert all(json.loads(m)["online"] for m in raw["model"].to_pylist())
+    online = distributed_anomalies(run)
+    assert {"work-37", "work-111", "work-190"} <= set(online["task_key"].to_pylist())
+    assert raw.num_rows - online.num_rows == \
+        run.sql(f"SELECT count(*) AS n FROM logs WHERE category = '{PRUNED}'")["n"][0]
