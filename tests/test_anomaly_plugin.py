@@ -150,3 +150,40 @@ def test_flowscope_run_anomalies_option(tmp_path):
     assert {"work-37", "work-111", "work-190"} <= set(online["task_key"].to_pylist())
     assert raw.num_rows - online.num_rows == \
         run.sql(f"SELECT count(*) AS n FROM logs WHERE category = '{PRUNED}'")["n"][0]
+
+
+def test_collector_ingests_anomalies_rows_and_names_a_wrong_typed_field(tmp_path):
+    """The workers' rows reach the run through the collector's ingest route, which checks them like any table."""
+    import pyarrow as pa
+    from starlette.testclient import TestClient
+
+    import flowscope
+    from flowscope.client.transport import ARROW_STREAM, ipc_bytes
+    from flowscope.service.app import build_app
+    from flowscope.service.collector import Collector
+
+    collector = Collector(tmp_path)
+    http = TestClient(build_app(collector))
+    run_id = http.post("/v1/runs", json={"name": "t"}).json()["run_id"]
+    row = {"anomaly_id": 1, "call_id": -1, "resource_id": "thread:1", "function": "work", "kind": "task",
+           "task_key": "work-1", "start_ns": 10, "end_ns": 30, "inclusive_ns": 20, "exclusive_ns": 20,
+           "metric": "exclusive", "algo": "hbos", "score": 9.0, "threshold": 8.0, "severity_ns": 5, "step": 0,
+           "depth": 0, "children": 0, "messages": 0, "model": "{}"}
+    ok = http.post(f"/v1/runs/{run_id}/tables/anomalies", content=ipc_bytes(pa.Table.from_pylist([row])),
+                   headers={"Content-Type": ARROW_STREAM})
+    assert ok.status_code == 200 and ok.json()["rows"] == 1
+    bad = http.post(f"/v1/runs/{run_id}/tables/anomalies", json=[{**row, "score": "high"}])
+    assert bad.status_code == 422 and "score" in bad.json()["error"]
+    assert http.get(f"/v1/runs/{run_id}/tables/anomalies").json()
+    collector.shutdown()
+    got = flowscope.open_run(tmp_path / run_id).arrow("anomalies")
+    assert got.num_rows == 1 and got["task_key"][0].as_py() == "work-1"
+
+
+def test_bad_plugin_options_are_refused():
+    from flowscope.sources.dask.anomaly_plugin import AnomalyWorkerPlugin
+
+    with pytest.raises(ValueError, match="period"):
+        AnomalyWorkerPlugin("http://127.0.0.1:1", "r", period=0)
+    with pytest.raises(ValueError, match="mature"):
+        AnomalyWorkerPlugin("http://127.0.0.1:1", "r", mature=-1)
