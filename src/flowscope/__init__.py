@@ -7,6 +7,7 @@ from flowscope.model.provenance import now_ns  # noqa: E402
 from flowscope.model.schemas import TABLES  # noqa: E402
 from flowscope.store.run import Run, open_run  # noqa: E402
 from flowscope.client.data_states import step  # noqa: E402
+from flowscope.sources.python_tracing import trace, trace_modules  # noqa: E402,F401
 
 __all__ = ["Client", "FlowscopeError", "Run", "TABLES", "open_run", "now_ns", "observe", "step", "__version__"]
 

@@ -27,6 +27,12 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="hardware sampling period (default 1 s; 0 turns sampling off)")
     p.add_argument("--no-report", action="store_true", help="do not write the HTML report")
     p.add_argument("--quiet", action="store_true", help="no progress line and no summary")
+    p.add_argument("--anomalies", action="store_true",
+                   help="run an anomaly detector on every Dask worker (flags anomalous tasks online, Chimbuko's "
+                        "design; docs/anomalies.md)")
+    p.add_argument("--trace", action="append", default=[], metavar="PATTERN",
+                   help="trace the Python functions PATTERN names ('module_glob[:function_glob]', repeatable) in "
+                        "every Python process the command starts, as nested call spans")
     p.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND", help="the command to observe, after --")
     p.set_defaults(func=run)
 
@@ -75,6 +81,15 @@ def run(args: argparse.Namespace) -> int:
            # every Dask scheduler and worker the command starts loads the plugins
            "DASK_DISTRIBUTED__SCHEDULER__PRELOAD": "['flowscope.dask']",
            "DASK_DISTRIBUTED__WORKER__PRELOAD": "['flowscope.dask']"}
+    if getattr(args, "anomalies", False):
+        env["FLOWSCOPE_ANOMALIES"] = "1"
+    if getattr(args, "trace", None):
+        from flowscope.sources.python_tracing import _parse
+
+        _parse(args.trace)  # a bad pattern is refused here, not in the child
+        boot = str(Path(__file__).resolve().parents[1] / "sources" / "_trace_boot")
+        env["FLOWSCOPE_TRACE"] = ",".join(args.trace)
+        env["PYTHONPATH"] = os.pathsep.join([boot, *filter(None, [env.get("PYTHONPATH")])])
     sampler = _hardware(fs, args.sample_period)
     t0 = time.time_ns()
     try:

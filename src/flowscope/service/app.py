@@ -22,7 +22,7 @@ from starlette.routing import Route
 from flowscope import __version__
 from flowscope.model.conform import SchemaError, records_to_table
 from flowscope.model.provenance import check_run_id
-from flowscope.model.schemas import TABLES
+from flowscope.model.schemas import DERIVED_TABLES, TABLES, schema
 from flowscope.service.collector import Collector, CollectorBusy, UnknownRun
 from flowscope.store.catalog import list_runs
 from flowscope.store.run import Run
@@ -45,8 +45,8 @@ def _error(status: int, message: str, headers: dict | None = None) -> JSONRespon
 
 def _table_name(request: Request) -> str:
     table = request.path_params["table"]
-    if table not in TABLES:
-        raise ApiError(404, f"unknown table {table!r}; tables are {', '.join(TABLES)}")
+    if table not in TABLES and table not in DERIVED_TABLES:  # anomalies: recorded by the workers' detectors
+        raise ApiError(404, f"unknown table {table!r}; tables are {', '.join([*TABLES, *DERIVED_TABLES])}")
     return table
 
 
@@ -186,7 +186,7 @@ def build_app(collector: Collector) -> Starlette:
             raise ApiError(400, "limit and offset must be integers") from None
         if not 0 <= limit <= QUERY_LIMIT_MAX or offset < 0:
             raise ApiError(400, f"limit must be within 0..{QUERY_LIMIT_MAX} and offset >= 0")
-        cols = TABLES[table].names
+        cols = schema(table).names
         order_by = params.pop("order_by", None)
         if order_by is not None and order_by not in cols:
             raise ApiError(400, f"order_by: unknown column {order_by!r} of {table}")

@@ -60,6 +60,7 @@ class Observation:
     run_id: str
     run_dir: Path
     hook_errors: dict[str, int] = field(default_factory=dict)
+    anomaly_stats: dict[str, dict] = field(default_factory=dict)  # per worker, with observe(anomalies=True)
 
     @property
     def run(self):
@@ -70,8 +71,13 @@ class Observation:
 
 @contextmanager
 def observe(dask_client, *, store: str | Path | None = None, name: str | None = None, command: str | None = None,
-            collector: str = "process"):
+            collector: str = "process", anomalies: bool | object = False):
     """Record the cluster of ``dask_client`` into a new run while the block runs (like performance_report).
+
+    ``anomalies=True`` also runs a detector on every worker that flags anomalous tasks online against the
+    run's global model, synced every second through the collector, and post-prunes them at the end
+    (``sources/dask/anomaly_plugin.py``); an ``AnomalyConfig`` sets its parameters, a dict the keyword
+    arguments of ``register_anomalies`` (``config``, ``period``, ``mature``).
 
     ``collector="process"`` (the default) runs the collector in a child process, so ingest never competes
     with a scheduler in this process for its GIL; ``"embedded"`` runs it on threads of this process."""
@@ -91,6 +97,12 @@ def observe(dask_client, *, store: str | Path | None = None, name: str | None = 
         raise ValueError(f"collector must be 'process' or 'embedded', not {collector!r}")
     try:
         register(dask_client, fs.address, fs.run_id)
+        if anomalies:
+            from flowscope.sources.dask.anomaly_plugin import register_anomalies
+
+            options = anomalies if isinstance(anomalies, dict) else \
+                {} if isinstance(anomalies, bool) else {"config": anomalies}
+            register_anomalies(dask_client, fs.address, fs.run_id, **options)
     except BaseException:
         fs.close(status="failed")
         if server:
@@ -103,7 +115,15 @@ def observe(dask_client, *, store: str | Path | None = None, name: str | None = 
         status = "finished"
     finally:
         try:
-            obs.hook_errors = unregister(dask_client)
+            if anomalies:
+                from flowscope.sources.dask.anomaly_plugin import finish_anomalies
+
+                try:
+                    obs.anomaly_stats = finish_anomalies(dask_client)
+                finally:
+                    obs.hook_errors = unregister(dask_client)
+            else:
+                obs.hook_errors = unregister(dask_client)
         finally:
             try:
                 fs.close(status=status)
@@ -125,3 +145,8 @@ async def dask_setup(server) -> None:
         server.add_plugin(FlowscopeSchedulerPlugin(address, run_id), name=FlowscopeSchedulerPlugin.name)
     else:
         await server.plugin_add(FlowscopeWorkerPlugin(address, run_id), name=FlowscopeWorkerPlugin.name)
+        if os.environ.get("FLOWSCOPE_ANOMALIES"):  # `flowscope run --anomalies`
+            from flowscope.sources.dask.anomaly_plugin import NAME, AnomalyWorkerPlugin
+
+            period = float(os.environ.get("FLOWSCOPE_ANOMALY_PERIOD") or 1.0)
+            await server.plugin_add(AnomalyWorkerPlugin(address, run_id, period=period), name=NAME)

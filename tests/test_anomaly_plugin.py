@@ -1,0 +1,189 @@
+"""Distributed anomaly detection on a real Dask LocalCluster: a detector on each worker, the collector as
+the parameter server, post-pruning, and agreement with the offline pass (`flowscope anomalies`)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+from distributed import Client, LocalCluster
+
+from flowscope import observe
+from flowscope.analysis.anomalies import AnomalyConfig
+from flowscope.sources.dask.anomaly_plugin import PRUNED, distributed_anomalies
+
+# calls of `work` slowed 10- to 30-fold, each by a different amount: HBOS flags the rarest bins, and equal
+# slowdowns sharing one bin would score lower than a lone call of the noise (docs/anomalies.md)
+SLOW = {37: 0.15, 111: 0.25, 190: 0.35, 260: 0.45}
+
+
+def work(i):
+    time.sleep(SLOW.get(i, 0.01 + 0.002 * ((i * 7919) % 5)))
+    return i
+
+
+def other(i):
+    time.sleep(0.005)
+    return i
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
+                      worker_dashboard_address=None) as cl, Client(cl) as client:
+        yield client
+
+
+def _offline(run_dir, store, algo: str) -> set[str]:
+    """Task keys `flowscope anomalies` flags on the finished run (same algorithm, default parameters)."""
+    out = subprocess.run([sys.executable, "-m", "flowscope", "anomalies", str(run_dir), "--store", str(store),
+                          "--algo", algo, "--json", "--top", "100000"], capture_output=True, text=True, check=True)
+    doc = json.loads(out.stdout)
+    assert len(doc["top"]) == doc["anomalies"]
+    return {row["task_key"] for row in doc["top"]}
+
+
+@pytest.mark.parametrize("case,algo,period,mature", [(0, "hbos", 1.0, 1000), (1, "sstd", 0.5, 1000),
+                                                     (2, "hbos", 0.5, 100)])
+def test_workers_flag_slowed_tasks_online_and_agree_with_offline(cluster, tmp_path, case, algo, period, mature):
+    client = cluster
+    n = 300
+    deadline = time.monotonic() + 20  # the cluster forgets the tasks of the case before (released asynchronously)
+    while client.run_on_scheduler(lambda dask_scheduler: len(dask_scheduler.tasks)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with observe(client, store=tmp_path, name="anomalies", anomalies={"config": AnomalyConfig(algo=algo), "period": period, "mature": mature}) as obs:
+        # keys of their own per case (the task prefix stays `work` / `other`): no result of another case is reused
+        a = client.map(work, range(n), key=[f"work-{i}-{case}" for i in range(n)])
+        b = client.map(other, range(n), key=[f"other-{i}-{case}" for i in range(n)])
+        client.gather(a + b)
+        del a, b
+    assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors
+    stats = obs.anomaly_stats
+    assert len(stats) == 2 and all(s["errors"] == 0 for s in stats.values()), stats
+    assert sum(s["calls"] for s in stats.values()) == 2 * n  # every task judged once, on its worker
+    # the model was synced through the collector more than once on each worker (the run lasts several periods)
+    assert all(s["syncs"] >= 2 for s in stats.values()), stats
+
+    run = obs.run
+    raw = run.arrow("anomalies")
+    online = distributed_anomalies(run)
+    spans = run.sql("SELECT task_key, start_ns, end_ns FROM spans WHERE kind = 'task'").set_index("task_key")
+    slowed = {f"work-{i}-{case}" for i in SLOW}
+    if algo == "sstd":  # the SSTD rule over all `work` calls, worked out here: its std is inflated by the
+        # slowdowns themselves (masking), so the mildest may stay within 6 std
+        work_ns = (spans["end_ns"] - spans["start_ns"])[spans.index.str.startswith("work-")].astype(float)
+        mean, std = work_ns.mean(), work_ns.std(ddof=1)
+        slowed = {k for k in slowed if abs(work_ns[k] - mean) > 6 * std}
+        assert len(slowed) >= 2
+    # each slowed call was flagged by its worker: online against the model of that moment, or later (`late`)
+    # when that model held fewer than `mature` calls of its function
+    assert slowed <= set(raw["task_key"].to_pylist())
+    for row in raw.to_pylist():
+        m = json.loads(row["model"])
+        assert m["online"] is True and m["algo"] == algo and m["worker"] in stats
+        assert row["score"] >= row["threshold"]
+        assert row["inclusive_ns"] == row["end_ns"] - row["start_ns"]
+    # ... and survives post-pruning, ranked first by time lost
+    assert slowed <= set(online["task_key"].to_pylist())
+    top = sorted(online.to_pylist(), key=lambda r: -r["severity_ns"])[:len(slowed)]
+    assert {r["task_key"] for r in top} == slowed
+
+    # post-pruning removed exactly what the workers logged as pruned
+    pruned = run.sql(f"SELECT task_key FROM logs WHERE category = '{PRUNED}'")
+    assert raw.num_rows - online.num_rows == len(pruned) == sum(s["pruned"] for s in stats.values())
+
+    # the online times are the spans' times: the same call, the same nanoseconds
+    for row in online.to_pylist():
+        assert (spans.loc[row["task_key"], "start_ns"], spans.loc[row["task_key"], "end_ns"]) == \
+            (row["start_ns"], row["end_ns"])
+
+    offline = _offline(obs.run_dir, tmp_path, algo)
+    dist = set(online["task_key"].to_pylist())
+    agree = len(dist & offline) / len(dist | offline)
+    print(f"{algo}: online flagged {raw.num_rows}, after post-pruning {len(dist)}, offline {len(offline)}, "
+          f"agreement {agree:.4f}; late {sum(s['late'] for s in stats.values())}, calls kept to judge again "
+          f"at most {max(s['pending_max'] for s in stats.values())} per worker")
+    assert slowed <= offline
+    assert agree >= 0.995, (sorted(dist - offline), sorted(offline - dist))
+    # pruned anomalies are ones the offline pass (the model of the whole run) does not flag
+    assert not set(pruned["task_key"]) & offline
+
+
+SCRIPT = '''
+import time
+from distributed import Client, LocalCluster
+
+SLOW = {SLOW!r}
+
+def work(i):
+    time.sleep(SLOW.get(i, 0.01 + 0.002 * ((i * 7919) % 5)))
+    return i
+
+if __name__ == "__main__":
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
+                      worker_dashboard_address=None) as cl, Client(cl) as c:
+        c.gather(c.map(work, range(200), key=[f"work-{{i}}" for i in range(200)]))
+'''
+
+
+def test_flowscope_run_anomalies_option(tmp_path):
+    """`flowscope run --anomalies`: workers started by the command get the detector through the Dask preload and
+    post-prune on teardown."""
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT.format(SLOW={37: 0.15, 111: 0.25, 190: 0.35}))
+    store = tmp_path / "store"
+    out = subprocess.run([sys.executable, "-m", "flowscope", "run", "--store", str(store), "--no-report", "--quiet",
+                          "--sample-period", "0", "--anomalies", "--", sys.executable, str(script)],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    (run_dir,) = [p for p in store.iterdir() if (p / "run.json").exists()]
+    import flowscope
+
+    run = flowscope.open_run(run_dir)
+    raw = run.arrow("anomalies")
+    assert {"work-37", "work-111", "work-190"} <= set(raw["task_key"].to_pylist())
+    assert all(json.loads(m)["online"] for m in raw["model"].to_pylist())
+    online = distributed_anomalies(run)
+    assert {"work-37", "work-111", "work-190"} <= set(online["task_key"].to_pylist())
+    assert raw.num_rows - online.num_rows == \
+        run.sql(f"SELECT count(*) AS n FROM logs WHERE category = '{PRUNED}'")["n"][0]
+
+
+def test_collector_ingests_anomalies_rows_and_names_a_wrong_typed_field(tmp_path):
+    """The workers' rows reach the run through the collector's ingest route, which checks them like any table."""
+    import pyarrow as pa
+    from starlette.testclient import TestClient
+
+    import flowscope
+    from flowscope.client.transport import ARROW_STREAM, ipc_bytes
+    from flowscope.service.app import build_app
+    from flowscope.service.collector import Collector
+
+    collector = Collector(tmp_path)
+    http = TestClient(build_app(collector))
+    run_id = http.post("/v1/runs", json={"name": "t"}).json()["run_id"]
+    row = {"anomaly_id": 1, "call_id": -1, "resource_id": "thread:1", "function": "work", "kind": "task",
+           "task_key": "work-1", "start_ns": 10, "end_ns": 30, "inclusive_ns": 20, "exclusive_ns": 20,
+           "metric": "exclusive", "algo": "hbos", "score": 9.0, "threshold": 8.0, "severity_ns": 5, "step": 0,
+           "depth": 0, "children": 0, "messages": 0, "model": "{}"}
+    ok = http.post(f"/v1/runs/{run_id}/tables/anomalies", content=ipc_bytes(pa.Table.from_pylist([row])),
+                   headers={"Content-Type": ARROW_STREAM})
+    assert ok.status_code == 200 and ok.json()["rows"] == 1
+    bad = http.post(f"/v1/runs/{run_id}/tables/anomalies", json=[{**row, "score": "high"}])
+    assert bad.status_code == 422 and "score" in bad.json()["error"]
+    assert http.get(f"/v1/runs/{run_id}/tables/anomalies").json()
+    collector.shutdown()
+    got = flowscope.open_run(tmp_path / run_id).arrow("anomalies")
+    assert got.num_rows == 1 and got["task_key"][0].as_py() == "work-1"
+
+
+def test_bad_plugin_options_are_refused():
+    from flowscope.sources.dask.anomaly_plugin import AnomalyWorkerPlugin
+
+    with pytest.raises(ValueError, match="period"):
+        AnomalyWorkerPlugin("http://127.0.0.1:1", "r", period=0)
+    with pytest.raises(ValueError, match="mature"):
+        AnomalyWorkerPlugin("http://127.0.0.1:1", "r", mature=-1)
