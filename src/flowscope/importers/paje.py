@@ -32,6 +32,8 @@ from flowscope.importers.sink import ImportSink
 from flowscope.model.schemas import schema
 
 NAME = "paje"
+#: |origin + time| in ns must stay below this (int64 timestamps; times are checked as if in seconds)
+TIME_LIMIT = 9.2e18
 #: rows collected per table before they are spooled
 BATCH_ROWS = 100_000
 #: timed events held in memory per sorted run when a trace must be sorted
@@ -385,9 +387,12 @@ class _Reader:
 
     def _number(self, toks: list[str], d: EventDef, i: int, where: str) -> float:
         try:
-            return float(toks[i])
+            v = float(toks[i])
         except ValueError:
             raise TraceError(f"{where}: field {d.names[i]} ({d.types[i]}): {toks[i]!r} is not a number") from None
+        if i == d.time_index and not abs(self.origin_ns + v * 1e9) < TIME_LIMIT:  # also NaN
+            raise TraceError(f"{where}: field Time: {toks[i]!r} is not a finite time within ±9.2e9 s of the origin (int64 nanoseconds)")
+        return v
 
     # ---- simulation -----------------------------------------------------------------------------
     def ns(self, t: float) -> int:

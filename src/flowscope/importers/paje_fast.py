@@ -54,6 +54,10 @@ class _Notes:
 
 
 def _ns(reader: Any, t: np.ndarray) -> np.ndarray:
+    from flowscope.importers.paje import TIME_LIMIT
+
+    if not np.all(np.abs(reader.origin_ns + t * 1e9) < TIME_LIMIT):
+        raise Fallback("a time out of range")
     if reader.unit_ns is None:
         reader._decide_unit()
     return reader.origin_ns + np.rint(t * reader.unit_ns).astype(np.int64)
