@@ -41,7 +41,7 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _machine import cpu_model, git_commit, write_result  # noqa: E402
+from _machine import cpu_model, git_commit, write_result
 
 BENCH = "import"
 TARGET = 2.0  # flowscope's time at most twice pj_dump's
@@ -92,9 +92,8 @@ def generate_run(store: Path, tasks: int, workers: int, threads: int, seed: int 
     per_lane = -(-tasks // n_lanes)
     chunk_lanes = max(1, 200_000 // per_lane)
     span_id = 0
-    part = 0
     end_all = BASE_NS
-    for lo in range(0, n_lanes, chunk_lanes):
+    for part, lo in enumerate(range(0, n_lanes, chunk_lanes)):
         lanes = np.arange(lo, min(n_lanes, lo + chunk_lanes))
         n = len(lanes) * per_lane
         lane = np.repeat(lanes, per_lane)
@@ -145,7 +144,6 @@ def generate_run(store: Path, tasks: int, workers: int, threads: int, seed: int 
             "category": ["task-finished"] * len(lg), "message": keys[lg].astype(object),
         }, part)
         span_id += n
-        part += 1
     col.close_run(run_id, end_ns=end_all, status="finished")
     col.shutdown()
     return run_dir

@@ -40,7 +40,7 @@ SAMPLES = {
     "wfcommons": (0.2, ["wfinstances/helloworld-chain-5-chameleon.json"]),
 }
 #: a location in an error message: file:line, a byte offset, a line, a JSON path or record
-WHERE = re.compile(r":\d+|offset|byte|line|position|record|\$|\[\d+\]|task|file|field|event|[a-z_]+\.[a-z_]+", re.I)
+WHERE = re.compile(r":\d+|offset|byte|line|position|record|\$|\[\d+\]|task|file|field|event|[a-z_]+\.[a-z_]+", re.IGNORECASE)
 
 
 class _MemorySink(ImportSink):
