@@ -32,10 +32,14 @@ from flowscope.importers.sink import ImportSink
 from flowscope.model.schemas import schema
 
 NAME = "paje"
+#: |origin + time| in ns must stay below this (int64 timestamps; times are checked as if in seconds)
+TIME_LIMIT = 9.2e18
 #: rows collected per table before they are spooled
 BATCH_ROWS = 100_000
 #: timed events held in memory per sorted run when a trace must be sorted
 SORT_CHUNK = 500_000
+#: try the vectorised path (importers/paje_fast.py) first; FLOWSCOPE_PAJE_FAST=0 turns it off
+FAST = os.environ.get("FLOWSCOPE_PAJE_FAST", "1") != "0"
 #: the comment flowscope's Paje exporter writes, so a round trip restores absolute times and ids
 FLOWSCOPE_MARK = re.compile(r"#\s*flowscope paje export:\s*time_origin_ns=(-?\d+)")
 _LANE = re.compile(r"~\d+$")
@@ -146,6 +150,20 @@ class _Spool:
         self.counts[table] = self.counts.get(table, 0) + 1
         if len(cols["attrs" if "attrs" in cols else "value"]) >= BATCH_ROWS:
             self._spill(table)
+
+    def table(self, table: str, data: pa.Table) -> None:
+        """Spool a whole Arrow table of rows (columns named as in the canonical schema)."""
+        target = schema(table)
+        n = data.num_rows
+        data = pa.table({f.name: (data.column(f.name) if f.name in data.column_names else pa.nulls(n, f.type))
+                         for f in target}).cast(target)
+        self.counts[table] = self.counts.get(table, 0) + n
+        if table not in self.files:
+            path = os.path.join(self.tmpdir, f"{table}.arrow")
+            sinkf = pa.OSFile(path, "wb")
+            self.files[table] = (path, sinkf, ipc.new_file(sinkf, target))
+        for batch in data.to_batches(max_chunksize=BATCH_ROWS * 4):
+            self.files[table][2].write_batch(batch)
 
     def _spill(self, table: str) -> None:
         cols = self.cols.pop(table, None)
@@ -369,9 +387,12 @@ class _Reader:
 
     def _number(self, toks: list[str], d: EventDef, i: int, where: str) -> float:
         try:
-            return float(toks[i])
+            v = float(toks[i])
         except ValueError:
             raise TraceError(f"{where}: field {d.names[i]} ({d.types[i]}): {toks[i]!r} is not a number") from None
+        if i == d.time_index and not abs(self.origin_ns + v * 1e9) < TIME_LIMIT:  # also NaN
+            raise TraceError(f"{where}: field Time: {toks[i]!r} is not a finite time within ±9.2e9 s of the origin (int64 nanoseconds)")
+        return v
 
     # ---- simulation -----------------------------------------------------------------------------
     def ns(self, t: float) -> int:
@@ -655,18 +676,37 @@ def read(path: Path, sink: ImportSink) -> None:
     """Read the Paje trace at ``path`` (and the files it includes) into ``sink``."""
     path = Path(path)
     with tempfile.TemporaryDirectory(prefix="flowscope-paje-") as tmp:
-        spool = _Spool(tmp)
-        reader = _Reader(path, sink, spool, sorted_mode=False)
-        try:
-            reader.run()
-        except _Unordered as exc:
-            spool.close()
-            sink.warn(f"{exc.where}: the trace is not time-ordered (time {exc.t!r} after {exc.prev!r}); it was "
-                      f"imported after a stable sort of its events by time (pj_dump refuses traces whose events go "
-                      f"back in time within a container and type)")
+        fast = None
+        fallback = "off (FLOWSCOPE_PAJE_FAST=0)"
+        if FAST:
+            from flowscope.importers.paje_fast import Fallback, read_fast
+
             spool = _Spool(tempfile.mkdtemp(dir=tmp))
-            reader = _Reader(path, sink, spool, sorted_mode=True)
-            reader.run()
+            reader = _Reader(path, sink, spool, sorted_mode=False)
+            try:
+                notes = read_fast(reader)
+                reader.sink = sink
+                for w in notes:
+                    sink.warn(w)
+                fast = "vectorised"
+            except (Fallback, TraceError, ValueError, KeyError, IndexError, pa.ArrowException) as exc:
+                # anything unusual: the line simulator reads the file and reports what is wrong where
+                spool.close()
+                fast = None
+                fallback = f"{type(exc).__name__}: {exc}"[:300]
+        if fast is None:
+            spool = _Spool(tempfile.mkdtemp(dir=tmp))
+            reader = _Reader(path, sink, spool, sorted_mode=False)
+            try:
+                reader.run()
+            except _Unordered as exc:
+                spool.close()
+                sink.warn(f"{exc.where}: the trace is not time-ordered (time {exc.t!r} after {exc.prev!r}); it was "
+                          f"imported after a stable sort of its events by time (pj_dump refuses traces whose events "
+                          f"go back in time within a container and type)")
+                spool = _Spool(tempfile.mkdtemp(dir=tmp))
+                reader = _Reader(path, sink, spool, sorted_mode=True)
+                reader.run()
         spool.replay(sink)
         spool.close()
     sink.advance(path.stat().st_size)
@@ -675,7 +715,9 @@ def read(path: Path, sink: ImportSink) -> None:
                   "trace start (Paje times are relative; ns counted from the epoch's zero)",
                   time_origin_ns=reader.origin_ns, paje_counts=dict(reader.n),
                   event_definitions=len(reader.defs), types=len(reader.types) - 1,
-                  sorted_by_time=reader.sorted_mode)
+                  sorted_by_time=reader.sorted_mode, read_path=fast or "line simulator")
+    if fast is None:
+        sink.set_meta(vectorised_path_not_used=fallback)
     if reader.max_t > float("-inf"):
         sink.set_run_fields(start_ns=reader.ns(min(reader.min_t, 0.0) if not reader.flowscope else reader.min_t),
                             end_ns=reader.ns(reader.max_t))

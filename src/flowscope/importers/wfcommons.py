@@ -402,7 +402,8 @@ def read(path: Path, sink: ImportSink) -> None:
 
     graph_id = doc.get("name") if isinstance(doc.get("name"), str) else path.stem
     if inst.executed_at is None:
-        raise _error(path, "executedAt is missing (the run has no start time)")
+        field = "workflow.execution.executedAt" if "execution" in (doc.get("workflow") or {}) else "workflow.executedAt"
+        raise _error(path, f"{field} is missing (the run has no start time)")
     try:
         executed = parse_timestamp(inst.executed_at)
     except ValueError as exc:

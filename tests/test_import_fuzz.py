@@ -1,0 +1,167 @@
+"""Fuzzing the Paje, Chrome and WfCommons importers with mutated copies of the real samples.
+
+Each mutated input (cut at a random offset, bytes flipped, lines duplicated, deleted or swapped,
+seeded) must either import or raise one :class:`TraceError` naming the file and where in it -- never
+another exception -- and a failed import must leave no run behind (checked through
+``import_paths`` for every :data:`STORE_EVERY`-th input). ``FLOWSCOPE_FUZZ_EXAMPLES`` sets the total
+number of inputs (default 10,000, split over the importers); ``FLOWSCOPE_FUZZ_SEED`` the seed.
+OTF2 and Darshan are fuzzed in tests/test_hpc_corrupt.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+from pathlib import Path
+
+import pytest
+
+from flowscope.importers import TraceError, format_module, import_paths
+from flowscope.importers.sink import ImportSink
+
+TOTAL = int(os.environ.get("FLOWSCOPE_FUZZ_EXAMPLES", "10000"))
+SEED = int(os.environ.get("FLOWSCOPE_FUZZ_SEED", "20251121"))
+STORE_EVERY = 40
+#: share of the inputs per importer, and the real samples it mutates (small ones, so 10,000 fit a minute)
+SAMPLES = {
+    "paje": (0.4, ["paje/pajeng/states.trace", "paje/pajeng/links.trace", "paje/pajeng/events.trace",
+                   "paje/pajeng/variables.trace", "paje/pajeng/containers.trace", "paje/pajeng/gattaca.trace",
+                   "paje/pajeng/simgrid-fg126.trace", "paje/pajeng/replay_output_shurakai_extract.trace",
+                   "paje/pajeng/categories.trace"]),
+    "chrome": (0.4, ["chrome/catapult/async_begin_end.json", "chrome/catapult/flow_simple.json",
+                     "chrome/catapult/instance_counters.json", "chrome/catapult/instant_events.json",
+                     "chrome/catapult/nanoseconds.json", "chrome/catapult/nestable_async.json",
+                     "chrome/catapult/simple_trace.json", "chrome/catapult/tall_trace.json",
+                     "chrome/catapult/trivial_trace.json", "chrome/catapult/gpu_state_trace.json",
+                     "chrome/viztracer/tests_fib.json", "chrome/viztracer/tests_old.json",
+                     "chrome/viztracer/function_args_return.json", "chrome/catapult/simple_trace_gz.gz"]),
+    "wfcommons": (0.2, ["wfinstances/helloworld-chain-5-chameleon.json"]),
+}
+#: a location in an error message: file:line, a byte offset, a line, a JSON path or record
+WHERE = re.compile(r":\d+|offset|byte|line|position|record|\$|\[\d+\]|task|file|field|event|[a-z_]+\.[a-z_]+", re.IGNORECASE)
+
+
+class _MemorySink(ImportSink):
+    """An ImportSink that keeps its rows in memory (the fuzz loop needs thousands per minute)."""
+
+    def __init__(self, path: Path, fmt: str):
+        self.rows: dict[str, list] = {}
+        super().__init__("fuzz", path, fmt, lambda _r, t, _s, d: self.rows.setdefault(t, []).extend(
+            json.dumps(r, sort_keys=True) for r in d.to_pylist()))
+
+
+def _paje_both_ways(path: Path) -> tuple[dict, dict]:
+    """The rows of a Paje import through the vectorised path (when it takes the file) and the line simulator."""
+    from flowscope.importers import paje
+
+    out = []
+    for fast in (True, False):
+        saved, paje.FAST = paje.FAST, fast
+        try:
+            sink = _MemorySink(path, "paje")
+            paje.read(path, sink)
+            sink.flush()
+        finally:
+            paje.FAST = saved
+        out.append(({t: sorted(v) for t, v in sink.rows.items()}, sink.meta.get("read_path")))
+    return out[0], out[1]
+
+
+def mutate(data: bytes, rng: random.Random) -> tuple[str, bytes]:
+    """One random corruption of ``data`` and its name."""
+    op = rng.choice(["cut", "flip", "flip", "dup", "delete", "swap", "cut+flip", "insert"])
+    if not data:
+        return op, data
+    if op == "cut":
+        return op, data[: rng.randrange(len(data))]
+    if op in ("flip", "cut+flip"):
+        b = bytearray(data if op == "flip" else data[: rng.randrange(1, len(data) + 1)])
+        for _ in range(rng.randint(1, 4)):
+            i = rng.randrange(len(b))
+            b[i] = rng.choice([rng.randrange(256), ord('"'), ord(" "), ord("\n"), ord("{"), ord("9"), ord("-")])
+        return op, bytes(b)
+    if op == "insert":
+        i = rng.randrange(len(data))
+        junk = rng.choice([b"\x00", b"\xff\xfe", b'"', b"-1e400", b"nan", b"}", b"]", b",", b"%", b"# x\n"])
+        return op, data[:i] + junk + data[i:]
+    lines = data.split(b"\n")
+    i = rng.randrange(len(lines))
+    if op == "dup":
+        lines.insert(i, lines[i])
+    elif op == "delete":
+        del lines[i]
+    else:
+        j = rng.randrange(len(lines))
+        lines[i], lines[j] = lines[j], lines[i]
+    return op, b"\n".join(lines)
+
+
+def _store_runs(store: Path) -> list[Path]:
+    return sorted(p for p in store.iterdir() if p.is_dir()) if store.exists() else []
+
+
+@pytest.mark.parametrize("fmt", list(SAMPLES))
+def test_mutated_samples_import_or_fail_clearly(shared_data, tmp_path, fmt):
+    share, rels = SAMPLES[fmt]
+    n = max(1, round(TOTAL * share))
+    rng = random.Random(f"{SEED}-{fmt}")
+    mod = format_module(fmt)
+    originals = [(rel, (shared_data / rel).read_bytes()) for rel in rels]
+    ok = failed = differential = 0
+    unexpected: list[str] = []
+    store = tmp_path / "store"
+    for k in range(n):
+        rel, data = originals[k % len(originals)]
+        op, bad = mutate(data, rng)
+        suffix = "".join(Path(rel).suffixes) or ".trace"
+        path = tmp_path / f"in{k % 7}-{Path(rel).stem.split('.')[0]}{suffix}"
+        if path.suffix == ".gz" and op != "cut" and rng.random() < 0.5:
+            import gzip
+            bad = gzip.compress(mutate(gzip.decompress(data), rng)[1])  # corrupt the content, not the gzip
+        path.write_bytes(bad)
+        via_store = k % STORE_EVERY == 0
+        before = _store_runs(store)
+        try:
+            if via_store:
+                import_paths([path], store, fmt=fmt)
+            else:
+                sink = _MemorySink(path, fmt)
+                mod.read(path, sink)
+                sink.flush()
+                if fmt == "paje" and sink.meta.get("read_path") == "vectorised":
+                    # differential: the vectorised path must give the line simulator's rows exactly
+                    (fast, _), (slow, _) = _paje_both_ways(path)
+                    differential += 1
+                    if fast != slow:
+                        unexpected.append(f"{rel} {op} #{k}: the vectorised Paje path differs from the line "
+                                          f"simulator: {[t for t in fast if fast[t] != slow.get(t)]}")
+            ok += 1
+        except TraceError as exc:
+            failed += 1
+            msg = str(exc)
+            if path.name not in msg or not WHERE.search(msg.replace(str(path), "")):
+                unexpected.append(f"{rel} {op} #{k}: unclear error: {msg[:300]}")
+            if via_store and _store_runs(store) != before:
+                unexpected.append(f"{rel} {op} #{k}: a failed import left a run: "
+                                  f"{set(_store_runs(store)) - set(before)}")
+        except Exception as exc:  # noqa: BLE001 - what the test looks for
+            unexpected.append(f"{rel} {op} #{k}: {type(exc).__name__}: {str(exc)[:300]}")
+        if len(unexpected) >= 20:
+            break
+    print(f"{fmt}: {ok + failed} mutated inputs, {ok} imported, {failed} refused with a TraceError"
+          + (f"; {differential} imported through the vectorised path compared with the line simulator"
+             if fmt == "paje" else ""))
+    assert not unexpected, "\n".join(unexpected)
+    assert ok + failed == n and failed > 0
+    if fmt == "paje":
+        assert differential > 0
+
+
+@pytest.mark.parametrize("rel", ["paje/pajeng/containers.trace", "paje/pajeng/events.trace",
+                                 "paje/pajeng/links.trace", "paje/pajeng/replay_output_shurakai_extract.trace"])
+def test_paje_vectorised_path_equals_line_simulator_on_real_traces(shared_data, rel):
+    (fast, how_fast), (slow, how_slow) = _paje_both_ways(shared_data / rel)
+    assert how_fast == "vectorised" and how_slow == "line simulator"
+    assert fast == slow and sum(map(len, fast.values())) > 0
