@@ -291,7 +291,7 @@ def test_the_view_and_its_exports(tmp_path):
     assert {n for n, a in g.nodes(data=True) if a["critical"]} == set("ABCDF")
     # above the limit the graph is drawn collapsed by location
     fig = graph_figure(states, mutations, max_vertices=3)
-    assert "2 vertices" in fig.layout.title.text
+    assert "6 states in 2 groups by location (collapsed)" in fig.layout.title.text
 
 
 def test_derived_states_never_precede_their_sources():
