@@ -201,3 +201,17 @@ def test_one_process_per_host_samples_the_hardware(cluster, tmp_path):
     assert int(m["samples"][0]) == int(m["n"][0]) >= 2  # one sampler: no two samples share a timestamp
     cores = obs.run.sql("SELECT count(DISTINCT name) AS n FROM metrics WHERE name LIKE 'cpu.core%.percent'")
     assert int(cores["n"][0]) == __import__("os").cpu_count()
+
+
+def test_tasks_computed_before_the_run_do_not_leak_into_it(cluster, tmp_path):
+    """A result computed before observe() and released inside it brings no execution span along."""
+    _, client = cluster
+    before = client.submit(inc, 1, key="before-1")
+    assert before.result() == 2
+    with observe(client, store=tmp_path) as obs:
+        during = client.submit(inc, 10, key="during-10")
+        assert during.result() == 11
+        del before  # released (and forgotten) while the run records
+        time.sleep(0.5)
+    spans = obs.run.sql("SELECT task_key FROM spans WHERE kind = 'task'")
+    assert spans["task_key"].tolist() == ["during-10"]

@@ -364,7 +364,10 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
                     attrs={"nthreads": worker.state.nthreads, "memory_limit": worker.memory_manager.memory_limit})
         self._host = worker.address.split("://")[-1].rsplit(":", 1)[0]
         self._threads: dict[int, str] = {}  # pthread ident -> thread resource id
-        self._startstops_done: dict[Any, int] = {}
+        # what tasks already on the worker did before this run began is not this run's: a task computed
+        # earlier and released during the run must not bring its old compute span along
+        self._startstops_done: dict[Any, int] = {key: len(ts.startstops) for key, ts in
+                                                 list(worker.state.tasks.items()) if ts.startstops}
         self._last_transfer: dict | None = worker.transfer_incoming_log[-1] if worker.transfer_incoming_log else None
         self._emit_transition = fs.row_writer("transitions")
         self._emit_span = fs.row_writer("spans")
