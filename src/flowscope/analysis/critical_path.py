@@ -25,6 +25,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from flowscope.model.idset import IdSet
+
 __all__ = [
     "COMPONENTS", "CriticalPath", "TaskPaths", "IncrementalDataStatePath", "data_state_path", "task_graph_paths",
     "longest_path", "longest_path_length", "slack", "near_critical_paths", "what_if",
@@ -278,7 +280,7 @@ class IncrementalDataStatePath:
     def __init__(self) -> None:
         self._states: list[pd.DataFrame] = []
         self._mutations: list[pd.DataFrame] = []
-        self._pos: dict[str, int] = {}
+        self._pos = IdSet()
         self._ts = np.zeros(0, dtype=np.int64)
         self._gate = np.zeros(0, dtype=np.int64)        # global mutation row of the gating input, or -1
         self._gate_ts = np.zeros(0, dtype=np.int64)     # arrival (source ts) of that input
@@ -296,11 +298,13 @@ class IncrementalDataStatePath:
         if states is not None:
             st = _frame(states, "data_states", ["state_id", "ts_ns"]).reset_index(drop=True)
             if len(st):
-                base = len(self._ts)
-                for k, sid in enumerate(st["state_id"].astype(str)):
-                    if sid in self._pos:
-                        raise ValueError(f"data_states: state_id {sid!r} was already added")
-                    self._pos[sid] = base + k
+                ids = st["state_id"].astype(str).to_numpy(dtype=object)
+                again = self._pos.lookup(ids) >= 0
+                dup = pd.Index(ids).duplicated()
+                if again.any() or dup.any():
+                    sid = ids[int(np.flatnonzero(again | dup)[0])]
+                    raise ValueError(f"data_states: state_id {sid!r} was already added")
+                self._pos.add(ids)
                 self._states.append(st)
                 self._ts = np.concatenate([self._ts, st["ts_ns"].to_numpy(dtype=np.int64)])
                 self._gate = np.concatenate([self._gate, np.full(len(st), -1, dtype=np.int64)])
@@ -310,8 +314,8 @@ class IncrementalDataStatePath:
             mu = _frame(mutations, "mutations", ["src_state_id", "dst_state_id", "kind"]).reset_index(drop=True)
             if len(mu):
                 self._mutations.append(mu)
-                self._mids_src.append(mu["src_state_id"].astype(str).to_numpy())
-                self._mids_dst.append(mu["dst_state_id"].astype(str).to_numpy())
+                self._mids_src.append(mu["src_state_id"].astype(str).to_numpy(dtype=object))
+                self._mids_dst.append(mu["dst_state_id"].astype(str).to_numpy(dtype=object))
                 self._msrc = np.concatenate([self._msrc, np.full(len(mu), -1, dtype=np.int64)])
                 self._mdst = np.concatenate([self._mdst, np.full(len(mu), -1, dtype=np.int64)])
                 new_rows = np.arange(self._n_mut, self._n_mut + len(mu))
@@ -325,9 +329,8 @@ class IncrementalDataStatePath:
             return
         src_ids = np.concatenate(self._mids_src)[rows]
         dst_ids = np.concatenate(self._mids_dst)[rows]
-        get = self._pos.get
-        s = np.fromiter((get(x, -1) for x in src_ids), dtype=np.int64, count=len(rows))
-        d = np.fromiter((get(x, -1) for x in dst_ids), dtype=np.int64, count=len(rows))
+        s = self._pos.lookup(src_ids)
+        d = self._pos.lookup(dst_ids)
         ok = (s >= 0) & (d >= 0)
         self._pending = rows[~ok]
         rows, s, d = rows[ok], s[ok], d[ok]
@@ -368,9 +371,9 @@ class IncrementalDataStatePath:
             return CriticalPath(_steps_frame([]), 0, [])
         states, mutations = self._tables()
         if target is not None:
-            if str(target) not in self._pos:
+            t = int(self._pos.lookup(np.array([str(target)], dtype=object))[0])
+            if t < 0:
                 raise ValueError(f"target: {target!r} names no known data state")
-            t = self._pos[str(target)]
         else:
             t = int(len(self._ts) - 1 - np.argmax(self._ts[::-1]))
         return _trace_states(states, mutations, self._ts, self._msrc, self._gate, t)

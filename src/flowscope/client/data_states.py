@@ -26,6 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from flowscope.model.conform import SchemaError, conform, records_to_table
+from flowscope.model.idset import IdSet, hash_ids
 from flowscope.model.schemas import MUTATION_KINDS
 
 STATES, MUTATIONS = "data_states", "mutations"
@@ -75,56 +76,6 @@ def _objects(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return col.to_numpy(zero_copy_only=False) if len(col) else np.empty(0, dtype=object)
 
 
-def _hash(ids: np.ndarray) -> np.ndarray:
-    return pd.util.hash_array(ids, categorize=False) if len(ids) else np.empty(0, dtype=np.uint64)
-
-
-class _IdSet:
-    """Ids with a row each, looked up a whole array at a time: 64-bit hashes kept sorted (a hash join by
-    binary search), every match confirmed on the string itself, so a hash collision never confuses two ids."""
-
-    def __init__(self) -> None:
-        self.ids = np.empty(0, dtype=object)              # row -> id, in insertion order
-        self._h = np.empty(0, dtype=np.uint64)            # sorted hashes
-        self._row = np.empty(0, dtype=np.int64)           # row of each sorted hash
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def lookup(self, keys: np.ndarray, hashes: np.ndarray | None = None) -> np.ndarray:
-        """The row of each key, -1 where unknown."""
-        out = np.full(len(keys), -1, dtype=np.int64)
-        if not len(keys) or not len(self.ids):
-            return out
-        h = _hash(keys) if hashes is None else hashes
-        pos = np.searchsorted(self._h, h)
-        hit = self._h[np.minimum(pos, len(self._h) - 1)] == h
-        rows = self._row[np.minimum(pos, len(self._h) - 1)]
-        same = np.zeros(len(keys), dtype=bool)
-        same[hit] = self.ids[rows[hit]] == keys[hit]
-        out[same] = rows[same]
-        for i in np.flatnonzero(hit & ~same):             # a collision: look through every id with that hash
-            j = pos[i]
-            while j < len(self._h) and self._h[j] == h[i]:
-                if self.ids[self._row[j]] == keys[i]:
-                    out[i] = self._row[j]
-                    break
-                j += 1
-        return out
-
-    def add(self, keys: np.ndarray, hashes: np.ndarray | None = None) -> None:
-        """Append ids (not known yet, distinct) as the next rows."""
-        if not len(keys):
-            return
-        h = _hash(keys) if hashes is None else hashes
-        order = np.argsort(h, kind="stable")
-        h, rows = h[order], order.astype(np.int64) + len(self.ids)
-        at = np.searchsorted(self._h, h)
-        self._h = np.insert(self._h, at, h)
-        self._row = np.insert(self._row, at, rows)
-        self.ids = np.concatenate([self.ids, keys])
-
-
 def _first_of_each(keys: np.ndarray, hashes: np.ndarray) -> np.ndarray:
     """For each row, the first row with the same key."""
     codes, _ = pd.factorize(hashes)
@@ -164,10 +115,10 @@ class StateIndex:
     """
 
     def __init__(self) -> None:
-        self._states = _IdSet()
+        self._states = IdSet()
         self._ts = np.empty(0, dtype=np.int64)
         self._size = np.empty(0, dtype=np.int64)         # -1: unknown size (negative sizes are refused)
-        self._muts = _IdSet()
+        self._muts = IdSet()
         self._ends = np.empty((0, 3), dtype=object)       # per mutation row: src, dst, kind
         self._checked_states = self._checked_muts = None  # what the last check returned, to record it cheaply
 
@@ -209,7 +160,7 @@ class StateIndex:
             raise DataStateError(STATES, "state_id", "is empty", int(np.argmax(empty)))
         ts = ts_col.to_numpy()
         sz = size.fill_null(-1).to_numpy()
-        h = _hash(ids)
+        h = hash_ids(ids)
         rep = _first_of_each(ids, h)
         known = self._states.lookup(ids, h)
         k = known >= 0
@@ -267,7 +218,7 @@ class StateIndex:
         mids = mutation_ids(data)
         mid = _objects(mids)
         kinds = _objects(kind)
-        mh = _hash(mid)
+        mh = hash_ids(mid)
         rep = _first_of_each(mid, mh)
         known = self._muts.lookup(mid, mh)
         k = known >= 0
@@ -309,7 +260,7 @@ class StateIndex:
             ids, h = cached[1], cached[2]
         else:
             ids = _objects(data.column("state_id").fill_null(""))
-            h = _hash(ids)
+            h = hash_ids(ids)
         if not checked:  # rows from disk: keep the first of each id not known yet
             new = (_first_of_each(ids, h) == np.arange(len(ids))) & (self._states.lookup(ids, h) < 0)
             data, ids, h = data.filter(pa.array(new)), ids[new], h[new]
@@ -326,7 +277,7 @@ class StateIndex:
             mid, h, ends = cached[1], cached[2], cached[3]
         else:
             mid = _objects(mutation_ids(data))
-            h = _hash(mid)
+            h = hash_ids(mid)
             if not checked:
                 new = (_first_of_each(mid, h) == np.arange(len(mid))) & (self._muts.lookup(mid, h) < 0)
                 data, mid, h = data.filter(pa.array(new)), mid[new], h[new]
