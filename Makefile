@@ -4,4 +4,4 @@ PY ?= $(shell [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)
 test:
 	bash scripts/test.sh
 bench:
-	@for b in bench/*.py; do $(PY) $$b || exit 1; done
+	@for b in bench/[!_]*.py; do $(PY) $$b || exit 1; done
