@@ -116,7 +116,7 @@ _CREATE, _BODY, _DESTROY = 0, 1, 2
 #: rows per record batch read from or written to DuckDB
 BATCH = 200_000
 #: DuckDB's memory limit while sorting the records (it spills to a temp folder beyond it)
-SORT_MEMORY = "1GB"
+SORT_MEMORY = "4GB"
 
 _REC_SCHEMA = pa.schema([("t", pa.int64()), ("phase", pa.int8()), ("grp", pa.int64()), ("seq", pa.int64()),
                          ("code", pa.string()), ("tail", pa.string())])
@@ -165,11 +165,14 @@ def write(run: Any, out: str | Path) -> dict[str, int]:
     with tempfile.TemporaryDirectory(prefix="flowscope-paje-") as tmp:
         spill = str(Path(tmp) / "duckdb").replace("'", "''")
         con.execute(f"SET memory_limit = '{SORT_MEMORY}'")
+        old_order = con.execute("SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
         con.execute(f"SET temp_directory = '{spill}'")
+        con.execute("SET preserve_insertion_order = false")  # lets the sort spill instead of failing
         try:
             return _write(run, con, Path(out), Path(tmp))
         finally:
             con.execute(f"SET memory_limit = '{old_limit}'")
+            con.execute(f"SET preserve_insertion_order = {str(old_order).lower()}")
 
 
 def _write(run: Any, con: Any, out: Path, tmp: Path) -> dict[str, int]:
