@@ -7,13 +7,24 @@ transfers links (their kind as the value), metrics variables (``namespace:name``
 category as the event type, the message as the value). Times are seconds relative to the run's
 start, written with nine decimals (exact nanoseconds); a leading comment records the origin so that
 flowscope's Paje importer restores absolute times and the original resource ids.
+
+The run is streamed: spans come from DuckDB in record batches ordered by resource, kind and time, a
+pass assigns them to lanes and writes their push/pop records (text built per batch with Arrow
+compute) to a Parquet temp file; DuckDB then merges those with links, variables and events, sorts
+all by time (spilling to disk past its memory limit) and the lines are written batch by batch.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 NAME = "paje"
 SUFFIX = ".paje"
@@ -102,12 +113,33 @@ HEADER = """\
 
 # order of records at one instant: containers appear first, disappear last
 _CREATE, _BODY, _DESTROY = 0, 1, 2
+#: rows per record batch read from or written to DuckDB
+BATCH = 200_000
+#: DuckDB's memory limit while sorting the records (it spills to a temp folder beyond it)
+SORT_MEMORY = "4GB"
+
+_REC_SCHEMA = pa.schema([("t", pa.int64()), ("phase", pa.int8()), ("grp", pa.int64()), ("seq", pa.int64()),
+                         ("code", pa.string()), ("tail", pa.string())])
 
 
 def q(s: Any) -> str:
     """A Paje string field: always quoted; Paje has no escapes, so a double quote becomes a single one."""
     text = "" if s is None else str(s)
     return '"' + text.replace('"', "'").replace("\n", " ").replace("\r", " ") + '"'
+
+
+def _q_arrow(a: pa.Array) -> pa.Array:
+    """:func:`q` of every value of a string array."""
+    a = pc.fill_null(a.cast(pa.string()), "")
+    for old, new in (('"', "'"), ("\n", " "), ("\r", " ")):
+        a = pc.replace_substring(a, old, new)
+    return pc.binary_join_element_wise('"', a, '"', "")
+
+
+def _q_sql(col: str) -> str:
+    """:func:`q` as a DuckDB expression."""
+    return (f"('\"' || replace(replace(replace(coalesce(CAST({col} AS VARCHAR), ''), '\"', ''''), "
+            f"chr(10), ' '), chr(13), ' ') || '\"')")
 
 
 class _Types:
@@ -128,41 +160,41 @@ class _Types:
 def write(run: Any, out: str | Path) -> dict[str, int]:
     """Write ``run`` (a :class:`flowscope.store.run.Run`) to ``out`` as a Paje trace; returns counts of
     containers, states, links, variables and events written (and spans skipped)."""
-    res = run.arrow("resources").to_pylist()
-    spans = run.arrow("spans", ["resource_id", "kind", "name", "start_ns", "end_ns", "task_key"]).to_pylist()
-    transfers = run.arrow("transfers", ["kind", "src_resource_id", "dst_resource_id", "start_ns",
-                                        "end_ns"]).to_pylist()
-    metrics = run.arrow("metrics").to_pylist()
-    logs = run.arrow("logs", ["ts_ns", "resource_id", "category", "message"]).to_pylist()
+    con = run.connection()
+    old_limit = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    with tempfile.TemporaryDirectory(prefix="flowscope-paje-") as tmp:
+        spill = str(Path(tmp) / "duckdb").replace("'", "''")
+        con.execute(f"SET memory_limit = '{SORT_MEMORY}'")
+        old_order = con.execute("SELECT current_setting('preserve_insertion_order')").fetchall()[0][0]
+        con.execute(f"SET temp_directory = '{spill}'")
+        con.execute("SET preserve_insertion_order = false")  # lets the sort spill instead of failing
+        try:
+            return _write(run, con, Path(out), Path(tmp))
+        finally:
+            con.execute(f"SET memory_limit = '{old_limit}'")
+            con.execute(f"SET preserve_insertion_order = {str(old_order).lower()}")
 
-    # every resource referenced anywhere gets a container
+
+def _write(run: Any, con: Any, out: Path, tmp: Path) -> dict[str, int]:
+    res = run.arrow("resources").to_pylist()
+    # every resource referenced anywhere gets a container, alive from its first to its last record
     known = {r["resource_id"]: r for r in res}
     first: dict[str, int] = {}
     last: dict[str, int] = {}
-
-    def use(rid: str | None, t0: int, t1: int) -> None:
-        if rid is None:
-            return
+    used = con.execute("""
+        SELECT rid, min(t0), max(t1) FROM (
+            SELECT resource_id AS rid, start_ns AS t0, end_ns AS t1 FROM spans WHERE end_ns >= start_ns
+            UNION ALL SELECT src_resource_id, start_ns, start_ns FROM transfers WHERE end_ns >= start_ns
+            UNION ALL SELECT dst_resource_id, end_ns, end_ns FROM transfers WHERE end_ns >= start_ns
+            UNION ALL SELECT resource_id, ts_ns, ts_ns FROM metrics
+            UNION ALL SELECT resource_id, ts_ns, ts_ns FROM logs)
+        WHERE rid IS NOT NULL GROUP BY rid""").fetchall()
+    for rid, t0, t1 in used:
         if rid not in known:
             known[rid] = {"resource_id": rid, "kind": "unknown", "name": rid, "parent_id": None,
                           "start_ns": None, "end_ns": None}
-        if rid not in first or t0 < first[rid]:
-            first[rid] = t0
-        if rid not in last or t1 > last[rid]:
-            last[rid] = t1
-
-    skipped = [s for s in spans if s["end_ns"] < s["start_ns"]]
-    spans = [s for s in spans if s["end_ns"] >= s["start_ns"]]
-    for s in spans:
-        use(s["resource_id"], s["start_ns"], s["end_ns"])
-    transfers = [t for t in transfers if t["end_ns"] >= t["start_ns"]]
-    for t in transfers:
-        use(t["src_resource_id"], t["start_ns"], t["start_ns"])
-        use(t["dst_resource_id"], t["end_ns"], t["end_ns"])
-    for m in metrics:
-        use(m["resource_id"], m["ts_ns"], m["ts_ns"])
-    for lg in logs:
-        use(lg["resource_id"], lg["ts_ns"], lg["ts_ns"])
+        first[rid], last[rid] = t0, t1
+    n_skipped = con.execute("SELECT count(*) FROM spans WHERE end_ns < start_ns").fetchall()[0][0]
 
     times = [t for r in known.values() for t in (r.get("start_ns"), r.get("end_ns")) if t is not None]
     times += list(first.values()) + list(last.values())
@@ -215,87 +247,164 @@ def write(run: Any, out: str | Path) -> dict[str, int]:
         if p and ended[p] < ended[rid]:
             ended[p] = ended[rid]
 
-    recs: list[tuple[int, int, int, str]] = []
-    seq = 0
-
-    def rec(t: int, phase: int, text: str) -> None:
-        nonlocal seq
-        seq += 1
-        recs.append((t, phase, seq, text))
-
-    # secs() is applied when writing; records carry ns
-    for rid in order:
+    cont: dict[str, list] = {k: [] for k in _REC_SCHEMA.names}
+    for seq, rid in enumerate(order):
         p = parent(rid)
-        r = known[rid]
-        rec(created[rid], _CREATE, f"5 @ {q(rid)} {ctype[rid]} {q(p) if p else '0'} {q(r.get('name') or rid)}")
-        rec(ended[rid], _DESTROY, f"6 @ {ctype[rid]} {q(rid)}")
+        name = known[rid].get("name") or rid
+        for row in ((created[rid], _CREATE, -10, seq, "5", f"{q(rid)} {ctype[rid]} {q(p) if p else '0'} {q(name)}"),
+                    (ended[rid], _DESTROY, -10, seq, "6", f"{ctype[rid]} {q(rid)}")):
+            for k, v in zip(_REC_SCHEMA.names, row):
+                cont[k].append(v)
 
-    # spans: per resource and kind, lanes in which every pair of spans nests or is disjoint
-    by_stream: dict[tuple[str, str], list[dict]] = {}
-    for s in spans:
-        by_stream.setdefault((s["resource_id"], s["kind"]), []).append(s)
-    n_states = 0
-    for (rid, kind), items in sorted(by_stream.items()):
-        items.sort(key=lambda s: (s["start_ns"], -s["end_ns"]))
-        lanes: list[list[int]] = []  # per lane: the ends of its open spans (a stack)
-        lane_events: list[list[tuple[int, str]]] = []
-        stype: list[str] = []
-        for s in items:
-            st, en = s["start_ns"], s["end_ns"]
-            chosen = -1
-            for i, stack in enumerate(lanes):
-                # close what ended by now (deepest first), then fit if it nests in what is open
-                while stack and stack[-1] <= st:
-                    lane_events[i].append((stack.pop(), f"8 @ {stype[i]} {q(rid)}"))
-                if not stack or en <= stack[-1]:
-                    chosen = i
-                    break
-            if chosen < 0:
-                chosen = len(lanes)
-                lanes.append([])
-                lane_events.append([])
-                name = kind if chosen == 0 else f"{kind}~{chosen + 1}"
-                ct = ctype[rid]
-                stype.append(types.get(("s", ct, name), lambda a, ct=ct, n=name: f"1 {a} {ct} {q(n)}"))
-            lanes[chosen].append(en)
-            lane_events[chosen].append((st, f"7 @ {stype[chosen]} {q(rid)} {q(s['name'])} {q(s['task_key'])}"))
-            n_states += 1
-        for i, stack in enumerate(lanes):
+    n_states = _states(con, types, ctype, tmp / "states.parquet")
+
+    # links, variables and events: their types from the distinct keys, their lines built in SQL
+    links = con.execute("SELECT DISTINCT src_resource_id, dst_resource_id FROM transfers "
+                    "WHERE end_ns >= start_ns").fetchall()
+    link_t = {"src": [a for a, _ in links], "dst": [b for _, b in links],
+              "lt": [types.get(("l", ctype[a], ctype[b]),
+                               lambda x, s=ctype[a], d=ctype[b]: f"4 {x} 0 {s} {d} {q('transfer')}")
+                     for a, b in links]}
+    variables = con.execute("SELECT DISTINCT resource_id, namespace, name FROM metrics").fetchall()
+    var_t = {"rid": [v[0] for v in variables], "ns": [v[1] for v in variables], "nm": [v[2] for v in variables],
+             "vt": [types.get(("v", ctype[r], f"{ns}:{nm}"),
+                              lambda x, ct=ctype[r], n=f"{ns}:{nm}": f"3 {x} {ct} {q(n)}")
+                    for r, ns, nm in variables]}
+    events = con.execute("SELECT DISTINCT resource_id, category FROM logs").fetchall()
+    ev_t = {"rid": [r for r, _ in events], "cat": [c for _, c in events],
+            "et": [types.get(("e", ctype[r] if r else "0", c),
+                             lambda x, ct=(ctype[r] if r else "0"), c=c: f"2 {x} {ct} {q(c)}")
+                   for r, c in events]}
+    tables = {"_paje_containers": pa.table(cont, schema=_REC_SCHEMA),
+              "_paje_link_t": pa.table(link_t, schema=pa.schema([(k, pa.string()) for k in link_t])),
+              "_paje_var_t": pa.table(var_t, schema=pa.schema([(k, pa.string()) for k in var_t])),
+              "_paje_ev_t": pa.table(ev_t, schema=pa.schema([(k, pa.string()) for k in ev_t]))}
+    for name, t in tables.items():
+        con.register(name, t)
+    states_src = str(tmp / "states.parquet").replace("'", "''")
+    counts = con.execute("SELECT (SELECT count(*) FROM transfers WHERE end_ns >= start_ns), "
+                     "(SELECT count(*) FROM metrics), (SELECT count(*) FROM logs)").fetchall()[0]
+    d = f"(t - {int(origin)})"
+    query = f"""
+        WITH tr AS (SELECT row_number() OVER () - 1 AS k, kind, src_resource_id AS src, dst_resource_id AS dst,
+                           start_ns, end_ns FROM transfers WHERE end_ns >= start_ns),
+        recs AS (
+            SELECT * FROM _paje_containers
+            UNION ALL SELECT * FROM read_parquet('{states_src}')
+            UNION ALL SELECT start_ns, 1, -1, 2 * k, '11',
+                   lt || ' 0 ' || {_q_sql('kind')} || ' ' || {_q_sql('src')} || ' k' || k
+                   FROM tr JOIN _paje_link_t USING (src, dst)
+            UNION ALL SELECT end_ns, 1, -1, 2 * k + 1, '12',
+                   lt || ' 0 ' || {_q_sql('kind')} || ' ' || {_q_sql('dst')} || ' k' || k
+                   FROM tr JOIN _paje_link_t USING (src, dst)
+            UNION ALL SELECT m.ts_ns, 1, -2, 0, '9', vt || ' ' || {_q_sql('m.resource_id')} || ' ' ||
+                   CAST(CAST(m.value AS DOUBLE) AS VARCHAR)
+                   FROM metrics m JOIN _paje_var_t v ON m.resource_id = v.rid
+                   AND m.namespace IS NOT DISTINCT FROM v.ns AND m.name IS NOT DISTINCT FROM v.nm
+            UNION ALL SELECT g.ts_ns, 1, -3, 0, '10', et || ' ' ||
+                   (CASE WHEN g.resource_id IS NULL THEN '0' ELSE {_q_sql('g.resource_id')} END) || ' ' ||
+                   {_q_sql('g.message')}
+                   FROM logs g JOIN _paje_ev_t e ON g.resource_id IS NOT DISTINCT FROM e.rid
+                   AND g.category IS NOT DISTINCT FROM e.cat)
+        SELECT code || ' ' || CAST({d} // 1000000000 AS VARCHAR) || '.' ||
+               lpad(CAST({d} % 1000000000 AS VARCHAR), 9, '0') || ' ' || tail || chr(10) AS line
+        FROM recs ORDER BY t, phase, grp, seq"""
+    try:
+        reader = con.sql(query).to_arrow_reader(BATCH)
+        with open(out, "wb") as f:
+            f.write(f"# flowscope paje export: time_origin_ns={origin}\n".encode())
+            f.write(f"# run {json.dumps(meta.get('run_id'))} {json.dumps(meta.get('name'))}; times are seconds "
+                    f"from the origin above\n".encode())
+            f.write(HEADER.encode())
+            f.write("".join(line + "\n" for line in types.lines).encode())
+            for b in reader:
+                _write_lines(f, b.column(0))
+    finally:
+        for name in tables:
+            con.unregister(name)
+    return {"containers": len(known), "states": n_states, "links": counts[0], "variables": counts[1],
+            "events": counts[2], "spans_skipped": n_skipped}
+
+
+def _write_lines(f: Any, col: pa.Array) -> None:
+    """Write a string array whose values each end with a newline, from its data buffer when it can."""
+    if not len(col):
+        return
+    if col.type == pa.string() and col.null_count == 0:
+        offs = np.frombuffer(col.buffers()[1], dtype=np.int32, count=col.offset + len(col) + 1)
+        f.write(memoryview(col.buffers()[2])[offs[col.offset]:offs[-1]])
+    else:
+        f.write("".join(col.to_pylist()).encode())
+
+
+def _states(con: Any, types: _Types, ctype: dict[str, str], path: Path) -> int:
+    """Push/pop records of every span to ``path``; per resource and kind, lanes in which every pair of
+    spans nests or is disjoint (a span that overlaps without nesting opens the next lane, a state type
+    ``<kind>~N``). Returns the number of spans."""
+    reader = con.sql("SELECT resource_id, kind, name, start_ns, end_ns, task_key FROM spans "
+                     "WHERE end_ns >= start_ns ORDER BY resource_id, kind, start_ns, end_ns DESC"
+                     ).to_arrow_reader(BATCH)
+    prefix: list[str] = []       # per lane: "<state type> <container>"
+    cur = None
+    lanes: list[list[int]] = []  # per lane of the current stream: the ends of its open spans (a stack)
+    lane_ids: list[int] = []
+    seq = 0
+    n = 0
+    with pq.ParquetWriter(path, _REC_SCHEMA) as w:
+
+        def flush(ev_t: list, ev_grp: list, ev_ref: list, b: pa.RecordBatch | None) -> None:
+            """Records of one batch: a push names its span (ref = its row), a pop (ref -1) only its lane."""
+            nonlocal seq
+            if not ev_t:
+                return
+            ref = np.asarray(ev_ref, dtype=np.int64)
+            push = pa.array(ref >= 0)
+            tail = pa.array(prefix, pa.string()).take(pa.array(ev_grp, pa.int64()))
+            if b is not None:
+                value = pc.binary_join_element_wise(_q_arrow(b.column(2)), _q_arrow(b.column(5)), " ")
+                value = value.take(pa.array(np.maximum(ref, 0)))
+                tail = pc.if_else(push, pc.binary_join_element_wise(tail, value, " "), tail)
+            m = len(ev_t)
+            w.write_batch(pa.record_batch([
+                pa.array(ev_t, pa.int64()), pa.array(np.ones(m, np.int8)), pa.array(ev_grp, pa.int64()),
+                pa.array(np.arange(seq, seq + m, dtype=np.int64)),
+                pc.if_else(push, pa.scalar("7"), pa.scalar("8")), tail], schema=_REC_SCHEMA))
+            seq += m
+
+        for b in reader:
+            ev_t: list[int] = []
+            ev_grp: list[int] = []
+            ev_ref: list[int] = []
+            for i, (rid, kind, s, e) in enumerate(zip(b.column(0).to_pylist(), b.column(1).to_pylist(),
+                                                      b.column(3).to_pylist(), b.column(4).to_pylist())):
+                if (rid, kind) != cur:
+                    for li, stack in enumerate(lanes):
+                        while stack:
+                            ev_t.append(stack.pop()); ev_grp.append(lane_ids[li]); ev_ref.append(-1)
+                    cur, lanes, lane_ids = (rid, kind), [], []
+                chosen = -1
+                for li, stack in enumerate(lanes):
+                    # close what ended by now (deepest first), then fit if it nests in what is open
+                    while stack and stack[-1] <= s:
+                        ev_t.append(stack.pop()); ev_grp.append(lane_ids[li]); ev_ref.append(-1)
+                    if not stack or e <= stack[-1]:
+                        chosen = li
+                        break
+                if chosen < 0:
+                    chosen = len(lanes)
+                    lanes.append([])
+                    name = kind if chosen == 0 else f"{kind}~{chosen + 1}"
+                    ct = ctype[rid]
+                    alias = types.get(("s", ct, name), lambda a, ct=ct, nm=name: f"1 {a} {ct} {q(nm)}")
+                    lane_ids.append(len(prefix))
+                    prefix.append(f"{alias} {q(rid)}")
+                lanes[chosen].append(e)
+                ev_t.append(s); ev_grp.append(lane_ids[chosen]); ev_ref.append(i)
+            n += b.num_rows
+            flush(ev_t, ev_grp, ev_ref, b)
+        ev_t, ev_grp, ev_ref = [], [], []
+        for li, stack in enumerate(lanes):
             while stack:
-                lane_events[i].append((stack.pop(), f"8 @ {stype[i]} {q(rid)}"))
-            for t, text in lane_events[i]:
-                rec(t, _BODY, text)
-
-    for i, t in enumerate(transfers):
-        src, dst = t["src_resource_id"], t["dst_resource_id"]
-        lt = types.get(("l", ctype[src], ctype[dst]),
-                       lambda a, s=ctype[src], d=ctype[dst]: f"4 {a} 0 {s} {d} {q('transfer')}")
-        rec(t["start_ns"], _BODY, f"11 @ {lt} 0 {q(t['kind'])} {q(src)} k{i}")
-        rec(t["end_ns"], _BODY, f"12 @ {lt} 0 {q(t['kind'])} {q(dst)} k{i}")
-
-    for m in metrics:
-        rid = m["resource_id"]
-        name = f"{m['namespace']}:{m['name']}"
-        vt = types.get(("v", ctype[rid], name), lambda a, ct=ctype[rid], n=name: f"3 {a} {ct} {q(n)}")
-        rec(m["ts_ns"], _BODY, f"9 @ {vt} {q(rid)} {float(m['value'])!r}")
-
-    for lg in logs:
-        rid = lg["resource_id"]
-        ct = ctype[rid] if rid else "0"
-        cat = lg["category"]
-        et = types.get(("e", ct, cat), lambda a, ct=ct, c=cat: f"2 {a} {ct} {q(c)}")
-        rec(lg["ts_ns"], _BODY, f"10 @ {et} {q(rid) if rid else '0'} {q(lg['message'])}")
-
-    recs.sort(key=lambda r: (r[0], r[1], r[2]))
-    out = Path(out)
-    with open(out, "w", encoding="utf-8") as f:
-        f.write(f"# flowscope paje export: time_origin_ns={origin}\n")
-        f.write(f"# run {json.dumps(meta.get('run_id'))} {json.dumps(meta.get('name'))}; times are seconds "
-                f"from the origin above\n")
-        f.write(HEADER)
-        f.writelines(line + "\n" for line in types.lines)
-        for t, _phase, _seq, text in recs:
-            d = t - origin
-            f.write(text.replace("@", f"{d // 1_000_000_000}.{d % 1_000_000_000:09d}", 1) + "\n")
-    return {"containers": len(known), "states": n_states, "links": len(transfers), "variables": len(metrics),
-            "events": len(logs), "spans_skipped": len(skipped)}
+                ev_t.append(stack.pop()); ev_grp.append(lane_ids[li]); ev_ref.append(-1)
+        flush(ev_t, ev_grp, ev_ref, None)
+    return n

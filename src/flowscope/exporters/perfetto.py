@@ -13,8 +13,10 @@ The file is written event by event (docs/formats/chrome-perfetto.md).
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -28,6 +30,8 @@ SUFFIX = ".perfetto.json"
 #: resource kinds that become a pid (the rest become a tid inside the nearest such ancestor)
 PROCESS_KINDS = {"process", "host", "rank", "container", "device"}
 BATCH = 65_536
+#: DuckDB's memory limit while it sorts a table for export (it spills to a temp folder beyond it)
+SORT_MEMORY = "4GB"
 _dumps = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False, default=str).encode
 
 
@@ -151,8 +155,22 @@ def write(run, out_path: Path) -> dict:
         origin = run.meta.get("start_ns") or 0
     counts = {"spans": 0, "flows": 0, "counters": 0, "instants": 0, "anomalies": 0, "metadata": 0}
     opener = gzip.open if ".gz" in out_path.suffixes else open
-    with opener(out_path, "wt", encoding="utf-8") as f:
-        _write(run, f, origin, counts)
+    con = run.connection()
+    old_limit = con.execute("SELECT current_setting('memory_limit')").fetchall()[0][0]
+    # the event dicts are short-lived and acyclic: cycle collections would only rescan what is alive
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        with tempfile.TemporaryDirectory(prefix="flowscope-perfetto-") as tmp:
+            spill = str(Path(tmp) / "duckdb").replace("'", "''")
+            con.execute(f"SET memory_limit = '{SORT_MEMORY}'")
+            con.execute(f"SET temp_directory = '{spill}'")
+            with opener(out_path, "wt", encoding="utf-8") as f:
+                _write(run, f, origin, counts)
+    finally:
+        con.execute(f"SET memory_limit = '{old_limit}'")
+        if gc_was_enabled:
+            gc.enable()
     return counts
 
 

@@ -16,9 +16,11 @@ microseconds whatever ``displayTimeUnit`` says (that only changes how viewers la
 from __future__ import annotations
 
 import codecs
+import gc
 import gzip
 import json
 import re
+import tempfile
 import zlib
 from array import array
 from collections import Counter
@@ -26,8 +28,15 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from flowscope.importers.sink import ImportSink
+try:
+    import orjson
+except ImportError:  # optional: without it every event goes through the stdlib scanner
+    orjson = None
+
+from flowscope.importers.sink import ImportSink, _column
 
 NAME = "chrome"
 
@@ -46,6 +55,12 @@ UNMAPPED = {"N", "O", "D", "P", "V", "v", "c", "(", ")", "=", "M"}
 
 #: how many rows go to the sink at a time
 BATCH = 200_000
+#: characters of text decoded per window on the fast path (whole events, parsed in one call)
+WINDOW = 4 << 20
+#: X slices per Arrow record batch of their text columns
+XCHUNK = 65_536
+#: bytes of X-slice text batches kept in memory before they are spilled to an Arrow IPC temp file
+SPILL_BYTES = 256 << 20
 
 
 def sniff(path: Path, head: bytes) -> bool:
@@ -86,6 +101,9 @@ class _Events:
         self.meta: dict[str, Any] = {}
         self.index = -1        # index of the event being decoded
         self.event_pos = 0     # its position in self.buf
+        self.batch_pos = -1    # where the window of events being handed out starts (fast path)
+        self.batch_index = 0   # index of its first event
+        self.slow_until = 0    # the fast path failed before here: decode one event at a time up to it
 
     # ---- window --------------------------------------------------------------------------------
     def byte_offset(self, pos: int | None = None) -> int:
@@ -96,6 +114,39 @@ class _Events:
     def where(self, pos: int | None = None) -> str:
         return f"byte offset {self.byte_offset(pos)}{self.note}"
 
+    def event_where(self) -> str:
+        """Where the current event starts (found again by scanning when it came from a window)."""
+        if self.batch_pos < 0:
+            return self.where(self.event_pos)
+        p = _WS.match(self.buf, self.batch_pos).end()
+        for _ in range(self.index - self.batch_index):
+            _v, p = self.scan(self.buf, p)
+            p = _WS.match(self.buf, p).end() + 1  # the comma
+            p = _WS.match(self.buf, p).end()
+        return self.where(p)
+
+    def _window(self) -> list | None:
+        """The whole events from the cursor to the last ``},`` of a large window, parsed in one call;
+        None when that does not parse as a JSON array of objects (then events are decoded one by one,
+        which places the error exactly)."""
+        while len(self.buf) - self.pos < WINDOW and self._fill():
+            pass
+        cut = self.buf.rfind("},", self.pos)
+        if cut < self.pos:
+            self.slow_until = len(self.buf)
+            return None
+        try:
+            events = orjson.loads("[" + self.buf[self.pos:cut + 1] + "]")
+        except orjson.JSONDecodeError:
+            events = None
+        if events is None or not all(e.__class__ is dict for e in events):
+            self.slow_until = cut + 1
+            return None
+        self.batch_pos = self.pos
+        self.batch_index = self.index + 1
+        self.pos = cut + 1
+        return events
+
     def _fill(self) -> bool:
         """Drop what is consumed, read another chunk; False at end of input."""
         if self.eof:
@@ -103,6 +154,7 @@ class _Events:
         if self.pos:
             self.base_bytes += len(self.buf[:self.pos].encode("utf-8", "surrogatepass"))
             self.event_pos -= self.pos
+            self.slow_until -= self.pos
             self.buf = self.buf[self.pos:]
             self.pos = 0
         try:
@@ -220,13 +272,20 @@ class _Events:
             if c == "" and top and self.index >= 0:
                 self.unterminated = True  # Chrome writes the array form without "]" while tracing
                 return
-            self.index += 1
-            self.event_pos = self.pos
-            event = self._value(f"event #{self.index}")
-            if not isinstance(event, dict):
-                raise _error(self.path, f"event #{self.index} at {self.where(self.event_pos)} is a "
-                                        f"{type(event).__name__}, expected a JSON object")
-            yield event
+            events = self._window() if orjson is not None and self.pos >= self.slow_until else None
+            if events is not None:
+                for event in events:
+                    self.index += 1
+                    yield event
+                self.batch_pos = -1
+            else:
+                self.index += 1
+                self.event_pos = self.pos
+                event = self._value(f"event #{self.index}")
+                if not isinstance(event, dict):
+                    raise _error(self.path, f"event #{self.index} at {self.where(self.event_pos)} is a "
+                                            f"{type(event).__name__}, expected a JSON object")
+                yield event
             c = self._skip_ws()
             if c == ",":
                 self.pos += 1
@@ -261,12 +320,15 @@ class _Intern:
         return c
 
 
-def _us_to_ns(ts: array | list) -> np.ndarray:
+def _us_to_ns(ts: array | list | np.ndarray) -> np.ndarray:
     """Microseconds (ints or floats) to int64 nanoseconds, exact for integer microseconds."""
     a = np.asarray(ts, dtype=np.float64)
-    if np.array_equal(a, np.floor(a)):
+    whole = a == np.floor(a)
+    if whole.all():
         return a.astype(np.int64) * 1000
-    return np.rint(a * 1000).astype(np.int64)
+    out = np.rint(a * 1000).astype(np.int64)
+    out[whole] = a[whole].astype(np.int64) * 1000
+    return out
 
 
 def _num(event: dict, key: str, ev: _Events, required: bool = True) -> float | int | None:
@@ -276,9 +338,9 @@ def _num(event: dict, key: str, ev: _Events, required: bool = True) -> float | i
     if v is None and not required:
         return None
     if v is None:
-        raise _error(ev.path, f"event #{ev.index} (ph {event.get('ph')!r}) at {ev.where(ev.event_pos)} "
+        raise _error(ev.path, f"event #{ev.index} (ph {event.get('ph')!r}) at {ev.event_where()} "
                               f"has no {key!r} field")
-    raise _error(ev.path, f"event #{ev.index} (ph {event.get('ph')!r}) at {ev.where(ev.event_pos)}: "
+    raise _error(ev.path, f"event #{ev.index} (ph {event.get('ph')!r}) at {ev.event_where()}: "
                           f"field {key!r} is {type(v).__name__} {v!r:.40}, expected a number of microseconds")
 
 
@@ -312,6 +374,111 @@ def _async_key(e: dict, pid: Any) -> tuple:
     return e.get("cat"), e.get("scope"), ident
 
 
+def _nest(thread: np.ndarray, start: np.ndarray, end: np.ndarray, is_async: np.ndarray,
+          piece: int = 1 << 19) -> tuple[np.ndarray, np.ndarray]:
+    """Parent index (-1 for none) and depth of each span: per thread, by start then longest first, a
+    span is the child of the innermost open span that contains it; async spans take no part."""
+    n = len(thread)
+    parent = np.full(n, -1, dtype=np.int64)
+    depth = np.zeros(n, dtype=np.int64)
+    order = np.lexsort((np.arange(n), -end, start, is_async, thread))
+    order = order[~is_async[order]]
+    st_end: list[int] = []
+    st_idx: list[int] = []
+    cur = None
+    for lo in range(0, len(order), piece):  # in pieces, so the Python lists stay small
+        idx = order[lo:lo + piece]
+        par = [-1] * len(idx)
+        dep = [0] * len(idx)
+        k = 0
+        for i, t, s, e in zip(idx.tolist(), thread[idx].tolist(), start[idx].tolist(), end[idx].tolist()):
+            if t != cur:
+                st_end.clear()
+                st_idx.clear()
+                cur = t
+            while st_end and st_end[-1] <= s and not (st_end[-1] == s == e):
+                st_end.pop()
+                st_idx.pop()
+            while st_end and e > st_end[-1]:  # overlaps without nesting: not a child
+                st_end.pop()
+                st_idx.pop()
+            if st_end:
+                par[k] = st_idx[-1]
+                dep[k] = len(st_end)
+            st_end.append(e)
+            st_idx.append(i)
+            k += 1
+        parent[idx] = par
+        depth[idx] = dep
+    return parent, depth
+
+
+_X_SCHEMA = pa.schema([("name", pa.int32()), ("cat", pa.int32()), ("kind", pa.int32()),
+                       ("task_key", pa.string()), ("text", pa.string())])
+
+
+class _XSlices:
+    """``X`` slices as compact columns: thread, start and duration as arrays in memory (20 bytes a
+    slice, all nesting needs), the rest as Arrow record batches of codes and strings, spilled to an
+    Arrow IPC temp file when they pass :data:`SPILL_BYTES`. ``kind`` is -1 for a slice that flowscope
+    did not export (its attrs are built once its depth is known, ``text`` then holds its args JSON);
+    otherwise the code of its kind and ``text`` its attrs."""
+
+    def __init__(self) -> None:
+        self.thread = array("i"); self.ts = array("d"); self.dur = array("d")
+        self.name: list[int] = []; self.cat: list[int] = []; self.kind: list[int] = []
+        self.task_key: list = []; self.text: list = []
+        self.batches: list[pa.RecordBatch] = []
+        self.mem_bytes = 0
+        self.spilled = 0          # batches in the temp file
+        self._tmp: tempfile.TemporaryDirectory | None = None
+        self._writer: pa.ipc.RecordBatchStreamWriter | None = None
+
+    def __len__(self) -> int:
+        return len(self.ts)
+
+    def seal(self) -> None:
+        """Turn the pending rows into a record batch; spill the kept batches when over budget."""
+        if not self.name:
+            return
+        tk = self.task_key
+        if any(v is not None and v.__class__ is not str for v in tk):
+            tk = [v if v is None or isinstance(v, str) else json.dumps(v, default=str) for v in tk]
+        b = pa.record_batch([pa.array(self.name, pa.int32()), pa.array(self.cat, pa.int32()),
+                             pa.array(self.kind, pa.int32()), pa.array(tk, pa.string()),
+                             pa.array(self.text, pa.string())], schema=_X_SCHEMA)
+        self.name, self.cat, self.kind, self.task_key, self.text = [], [], [], [], []
+        self.batches.append(b)
+        self.mem_bytes += b.nbytes
+        if self.mem_bytes > SPILL_BYTES:
+            if self._writer is None:
+                self._tmp = tempfile.TemporaryDirectory(prefix="flowscope-chrome-")
+                self._writer = pa.ipc.new_stream(Path(self._tmp.name) / "x.arrows", _X_SCHEMA)
+            for kept in self.batches:
+                self._writer.write_batch(kept)
+            self.spilled += len(self.batches)
+            self.batches, self.mem_bytes = [], 0
+
+    def read(self):
+        """Every batch, in file order (the spilled ones first)."""
+        self.seal()
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+            with pa.memory_map(str(Path(self._tmp.name) / "x.arrows")) as src:
+                yield from pa.ipc.open_stream(src)
+        yield from self.batches
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            self._writer = None
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
+        self.batches = []
+
+
 class _Reader:
     """State of one import: resources seen, and column stores per kind of record."""
 
@@ -331,11 +498,13 @@ class _Reader:
         self.other_meta: dict[str, Any] = {}
         self.t_min = None
         self.t_max = None
-        # slices: X and B/E, in file order
-        self.sl_thread = array("q"); self.sl_ts = array("d"); self.sl_dur = array("d")
+        self.kinds = _Intern()
+        self.xs = _XSlices()
+        # B/E slices, in file order
+        self.sl_thread = array("q"); self.sl_ts = array("d")
         self.sl_ph = array("b"); self.sl_name = array("q"); self.sl_cat = array("q")
         self.sl_args: list = []
-        self.sl_bind: list = []  # (index, bind key, flow_in, flow_out) for flow v2
+        self.sl_bind: list = []  # (thread, name code, bind key, flow_in, flow_out, ts) for flow v2
         self.no_dur = 0
         # async: (key, ph, ts, thread, name, cat, args, order)
         self.asyncs: list = []
@@ -369,26 +538,53 @@ class _Reader:
     def event(self, e: dict, ev: _Events) -> None:
         ph = e.get("ph")
         self.phases[ph] += 1
-        if ph == "X" or ph == "B" or ph == "E":
-            ts = _num(e, "ts", ev)
-            self._seen(ts)
-            if ph == "X":
-                dur = _num(e, "dur", ev, required=False)
-                if dur is None:
-                    self.no_dur += 1
-                    dur = 0
-                self._seen(ts + dur)
-            else:
+        if ph == "X":
+            ts = e.get("ts")
+            if ts.__class__ is not float and ts.__class__ is not int:
+                ts = _num(e, "ts", ev)
+            dur = e.get("dur")
+            if dur is None:
+                self.no_dur += 1
                 dur = 0
+            elif dur.__class__ is not float and dur.__class__ is not int:
+                dur = _num(e, "dur", ev)
+            th = self.threads((e.get("pid"), e.get("tid")))
+            name = self.names(e.get("name") or "")
             if "bind_id" in e or e.get("flow_in") or e.get("flow_out"):
                 bid = e.get("bind_id", e.get("id"))
-                self.sl_bind.append((len(self.sl_ts), (e.get("cat"), str(bid)), bool(e.get("flow_in")),
+                self.sl_bind.append((th, name, (e.get("cat"), str(bid)), bool(e.get("flow_in")),
                                      bool(e.get("flow_out")), ts))
-            self.sl_thread.append(self.thread(e))
+            xs = self.xs
+            xs.thread.append(th)
+            xs.ts.append(ts)
+            xs.dur.append(dur)
+            xs.name.append(name)
+            xs.cat.append(self.cats(e.get("cat")))
+            args = e.get("args")
+            fs = args.get("flowscope") if args.__class__ is dict else None
+            if fs.__class__ is dict:
+                xs.kind.append(self.kinds(fs.get("kind") or "call"))
+                xs.task_key.append(fs.get("task_key"))
+                xs.text.append(_marked_attrs(args, fs))
+            else:
+                xs.kind.append(-1)
+                xs.task_key.append(None)
+                xs.text.append(_args_json(args))
+            if len(xs.name) >= XCHUNK:
+                xs.seal()
+        elif ph == "B" or ph == "E":
+            ts = _num(e, "ts", ev)
+            self._seen(ts)
+            th = self.thread(e)
+            name = self.names(e.get("name") or "")
+            if "bind_id" in e or e.get("flow_in") or e.get("flow_out"):
+                bid = e.get("bind_id", e.get("id"))
+                self.sl_bind.append((th, name, (e.get("cat"), str(bid)), bool(e.get("flow_in")),
+                                     bool(e.get("flow_out")), ts))
+            self.sl_thread.append(th)
             self.sl_ts.append(ts)
-            self.sl_dur.append(dur)
-            self.sl_ph.append(0 if ph == "X" else (1 if ph == "B" else 2))
-            self.sl_name.append(self.names(e.get("name") or ""))
+            self.sl_ph.append(1 if ph == "B" else 2)
+            self.sl_name.append(name)
             self.sl_cat.append(self.cats(e.get("cat")))
             self.sl_args.append(e.get("args") or None)
         elif ph in INSTANT:
@@ -421,7 +617,7 @@ class _Reader:
             self._seen(ts)
             args = e.get("args") or {}
             if not isinstance(args, dict):
-                raise _error(self.path, f"event #{ev.index} (counter {e.get('name')!r}) at {ev.where(ev.event_pos)}: "
+                raise _error(self.path, f"event #{ev.index} (counter {e.get('name')!r}) at {ev.event_where()}: "
                                         f"args is {type(args).__name__}, expected an object of series values")
             base = str(e.get("name") or "counter")
             if e.get("id") is not None:
@@ -461,7 +657,7 @@ class _Reader:
             self.thread(e)
         else:
             if ph not in self.unknown:
-                self.unknown[str(ph)] = (ev.index, ev.where(ev.event_pos))
+                self.unknown[str(ph)] = (ev.index, ev.event_where())
 
     def _seen(self, ts: float) -> None:
         if self.t_min is None or ts < self.t_min:
@@ -520,6 +716,12 @@ class _Reader:
     def finish(self, ev: _Events) -> None:
         self.flush_logs()
         self.flush_metrics()
+        if len(self.xs):
+            ts = np.frombuffer(self.xs.ts, dtype=np.float64)
+            end = ts + np.frombuffer(self.xs.dur, dtype=np.float64)
+            self._seen(float(min(ts.min(), end.min())))
+            self._seen(float(max(ts.max(), end.max())))
+            del ts, end
         end_us = self.t_max if self.t_max is not None else 0
         spans = self._slices(end_us)
         spans += self._async_spans(end_us)
@@ -558,22 +760,16 @@ class _Reader:
 
     # ---- slices ----------------------------------------------------------------------------
     def _slices(self, end_us: float) -> list[tuple]:
-        """(thread, start_us, end_us, name, cat, args, unclosed, index) for X slices and matched B/E."""
+        """(thread, start_us, end_us, name, cat, args, unclosed, index) for matched B/E pairs."""
         n = len(self.sl_ts)
         out: list[tuple] = []
         if n == 0:
             return out
         thread = np.frombuffer(self.sl_thread, dtype=np.int64)
         ts = np.frombuffer(self.sl_ts, dtype=np.float64)
-        dur = np.frombuffer(self.sl_dur, dtype=np.float64)
         ph = np.frombuffer(self.sl_ph, dtype=np.int8)
         names, cats, args = self.names.values, self.cats.values, self.sl_args
-        self._slice_of_event: dict[int, int] = {}
-        for i in np.flatnonzero(ph == 0).tolist():
-            self._slice_of_event[i] = len(out)
-            out.append((int(thread[i]), ts[i], ts[i] + dur[i], names[self.sl_name[i]], cats[self.sl_cat[i]],
-                        args[i], False, i))
-        be = np.flatnonzero(ph != 0)
+        be = np.arange(n)
         if len(be):
             order = be[np.lexsort((be, ts[be], thread[be]))]  # per thread, by time, file order on ties
             stacks: dict[int, list] = {}
@@ -594,11 +790,9 @@ class _Reader:
                 a = args[b]
                 if args[i]:
                     a = {**(a or {}), **args[i]} if isinstance(a, dict) or a is None else a
-                self._slice_of_event[b] = len(out)
                 out.append((th, ts[b], ts[i], names[self.sl_name[b]], cats[self.sl_cat[b]], a, False, b))
             unclosed = [(th, b) for th, st in stacks.items() for b in st]
             for th, b in unclosed:
-                self._slice_of_event[b] = len(out)
                 out.append((th, ts[b], max(end_us, ts[b]), names[self.sl_name[b]], cats[self.sl_cat[b]],
                             args[b], True, b))
             if unclosed:
@@ -680,46 +874,73 @@ class _Reader:
         return (self.threads((pid, None)), t0, t1, name, cat, args, unclosed, -1, extra)
 
     def _emit_spans(self, rows: list[tuple]) -> None:
-        if not rows:
+        """Write the X slices (from their column store) then ``rows`` (B/E and async spans), with
+        parents and depths from one nesting pass over all of them."""
+        nx = len(self.xs)
+        n = nx + len(rows)
+        if n == 0:
             return
-        n = len(rows)
-        thread = np.fromiter((r[0] for r in rows), dtype=np.int64, count=n)
-        start = _us_to_ns([r[1] for r in rows])
-        end = _us_to_ns([r[2] for r in rows])
-        # an X slice's end is its start plus its duration, each rounded to the ns on its own
-        x_rows = [j for j, r in enumerate(rows) if len(r) == 8 and r[7] >= 0 and self.sl_ph[r[7]] == 0]
-        if x_rows:
-            x = np.asarray(x_rows, dtype=np.int64)
-            end[x] = start[x] + _us_to_ns([self.sl_dur[rows[j][7]] for j in x_rows])
-        is_async = np.fromiter((len(r) > 8 for r in rows), dtype=bool, count=n)
+        thread = np.empty(n, dtype=np.int64)
+        start = np.empty(n, dtype=np.int64)
+        end = np.empty(n, dtype=np.int64)
+        is_async = np.zeros(n, dtype=bool)
+        if nx:
+            thread[:nx] = np.frombuffer(self.xs.thread, dtype=np.int32)
+            ts = np.frombuffer(self.xs.ts, dtype=np.float64)
+            start[:nx] = _us_to_ns(ts)
+            # an X slice's end is its start plus its duration, each rounded to the ns on its own
+            end[:nx] = start[:nx] + _us_to_ns(np.frombuffer(self.xs.dur, dtype=np.float64))
+            del ts
+        if rows:
+            thread[nx:] = np.fromiter((r[0] for r in rows), dtype=np.int64, count=len(rows))
+            start[nx:] = _us_to_ns([r[1] for r in rows])
+            end[nx:] = _us_to_ns([r[2] for r in rows])
+            is_async[nx:] = np.fromiter((len(r) > 8 for r in rows), dtype=bool, count=len(rows))
+        parent, depth = _nest(thread, start, end, is_async)
         base = (zlib.crc32(self.sink._token.encode()) & 0x7FFFFFFF) << 32
-        # nesting: per thread, by start then longest first; async spans nest only by their own ids
-        order = np.lexsort((np.arange(n), -end, start, is_async, thread))
-        parent = np.full(n, -1, dtype=np.int64)
-        depth = np.zeros(n, dtype=np.int64)
-        stack: list[int] = []
-        cur = None
-        for i in order.tolist():
-            if is_async[i]:
-                continue
-            key = thread[i]
-            if key != cur:
-                stack.clear()
-                cur = key
-            while stack and end[stack[-1]] <= start[i] and not (end[stack[-1]] == start[i] == end[i]):
-                stack.pop()
-            while stack and end[i] > end[stack[-1]]:  # overlaps without nesting: not a child
-                stack.pop()
-            if stack:
-                parent[i] = stack[-1]
-                depth[i] = len(stack)
-            stack.append(i)
-        self._span_base = base
-        self._span_start = start
-        self._span_thread = thread
+        rid_table = _column([self.resource_id(k) for k in self.threads.values], pa.string(), "spans", "resource_id")
+        if nx:
+            self._emit_x(base, thread, start, end, parent, depth, rid_table)
+        if rows:
+            self._emit_rows(rows, base, thread, start, end, parent, depth, is_async, rid_table, nx)
+        self._thread_span_times = (thread, start, end)
+
+    def _emit_x(self, base: int, thread: np.ndarray, start: np.ndarray, end: np.ndarray, parent: np.ndarray,
+                depth: np.ndarray, rid_table: pa.Array) -> None:
+        names = _column([v if v is None or isinstance(v, str) else str(v) for v in self.names.values],
+                        pa.string(), "spans", "name")
+        kinds = _column(["call"] + [str(v) for v in self.kinds.values], pa.string(), "spans", "kind")
+        cat_json = pa.array(["" if c is None else ',"cat":' + _ENCODE(c) for c in self.cats.values], pa.string())
+        lo = 0
+        for b in self.xs.read():
+            hi = lo + b.num_rows
+            th = pa.array(thread[lo:hi])
+            par = parent[lo:hi]
+            kind = b.column("kind")
+            marked = pc.greater_equal(kind, 0)
+            # attrs of a slice flowscope did not write: {"depth":D,"cat":C,"args":A}
+            args_part = pc.fill_null(pc.binary_join_element_wise(',"args":', b.column("text"), ""), "")
+            built = pc.binary_join_element_wise(
+                '{"depth":', pc.cast(pa.array(depth[lo:hi]), pa.string()), cat_json.take(b.column("cat")),
+                args_part, "}", "")
+            self.sink.add("spans", {
+                "span_id": pa.array(base + np.arange(lo, hi, dtype=np.int64)),
+                "parent_id": pa.array(base + par, mask=par < 0),
+                "resource_id": rid_table.take(th), "kind": kinds.take(pc.add(kind, 1)),
+                "name": names.take(b.column("name")),
+                "start_ns": pa.array(start[lo:hi] + self.origin_ns), "end_ns": pa.array(end[lo:hi] + self.origin_ns),
+                "task_key": b.column("task_key"),
+                "attrs": pc.if_else(marked, b.column("text"), built)})
+            lo = hi
+        self.xs.close()
+
+    def _emit_rows(self, rows: list[tuple], base: int, thread: np.ndarray, start: np.ndarray, end: np.ndarray,
+                   parent: np.ndarray, depth: np.ndarray, is_async: np.ndarray, rid_table: pa.Array,
+                   nx: int) -> None:
         kinds, names, task_keys, attrs = [], [], [], []
         cat_json: dict[Any, str] = {}
-        for i, r in enumerate(rows):
+        for j, r in enumerate(rows):
+            i = nx + j
             args = r[5]
             fs = args.get("flowscope") if isinstance(args, dict) else None
             names.append(r[3])
@@ -746,17 +967,17 @@ class _Reader:
             if args:
                 a["args"] = args
             attrs.append(_args_json(a))
-        span_id = base + np.arange(n, dtype=np.int64)
-        parent_id = np.where(parent >= 0, base + parent, 0)
-        rids = self._rids(thread)
+        n = len(rows)
         for lo in range(0, n, BATCH):
             hi = min(n, lo + BATCH)
-            pid_col = [None if parent[j] < 0 else int(parent_id[j]) for j in range(lo, hi)]
-            self.sink.add("spans", {"span_id": span_id[lo:hi], "parent_id": pid_col,
-                                    "resource_id": rids[lo:hi], "kind": kinds[lo:hi], "name": names[lo:hi],
-                                    "start_ns": start[lo:hi] + self.origin_ns, "end_ns": end[lo:hi] + self.origin_ns,
+            par = parent[nx + lo:nx + hi]
+            self.sink.add("spans", {"span_id": base + np.arange(nx + lo, nx + hi, dtype=np.int64),
+                                    "parent_id": pa.array(base + par, mask=par < 0),
+                                    "resource_id": rid_table.take(pa.array(thread[nx + lo:nx + hi])),
+                                    "kind": kinds[lo:hi], "name": names[lo:hi],
+                                    "start_ns": start[nx + lo:nx + hi] + self.origin_ns,
+                                    "end_ns": end[nx + lo:nx + hi] + self.origin_ns,
                                     "task_key": task_keys[lo:hi], "attrs": attrs[lo:hi]})
-        self._thread_span_times = (thread, start, end)
 
     # ---- flows -----------------------------------------------------------------------------
     def _transfers(self) -> None:
@@ -781,13 +1002,12 @@ class _Reader:
         # flow v2: slices bound by id, flow_out on the source, flow_in on the destination
         if self.sl_bind:
             outs: dict[tuple, tuple] = {}
-            for i, key, fin, fout, ts in sorted(self.sl_bind, key=lambda r: r[4]):
+            for th, name, key, fin, fout, ts in sorted(self.sl_bind, key=lambda r: r[5]):
                 if fin and key in outs:
-                    j, th0, t0 = outs.pop(key)
-                    self._transfer_row(rows, th0, int(self.sl_thread[i]), t0, ts,
-                                       self.names.values[self.sl_name[j]], key[0], None, [], key[1])
+                    name0, th0, t0 = outs.pop(key)
+                    self._transfer_row(rows, th0, th, t0, ts, self.names.values[name0], key[0], None, [], key[1])
                 if fout:
-                    outs[key] = (i, int(self.sl_thread[i]), ts)
+                    outs[key] = (name, th, ts)
             unmatched += len(outs)
         if unmatched:
             self.sink.warn(f"{unmatched} flow events have no matching start or finish: ignored")
@@ -883,6 +1103,11 @@ def read(path: Path, sink: ImportSink) -> None:
     """Import one Chrome trace-event JSON file (object or array form, plain or gzip) into ``sink``."""
     path = Path(path)
     stream, raw, note = _open(path)
+    r = None
+    # millions of short-lived acyclic dicts would each time trigger the cycle collector, which then
+    # scans everything alive: it took three quarters of the parse time
+    gc_was_enabled = gc.isenabled()
+    gc.disable()
     try:
         ev = _Events(path, stream, note)
         r = _Reader(path, sink)
@@ -900,5 +1125,9 @@ def read(path: Path, sink: ImportSink) -> None:
                 sink.advance(raw.tell())
         r.finish(ev)
     finally:
+        if gc_was_enabled:
+            gc.enable()
+        if r is not None:
+            r.xs.close()
         stream.close()
         raw.close()
