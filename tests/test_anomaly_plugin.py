@@ -110,6 +110,10 @@ def test_workers_flag_slowed_tasks_online_and_agree_with_offline(cluster, tmp_pa
     assert agree >= 0.995, (sorted(dist - offline), sorted(offline - dist))
     # pruned anomalies are ones the offline pass (the model of the whole run) does not flag
     assert not set(pruned["task_key"]) & offline
+    # and the report shows the anomalies that stand, not those post-pruning withdrew
+    from flowscope.report.anomalies import anomaly_section
+
+    assert f"{online.num_rows} anomalies (" in anomaly_section(run)
 
 
 SCRIPT = '''

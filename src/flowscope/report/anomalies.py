@@ -164,7 +164,10 @@ def _read_anomalies(run) -> pd.DataFrame:
 
     if (run.path / CALLS_FILE).exists() and (run.path / MODEL_FILE).exists():
         return reduced_anomalies(run.path).to_pandas()
-    return run.arrow("anomalies").to_pandas().sort_values("anomaly_id")
+    from flowscope.analysis.anomalies.stream import unpruned_anomalies
+
+    # online anomalies that post-pruning withdrew are not shown
+    return unpruned_anomalies(run).to_pandas().sort_values("anomaly_id")
 
 
 def anomaly_section(run, top: int = 10, windows: int = 20) -> str | None:

@@ -63,3 +63,24 @@ class Detector:
     def sync(self, server: ParameterServer) -> None:
         """Send local statistics to ``server`` and adopt the merged global model it returns."""
         self.set_global(server.exchange(self.take_local()))
+
+
+#: logs category of a post-pruning verdict: the final model no longer flags an anomaly recorded online
+PRUNED = "anomaly-pruned"
+
+
+def unpruned_anomalies(run) -> "pa.Table":
+    """A run's anomalies table without the online anomalies that post-pruning withdrew (their ``logs`` rows
+    of category :data:`PRUNED` name the task key and start)."""
+    import json
+
+    import pyarrow as pa
+
+    table = run.arrow("anomalies")
+    logs = run.sql(f"SELECT task_key, attrs FROM logs WHERE category = '{PRUNED}'")
+    pruned = {(k, json.loads(a)["start_ns"]) for k, a in zip(logs["task_key"], logs["attrs"])}
+    if not pruned or not table.num_rows:
+        return table
+    keep = [(k, s) not in pruned for k, s in zip(table["task_key"].to_pylist(), table["start_ns"].to_pylist())]
+    return table.filter(pa.array(keep))
+

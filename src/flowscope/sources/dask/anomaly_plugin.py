@@ -50,7 +50,7 @@ from flowscope.model.schemas import ANOMALIES
 log = logging.getLogger("flowscope.dask.anomalies")
 
 NAME = "flowscope-anomalies"
-PRUNED = "anomaly-pruned"          # logs category of a post-pruning verdict
+from flowscope.analysis.anomalies.stream import PRUNED, unpruned_anomalies  # noqa: E402
 _DONE_FROM = frozenset(("executing", "long-running"))
 _DONE_TO = frozenset(("memory", "error"))
 
@@ -352,10 +352,4 @@ def finish_anomalies(dask_client) -> dict[str, dict]:
 
 def distributed_anomalies(run) -> pa.Table:
     """The anomalies the workers flagged online and the final model still flags (a run on disk)."""
-    table = run.arrow("anomalies")
-    logs = run.sql(f"SELECT task_key, attrs FROM logs WHERE category = '{PRUNED}'")
-    pruned = {(k, json.loads(a)["start_ns"]) for k, a in zip(logs["task_key"], logs["attrs"])}
-    if not pruned or not table.num_rows:
-        return table
-    keep = [(k, s) not in pruned for k, s in zip(table["task_key"].to_pylist(), table["start_ns"].to_pylist())]
-    return table.filter(pa.array(keep))
+    return unpruned_anomalies(run)
