@@ -259,23 +259,6 @@ def test_flipped_compressed_byte_is_located_in_its_region(shared_data, tmp_path)
         assert at <= where <= off + length, (name, at, where, off + length)
 
 
-def test_validation_is_cheap_next_to_the_import(shared_data, tmp_path):
-    """Validation reads the log once more; on the largest log it costs a small part of the import."""
-    from flowscope.importers import import_paths
-    from flowscope.importers.darshan import validate
-
-    log = max(darshan_logs(shared_data), key=lambda p: p.stat().st_size)
-    t = time.perf_counter()
-    for _ in range(5):
-        validate(log)
-    check_s = (time.perf_counter() - t) / 5
-    t = time.perf_counter()
-    import_paths([log], tmp_path / "store")
-    import_s = time.perf_counter() - t
-    print(f"validate {log.name} ({log.stat().st_size} bytes): {check_s * 1e3:.1f} ms; import {import_s * 1e3:.0f} ms")
-    assert check_s < import_s / 4
-
-
 # ---- OTF2: a definition value OTF2 does not define ------------------------------------------------------
 def test_otf2_undefined_enum_value_in_definitions_is_a_trace_error(shared_data, tmp_path):
     pytest.importorskip("otf2", reason="the otf2 Python bindings read OTF2 archives")
