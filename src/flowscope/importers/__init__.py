@@ -112,6 +112,7 @@ class ImportResult:
     created: bool
     files: list[FileImport]
     skipped: list[str]
+    failed: list[tuple[str, str]] = field(default_factory=list)  # (file, why) with keep_going
 
     @property
     def rows(self) -> dict[str, int]:
@@ -168,14 +169,16 @@ def _commit_staged(staging: Path, run_dir: Path) -> None:
 
 def import_paths(paths: Iterable[str | Path], store: str | Path | None = None, *, run: str | Path | None = None,
                  name: str | None = None, fmt: str | None = None,
-                 progress: Callable[[str, int, int], None] | None = None) -> ImportResult:
+                 progress: Callable[[str, int, int], None] | None = None, keep_going: bool = False) -> ImportResult:
     """Import trace files (and folders of them) into a new run of ``store``, or into the existing ``run``.
 
     ``progress(path, done_bytes, total_bytes)`` is called as each file is read. Each file's rows,
     warnings and facts go to run.json's ``imports`` list. A file lands whole or not at all: its
     segments are staged in a hidden folder of the run and moved in once it has been read
     completely. A failed file raises; the files imported before it stay, and a new run that
-    received nothing is removed."""
+    received nothing is removed. With ``keep_going``, a file that cannot be read (TraceError) is
+    listed in ``failed`` with the reason and the others are imported; the call raises only if no
+    file could be."""
     import shutil
 
     from flowscope.model.provenance import collect_provenance, new_run_id
@@ -200,6 +203,7 @@ def import_paths(paths: Iterable[str | Path], store: str | Path | None = None, *
         run_dir = collector.run_dir(run_id)
         created = True
     files: list[FileImport] = []
+    failed: list[tuple[str, str]] = []
     try:
         for path, f in todo:
             total = path.stat().st_size
@@ -218,6 +222,11 @@ def import_paths(paths: Iterable[str | Path], store: str | Path | None = None, *
                 except ValueError as exc:  # a SchemaError or a parse error the importer did not place
                     raise TraceError(f"{path}: {exc}") from exc
                 _commit_staged(staging, run_dir)
+            except TraceError as exc:
+                if not keep_going:
+                    raise
+                failed.append((str(path), str(exc)))
+                continue
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
             if cb:
@@ -235,6 +244,8 @@ def import_paths(paths: Iterable[str | Path], store: str | Path | None = None, *
                         v = min(meta[k], v) if k == "start_ns" else max(meta[k], v)
                     fields[k] = v
             collector.update_run(run_id, fields)
+        if not files and failed:
+            raise TraceError(f"no file could be imported; the first: {failed[0][1]}")
     except BaseException:
         if created and not files:
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -245,5 +256,7 @@ def import_paths(paths: Iterable[str | Path], store: str | Path | None = None, *
     finally:
         collector.shutdown()
     if created:
-        collector.close_run(run_id, end_ns=read_json(run_dir / RUN_JSON).get("end_ns") or None, status="imported")
-    return ImportResult(run_dir, run_id, created, files, skipped)
+        collector.close_run(run_id, end_ns=read_json(run_dir / RUN_JSON).get("end_ns") or None,
+                            status="imported-partly" if failed else "imported",
+                            extra={"import_failures": [{"path": p, "error": e} for p, e in failed]} if failed else None)
+    return ImportResult(run_dir, run_id, created, files, skipped, failed)
