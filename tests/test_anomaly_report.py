@@ -12,7 +12,7 @@ from flowscope.analysis.anomalies.reduce import write_reduced
 from flowscope.report import write_report
 from flowscope.report.anomalies import anomaly_section, resource_ranking
 from test_anomalies import synthetic
-from test_report import CHROMIUM, CHROMIUM_ARGS, _browser, _errors, render
+from test_report import _errors, open_page, render
 
 
 def _runs(tmp_path):
@@ -52,32 +52,23 @@ def test_anomaly_section_renders_without_console_errors(tmp_path):
     assert ours["fig-anom-steps"] == 6 and int(det.anomalies["step"].to_numpy().max()) >= 2
 
     # the function view's x menu switches the axis to functions; the window menu to another anomaly
-    sync_playwright = _browser()
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            errors = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(out.resolve().as_uri(), wait_until="load")
-            page.wait_for_function("() => document.getElementById('fig-anom-functions') && "
-                                   "document.getElementById('fig-anom-functions').data")
-            got = page.evaluate("""() => {
-                const d = document.getElementById('fig-anom-functions');
-                const menu = d.layout.updatemenus[0].buttons.find(b => b.label === 'x: function');
-                return Plotly.update(d, menu.args[0], menu.args[1]).then(
-                    () => [d.layout.xaxis.type, d.layout.xaxis.title.text, d.data[0].x.slice(0, 3)]);
-            }""")
-            assert got[0] == "category" and got[1] == "function"
-            assert set(got[2]) <= set(det.anomalies["function"].to_pylist())
-            vis = page.evaluate("""() => {
-                const d = document.getElementById('fig-anom-window');
-                const b = d.layout.updatemenus[0].buttons[1];
-                return Plotly.update(d, b.args[0], b.args[1]).then(
-                    () => [d.data.map(t => t.visible), d.layout.title.text]);
-            }""")
-            assert vis[0] == [False] * 3 + [True] * 3 + [False] * (len(vis[0]) - 6)
-            assert vis[1].startswith("#1 ")
-            assert not errors, errors
-        finally:
-            browser.close()
+    with open_page(out) as (page, _console, errors):
+        page.wait_for_function("() => document.getElementById('fig-anom-functions') && "
+                               "document.getElementById('fig-anom-functions').data")
+        got = page.evaluate("""() => {
+            const d = document.getElementById('fig-anom-functions');
+            const menu = d.layout.updatemenus[0].buttons.find(b => b.label === 'x: function');
+            return Plotly.update(d, menu.args[0], menu.args[1]).then(
+                () => [d.layout.xaxis.type, d.layout.xaxis.title.text, d.data[0].x.slice(0, 3)]);
+        }""")
+        assert got[0] == "category" and got[1] == "function"
+        assert set(got[2]) <= set(det.anomalies["function"].to_pylist())
+        vis = page.evaluate("""() => {
+            const d = document.getElementById('fig-anom-window');
+            const b = d.layout.updatemenus[0].buttons[1];
+            return Plotly.update(d, b.args[0], b.args[1]).then(
+                () => [d.data.map(t => t.visible), d.layout.title.text]);
+        }""")
+        assert vis[0] == [False] * 3 + [True] * 3 + [False] * (len(vis[0]) - 6)
+        assert vis[1].startswith("#1 ")
+        assert not errors, errors

@@ -11,7 +11,7 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
-from test_report import CHROMIUM, CHROMIUM_ARGS, _browser
+from test_report import open_page
 
 import flowscope
 from flowscope.analysis.critical_path import data_state_path
@@ -53,55 +53,45 @@ def test_a_100k_state_graph_opens_collapsed_and_expands_a_group(big_run, tmp_pat
     print(f"write_report of {N_STATES:,} states: {took:.1f} s")
     sizes = states.groupby("origin").size()
 
-    sync_playwright = _browser()
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            console, errors = [], []
-            page.on("console", lambda msg: console.append((msg.type, msg.text)))
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            t0 = time.perf_counter()
-            page.goto(report.resolve().as_uri(), wait_until="load")
-            page.wait_for_function("() => document.querySelectorAll('.plot').length === "
-                                   "document.querySelectorAll('.js-plotly-plot').length", timeout=OPEN_SECONDS * 1000)
-            opened = time.perf_counter() - t0
-            print(f"opened and drawn in {opened:.1f} s")
-            traces = page.evaluate(f"() => document.getElementById('{GRAPH}').data.map(t => [t.name, t.x.length])")
-            names = [t[0] for t in traces]
-            assert names == ["mutations between groups", "groups (collapsed)", "critical path"], names
-            assert traces[1][1] == len(sizes), "one vertex per application"
-            assert traces[2][1] == len(path.ids), "the critical path is drawn in full"
-            page.wait_for_function(f"() => Array.isArray(document.getElementById('{GRAPH}').data[2].text)")
-            assert page.evaluate(f"() => document.getElementById('{GRAPH}').data[2].text") == path.ids
-            options = page.evaluate(f"() => Array.from(document.querySelectorAll('#{GRAPH}-group option'))"
-                                    ".map(o => o.textContent)")
-            assert options == [f"{g} ({c:,} states)" for g, c in sizes.items()]
+    t0 = time.perf_counter()
+    with open_page(report) as (page, console, errors):
+        page.wait_for_function("() => document.querySelectorAll('.plot').length === "
+                               "document.querySelectorAll('.js-plotly-plot').length", timeout=OPEN_SECONDS * 1000)
+        opened = time.perf_counter() - t0
+        print(f"opened and drawn in {opened:.1f} s")
+        traces = page.evaluate(f"() => document.getElementById('{GRAPH}').data.map(t => [t.name, t.x.length])")
+        names = [t[0] for t in traces]
+        assert names == ["mutations between groups", "groups (collapsed)", "critical path"], names
+        assert traces[1][1] == len(sizes), "one vertex per application"
+        assert traces[2][1] == len(path.ids), "the critical path is drawn in full"
+        page.wait_for_function(f"() => Array.isArray(document.getElementById('{GRAPH}').data[2].text)")
+        assert page.evaluate(f"() => document.getElementById('{GRAPH}').data[2].text") == path.ids
+        options = page.evaluate(f"() => Array.from(document.querySelectorAll('#{GRAPH}-group option'))"
+                                ".map(o => o.textContent)")
+        assert options == [f"{g} ({c:,} states)" for g, c in sizes.items()]
 
-            # expand the second application: its states (coloured by location) and the mutations ending there
-            group = sizes.index[1]
-            page.select_option(f"#{GRAPH}-group", "1")
-            t0 = time.perf_counter()
-            page.click(f"#{GRAPH}-expand")
-            page.wait_for_function(f"() => document.getElementById('{GRAPH}').data.length === 5")
-            expand_s = time.perf_counter() - t0
-            traces = page.evaluate(f"() => document.getElementById('{GRAPH}').data.map(t => [t.name, t.x.length])")
-            by_name = {t[0]: t for t in traces}
-            assert by_name[f"{group} ({sizes[group]})"][1] == sizes[group]
-            ends = int(muts["dst_state_id"].isin(states.loc[states["origin"] == group, "state_id"]).sum())
-            assert by_name[f"{group}: inputs"][1] == 3 * ends
-            assert traces[-1][0] == "critical path", "the path stays on top"
-            colours = page.evaluate(f"() => new Set(document.getElementById('{GRAPH}').data[4 - 1].marker.color)"
-                                    ".size")
-            assert colours == states.loc[states["origin"] == group, "location"].nunique()
-            print(f"one group expanded in {expand_s:.1f} s")
-            # collapse it again
-            page.click(f"#{GRAPH}-collapse")
-            page.wait_for_function(f"() => document.getElementById('{GRAPH}').data.length === 3")
-            bad = [m for m in console if m[0] == "error"] + errors
-            assert not bad, bad
-        finally:
-            browser.close()
+        # expand the second application: its states (coloured by location) and the mutations ending there
+        group = sizes.index[1]
+        page.select_option(f"#{GRAPH}-group", "1")
+        t0 = time.perf_counter()
+        page.click(f"#{GRAPH}-expand")
+        page.wait_for_function(f"() => document.getElementById('{GRAPH}').data.length === 5")
+        expand_s = time.perf_counter() - t0
+        traces = page.evaluate(f"() => document.getElementById('{GRAPH}').data.map(t => [t.name, t.x.length])")
+        by_name = {t[0]: t for t in traces}
+        assert by_name[f"{group} ({sizes[group]})"][1] == sizes[group]
+        ends = int(muts["dst_state_id"].isin(states.loc[states["origin"] == group, "state_id"]).sum())
+        assert by_name[f"{group}: inputs"][1] == 3 * ends
+        assert traces[-1][0] == "critical path", "the path stays on top"
+        colours = page.evaluate(f"() => new Set(document.getElementById('{GRAPH}').data[4 - 1].marker.color)"
+                                ".size")
+        assert colours == states.loc[states["origin"] == group, "location"].nunique()
+        print(f"one group expanded in {expand_s:.1f} s")
+        # collapse it again
+        page.click(f"#{GRAPH}-collapse")
+        page.wait_for_function(f"() => document.getElementById('{GRAPH}').data.length === 3")
+        bad = [m for m in console if m[0] == "error"] + errors
+        assert not bad, bad
 
 
 def test_a_small_graph_is_drawn_state_by_state(tmp_path):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -184,39 +185,51 @@ def _browser():
     return sync_playwright
 
 
-def render(path: Path, screenshot: Path | None = None) -> dict:
-    """Open ``path`` in headless Chromium, offline: returns console messages, page errors, requests that
-    left the file, and what Plotly drew."""
+@contextlib.contextmanager
+def open_page(path: Path, blocked: list | None = None):
+    """``path`` opened in headless Chromium: yields ``(page, console, errors)``, the console messages and page
+    errors collected as they come. With ``blocked``, requests that would leave the file are refused and their
+    URLs appended to it."""
     sync_playwright = _browser()
-    out = {"console": [], "errors": [], "external": []}
+    console: list = []
+    errors: list = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
             page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.on("console", lambda m: out["console"].append((m.type, m.text)))
-            page.on("pageerror", lambda e: out["errors"].append(str(e)))
+            page.on("console", lambda m: console.append((m.type, m.text)))
+            page.on("pageerror", lambda e: errors.append(str(e)))
+            if blocked is not None:
+                def block(route):
+                    blocked.append(route.request.url)
+                    route.abort()
 
-            def block(route):
-                out["external"].append(route.request.url)
-                route.abort()
-
-            page.route(re.compile(r"^(?!file:|data:|blob:|about:).*"), block)
+                page.route(re.compile(r"^(?!file:|data:|blob:|about:).*"), block)
             page.goto(path.resolve().as_uri(), wait_until="load")
-            page.wait_for_function("() => window.Plotly === undefined || "
-                                   "document.querySelectorAll('.plot').length === "
-                                   "document.querySelectorAll('.js-plotly-plot').length", timeout=30_000)
-            page.wait_for_timeout(300)
-            out["plots"] = page.evaluate("""() => Object.fromEntries(
-                Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => [d.id, d.data.length]))""")
-            out["drawn"] = page.evaluate("""() => Object.fromEntries(
-                Array.from(document.querySelectorAll('.js-plotly-plot')).map(
-                    d => [d.id, d.querySelectorAll('.trace, canvas').length]))""")
-            out["sections"] = page.evaluate("() => Array.from(document.querySelectorAll('section')).map(s => s.id)")
-            out["text"] = {s: page.inner_text(f"section#{s}") for s in out["sections"]}
-            if screenshot is not None:
-                page.screenshot(path=str(screenshot), full_page=True)
+            yield page, console, errors
         finally:
             browser.close()
+
+
+def render(path: Path, screenshot: Path | None = None) -> dict:
+    """Open ``path`` in headless Chromium, offline: returns console messages, page errors, requests that
+    left the file, and what Plotly drew."""
+    out = {"external": []}
+    with open_page(path, blocked=out["external"]) as (page, console, errors):
+        out["console"], out["errors"] = console, errors
+        page.wait_for_function("() => window.Plotly === undefined || "
+                               "document.querySelectorAll('.plot').length === "
+                               "document.querySelectorAll('.js-plotly-plot').length", timeout=30_000)
+        page.wait_for_timeout(300)
+        out["plots"] = page.evaluate("""() => Object.fromEntries(
+            Array.from(document.querySelectorAll('.js-plotly-plot')).map(d => [d.id, d.data.length]))""")
+        out["drawn"] = page.evaluate("""() => Object.fromEntries(
+            Array.from(document.querySelectorAll('.js-plotly-plot')).map(
+                d => [d.id, d.querySelectorAll('.trace, canvas').length]))""")
+        out["sections"] = page.evaluate("() => Array.from(document.querySelectorAll('section')).map(s => s.id)")
+        out["text"] = {s: page.inner_text(f"section#{s}") for s in out["sections"]}
+        if screenshot is not None:
+            page.screenshot(path=str(screenshot), full_page=True)
     return out
 
 
@@ -364,36 +377,27 @@ def test_a_large_run_is_drawn_at_the_detail_of_the_zoom_and_stays_small(tmp_path
     assert res["plots"]["fig-task-stream"] == 21 * 4, "per group: exact bars and three levels of merged bars"
     assert res["plots"]["fig-io"] == 1
 
-    sync_playwright = _browser()
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            errors = []
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.goto(path.resolve().as_uri(), wait_until="load")
-            points = "() => document.getElementById('fig-task-stream').data.reduce((a, t) => a + t.x.length, 0)"
-            exact = "() => document.getElementById('fig-task-stream').data.filter((t, i) => i % 4 === 0)" \
-                    ".reduce((a, t) => a + t.x.filter(v => v === v).length, 0)"
-            page.wait_for_function("() => document.getElementById('fig-task-stream').flowscopeReady")
+    with open_page(path) as (page, _console, errors):
+        points = "() => document.getElementById('fig-task-stream').data.reduce((a, t) => a + t.x.length, 0)"
+        exact = "() => document.getElementById('fig-task-stream').data.filter((t, i) => i % 4 === 0)" \
+                ".reduce((a, t) => a + t.x.filter(v => v === v).length, 0)"
+        page.wait_for_function("() => document.getElementById('fig-task-stream').flowscopeReady")
 
-            def relayout(update: str) -> None:
-                draws = page.evaluate("document.getElementById('fig-task-stream').flowscopeDraws")
-                page.evaluate(f"Plotly.relayout('fig-task-stream', {update})")
-                page.wait_for_function(f"() => document.getElementById('fig-task-stream').flowscopeDraws > {draws}")
+        def relayout(update: str) -> None:
+            draws = page.evaluate("document.getElementById('fig-task-stream').flowscopeDraws")
+            page.evaluate(f"Plotly.relayout('fig-task-stream', {update})")
+            page.wait_for_function(f"() => document.getElementById('fig-task-stream').flowscopeDraws > {draws}")
 
-            before = page.evaluate(points)
-            assert page.evaluate(exact) == 0, "at full view every 0.6 ms bar is narrower than a pixel"
-            # zoom to 20 ms: each bar is now many pixels wide and drawn exactly
-            relayout("{'xaxis.range': [1.0, 1.02]}")
-            visible = page.evaluate(exact) // 2
-            assert 8 * 20 * 0.9 <= visible <= 8 * 22, visible
-            # autoscale shows the whole run again, as first drawn
-            relayout("{'xaxis.autorange': true}")
-            assert page.evaluate(points) == before
-            assert not errors, errors
-        finally:
-            browser.close()
+        before = page.evaluate(points)
+        assert page.evaluate(exact) == 0, "at full view every 0.6 ms bar is narrower than a pixel"
+        # zoom to 20 ms: each bar is now many pixels wide and drawn exactly
+        relayout("{'xaxis.range': [1.0, 1.02]}")
+        visible = page.evaluate(exact) // 2
+        assert 8 * 20 * 0.9 <= visible <= 8 * 22, visible
+        # autoscale shows the whole run again, as first drawn
+        relayout("{'xaxis.autorange': true}")
+        assert page.evaluate(points) == before
+        assert not errors, errors
 
 
 def test_flowscope_report_command(dask_run, tmp_path, capsys):
