@@ -42,11 +42,10 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 from _machine import cpu_model, git_commit, write_result
-from ingest import BenchError, Collector
+from ingest import BenchError, Collector, post_one_by_one
 
 import flowscope
 from flowscope.client.client import Client
-from flowscope.model.provenance import new_run_id
 from flowscope.sim.dag import layered_dag
 
 BENCH = "data_states_ingest"
@@ -152,34 +151,10 @@ def per_record_api(collector: Collector, work: Workload, workdir: Path, batch: i
 
 def crux_post_per_record(collector: Collector, records: list[tuple[str, dict]], tag: str,
                          max_seconds: float) -> dict:
-    run_id = new_run_id()
-    conn = http.client.HTTPConnection(collector.host, collector.port, timeout=60)
-    headers = {"Content-Type": "application/json"}
-
-    def post(path: str, doc) -> None:
-        conn.request("POST", path, json.dumps(doc).encode(), headers)
-        resp = conn.getresponse()
-        body = resp.read()
-        if resp.status not in (200, 201):
-            raise BenchError(f"POST {path} -> HTTP {resp.status}: {body[:300]!r}")
-
-    try:
-        post("/v1/runs", {"run_id": run_id, "name": f"bench-ds-crux-{tag}"})
-        t0 = time.perf_counter()
-        deadline = t0 + max_seconds
-        sent = {"states": 0, "mutations": 0}
-        for table, rec in records:
-            post(f"/v1/runs/{run_id}/{table}", rec)
-            sent[table] += 1
-            if time.perf_counter() > deadline:
-                break
-        t1 = time.perf_counter()
-        post(f"/v1/runs/{run_id}/close", {"status": "finished"})
-    finally:
-        conn.close()
-    _verify(collector, run_id, sent["states"], sent["mutations"], "POST per record")
-    n = sent["states"] + sent["mutations"]
-    return {"value": n / (t1 - t0), "seconds": t1 - t0, "records": n}
+    run_id, sent, seconds = post_one_by_one(collector, f"bench-ds-crux-{tag}", records, max_seconds)
+    n_states = sent.count("states")
+    _verify(collector, run_id, n_states, len(sent) - n_states, "POST per record")
+    return {"value": len(sent) / seconds, "seconds": seconds, "records": len(sent)}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -45,15 +45,24 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+from _machine import cpu_model, git_commit, write_result
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    SpinnerColumn,
+    TextColumn,
+    TimeElapsedColumn,
+)
 
 import flowscope
-from _machine import cpu_model, git_commit, write_result
 from flowscope.client.client import Client
 from flowscope.model.provenance import new_run_id
 from flowscope.model.schemas import schema
@@ -263,9 +272,11 @@ def batch_api(collector: Collector, work: Workload, workdir: Path, tag: str) -> 
             "batches": client.stats["batches_sent"], "busy_retries": client.stats["busy_retries"]}
 
 
-def json_post_per_record(collector: Collector, records: list[dict], tag: str, max_seconds: float) -> dict:
-    """Crux-style: one POST with a JSON body per record, keep-alive connection, each acknowledged.
-    Stops after ``max_seconds`` if the records are not all sent by then (the rate is what was sent)."""
+def post_one_by_one(collector: Collector, name: str, posts: Iterable[tuple[str, Any]],
+                    max_seconds: float) -> tuple[str, list[str], float]:
+    """The Crux prototype's protocol: open a run called ``name``, POST each ``(path under the run, JSON doc)``
+    on one keep-alive connection, each acknowledged, until all are sent or ``max_seconds`` have passed, and
+    close the run. Returns the run id, the paths posted (one per record sent) and the seconds the posts took."""
     run_id = new_run_id()
     conn = http.client.HTTPConnection(collector.host, collector.port, timeout=60)
     headers = {"Content-Type": "application/json"}
@@ -277,23 +288,30 @@ def json_post_per_record(collector: Collector, records: list[dict], tag: str, ma
         if resp.status not in (200, 201):
             raise BenchError(f"POST {path} -> HTTP {resp.status}: {body[:300]!r}")
 
+    sent: list[str] = []
     try:
-        post("/v1/runs", {"run_id": run_id, "name": f"bench-ingest-json-post-{tag}"})
-        path = f"/v1/runs/{run_id}/tables/spans"
+        post("/v1/runs", {"run_id": run_id, "name": name})
         t0 = time.perf_counter()
         deadline = t0 + max_seconds
-        sent = 0
-        for rec in records:
-            post(path, [rec])
-            sent += 1
+        for path, doc in posts:
+            post(f"/v1/runs/{run_id}/{path}", doc)
+            sent.append(path)
             if time.perf_counter() > deadline:
                 break
-        t_end = time.perf_counter()
+        seconds = time.perf_counter() - t0
         post(f"/v1/runs/{run_id}/close", {"status": "finished"})
     finally:
         conn.close()
-    _verify(collector, run_id, sent, "JSON POST per record")
-    return {"value": sent / (t_end - t0), "seconds": t_end - t0, "records": sent}
+    return run_id, sent, seconds
+
+
+def json_post_per_record(collector: Collector, records: list[dict], tag: str, max_seconds: float) -> dict:
+    """Crux-style: one POST with a JSON body per record, keep-alive connection, each acknowledged.
+    Stops after ``max_seconds`` if the records are not all sent by then (the rate is what was sent)."""
+    run_id, sent, seconds = post_one_by_one(collector, f"bench-ingest-json-post-{tag}",
+                                            (("tables/spans", [rec]) for rec in records), max_seconds)
+    _verify(collector, run_id, len(sent), "JSON POST per record")
+    return {"value": len(sent) / seconds, "seconds": seconds, "records": len(sent)}
 
 
 def parquet_ceiling(work: Workload, workdir: Path, tag: str) -> dict:
