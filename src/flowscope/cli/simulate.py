@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import tempfile
 import urllib.request
 from pathlib import Path
@@ -71,19 +70,3 @@ def run(args: argparse.Namespace) -> int:
         print(f"  online path:   {' -> '.join(res['observed'])}  ({res['length_ns'] / 1e9:.3f} s)")
         print("  match" if res["match"] else "  MISMATCH")
     return 0 if res["match"] else 2
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point for ``python -m flowscope.cli.simulate`` (the same as ``flowscope simulate``)."""
-    p = argparse.ArgumentParser(prog="flowscope simulate")
-    add_arguments(p)
-    args = p.parse_args(argv)
-    try:
-        return run(args)
-    except (ValueError, OSError, RuntimeError) as exc:
-        print(f"flowscope simulate: error: {exc}", file=sys.stderr)
-        return 1
-
-
-if __name__ == "__main__":
-    sys.exit(main())
