@@ -188,6 +188,13 @@ def _write(run, f: IO[str], origin: int, counts: dict) -> None:
         if event["ph"] == "M":
             counts["metadata"] += 1
 
+    def emit_text(events: list[str], what: str) -> None:
+        """Write events already formatted as JSON text, counted as ``what``."""
+        if events:
+            f.write(("" if first[0] else ",\n") + ",\n".join(events))
+            first[0] = False
+            counts[what] += len(events)
+
     tracks = _Tracks(run.arrow("resources"), emit)
 
     # spans, per resource in time order, longest first, so nesting and lanes are decided in one pass
@@ -218,10 +225,7 @@ def _write(run, f: IO[str], origin: int, counts: dict) -> None:
             args["flowscope"] = fs
             out.append(f'{{"ph":"X","pid":{pid},"tid":{tid},"ts":{_us(s, origin)},"dur":{_us(e, s)},'
                        f'"name":{_dumps(name)},"cat":{_dumps(kind)},"args":{_dumps(args)}}}')
-        if out:
-            f.write(("" if first[0] else ",\n") + ",\n".join(out))
-            first[0] = False
-            counts["spans"] += len(out)
+        emit_text(out, "spans")
 
     # transfers as flow arrows from the source resource to the destination
     n = 0
@@ -254,10 +258,7 @@ def _write(run, f: IO[str], origin: int, counts: dict) -> None:
             ident = "" if tracks.group(rid) == rid else f',"id":{_dumps(rid)}'
             out.append(f'{{"ph":"C","pid":{pid},"tid":0,"ts":{_us(ts, origin)},"name":{_dumps(name)},'
                        f'"cat":{_dumps(ns)}{ident},"args":{{"value":{_dumps(value) if value == value else "null"}}}}}')
-        if out:
-            f.write(("" if first[0] else ",\n") + ",\n".join(out))
-            first[0] = False
-            counts["counters"] += len(out)
+        emit_text(out, "counters")
 
     # logs as instants on their resource (global when they have none)
     for b in _batches(run, "SELECT ts_ns, resource_id, level, category, message, task_key, attrs FROM logs "
