@@ -72,3 +72,22 @@ def test_anomaly_section_renders_without_console_errors(tmp_path):
         assert vis[0] == [False] * 3 + [True] * 3 + [False] * (len(vis[0]) - 6)
         assert vis[1].startswith("#1 ")
         assert not errors, errors
+
+
+def test_the_section_leaves_out_anomalies_post_pruning_withdrew(tmp_path):
+    """Online anomalies the final model no longer flags are withdrawn by a logs row (category PRUNED naming the
+    task and its start); the report counts and draws only the ones that stand."""
+    import json
+
+    from flowscope.analysis.anomalies.stream import PRUNED
+
+    _, _, det = _runs(tmp_path)
+    rows = det.anomalies.slice(0, 5)
+    fs = flowscope.Client("embedded", store=tmp_path / "online", name="online")
+    fs.write("anomalies", rows)
+    gone = rows.slice(0, 2)
+    for key, start in zip(gone["task_key"].to_pylist(), gone["start_ns"].to_pylist()):
+        fs.log("anomaly pruned", category=PRUNED, task_key=key, attrs={"start_ns": start})
+    fs.close()
+    section = anomaly_section(flowscope.open_run(fs.run_dir))
+    assert "3 anomalies (" in section and "5 anomalies (" not in section
