@@ -15,7 +15,10 @@ were judged against held fewer than ``mature`` calls of their function (default 
 near misses (HBOS: a bin at most 8x as full as a flagged one; SSTD: beyond 2/3 of sigma); those then
 flagged are recorded with ``"late": true``. Chimbuko re-checks only what it flagged, so a call the early
 model let pass is lost; these few kept calls (at most ``max_pending``, default 100,000) are what makes the
-online verdicts agree with the offline pass.
+online verdicts agree with the offline pass as the run goes. At the end, every call the worker let pass
+(the last ``max_pending`` of them) is judged once more against the final model, so after that pass the
+anomalies a worker recorded are those the final model flags: what the offline pass finds, whatever the
+model looked like when a call was first judged.
 
 Post-pruning: at the end (``finish_anomalies`` from ``observe``, after every worker has sent its last
 statistics; else on teardown, against the global model of that moment) each worker re-judges the
@@ -98,6 +101,7 @@ class AnomalyWorkerPlugin(WorkerPlugin):
         self._exemplar: dict[str, tuple[int, int]] = {}   # function -> (step, value) of a normal call
         self._stored: list[tuple[str, float, str, int]] = []  # flagged: function, value, task key, start
         self._pending: list[tuple] = []  # unflagged calls judged against a thin model: judged again later
+        self._passed: deque = deque(maxlen=self.max_pending)  # every unflagged call: judged once more at the end
         self._finished = False
         self._worker_addr = worker.address
         try:
@@ -197,6 +201,8 @@ class AnomalyWorkerPlugin(WorkerPlugin):
         rows = np.flatnonzero(flagged)
         if len(rows):
             self._record(rows, names, keys, start, end, values, score, idents, det.view, sc, late=False)
+        for i in np.flatnonzero(~flagged):
+            self._passed.append((names[i], keys[i], int(start[i]), int(end[i]), idents[i]))
         # judged again later: calls judged against a thin model of their function, and near misses
         again = np.flatnonzero(~flagged & ((det.view.count[vcodes] < self.mature) | self._near(sc, vcodes, score)))
         for i in again:
@@ -310,6 +316,9 @@ class AnomalyWorkerPlugin(WorkerPlugin):
             doc = self._http._check(*self._http._request("GET", self._path))
             final = FunctionModel.from_dict(doc["model"])
             self.version = int(doc["version"])
+        # the final pass: every call let pass so far (not only the thin and near ones), minus those flagged late
+        flagged = {(key, start) for _, _, key, start in self._stored}
+        self._pending = [c for c in self._passed if (c[1], c[2]) not in flagged]
         self._rejudge(final, final=True)
         if self._stored:
             names, values, keys, starts = zip(*self._stored)
