@@ -22,15 +22,13 @@ import numpy as np
 import pyarrow as pa
 
 from flowscope.model.conform import SchemaError, type_family
-from flowscope.model.schemas import schema
+from flowscope.model.schemas import MOSTLY_UNIQUE, schema
 
 # Nullable integer columns store null as INT64_MIN (1677-09-21 as a timestamp: never a real value).
 NULL_INT = -(2**63)
 
-# Columns whose values are mostly unique (task keys, messages, state ids, paths): a dictionary would
-# miss on almost every record, so they are kept as plain str objects instead.
-PLAIN_STR = frozenset({"task_key", "message", "stimulus_id", "state_id", "mutation_id", "src_state_id",
-                       "dst_state_id", "depends_on", "label", "path"})
+# Mostly unique string columns are kept as plain str objects: a dictionary would miss on almost every record.
+PLAIN_STR = MOSTLY_UNIQUE - {"attrs"}
 
 
 def _kind(t: pa.DataType) -> str:

@@ -18,6 +18,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from flowscope.model.schemas import dictionary_columns
+
 RUN_JSON = "run.json"
 SEGMENT_SUFFIX = ".parquet"
 _SEGMENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
@@ -65,7 +67,8 @@ def write_segment(run_dir: Path, table: str, segment_id: str, data: pa.Table, *,
         return False
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    pq.write_table(data, tmp, compression=compression, use_dictionary=True, write_statistics=True)
+    pq.write_table(data, tmp, compression=compression, use_dictionary=dictionary_columns(data.schema),
+                   write_statistics=True)
     if fsync:
         fd = os.open(tmp, os.O_RDONLY)
         try:

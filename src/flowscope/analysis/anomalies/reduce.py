@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from flowscope.analysis.anomalies.config import AnomalyConfig
 from flowscope.analysis.anomalies.detect import Detection, _exemplars, detect_run
 from flowscope.analysis.anomalies.model import FINE_BINS, FunctionModel
-from flowscope.model.schemas import schema
+from flowscope.model.schemas import dictionary_columns, schema
 from flowscope.store.layout import RUN_JSON, segment_path, write_json_atomic
 
 MODEL_FILE = "anomaly_model.parquet"
@@ -57,9 +57,11 @@ MODEL_SCHEMA = pa.schema([
 
 
 def parquet_bytes(table: pa.Table) -> int:
-    """Bytes of ``table`` written as the store writes segments (Parquet, zstd, dictionary encoding)."""
+    """Bytes of ``table`` written as the store writes segments (Parquet, zstd, a dictionary on the strings
+    that repeat)."""
     sink = pa.BufferOutputStream()
-    pq.write_table(table, sink, compression="zstd", use_dictionary=True, write_statistics=True)
+    pq.write_table(table, sink, compression="zstd", use_dictionary=dictionary_columns(table.schema),
+                   write_statistics=True)
     return sink.getvalue().size
 
 
