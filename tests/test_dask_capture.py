@@ -215,3 +215,60 @@ def test_tasks_computed_before_the_run_do_not_leak_into_it(cluster, tmp_path):
         time.sleep(0.5)
     spans = obs.run.sql("SELECT task_key FROM spans WHERE kind = 'task'")
     assert spans["task_key"].tolist() == ["during-10"]
+
+
+def _scheduler_log_length(dask_scheduler=None):
+    return dask_scheduler.transition_log.maxlen
+
+
+def _worker_log_length(dask_worker=None):
+    return dask_worker.state.log.maxlen
+
+
+def _noop(x):
+    return x
+
+
+def test_no_transition_is_lost_when_a_burst_outgrows_dasks_own_logs(cluster, tmp_path):
+    """Dask keeps its own transition logs (Scheduler.transition_log, WorkerState.log) to their last 1,000
+    entries; one graph of 3,000 tasks logs more than that on the scheduler at once. flowscope records each
+    transition as it happens, so every task's lifecycle is complete from its first transition, on the
+    scheduler with the worker that ran it and on that worker; Dask's logs are left as they were."""
+    _, client = cluster
+    n = 3000
+    limits = {"scheduler": client.run_on_scheduler(_scheduler_log_length), **client.run(_worker_log_length)}
+    assert set(limits.values()) == {1000}
+    with observe(client, store=tmp_path) as obs:
+        assert sum(client.gather(client.map(_noop, range(n), key=[f"noop-{i}" for i in range(n)]))) == \
+            n * (n - 1) // 2
+    assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors
+    assert {"scheduler": client.run_on_scheduler(_scheduler_log_length), **client.run(_worker_log_length)} == limits
+    run = obs.run
+    keys = {f"noop-{i}" for i in range(n)}
+
+    sched = run.sql("""SELECT task_key, "group", prefix, from_state, to_state, worker FROM transitions
+                       WHERE observer = 'scheduler' ORDER BY ts_ns""")
+    assert set(sched["task_key"]) == keys
+    for key, rows in sched.groupby("task_key"):
+        states = list(zip(rows["from_state"], rows["to_state"]))
+        assert states[0] == ("released", "waiting"), f"{key}: {states}"  # the first one too: none lost
+        assert all(b == c for (_, b), (c, _) in zip(states, states[1:])), f"{key}: {states}"
+        assert ("processing", "memory") in states, f"{key}: {states}"
+    assert (sched["prefix"] == "noop").all() and sched["group"].notna().all()
+    ran = sched[(sched["from_state"] == "processing") & (sched["to_state"] == "memory")]
+    assert ran["worker"].str.startswith("worker:").all()
+
+    spans = run.sql("SELECT task_key, r.parent_id AS worker FROM spans s JOIN resources r USING (resource_id) "
+                    "WHERE s.kind = 'task'")
+    where = dict(zip(spans["task_key"], spans["worker"]))
+    assert set(where) == keys
+    assert dict(zip(ran["task_key"], ran["worker"])) == where  # the scheduler's worker is the one that ran it
+
+    work = run.sql("""SELECT task_key, from_state, to_state, observer, worker FROM transitions
+                      WHERE observer <> 'scheduler' ORDER BY ts_ns""")
+    assert (work["observer"] == work["worker"]).all()
+    for key, rows in work[work["task_key"].isin(keys)].groupby("task_key"):
+        on = rows[rows["observer"] == where[key]]
+        states = list(zip(on["from_state"], on["to_state"]))
+        assert ("executing", "memory") in states, f"{key}: {states}"
+        assert all(b == c for (_, b), (c, _) in zip(states, states[1:])), f"{key}: {states}"
