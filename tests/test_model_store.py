@@ -105,6 +105,21 @@ def test_segments_are_atomic_and_named_by_batch(run_dir):
     assert not list(run_dir.glob("*/.*.tmp"))
 
 
+def test_segments_dictionary_encode_only_the_strings_that_repeat(run_dir):
+    n = 1000
+    trans = conform("transitions", pa.table({
+        "ts_ns": list(range(n)), "task_key": [f"('add-{i}', {i})" for i in range(n)],
+        "prefix": ["add"] * n, "from_state": ["ready"] * n, "to_state": ["executing"] * n,
+        "observer": ["worker:a"] * n, "stimulus_id": [f"compute-task-{i}" for i in range(n)]}))
+    write_segment(run_dir, "transitions", "batch-1", trans)
+    meta = pq.ParquetFile(run_dir / "transitions" / "batch-1.parquet").metadata.row_group(0)
+    encodings = {meta.column(i).path_in_schema: set(meta.column(i).encodings) for i in range(meta.num_columns)}
+    dictionary = {name for name, e in encodings.items() if "RLE_DICTIONARY" in e or "PLAIN_DICTIONARY" in e}
+    assert {"prefix", "from_state", "to_state", "observer"} <= dictionary
+    assert not dictionary & {"ts_ns", "task_key", "stimulus_id", "attrs"}
+    assert flowscope.open_run(run_dir).table("transitions")["task_key"].tolist() == trans["task_key"].to_pylist()
+
+
 def test_empty_tables_are_typed_views(run_dir):
     run = flowscope.open_run(run_dir)
     df = run.sql("SELECT count(*) AS n, sum(spans.end_ns - spans.start_ns) AS d FROM spans JOIN resources USING (resource_id)")
