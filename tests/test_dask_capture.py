@@ -116,6 +116,43 @@ def test_every_task_is_one_execution_span_on_a_real_worker_thread(cluster, tmp_p
     assert set(workers["address"]) == set(pids)
 
 
+def _worker_transition_log(dask_worker):
+    """(key, start, final state, stimulus id) of each transition in Dask's own worker log."""
+    return [(str(e[0]), e[1], e[3], e[5]) for e in dask_worker.state.log if len(e) == 7 and isinstance(e[4], dict)]
+
+
+def test_worker_transitions_carry_the_group_and_the_stimulus_that_caused_them(cluster, tmp_path):
+    from collections import Counter
+
+    cl, client = cluster
+    total = _graph()
+    blocks = [delayed(inc, pure=True)(i, dask_key_name=("blk-7f3a", i)) for i in range(4)]  # group "blk-7f3a"
+    with observe(client, store=tmp_path) as obs:
+        assert client.compute(total).result() == sum(range(1, 17)) * 2
+        assert client.gather(client.compute(blocks)) == [1, 2, 3, 4]
+    dask_logs = client.run(_worker_transition_log)  # after the block: no transition recorded is missing from it
+    run = obs.run
+    rows = run.sql("SELECT task_key, \"group\", prefix, from_state, to_state, stimulus_id, observer "
+                   "FROM transitions WHERE observer <> 'scheduler'")
+    assert len(rows) > 0 and rows["stimulus_id"].notna().all() and rows["group"].notna().all()
+    # the same group the scheduler gives the task
+    sched = run.sql("SELECT DISTINCT task_key, \"group\" FROM transitions WHERE observer = 'scheduler'")
+    want = dict(zip(sched["task_key"], sched["group"]))
+    assert all(want[k] == g for k, g in zip(rows["task_key"], rows["group"]) if k in want)
+    assert set(rows["group"]) == {"inc", "add", "total", "blk-7f3a"}
+    assert set(rows.loc[rows["group"] == "blk-7f3a", "prefix"].dropna()) == {"blk"}
+    # every worker transition recorded is one Dask's own worker log holds, with the same stimulus id
+    for address, entries in dask_logs.items():
+        mine = rows[rows["observer"] == f"worker:{address}"]
+        assert len(mine) > 0
+        got = Counter(zip(mine["task_key"], mine["from_state"], mine["to_state"], mine["stimulus_id"]))
+        missing = got - Counter(entries)
+        assert not missing, f"{address}: {list(missing.items())[:5]}"
+    # a task's completion is its own event, not the one that started it
+    done = rows[(rows["from_state"] == "executing") & (rows["to_state"] == "memory")]
+    assert len(done) == 33 + 4 and done["stimulus_id"].str.startswith("task-finished").all()
+
+
 def test_task_errors_record_the_type_not_the_payload(cluster, tmp_path):
     _, client = cluster
     with observe(client, store=tmp_path) as obs:

@@ -28,6 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
+from distributed.utils import key_split_group
 
 from flowscope.model import identifiers as ids
 from flowscope.sources.thread_io import OpenAudit, ThreadIO, ThreadIOReader, thread_ids
@@ -388,6 +389,14 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
         self._native: dict[int, int] = {}
         self._executor = MeasuringThreadPoolExecutor(worker.executors["default"], self._io_reader)
         worker.executors["default"] = self._executor
+        # Dask calls a worker plugin's transition hook without the stimulus id. Every stimulus reaches the
+        # worker's state machine through worker.handle_stimulus, which is wrapped to note the stimulus being
+        # handled; the state machine's own stimulus log covers a call with several stimuli (it logs each
+        # before handling it, except find-missing, which Dask always sends alone).
+        self._stimulus_id: str | None = None
+        self._stimulus_log = worker.state.stimulus_log
+        self._handle_stimulus = worker.__dict__.get("handle_stimulus")  # another wrapper already there, if any
+        worker.handle_stimulus = self._stimulus_wrapper = self._noting_stimulus(worker.handle_stimulus)
         self._audit = OpenAudit(self._record_open, exclude=[sys.prefix, sys.base_prefix, *sys.path[1:2]])
         self._audit.enable()
         self._sampler = self._lease = self._lease_retry = None
@@ -398,6 +407,22 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
             if self._sampler is None:  # another process samples this host; take over if it goes away
                 self._lease_retry = PeriodicCallback(self._try_lease, self.hardware_period * 1000)
                 self._lease_retry.start()
+
+    def _noting_stimulus(self, handle_stimulus):
+        def noting(*stims):
+            self._stimulus_id = stims[0].stimulus_id if len(stims) == 1 else None
+            return handle_stimulus(*stims)
+
+        noting.__wrapped__ = handle_stimulus
+        return noting
+
+    def _current_stimulus(self) -> str | None:
+        if self._stimulus_id is not None:
+            return self._stimulus_id
+        try:
+            return self._stimulus_log[-1].stimulus_id
+        except (IndexError, AttributeError):
+            return None
 
     def _try_lease(self) -> None:
         """Become this host's hardware sampler for the run if no other process is."""
@@ -467,8 +492,10 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
         try:
             k = key if key.__class__ is str else str(key)
             ts = self.worker.state.tasks.get(key)
-            self._emit_transition(time.time_ns(), k, None, ts.prefix if ts is not None else None, start, finish,
-                                  self.rid, self.rid, kwargs.get("stimulus_id"), None)
+            self._emit_transition(time.time_ns(), k, key_split_group(key), ts.prefix if ts is not None else None,
+                                  start, finish, self.rid, self.rid,
+                                  self._stimulus_id if self._stimulus_id is not None else self._current_stimulus(),
+                                  None)
             if start == "flight":
                 self._drain_transfers()
             if ts is not None and finish in _WORKER_FINISH and len(ts.startstops) > self._startstops_done.get(key, 0):
@@ -530,6 +557,11 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
         if self.fs is None:
             return
         self._audit.disable()
+        if worker.__dict__.get("handle_stimulus") is self._stimulus_wrapper:  # not if wrapped again since
+            if self._handle_stimulus is not None:
+                worker.handle_stimulus = self._handle_stimulus
+            else:
+                del worker.handle_stimulus
         if worker.executors.get("default") is self._executor:
             worker.executors["default"] = self._executor.inner
         self._io_reader.close()
