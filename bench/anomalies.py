@@ -19,7 +19,7 @@ as flowscope ever stores it) over the bytes of every file of the reduced run (an
 per-function model). ``row_factor`` is the same ratio in rows: its ceiling for isolated anomalies is
 1 / (0.001 * (2 * window + 1)) = 90.9x, less where windows overlap, plus exemplars.
 
-    python bench/anomalies.py            # full (about a minute)
+    python bench/anomalies.py            # full (about 5 s on the 2-core development VM)
     python bench/anomalies.py --quick    # smoke run
 """
 
