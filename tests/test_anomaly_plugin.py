@@ -156,18 +156,15 @@ def test_flowscope_run_anomalies_option(tmp_path):
         run.sql(f"SELECT count(*) AS n FROM logs WHERE category = '{PRUNED}'")["n"][0]
 
 
-def test_collector_ingests_anomalies_rows_and_names_a_wrong_typed_field(tmp_path):
+def test_collector_ingests_anomalies_rows_and_names_a_wrong_typed_field(collector):
     """The workers' rows reach the run through the collector's ingest route, which checks them like any table."""
+    import httpx
     import pyarrow as pa
-    from starlette.testclient import TestClient
 
     import flowscope
     from flowscope.client.transport import ARROW_STREAM, ipc_bytes
-    from flowscope.service.app import build_app
-    from flowscope.service.collector import Collector
 
-    collector = Collector(tmp_path)
-    http = TestClient(build_app(collector))
+    http = httpx.Client(base_url=collector.address, timeout=30)
     run_id = http.post("/v1/runs", json={"name": "t"}).json()["run_id"]
     row = {"anomaly_id": 1, "call_id": -1, "resource_id": "thread:1", "function": "work", "kind": "task",
            "task_key": "work-1", "start_ns": 10, "end_ns": 30, "inclusive_ns": 20, "exclusive_ns": 20,
@@ -179,8 +176,8 @@ def test_collector_ingests_anomalies_rows_and_names_a_wrong_typed_field(tmp_path
     bad = http.post(f"/v1/runs/{run_id}/tables/anomalies", json=[{**row, "score": "high"}])
     assert bad.status_code == 422 and "score" in bad.json()["error"]
     assert http.get(f"/v1/runs/{run_id}/tables/anomalies").json()
-    collector.shutdown()
-    got = flowscope.open_run(tmp_path / run_id).arrow("anomalies")
+    collector.stop()
+    got = flowscope.open_run(collector.store / run_id).arrow("anomalies")
     assert got.num_rows == 1 and got["task_key"][0].as_py() == "work-1"
 
 

@@ -1,16 +1,14 @@
 """The collector's anomaly parameter server: producers' local statistics posted over HTTP merge exactly into
-the run's global model; bad bodies get a 400 saying what is wrong."""
+the run's global model; bad bodies get a 400 saying what is wrong. Through a real collector process on loopback."""
 
 from __future__ import annotations
 
 import json
 
+import httpx
 import numpy as np
-from starlette.applications import Starlette
-from starlette.testclient import TestClient
 
 from flowscope.analysis.anomalies import FunctionModel
-from flowscope.service.anomaly_server import anomaly_routes
 
 
 def _data(n: int = 30_000, seed: int = 7):
@@ -20,9 +18,9 @@ def _data(n: int = 30_000, seed: int = 7):
     return ["load", "parse", "solve", "store"], codes, values
 
 
-def test_posted_local_models_merge_exactly_into_the_global_model():
+def test_posted_local_models_merge_exactly_into_the_global_model(collector):
     names, codes, values = _data()
-    client = TestClient(Starlette(routes=anomaly_routes()))
+    client = httpx.Client(base_url=collector.address, timeout=30)
     assert client.get("/v1/runs/r1/anomaly-model").json()["model"]["functions"] == []
     cuts = [0, 1_234, 9_000, 22_222, len(codes)]
     for i, (a, b) in enumerate(zip(cuts[:-1], cuts[1:])):  # four producers, each a different part of the calls
@@ -40,9 +38,9 @@ def test_posted_local_models_merge_exactly_into_the_global_model():
     assert client.get("/v1/runs/other/anomaly-model").json()["model"]["functions"] == []
 
 
-def test_bad_bodies_say_what_is_wrong():
+def test_bad_bodies_say_what_is_wrong(collector):
     names, codes, values = _data(2_000)
-    client = TestClient(Starlette(routes=anomaly_routes()))
+    client = httpx.Client(base_url=collector.address, timeout=30)
     body = json.dumps({"model": FunctionModel.of(names, codes, values).to_dict()})
     r = client.post("/v1/runs/r/anomaly-model", content=body[: len(body) // 2])  # truncated
     assert r.status_code == 400 and "not JSON" in r.json()["error"] and "char" in r.json()["error"]
