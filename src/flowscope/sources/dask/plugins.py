@@ -416,9 +416,8 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
         noting.__wrapped__ = handle_stimulus
         return noting
 
-    def _current_stimulus(self) -> str | None:
-        if self._stimulus_id is not None:
-            return self._stimulus_id
+    def _logged_stimulus(self) -> str | None:
+        """The stimulus the state machine logged last: the one being handled when a call carried several."""
         try:
             return self._stimulus_log[-1].stimulus_id
         except (IndexError, AttributeError):
@@ -494,7 +493,7 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
             ts = self.worker.state.tasks.get(key)
             self._emit_transition(time.time_ns(), k, key_split_group(key), ts.prefix if ts is not None else None,
                                   start, finish, self.rid, self.rid,
-                                  self._stimulus_id if self._stimulus_id is not None else self._current_stimulus(),
+                                  self._stimulus_id if self._stimulus_id is not None else self._logged_stimulus(),
                                   None)
             if start == "flight":
                 self._drain_transfers()
