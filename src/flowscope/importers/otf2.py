@@ -125,6 +125,7 @@ class _Reader:
         self.irecv_req: dict[tuple[int, int], int] = {}
         # metrics
         self.mt: dict[str, list] = {"ts": [], "resource_id": [], "name": [], "value": []}
+        self.metric_names: dict[int, list[str]] = {}  # metric ref -> its members' metric names
         self.program: str | None = None
 
     # ---- definitions ----------------------------------------------------------------------
@@ -226,10 +227,21 @@ class _Reader:
 
         reader = self
 
+        from otf2.enums import Type
+        from otf2.events import Metric
+
+        union_field = {Type.UINT64: "unsigned_int", Type.INT64: "signed_int", Type.DOUBLE: "floating_point"}
+
         class RawEvents(BufferedEventReader):
             """Keeps events as raw (type, location, time, args): no per-event Python objects."""
 
             def _append(self, event_type, location_ref, time, _, attribute_list, *args):
+                if event_type is Metric:
+                    # the value unions are views of the library's one event buffer, which the next METRIC
+                    # overwrites: read them now, inside the callback, not when the batch is consumed
+                    metric_ref, type_ids, unions = args
+                    args = (metric_ref, [getattr(u, union_field.get(t, "floating_point"))
+                                         for t, u in zip(type_ids, unions)])
                 self.buffer.append((event_type, location_ref, time, args))
 
         ev = RawEvents(self.tr, 10_000)
@@ -272,7 +284,7 @@ class _Reader:
         elif name == "MpiIrecv":
             self._recv(loc, time, args[0], args[1], args[2], args[3], "irecv", args[4])
         elif name == "Metric":
-            self._metric(etype, loc, time, args)
+            self._metric(loc, time, args)
         elif name == "ProgramBegin" and self.program is None:
             self.program = self.tr.definitions.strings[args[0]]
 
@@ -342,20 +354,21 @@ class _Reader:
             return
         self.recvs.append((peer, loc, comm, tag, time, length, mode, req))
 
-    def _metric(self, etype, loc: int, time: int, args: tuple) -> None:
-        ev = etype._construct(self.tr.definitions, time, *args)
-        metric = ev.metric
-        members = getattr(metric, "members", None) or getattr(getattr(metric, "metric_class", None), "members", ())
-        for member, value in zip(members, ev.values):
-            try:
-                v = float(value)
-            except (TypeError, ValueError):
-                continue
-            self.mt["ts"].append(time)
-            self.mt["resource_id"].append(self.loc_rid[loc])
-            self.mt["name"].append(f"otf2.{member.name}")
-            self.mt["value"].append(v)
-        if len(self.mt["ts"]) >= BATCH:
+    def _metric(self, loc: int, time: int, args: tuple) -> None:
+        metric_ref, values = args
+        names = self.metric_names.get(metric_ref)
+        if names is None:
+            metric = self.tr.definitions.metrics[metric_ref]
+            members = getattr(metric, "members", None) or metric.metric_class.members  # class or instance
+            names = self.metric_names[metric_ref] = [f"otf2.{m.name}" for m in members]
+        rid = self.loc_rid[loc]
+        mt = self.mt
+        for name, value in zip(names, values):
+            mt["ts"].append(time)
+            mt["resource_id"].append(rid)
+            mt["name"].append(name)
+            mt["value"].append(float(value))
+        if len(mt["ts"]) >= BATCH:
             self._flush_metrics()
 
     def _flush_metrics(self) -> None:
