@@ -236,3 +236,21 @@ def test_the_real_archive_has_the_metrics_otf2_print_shows(archive, imported):
     # shows no METRIC event there, so what this checks on a real archive is that none is invented or lost
     res, _ = imported
     assert _check_metrics_against_otf2_print(archive, res) == 0
+
+
+@pytest.mark.parametrize("victim", ["traces.otf2", "traces.def", "traces/0.evt"])
+def test_truncated_archive_through_the_cli_prints_only_flowscopes_one_line(archive, tmp_path, victim):
+    """The OTF2 library's own diagnostics (C, on stderr) are folded into flowscope's one-line error."""
+    import sys
+
+    anchor = _copy(archive, tmp_path / "copy")
+    f = anchor.parent / victim
+    f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])
+    out = subprocess.run([sys.executable, "-m", "flowscope", "import", str(anchor), "--store", str(tmp_path / "s")],
+                         check=False, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("flowscope import: error: ") and str(anchor) in lines[0]
+    assert "[OTF2]" not in out.stderr
+    assert "; the OTF2 library said: " in lines[0]  # what the library reported is kept, on that line
