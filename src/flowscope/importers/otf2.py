@@ -71,6 +71,7 @@ class _LibraryMessages:
     _users = 0
     _previous: int | None = None
     _callback: Any = None
+    _installed = False
     _local = threading.local()
 
     @classmethod
@@ -84,12 +85,14 @@ class _LibraryMessages:
         if cls._callback is None:
             cls._callback = proto(cls._on_error)  # kept referenced: the library holds the pointer
         cls._previous = register(ctypes.cast(cls._callback, ctypes.c_void_p), None)
+        cls._installed = True
 
     @classmethod
     def _uninstall(cls) -> None:
         from _otf2.Config import conf
 
         conf.lib.OTF2_Error_RegisterCallback(cls._previous, None)
+        cls._installed = False
 
     @staticmethod
     def _text(fmt: bytes | None, va: int | None) -> str:
@@ -136,7 +139,7 @@ class _LibraryMessages:
         finally:
             with cls._lock:
                 cls._users -= 1
-                if cls._users == 0 and cls._callback is not None:
+                if cls._users == 0 and cls._installed:
                     cls._uninstall()
             cls._local.messages = outer
 
