@@ -195,21 +195,73 @@ def dask_run(tmp_path_factory):
 
 
 def _task_spans(run) -> pd.DataFrame:
-    return run.sql("select s.start_ns, s.end_ns, s.task_key, r.host, r.pid, r.tid, r.thread_ident "
-                   "from spans s join resources r using (resource_id) where s.kind = 'task'")
+    from flowscope.analysis.io_attribution import TASK_SPANS_SQL
+
+    return run.sql(TASK_SPANS_SQL)  # on the I/O rows' clock
 
 
-def test_attribution_re_derives_the_dask_runs_own_io_task_keys(dask_run):
-    """No Darshan log of a Dask run can be made here (no darshan-runtime): the Dask run's own proc-io rows,
-    which the worker plugin attributed at the source, are cleared and re-derived from host + thread + time."""
-    io = dask_run.table("io")
-    io = io[(io["source"] == "proc-io") & io["task_key"].notna()].reset_index(drop=True)
-    assert len(io) >= 16
-    tasks = _task_spans(dask_run)
-    want = io["task_key"].astype(object).tolist()
+def shifting_write(path: str, nbytes: int, stay_s: float, shift_s: float, *after) -> int:
+    """Write ``nbytes`` to ``path``, stay ``stay_s`` on the thread, then move the worker's estimate of its offset
+    to the scheduler's clock by ``shift_s``, as a heartbeat may: Dask stamps the next task's times with it."""
+    import time
+
+    from distributed import get_worker
+
+    with open(path, "wb") as f:
+        f.write(os.urandom(nbytes))
+        f.flush()
+    time.sleep(stay_s)
+    get_worker().scheduler_delay += shift_s
+    return nbytes
+
+
+def test_attribution_re_derives_the_dask_runs_own_io_task_keys(tmp_path):
+    """No Darshan log of a Dask run can be made here (no darshan-runtime): a Dask run's own proc-io rows, which
+    the worker plugin attributed at the source, are cleared and re-derived from host + thread + time.
+
+    The hard case, made certain rather than left to chance: on one thread, a long task (1 s), then a short one
+    whose times Dask stamps with an offset estimate 0.9 s lower (as a heartbeat can move it), so that in
+    Dask's clock the short task lies inside the long one (unless it starts more than 0.9 s after it). I/O rows are in the worker's own clock; task spans
+    carry the offset Dask added (``clock_offset_ns``), and attribution joins the two on the local clock. Each
+    task writes its own number of bytes, which says independently which task each row belongs to."""
+    from distributed import Client, LocalCluster
+
+    from flowscope import observe
+
+    kib = 64 * 1024
+    sizes: dict[str, int] = {}
+    # one thread runs the chain in order; no heartbeat moves the offset estimate but the tasks
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      worker_dashboard_address=None, heartbeat_interval="1h") as cluster, Client(cluster) as client:
+        with observe(client, store=tmp_path / "store", name="io-attribution") as obs:
+            prev = None
+            for i in range(3):
+                sizes[f"long-{i}"], sizes[f"short-{i}"] = (2 * i + 1) * kib, (2 * i + 2) * kib
+                long_ = client.submit(shifting_write, str(tmp_path / f"l{i}.bin"), sizes[f"long-{i}"], 1.0, -0.9,
+                                      *([prev] if prev is not None else []), key=f"long-{i}")
+                prev = client.submit(shifting_write, str(tmp_path / f"s{i}.bin"), sizes[f"short-{i}"], 0.0, 0.9,
+                                     long_, key=f"short-{i}")
+            assert client.gather(prev) == sizes["short-2"]
+    run = obs.run
+    spans = run.sql("SELECT task_key, start_ns, end_ns FROM spans WHERE kind = 'task'").set_index("task_key")
+    for i in range(3):  # the hard case happened: in Dask's clock each short task lies inside its long one
+        s, lo = spans.loc[f"short-{i}"], spans.loc[f"long-{i}"]
+        assert lo["start_ns"] <= s["start_ns"] and s["end_ns"] <= lo["end_ns"], (i, s.to_dict(), lo.to_dict())
+    io = run.table("io")
+    io = io[io["source"] == "proc-io"].reset_index(drop=True)
+    # the truth, from the bytes: each call's write row names its task; the read row of a call shares its window
+    writes = io[io["op"] == "write"]
+    by_window = {}
+    for row in writes.itertuples():
+        key = [k for k, n in sizes.items() if n <= row.nbytes < n + kib]
+        assert len(key) == 1, (row.nbytes, key)
+        by_window[(row.tid, row.start_ns, row.end_ns)] = key[0]
+    assert sorted(by_window.values()) == sorted(sizes)
+    truth = [by_window[(r.tid, r.start_ns, r.end_ns)] for r in io.itertuples()]
+    assert io["task_key"].astype(object).tolist() == truth  # the plugin's own attribution
+    tasks = _task_spans(run)
     cleared = io.assign(task_key=None)
-    got = attribute_io(cleared, tasks).tolist()
-    assert got == want
+    assert attribute_io(cleared, tasks).tolist() == truth
     # a row on a thread but outside every task's time stays unattributed
     far = cleared.head(1).assign(start_ns=1, end_ns=2)
     assert attribute_io(far, tasks).tolist() == [None]
