@@ -471,14 +471,16 @@ def _attribute(sink: ImportSink, io) -> int | None:
     run_dir = sink.run_dir
     if run_dir is None or not (run_dir / "spans").is_dir():
         return None
-    from flowscope.analysis.io_attribution import attribute_io
+    import pandas as pd
+    import pyarrow as pa
+
+    from flowscope.analysis.io_attribution import TASK_SPANS_SQL, attribute_io
     from flowscope.store.run import open_run
 
     run = open_run(run_dir)
-    tasks = run.sql_arrow("select s.start_ns, s.end_ns, s.task_key, r.host, r.pid, r.tid, r.thread_ident "
-                    "from spans s join resources r using (resource_id) "
-                    "where s.kind = 'task' and s.task_key is not null").to_pandas(types_mapper={
-        __import__("pyarrow").int64(): __import__("pandas").Int64Dtype()}.get)
+    # task spans on the local clock the Darshan segments were stamped with, not Dask's shifted one
+    tasks = run.sql_arrow(f"SELECT * FROM ({TASK_SPANS_SQL}) WHERE task_key IS NOT NULL").to_pandas(
+        types_mapper={pa.int64(): pd.Int64Dtype()}.get)
     if tasks.empty:
         return None
     io["task_key"] = attribute_io(io, tasks)
