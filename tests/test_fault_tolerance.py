@@ -161,3 +161,22 @@ def test_the_same_batch_twice_at_once_is_written_once(tmp_path):
     c.shutdown()
     assert c.stats["rows"] == 10
     assert flowscope.open_run(tmp_path / run_id).counts()["spans"] == 10
+
+
+def test_a_collector_that_logs_a_lot_keeps_answering(collector):
+    """Every failed segment write logs a traceback (about 1.6 KB); 100 of them are more than a pipe
+    holds (64 KiB), so a fixture that never reads the collector's output would freeze it here."""
+    import httpx
+
+    runs = f"{collector.address}/v1/runs"
+    assert httpx.post(runs, json={"run_id": "noisy"}).status_code == 201
+    (collector.store / "noisy" / "spans").write_text("a file where the spans folder should be")
+    span = [{"resource_id": "x", "kind": "task", "name": "n", "start_ns": 1, "end_ns": 2}]
+    for _ in range(100):  # a new connection each time: uvicorn closes one after an internal error
+        res = httpx.post(f"{runs}/noisy/tables/spans", json=span, timeout=30)
+        assert res.status_code == 500 and "FileExistsError" in res.json()["error"]
+    log = [{"ts_ns": 1, "resource_id": "x", "level": "info", "category": "test", "message": "still here"}]
+    res = httpx.post(f"{runs}/noisy/tables/logs", json=log, timeout=30)
+    assert res.status_code == 200, res.text
+    assert collector.log_path.stat().st_size > 64 * 1024
+    assert collector.log_path.read_text().count("FileExistsError") >= 100
