@@ -58,6 +58,31 @@ def test_sigkill_mid_send_then_restart_loses_and_duplicates_nothing(collector, t
     assert not list(run.path.glob("*/.*.tmp"))  # a restarted collector cleans up temp files of the killed one
 
 
+def test_a_batch_on_disk_but_not_acknowledged_is_replayed_as_a_duplicate(collector_factory, tmp_path):
+    """The collector is killed right after a segment is renamed into place and before its batch is
+    acknowledged (a test-only fault injection point): the client keeps the batch, replays it to the
+    restarted collector, which answers that it has it already, and every record is stored once."""
+    import httpx
+
+    n = 60_000
+    doomed = collector_factory(env={"FLOWSCOPE_TEST_KILL_AFTER_SEGMENTS": "3"})
+    client = Client(doomed.address, name="killed-after-rename", spool_dir=tmp_path / "spool",
+                    flush_records=5_000, flush_interval=0.05)
+    for i in range(n):
+        client.span("work", i, i + (i % 1000), span_id=i)
+    assert doomed.proc.wait(60) == -signal.SIGKILL
+    assert client.flush(timeout=60)  # everything emitted is delivered or spooled
+    assert client.stats["batches_spooled"] > 0
+    assert "test fault injection: killing the collector after segment" in doomed.log_path.read_text()
+    doomed.start(env={})  # same port and store, no fault injection
+    client.close()  # replays the spool
+    assert client.stats["batches_replayed"] > 0
+    assert httpx.get(f"{doomed.address}/v1/health").json()["duplicates"] >= 1
+    run = flowscope.open_run(doomed.store / client.run_id)
+    _check_exactly_once(run, n)
+    assert run.meta["status"] == "finished"
+
+
 def test_unreachable_collector_spools_everything_and_ingest_spool_delivers_it(collector_factory, tmp_path):
     spool = tmp_path / "spool"
     client = Client("http://127.0.0.1:9", name="offline", spool_dir=spool, flush_records=1000)  # port 9: nothing
