@@ -139,16 +139,41 @@ def test_a_record_that_does_not_fit_is_refused_in_the_callers_own_call(tmp_path)
     assert run.counts()["logs"] == 0
 
 
-def test_sigterm_drains_the_queue_and_exits_cleanly(collector_factory, tmp_path):
-    slow = collector_factory("--writer-delay", "0.3")
-    client = Client(slow.address, name="term", spool_dir=tmp_path / "spool", flush_records=1000)
-    for i in range(5000):
-        client.span("work", i, i + (i % 1000), span_id=i)
-    assert client.flush(timeout=60)
-    client.close()
+def test_sigterm_drains_the_queue_and_exits_cleanly(collector_factory):
+    """SIGTERM while batches are provably queued (a slow writer, eight batches sent at once without
+    waiting for one another): every batch is still acknowledged, stored, and the collector exits 0."""
+    import httpx
+    from test_collector_memory import arrow_body, post
+
+    slow = collector_factory("--writer-delay", "0.5", "--writers", "1")
+    assert httpx.post(f"{slow.address}/v1/runs", json={"run_id": "term"}).status_code == 201
+    k, rows = 8, 2_000
+    bodies = [arrow_body(i * rows, rows) for i in range(k)]
+    answers: dict[int, tuple[int, bytes]] = {}
+
+    def send(i: int) -> None:
+        answers[i] = post(slow.address, "/v1/runs/term/tables/spans", bodies[i],
+                          "application/vnd.apache.arrow.stream", f"term-{i}", chunked=False)
+
+    senders = [threading.Thread(target=send, args=(i,)) for i in range(k)]
+    for t in senders:
+        t.start()
+    deadline = time.monotonic() + 60
+    while (queued := httpx.get(f"{slow.address}/v1/health").json()["queued_batches"]) < 4:
+        assert time.monotonic() < deadline and not answers, f"batches never queued up ({answers})"
+        time.sleep(0.02)
     slow.proc.send_signal(signal.SIGTERM)
+    for t in senders:
+        t.join(60)
     assert slow.proc.wait(30) == 0
-    _check_exactly_once(flowscope.open_run(slow.store / client.run_id), 5000)
+    assert queued >= 4
+    acknowledged = [i for i, (status, _) in answers.items() if status == 200]
+    assert sorted(acknowledged) == list(range(k)), answers
+    run = flowscope.open_run(slow.store / "term")
+    assert sorted(p.stem for p in (run.path / "spans").glob("*.parquet")) == sorted(f"term-{i}" for i in range(k))
+    got = run.sql("SELECT count(*) AS n, count(DISTINCT span_id) AS ids, sum(span_id) AS id_sum FROM spans").iloc[0]
+    n = k * rows
+    assert (int(got["n"]), int(got["ids"]), int(got["id_sum"])) == (n, n, n * (n - 1) // 2)
 
 
 def test_a_store_that_cannot_be_written_spools_instead_of_losing_records(tmp_path):
