@@ -278,3 +278,20 @@ def test_the_budget_holds_many_raw_concurrent_senders(collector_factory, budget)
     else:
         assert health["busy_refusals"] > 0
         assert growth < bound_mib, f"collector RSS grew by {growth:.0f} MiB"
+
+
+@pytest.mark.parametrize("codec", ["zstd", "lz4"])
+def test_a_compressed_arrow_body_is_refused_before_it_is_decompressed(collector, codec):
+    """A compressed Arrow IPC body decodes to an amount of memory its length does not bound (zeros
+    compress a thousandfold), so the budget cannot hold it: it is refused, and nothing is stored."""
+    path = open_run(collector.address, "compressed")
+    table = pa.ipc.open_stream(arrow_body(0, 1000)).read_all()
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema, options=pa.ipc.IpcWriteOptions(compression=codec)) as writer:
+        writer.write_table(table)
+    status, answer = post(collector.address, path, sink.getvalue().to_pybytes(),
+                          "application/vnd.apache.arrow.stream", "packed", chunked=False)
+    assert status == 415, answer
+    assert json.loads(answer)["error"].startswith("compressed Arrow IPC stream (message 1, a record batch, has "
+                                                  "compressed buffers)")
+    assert flowscope.open_run(collector.store / "compressed").counts()["spans"] == 0

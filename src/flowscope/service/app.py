@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import struct
 import uuid
 
 import pyarrow as pa
@@ -165,11 +166,49 @@ async def _read_batch_body(request: Request, declared: int | None, limit: int) -
     return body
 
 
+def _compressed_message(body: bytearray) -> str | None:
+    """Which message of an Arrow IPC stream first has compressed buffers ("message 1, a record batch"), if any.
+
+    A compressed body decodes to an amount of memory its length does not bound, so the collector
+    refuses it before decoding. Arrow's Python API does not say whether a message is compressed;
+    its flatbuffer header does: a RecordBatch (or a DictionaryBatch's data) with a ``compression`` field.
+    """
+    def field(meta: bytes, table: int, index: int) -> int | None:
+        vtable = table - struct.unpack_from("<i", meta, table)[0]
+        if 4 + 2 * index >= struct.unpack_from("<H", meta, vtable)[0]:
+            return None
+        offset = struct.unpack_from("<H", meta, vtable + 4 + 2 * index)[0]
+        return table + offset if offset else None
+
+    def target(meta: bytes, at: int) -> int:
+        return at + struct.unpack_from("<I", meta, at)[0]
+
+    try:
+        for i, message in enumerate(pa.ipc.MessageReader.open_stream(pa.py_buffer(body))):
+            if message.type not in ("record batch", "dictionary batch"):
+                continue
+            meta = message.metadata.to_pybytes()
+            header = field(meta, target(meta, 0), 2)  # Message.header
+            batch = target(meta, header) if header is not None else None
+            if batch is not None and message.type == "dictionary batch":
+                data = field(meta, batch, 1)  # DictionaryBatch.data
+                batch = target(meta, data) if data is not None else None
+            if batch is not None and field(meta, batch, 3) is not None:  # RecordBatch.compression
+                return f"message {i}, a {message.type}"
+    except (pa.ArrowInvalid, OSError, struct.error):
+        return None  # not a well-formed stream: reading it says what is wrong
+    return None
+
+
 def _decode_batch(table: str, body: bytearray, kind: str, held: _Held) -> pa.Table:
     """The batch as a canonical table; ``held`` is resized to the bytes the table keeps until it is written."""
     nbytes = len(body)
     if kind == "arrow":
         held.resize(_decode_cost(kind, nbytes, True))
+        compressed = _compressed_message(body)
+        if compressed is not None:
+            raise ApiError(415, f"compressed Arrow IPC stream ({compressed}, has compressed buffers): its "
+                                f"decoded size is not bounded by its length; send it uncompressed")
         try:
             with pa.ipc.open_stream(pa.py_buffer(body)) as reader:
                 raw = reader.read_all()
