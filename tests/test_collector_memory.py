@@ -295,3 +295,38 @@ def test_a_compressed_arrow_body_is_refused_before_it_is_decompressed(collector,
     assert json.loads(answer)["error"].startswith("compressed Arrow IPC stream (message 1, a record batch, has "
                                                   "compressed buffers)")
     assert flowscope.open_run(collector.store / "compressed").counts()["spans"] == 0
+
+
+def test_a_dictionary_column_that_would_expand_beyond_the_limits_is_refused(collector_factory):
+    """A dictionary-encoded string column is stored plain: 2,000 rows pointing at one 64 KiB value
+    are a 124 KiB body that decodes to 125 MiB. It is refused (413) before it is expanded."""
+    c = collector_factory("--max-request-mb", "1")
+    path = open_run(c.address, "dictionary")
+    n = 2_000
+    table = pa.table({"resource_id": pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int8()), ["x" * 65536]),
+                      "kind": ["task"] * n, "name": ["f"] * n, "start_ns": pa.array(range(n), pa.int64()),
+                      "end_ns": pa.array(range(1, n + 1), pa.int64())})
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        writer.write_table(table)
+    body = sink.getvalue().to_pybytes()
+    assert len(body) < 200_000
+    rss = PeakRss(c.pid)
+    status, answer = post(c.address, path, body, "application/vnd.apache.arrow.stream", "expands", chunked=False)
+    growth = rss.stop()
+    assert status == 413, answer
+    assert json.loads(answer)["error"].startswith("spans.resource_id: a dictionary-encoded column that decodes "
+                                                  f"to {n * 65536 + 4 * (n + 1)} bytes")
+    assert growth < 32
+    assert flowscope.open_run(c.store / "dictionary").counts()["spans"] == 0
+    # within the limits, a dictionary-encoded column is taken and stored plain
+    small = table.slice(0, 10).set_column(0, "resource_id", pa.DictionaryArray.from_arrays(
+        pa.array([0, 1] * 5, pa.int8()), ["thread:a", "thread:b"]))
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, small.schema) as writer:
+        writer.write_table(small)
+    status, answer = post(c.address, path, sink.getvalue().to_pybytes(), "application/vnd.apache.arrow.stream",
+                          "fits", chunked=False)
+    assert status == 200, answer
+    stored = flowscope.open_run(c.store / "dictionary").table("spans")
+    assert stored["resource_id"].tolist() == ["thread:a", "thread:b"] * 5

@@ -14,6 +14,7 @@ import struct
 import uuid
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -200,8 +201,22 @@ def _compressed_message(body: bytearray) -> str | None:
     return None
 
 
-def _decode_batch(table: str, body: bytearray, kind: str, held: _Held) -> pa.Table:
-    """The batch as a canonical table; ``held`` is resized to the bytes the table keeps until it is written."""
+def _plain_bytes(column: pa.ChunkedArray) -> int:
+    """Bytes a dictionary-encoded column takes once decoded to plain values, as conform() stores it."""
+    total = 0
+    for chunk in column.chunks:
+        n = len(chunk)
+        if pa.types.is_string(chunk.dictionary.type) or pa.types.is_binary(chunk.dictionary.type):
+            lengths = pc.binary_length(chunk.dictionary).take(chunk.indices)
+            total += (pc.sum(lengths).as_py() or 0) + 4 * (n + 1)
+        else:
+            total += n * max(1, chunk.dictionary.type.bit_width // 8)
+    return total
+
+
+def _decode_batch(table: str, body: bytearray, kind: str, held: _Held, limit: int) -> pa.Table:
+    """The batch as a canonical table; ``held`` is resized to the bytes the table keeps until it is written.
+    ``limit`` is the largest body accepted; no batch may decode to more than it could."""
     nbytes = len(body)
     if kind == "arrow":
         held.resize(_decode_cost(kind, nbytes, True))
@@ -214,6 +229,19 @@ def _decode_batch(table: str, body: bytearray, kind: str, held: _Held) -> pa.Tab
                 raw = reader.read_all()
         except (pa.ArrowInvalid, OSError) as exc:
             raise ApiError(400, f"malformed Arrow IPC stream ({nbytes} bytes): {exc}") from None
+        # conform() decodes dictionary-encoded columns: a few bytes of indices can stand for gigabytes
+        plain = 0
+        for f in raw.schema:
+            if pa.types.is_dictionary(f.type):
+                column_bytes = _plain_bytes(raw.column(f.name))
+                plain += column_bytes
+                if nbytes + plain > ARROW_COST_PER_BYTE * limit:
+                    raise ApiError(413, f"{table}.{f.name}: a dictionary-encoded column that decodes to "
+                                        f"{column_bytes} bytes; a batch may decode to at most "
+                                        f"{ARROW_COST_PER_BYTE * limit} bytes (2 x --max-request-mb): send it "
+                                        f"plain or in smaller batches")
+        if plain:
+            held.resize(nbytes + plain)
         data = conform(table, raw)
         # a column conform() kept as it was still points into the body; one it converted or added does not
         kept = {f.name: f.type for f in raw.schema}
@@ -293,7 +321,7 @@ def build_app(collector: Collector) -> Starlette:
             collector.decoding(+1)
             try:
                 # off the event loop: decoding a large batch takes seconds of CPU
-                data = await asyncio.to_thread(_decode_batch, table, body, kind, held)
+                data = await asyncio.to_thread(_decode_batch, table, body, kind, held, limit)
             finally:
                 collector.decoding(-1)
             del body
