@@ -34,7 +34,7 @@ from flowscope.client.transport import (Busy, EmbeddedTransport, HttpTransport, 
                                        pick_address)
 from flowscope.model import identifiers as ids
 from flowscope.model.conform import SchemaError, conform
-from flowscope.model.provenance import check_run_id, collect_provenance, new_run_id, now_ns
+from flowscope.model.provenance import check_open_request, check_run_id, collect_provenance, new_run_id, now_ns
 
 log = logging.getLogger("flowscope.client")
 
@@ -63,6 +63,10 @@ class Client:
                  max_buffer_records: int = 500_000, spool_dir: str | Path | None = None,
                  busy_timeout: float = 30.0, senders: int = 2, serve: bool = False,
                  collector_options: dict | None = None):
+        if isinstance(command, list):
+            command = " ".join(command)
+        # refused here, in the producer's call, rather than by the collector once the threads run
+        check_open_request({"name": name, "command": command, **(meta or {})})
         if not address:
             if address_file:
                 address = pick_address(address_file)
@@ -123,8 +127,6 @@ class Client:
 
         self._meta = {"run_id": self.run_id, "name": name, "command": command, "start_ns": now_ns(),
                       "provenance": collect_provenance(), **(meta or {})}
-        if isinstance(command, list):
-            self._meta["command"] = " ".join(command)
         if not (self.owns_run or self._collector is not None):
             self._opened.set()  # joining a run that exists: nothing to open
         self._builder = threading.Thread(target=self._build_loop, name="flowscope-builder", daemon=True)

@@ -13,6 +13,7 @@ from urllib.parse import urlsplit
 import pyarrow as pa
 
 from flowscope.model.conform import SchemaError
+from flowscope.model.provenance import check_close_request
 from flowscope.service.collector import Collector, CollectorBusy, UnknownRun
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -149,12 +150,17 @@ class EmbeddedTransport:
         return self.collector.health()
 
     def open_run(self, meta: dict) -> dict:
-        return self.collector.open_run(meta)
+        try:
+            return self.collector.open_run(meta)
+        except ValueError as exc:  # as the HTTP API answers it
+            raise Rejected(422, str(exc)) from None
 
     def close_run(self, run_id: str, info: dict) -> dict:
-        info = dict(info)
-        return self.collector.close_run(run_id, end_ns=info.pop("end_ns", None),
-                                        status=info.pop("status", "finished"), extra=info)
+        try:
+            end_ns, status = check_close_request(info)
+        except ValueError as exc:
+            raise Rejected(422, str(exc)) from None
+        return self.collector.close_run(run_id, end_ns=end_ns, status=status)
 
     def send(self, run_id: str, table: str, segment_id: str, data: pa.Table | bytes) -> dict:
         if isinstance(data, (bytes, bytearray, memoryview)):
