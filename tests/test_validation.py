@@ -75,7 +75,13 @@ def test_an_arrow_timestamp_beyond_int64_ns_is_a_422_not_a_500(collector):
                   "start_ns": pa.array([2**62], pa.timestamp("s")), "end_ns": pa.array([2**62], pa.timestamp("s"))})
     res = httpx.post(f"{base}/v1/runs/{run_id}/tables/spans", content=ipc_bytes(t), headers=ARROW)
     assert res.status_code == 422, res.text
-    assert res.json()["error"].startswith("spans.start_ns:")
+    assert res.json()["error"].startswith("spans.start_ns: row 0:"), res.json()
+    ids = pa.table({"span_id": pa.array([1, 2**63, 3], pa.uint64()), "resource_id": ["r"] * 3, "kind": ["call"] * 3,
+                    "name": ["f"] * 3, "start_ns": [T0] * 3, "end_ns": [T0] * 3})
+    res = httpx.post(f"{base}/v1/runs/{run_id}/tables/spans", content=ipc_bytes(ids), headers=ARROW)
+    assert res.status_code == 422, res.text
+    assert res.json()["error"].startswith("spans.span_id: row 1:") and "9223372036854775808" in res.json()["error"]
+    assert _rows(base, run_id, "spans") == 0
 
 
 def test_client_emit_refuses_a_bool_for_an_integer_column(tmp_path):

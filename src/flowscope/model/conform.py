@@ -8,7 +8,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flowscope.model.schemas import schema
+from flowscope.model.schemas import INT64_MAX, schema
 
 
 class SchemaError(ValueError):
@@ -61,7 +61,8 @@ def _conform_column(table: str, field: pa.Field, col: pa.ChunkedArray | pa.Array
         try:
             return col.cast(pa.timestamp("ns")).cast(pa.int64())
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            raise SchemaError(table, f"cannot be read as int64 ns since the epoch: {exc}", field.name) from None
+            raise SchemaError(table, f"{_row_of(col)}cannot be read as int64 ns since the epoch: {exc}",
+                              field.name) from None
     if fam_have not in _CASTABLE.get(fam_want, {fam_want}):
         raise SchemaError(table, f"has type {have}, expected {want}", field.name)
     if fam_want == "list":
@@ -71,7 +72,24 @@ def _conform_column(table: str, field: pa.Field, col: pa.ChunkedArray | pa.Array
     try:
         return col.cast(want, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise SchemaError(table, f"cannot be read as {want}: {exc}", field.name) from None
+        raise SchemaError(table, f"{_row_of(col)}cannot be read as {want}: {exc}", field.name) from None
+
+
+_NS_PER_UNIT = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
+
+
+def _row_of(col: pa.ChunkedArray | pa.Array) -> str:
+    """'row N: ' for the first value of an integer or timestamp column beyond int64 (ns), else ''."""
+    t = col.type
+    if pa.types.is_unsigned_integer(t) and t.bit_width == 64:
+        beyond = pc.greater(col, pa.scalar(INT64_MAX, t))
+    elif pa.types.is_timestamp(t):
+        limit = INT64_MAX // _NS_PER_UNIT[t.unit]
+        raw = col.cast(pa.int64())
+        beyond = pc.or_(pc.greater(raw, limit), pc.less(raw, -limit))
+    else:
+        return ""
+    return f"row {pc.index(beyond, True).as_py()}: " if pc.any(beyond).as_py() else ""
 
 
 def interval_columns(table: str) -> tuple[str, str] | None:

@@ -17,6 +17,8 @@ from collections.abc import Mapping
 from importlib import metadata
 from typing import Any
 
+from flowscope.model.schemas import INT64_MAX
+
 KEY_PACKAGES = ("flowscope", "dask", "distributed", "pyarrow", "duckdb", "numpy", "pandas", "scipy",
                 "starlette", "uvicorn", "psutil", "mpi4py", "torch")
 
@@ -46,7 +48,6 @@ def now_ns() -> int:
 
 # ---- run metadata (run.json): what an open or a close request may say, and what a stored run.json must hold ----
 
-INT64_MAX = 2**63 - 1
 STATUS_MAX = 200
 #: the fields of run.json the collector sets: at open (collector, format_version, status "running", end_ns null)
 #: and at close (end_ns, status); an open request may not set them

@@ -21,9 +21,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from flowscope.model.conform import conform
-from flowscope.model.provenance import (CLOSE_FIELDS, INT64_MAX, RUN_FIELDS, check_close_request,
-                                       check_open_request, check_run_id, collect_provenance, new_run_id, now_ns)
-from flowscope.model.schemas import schema
+from flowscope.model.provenance import (CLOSE_FIELDS, RUN_FIELDS, check_close_request, check_open_request,
+                                       check_run_id, collect_provenance, new_run_id, now_ns)
+from flowscope.model.schemas import INT64_MAX, schema
 from flowscope.store.layout import (RUN_JSON, check_segment_id, read_json, remove_stale_temps,
                                     segment_path, write_json_atomic, write_segment)
 
