@@ -8,12 +8,13 @@ import subprocess
 import sys
 
 import httpx
+import numpy as np
 import pyarrow as pa
 import pytest
 
 import flowscope
 from flowscope.client.transport import EmbeddedTransport, ipc_bytes
-from flowscope.model.conform import SchemaError
+from flowscope.model.conform import SchemaError, records_to_table
 from flowscope.model.schemas import TABLES, schema
 from flowscope.service.collector import Collector
 from flowscope.store.catalog import list_runs
@@ -66,6 +67,17 @@ def test_a_json_value_that_is_not_an_integer_is_refused_naming_table_row_and_col
     assert _rows(base, run_id, table) == 0                   # the good record of the refused batch is not stored either
     ok = httpx.post(f"{base}/v1/runs/{run_id}/tables/{table}", json=[good])
     assert ok.status_code == 200 and ok.json()["rows"] == 1
+
+
+def test_row_dicts_from_python_take_numpy_integers_but_not_numpy_floats_or_bools():
+    rec = {"resource_id": "r", "kind": "call", "name": "f", "start_ns": np.int64(T0), "end_ns": T0 + 1,
+           "span_id": np.int32(3)}
+    t = records_to_table("spans", [rec])
+    assert t.column("start_ns").to_pylist() == [T0] and t.column("span_id").to_pylist() == [3]
+    with pytest.raises(SchemaError, match=r"spans\.end_ns: record 0: expected an integer \(int64\), got float64"):
+        records_to_table("spans", [{**rec, "end_ns": np.float64(T0 + 1)}])
+    with pytest.raises(SchemaError, match=r"spans\.span_id: record 1: expected an integer \(int64\), got bool"):
+        records_to_table("spans", [rec, {**rec, "span_id": np.bool_(True)}])
 
 
 def test_an_arrow_timestamp_beyond_int64_ns_is_a_422_not_a_500(collector):

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+import numbers
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -171,20 +173,23 @@ def records_to_table(table: str, records: Iterable[Mapping[str, Any]]) -> pa.Tab
     return conform(table, pa.table(cols))
 
 
-# Python types a JSON (or Python) value may have in a numeric column: bool is an int subclass and a float in an
-# integer column would be truncated by Arrow, so both are refused rather than converted.
+# What a value in a numeric column may be. bool is an int subclass and a float in an integer column would be
+# truncated by Arrow, so both are refused rather than converted; numpy's scalars count as what they are.
 _NUMBER_TYPES = {"int": {int, type(None)}, "float": {int, float, type(None)}}
+_NUMBER_ABCS = {"int": numbers.Integral, "float": numbers.Real}
 _NUMBER_WORDS = {"int": "an integer (int64)", "float": "a number"}
 
 
 def _check_numbers(table: str, field: pa.Field, values: list) -> None:
     family = type_family(field.type)
     allowed = _NUMBER_TYPES.get(family)
-    if allowed is None or set(map(type, values)) <= allowed:
+    if allowed is None or set(map(type, values)) <= allowed:  # the common case, at C speed
         return
-    row, value = next((i, v) for i, v in enumerate(values) if type(v) not in allowed)
-    raise SchemaError(table, f"record {row}: expected {_NUMBER_WORDS[family]}, got {type(value).__name__} "
-                             f"{value!r:.80}", field.name)
+    abc = _NUMBER_ABCS[family]
+    for row, value in enumerate(values):
+        if value is not None and (not isinstance(value, abc) or isinstance(value, (bool, np.bool_))):
+            raise SchemaError(table, f"record {row}: expected {_NUMBER_WORDS[family]}, got {type(value).__name__} "
+                                     f"{value!r:.80}", field.name)
 
 
 def _fits(value: Any, typ: pa.DataType) -> bool:
