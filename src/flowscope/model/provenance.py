@@ -65,7 +65,8 @@ def _describe(value: Any) -> str:
 def _ns_problem(value: Any, lo: int) -> str | None:
     """Why ``value`` is not an int ns since the UTC epoch within lo..2**63-1 (None if it is one)."""
     if type(value) is not int or not lo <= value <= INT64_MAX:  # bool is an int subclass: refused too
-        return f"expected an integer of ns since the UTC epoch within {lo}..2**63-1, got {_describe(value)}"
+        bounds = "within 0..2**63-1" if lo == 0 else "an int64" if lo == -INT64_MAX else f"within {lo}..2**63-1"
+        return f"expected an integer of ns since the UTC epoch ({bounds}), got {_describe(value)}"
     return None
 
 
