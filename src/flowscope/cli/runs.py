@@ -60,7 +60,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     rows = []
     for m in runs:
         dur = (m["end_ns"] - m["start_ns"]) if m.get("end_ns") and m.get("start_ns") else None
-        rows.append([m.get("run_id"), m.get("name"), m.get("status", m.get("error")), _when(m.get("start_ns")),
+        status = f"bad run.json: {m['error']}" if m.get("error") else m.get("status")
+        rows.append([m.get("run_id"), m.get("name"), status, _when(m.get("start_ns")),
                      fmt_ns(dur), m.get("command") or ""])
     print_table(f"runs in {store}", ["run", "name", "status", "started (UTC)", "duration", "command"], rows)
     return 0

@@ -23,10 +23,10 @@ from starlette.routing import Route
 
 from flowscope import __version__
 from flowscope.model.conform import SchemaError, conform
-from flowscope.model.provenance import check_run_id
+from flowscope.model.provenance import check_close_request, check_run_id
 from flowscope.model.schemas import DERIVED_TABLES, TABLES, schema
 from flowscope.service.collector import Collector, CollectorBusy, UnknownRun
-from flowscope.store.catalog import list_runs
+from flowscope.store.catalog import list_runs, run_meta
 from flowscope.store.run import Run
 from flowscope.service.anomaly_server import anomaly_routes
 from flowscope.service.json_batch import WINDOW_CHARS, MalformedBatch, json_batch_table
@@ -283,18 +283,18 @@ def build_app(collector: Collector) -> Starlette:
     async def run_info(request: Request) -> JSONResponse:
         run_id = _run_id(request, collector)
         run = Run(collector.run_dir(run_id))
-        meta = run.meta
+        meta = run_meta(run.path)
         meta["rows"] = await asyncio.to_thread(run.counts)
         return JSONResponse(meta)
 
     async def close(request: Request) -> JSONResponse:
         run_id = _run_id(request, collector)
         body = await _json_body(request)
-        end_ns = body.pop("end_ns", None)
-        status = body.pop("status", "finished")
-        if end_ns is not None and not isinstance(end_ns, int):
-            raise ApiError(422, f"end_ns must be an integer (ns since epoch), got {end_ns!r}")
-        doc = await asyncio.to_thread(collector.close_run, run_id, end_ns=end_ns, status=str(status), extra=body)
+        try:
+            end_ns, status = check_close_request(body)
+        except ValueError as exc:
+            raise ApiError(422, str(exc)) from None
+        doc = await asyncio.to_thread(collector.close_run, run_id, end_ns=end_ns, status=status)
         return JSONResponse(doc)
 
     async def ingest(request: Request) -> JSONResponse:

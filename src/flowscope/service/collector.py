@@ -23,8 +23,9 @@ from pathlib import Path
 import pyarrow as pa
 
 from flowscope.model.conform import conform
-from flowscope.model.provenance import check_run_id, collect_provenance, new_run_id, now_ns
-from flowscope.model.schemas import schema
+from flowscope.model.provenance import (CLOSE_FIELDS, RUN_FIELDS, check_close_request, check_open_request,
+                                       check_run_id, collect_provenance, new_run_id, now_ns)
+from flowscope.model.schemas import INT64_MAX, schema
 from flowscope.store.layout import (RUN_JSON, check_segment_id, read_json, remove_stale_temps,
                                     segment_path, write_json_atomic, write_segment)
 
@@ -100,8 +101,10 @@ class Collector:
         return exists
 
     def open_run(self, meta: dict | None = None) -> dict:
-        """Create the run described by ``meta`` (idempotent for a given run_id) and return its run.json."""
-        meta = dict(meta or {})
+        """Create the run described by ``meta`` (idempotent for a given run_id) and return its run.json.
+
+        ValueError, naming the field, when ``meta`` does not fit run.json (see check_open_request)."""
+        meta = check_open_request(meta or {})
         run_id = check_run_id(meta.get("run_id") or new_run_id())
         with self._run_lock:
             d = self.run_dir(run_id)
@@ -116,7 +119,7 @@ class Collector:
                 "run_id": run_id,
                 "name": meta.get("name") or run_id,
                 "command": meta.get("command"),
-                "start_ns": int(meta.get("start_ns") or now_ns()),
+                "start_ns": meta.get("start_ns") or now_ns(),
                 "end_ns": None,
                 "status": "running",
                 "provenance": meta.get("provenance") or collect_provenance(),
@@ -131,7 +134,15 @@ class Collector:
 
     def close_run(self, run_id: str, *, end_ns: int | None = None, status: str = "finished",
                   extra: dict | None = None) -> dict:
-        """Mark the run finished (end time, status); later batches are still accepted."""
+        """Mark the run finished (end time, status); later batches are still accepted.
+
+        ``extra`` adds fields of the collector's own callers (an import's failures); it may not replace a
+        field of run.json's own (run_id, start_ns, ...). ValueError names what does not fit."""
+        # an imported trace's end may precede 1970; the 0 floor of a live client's close is checked at the edge
+        end_ns, status = check_close_request({"end_ns": end_ns, "status": status}, earliest=-INT64_MAX)
+        clash = sorted(set(extra or ()) & {*RUN_FIELDS, *CLOSE_FIELDS})
+        if clash:
+            raise ValueError(f"close: {', '.join(clash)} cannot be replaced")
         with self._run_lock:
             path = self.run_dir(run_id) / RUN_JSON
             if not path.is_file():
