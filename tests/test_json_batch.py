@@ -50,7 +50,7 @@ def test_batches_read_as_json_loads_reads_them(style, shape):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda r: r[150].update(start_ns="soon"), "spans.start_ns: expected int64 (record 150: 'soon')"),
+    (lambda r: r[150].update(start_ns="soon"), "spans.start_ns: record 150: expected an integer (int64), got str 'soon'"),
     (lambda r: r[123].update(duration=1), "spans.duration: record 123 has unknown column 'duration'"),
     (lambda r: r.__setitem__(177, [1]), "spans: record 177 is a list, expected an object"),
     (lambda r: r[140].pop("kind"), "spans.kind: is required but row 140 is null"),
