@@ -188,10 +188,10 @@ def test_structural_length_agrees_with_networkx_on_real_dask_graphs():
 
 def test_a_cycle_is_named_by_a_vertex_on_it():
     # 0 -> 1 -> 2 -> 3 -> 1 is a cycle; 4 hangs behind it; 5 -> 6 is fine
-    with pytest.raises(ValueError, match=r"cycle through vertex [123] \(([123]) -> [123] -> [123] -> \1\)") as e:
+    with pytest.raises(ValueError, match=r"cycle through vertex 1 \(1 -> 2 -> 3 -> 1\)") as e:
         longest_path_length(7, [0, 1, 2, 3, 3, 5], [1, 2, 3, 1, 4, 6])
-    assert sorted(e.value.cycle) == [1, 2, 3]
-    assert e.value.vertex in (1, 2, 3)
+    assert e.value.cycle == [1, 2, 3]
+    assert e.value.vertex == 1
     assert "4 of 7 vertices" in str(e.value)
     with pytest.raises(ValueError, match=r"cycle through vertex 2 \(2 -> 2\)"):
         longest_path_length(3, [0, 2], [1, 2])

@@ -18,8 +18,8 @@ __all__ = ["GraphCycleError", "edge_arrays", "longest_to"]
 
 
 class GraphCycleError(ValueError):
-    """The graph has a cycle. ``cycle`` lists the vertices of one cycle in edge order (the last one has an
-    edge back to the first); ``vertex`` is its first vertex."""
+    """The graph has a cycle. ``cycle`` lists the vertices of one cycle in edge order, from its smallest vertex
+    number (the last one has an edge back to the first); ``vertex`` is that first vertex."""
 
     def __init__(self, message: str, cycle: list[int]):
         super().__init__(message)
@@ -85,6 +85,8 @@ def _cycle_error(n: int, src: np.ndarray, dst: np.ndarray, reached: np.ndarray) 
         walk.append(v)
         v = int(pred[v])
     cycle = walk[int(step[v]):][::-1]
+    first = cycle.index(min(cycle))
+    cycle = cycle[first:] + cycle[:first]
     shown = " -> ".join(map(str, cycle[:10] + [cycle[0]])) if len(cycle) <= 10 else \
         " -> ".join(map(str, cycle[:10])) + f" -> ... ({len(cycle)} vertices)"
     return GraphCycleError(f"the graph has a cycle through vertex {cycle[0]} ({shown}); {n - len(reached)} of {n} "
