@@ -4,7 +4,7 @@
  * codes into errors; this file only does the sweep, with the GIL released.
  *
  * longest_to(n, src, dst, edge_w, vertex_w, dist, order) -> int
- *   src, dst: int64[m]; edge_w: float64[m]; vertex_w: float64[n]   (read)
+ *   src, dst: int64[m]; edge_w: float64[m]; vertex_w: float64[n] or None (zeros)   (read)
  *   dist: float64[n]; order: int64[n]                               (written)
  *   dist[v] = the longest path ending at v, vertex weights included (a path's length sums the weights of its
  *   vertices and edges; duplicate edges count with their largest weight); order = the vertices in the
@@ -20,6 +20,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
+
 /* the best arrival and the in-edges still unseen, side by side: one cache line per edge visited */
 typedef struct {
     double best;
@@ -34,17 +38,51 @@ typedef struct {
 
 #if defined(__GNUC__) || defined(__clang__)
 #define PREFETCH(p) __builtin_prefetch(p)
+#define PREFETCH_W(p) __builtin_prefetch((p), 1)
 #else
 #define PREFETCH(p) ((void)0)
+#define PREFETCH_W(p) ((void)0)
 #endif
 
-/* -1: out of memory */
+/* Zeroed scratch memory. Every access of the sweep lands on a random vertex, so on Linux the buffers ask for
+   transparent huge pages: with 4 KB pages nearly every access would also miss the TLB (and, in a virtual
+   machine, walk two page tables), and the first touch of each page faults. */
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+#define HUGE_PAGES 1
+#endif
+
+static void *scratch(size_t bytes) {
+#ifdef HUGE_PAGES
+    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return NULL;
+    madvise(p, bytes, MADV_HUGEPAGE);   /* advice only: without it the buffer still works */
+    return p;
+#else
+    return calloc(1, bytes);
+#endif
+}
+
+static void release(void *p, size_t bytes) {
+    if (!p) return;
+#ifdef HUGE_PAGES
+    munmap(p, bytes);
+#else
+    (void)bytes;
+    free(p);
+#endif
+}
+
+/* -1: out of memory. vertex_w may be NULL (all zeros). */
 static int64_t sweep(int64_t n, int64_t m, const int64_t *src, const int64_t *dst, const double *edge_w,
                      const double *vertex_w, double *dist, int64_t *order) {
-    int64_t *offsets = calloc((size_t)n + 2, sizeof(int64_t));
-    vertex_state *state = calloc((size_t)n + 1, sizeof(vertex_state));
-    out_edge *adj = malloc(((size_t)m + 1) * sizeof(out_edge));
+    size_t offsets_bytes = ((size_t)n + 2) * sizeof(int64_t);
+    size_t state_bytes = ((size_t)n + 1) * sizeof(vertex_state);
+    size_t adj_bytes = ((size_t)m + 1) * sizeof(out_edge);
+    int64_t *offsets = scratch(offsets_bytes);
+    vertex_state *state = scratch(state_bytes);
+    out_edge *adj = scratch(adj_bytes);
     int64_t result = -1;
+    const int64_t ahead = 16;   /* how far the edge passes fetch ahead */
     if (!offsets || !state || !adj) goto done;
 
     /* out-degrees (shifted by two, so the scatter below leaves offsets[v] = first out-edge of v) and
@@ -55,17 +93,23 @@ static int64_t sweep(int64_t n, int64_t m, const int64_t *src, const int64_t *ds
             result = -(i + 2);
             goto done;
         }
+        if (i + ahead < m && (uint64_t)src[i + ahead] < (uint64_t)n && (uint64_t)dst[i + ahead] < (uint64_t)n) {
+            PREFETCH_W(&offsets[src[i + ahead] + 2]);
+            PREFETCH_W(&state[dst[i + ahead]]);
+        }
         offsets[s + 2]++;
         state[d].remaining++;
     }
     for (int64_t v = 2; v < n + 2; v++) offsets[v] += offsets[v - 1];
     for (int64_t i = 0; i < m; i++) {
+        if (i + ahead < m) PREFETCH_W(&offsets[src[i + ahead] + 1]);
         int64_t p = offsets[src[i] + 1]++;
         adj[p].to = (uint32_t)dst[i];
         adj[p].w = edge_w[i];
     }
 
-    /* Kahn's algorithm: a vertex is final once its last in-edge has been seen */
+    /* Kahn's algorithm: a vertex is final once its last in-edge has been seen; its length then replaces its
+       best arrival in state, and dist is filled in order at the end */
     int64_t tail = 0;
     for (int64_t v = 0; v < n; v++) {
         state[v].best = -INFINITY;
@@ -75,14 +119,17 @@ static int64_t sweep(int64_t n, int64_t m, const int64_t *src, const int64_t *ds
         /* the queue says which vertices come next: fetch their state and edges ahead of time (the sweep
            is bound by memory latency, since vertex numbers say nothing about the order) */
         if (head + 4 < tail) {
-            PREFETCH(&offsets[order[head + 4]]);
-            PREFETCH(&state[order[head + 4]]);
+            int64_t x = order[head + 4];
+            PREFETCH(&offsets[x]);
+            PREFETCH(&state[x]);
+            if (vertex_w) PREFETCH(&vertex_w[x]);
         }
         if (head + 2 < tail) PREFETCH(&adj[offsets[order[head + 2]]]);
         int64_t u = order[head];
         double b = state[u].best;
-        double du = vertex_w[u] + (b == -INFINITY ? 0.0 : b);   /* -inf only where nothing comes in */
-        dist[u] = du;
+        double du = b == -INFINITY ? 0.0 : b;   /* -inf only where nothing comes in */
+        if (vertex_w) du += vertex_w[u];
+        state[u].best = du;
         for (int64_t k = offsets[u], end = offsets[u + 1]; k < end; k++) {
             vertex_state *t = &state[adj[k].to];
             double c = du + adj[k].w;
@@ -90,11 +137,12 @@ static int64_t sweep(int64_t n, int64_t m, const int64_t *src, const int64_t *ds
             if (--t->remaining == 0) order[tail++] = adj[k].to;
         }
     }
+    for (int64_t v = 0; v < n; v++) dist[v] = state[v].best;   /* unreached vertices (a cycle): -inf or a bound */
     result = tail;
 done:
-    free(offsets);
-    free(state);
-    free(adj);
+    release(offsets, offsets_bytes);
+    release(state, state_bytes);
+    release(adj, adj_bytes);
     return result;
 }
 
@@ -117,33 +165,28 @@ static int get_array(PyObject *obj, Py_buffer *view, int writable, char kind, Py
 
 static PyObject *longest_to(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t n;
-    PyObject *o_src, *o_dst, *o_ew, *o_vw, *o_dist, *o_order;
-    if (!PyArg_ParseTuple(args, "nOOOOOO", &n, &o_src, &o_dst, &o_ew, &o_vw, &o_dist, &o_order)) return NULL;
+    PyObject *o[6];   /* src, dst, edge_w, vertex_w (or None), dist, order */
+    if (!PyArg_ParseTuple(args, "nOOOOOO", &n, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5])) return NULL;
     if (n < 0 || (uint64_t)n > (uint64_t)UINT32_MAX) {
         return PyErr_Format(PyExc_ValueError, "the graph has %zd vertices; the longest path handles 0 to %lu",
                             n, (unsigned long)UINT32_MAX);
     }
     Py_buffer b[6];
-    int got = 0;
+    int held[6] = {0, 0, 0, 0, 0, 0};
     PyObject *out = NULL;
-    if (PyObject_GetBuffer(o_src, &b[0], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    if (PyObject_GetBuffer(o[0], &b[0], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
     Py_ssize_t m = b[0].len / 8;
     PyBuffer_Release(&b[0]);
-    if (get_array(o_src, &b[got], 0, 'i', m, "src") < 0) goto fail;
-    got++;
-    if (get_array(o_dst, &b[got], 0, 'i', m, "dst") < 0) goto fail;
-    got++;
-    if (get_array(o_ew, &b[got], 0, 'd', m, "edge weights") < 0) goto fail;
-    got++;
-    if (get_array(o_vw, &b[got], 0, 'd', n, "vertex weights") < 0) goto fail;
-    got++;
-    if (get_array(o_dist, &b[got], 1, 'd', n, "dist") < 0) goto fail;
-    got++;
-    if (get_array(o_order, &b[got], 1, 'i', n, "order") < 0) goto fail;
-    got++;
+    static const char *names[6] = {"src", "dst", "edge weights", "vertex weights", "dist", "order"};
+    const char kinds[6] = {'i', 'i', 'd', 'd', 'd', 'i'};
+    for (int i = 0; i < 6; i++) {
+        if (i == 3 && o[i] == Py_None) continue;
+        if (get_array(o[i], &b[i], i >= 4, kinds[i], i == 3 || i >= 4 ? n : m, names[i]) < 0) goto fail;
+        held[i] = 1;
+    }
     int64_t r;
     Py_BEGIN_ALLOW_THREADS
-    r = sweep(n, m, b[0].buf, b[1].buf, b[2].buf, b[3].buf, b[4].buf, b[5].buf);
+    r = sweep(n, m, b[0].buf, b[1].buf, b[2].buf, held[3] ? b[3].buf : NULL, b[4].buf, b[5].buf);
     Py_END_ALLOW_THREADS
     if (r == -1) {
         PyErr_NoMemory();
@@ -151,7 +194,8 @@ static PyObject *longest_to(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     out = PyLong_FromLongLong(r);
 fail:
-    while (got > 0) PyBuffer_Release(&b[--got]);
+    for (int i = 0; i < 6; i++)
+        if (held[i]) PyBuffer_Release(&b[i]);
     return out;
 }
 

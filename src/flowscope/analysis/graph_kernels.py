@@ -1,7 +1,8 @@
 """Longest paths of weighted DAGs given as edge arrays (vertices numbered 0..n-1), in one compiled O(V + E)
 sweep whose cost does not depend on the depth of the graph.
 
-The sweep is C (``_graph_kernels.c``, built with the package; it runs without the GIL). Why not a library:
+The sweep is C (``_graph_kernels.c``, built with the package; it runs without the GIL, on huge pages where Linux
+gives them). Why not a library:
 rustworkx has to build its graph from Python tuples and call a Python weight function per edge, scipy.sparse.csgraph
 has no longest path on a DAG, and numba, compiling the same loop, would add about 200 MB to an install and a
 JIT-cache load to the first call in every process; docs/performance.md ("Longest path of a large DAG") has the
@@ -59,7 +60,8 @@ def longest_to(n: int, src, dst, edge_w=None, vertex_w=None) -> np.ndarray:
     src, dst, ew, vw = edge_arrays(n, src, dst, edge_w, vertex_w)
     dist = np.empty(n, dtype=np.float64)
     order = np.empty(n, dtype=np.int64)
-    reached = _graph_kernels.longest_to(n, src, dst, ew, vw, dist, order)
+    # no vertex weights: the sweep skips reading n zeros at random places
+    reached = _graph_kernels.longest_to(n, src, dst, ew, vw if vertex_w is not None else None, dist, order)
     if reached < 0:
         i = -reached - 2
         end = int(src[i]) if not 0 <= src[i] < n else int(dst[i])
