@@ -3,14 +3,14 @@
  * The Python side (flowscope/analysis/graph_kernels.py) converts and checks the arrays and turns the return
  * codes into errors; this file only does the sweep, with the GIL released.
  *
- * longest_to(n, src, dst, edge_w, vertex_w, dist, order) -> int
+ * longest_to(n, src, dst, edge_w, vertex_w, dist) -> int
  *   src, dst: int64[m]; edge_w: float64[m]; vertex_w: float64[n] or None (zeros)   (read)
- *   dist: float64[n]; order: int64[n]                               (written)
+ *   dist: float64[n]                                                                (written)
  *   dist[v] = the longest path ending at v, vertex weights included (a path's length sums the weights of its
- *   vertices and edges; duplicate edges count with their largest weight); order = the vertices in the
- *   topological order they were reached. Returns how many vertices were reached: fewer than n means a cycle
- *   (the vertices not in order[:k] are on one or behind one). -(i + 2) means edge i has an endpoint outside
- *   [0, n); the sweep itself returns -1 when memory runs out (MemoryError here).
+ *   vertices and edges; duplicate edges count with their largest weight). Returns how many vertices were
+ *   reached: fewer than n means a cycle, and the vertices not reached (on a cycle or behind one) have NaN in
+ *   dist. -(i + 2) means edge i has an endpoint outside [0, n); the sweep itself returns -1 when memory runs
+ *   out (MemoryError here). Up to 2^32 - 1 vertices and 2^32 - 1 edges.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -20,17 +20,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-#if defined(__linux__)
-#include <sys/mman.h>
-#endif
-
-/* the best arrival and the in-edges still unseen, side by side: one cache line per edge visited */
+/* Per vertex, in one 16-byte line: the best arrival so far (its length once final), the in-edges not yet seen,
+   and where its out-edges start in adj (out-edges of v: adj[state[v].start .. state[v + 1].start)). One array
+   instead of three, because the sweep is bound by random memory accesses: vertex numbers say nothing about the
+   order in which it reaches vertices. */
 typedef struct {
     double best;
-    int64_t remaining;
+    uint32_t remaining;
+    uint32_t start;
 } vertex_state;
 
-/* an out-edge: its head and weight in one cache line */
+/* an out-edge: its head and weight */
 typedef struct {
     uint32_t to;
     double w;
@@ -44,49 +44,17 @@ typedef struct {
 #define PREFETCH_W(p) ((void)0)
 #endif
 
-/* Zeroed scratch memory. Every access of the sweep lands on a random vertex, so on Linux the buffers ask for
-   transparent huge pages: with 4 KB pages nearly every access would also miss the TLB (and, in a virtual
-   machine, walk two page tables), and the first touch of each page faults. */
-#if defined(__linux__) && defined(MADV_HUGEPAGE)
-#define HUGE_PAGES 1
-#endif
-
-static void *scratch(size_t bytes) {
-#ifdef HUGE_PAGES
-    void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) return NULL;
-    madvise(p, bytes, MADV_HUGEPAGE);   /* advice only: without it the buffer still works */
-    return p;
-#else
-    return calloc(1, bytes);
-#endif
-}
-
-static void release(void *p, size_t bytes) {
-    if (!p) return;
-#ifdef HUGE_PAGES
-    munmap(p, bytes);
-#else
-    (void)bytes;
-    free(p);
-#endif
-}
-
-/* -1: out of memory. vertex_w may be NULL (all zeros). */
+/* -1: out of memory. vertex_w may be NULL (all zeros). n < 2^32 and m < 2^32 (checked by the caller). */
 static int64_t sweep(int64_t n, int64_t m, const int64_t *src, const int64_t *dst, const double *edge_w,
-                     const double *vertex_w, double *dist, int64_t *order) {
-    size_t offsets_bytes = ((size_t)n + 2) * sizeof(int64_t);
-    size_t state_bytes = ((size_t)n + 1) * sizeof(vertex_state);
-    size_t adj_bytes = ((size_t)m + 1) * sizeof(out_edge);
-    int64_t *offsets = scratch(offsets_bytes);
-    vertex_state *state = scratch(state_bytes);
-    out_edge *adj = scratch(adj_bytes);
+                     const double *vertex_w, double *dist) {
+    vertex_state *state = calloc((size_t)n + 1, sizeof(vertex_state));
+    out_edge *adj = malloc(((size_t)m + 1) * sizeof(out_edge));
+    uint32_t *queue = malloc(((size_t)n + 1) * sizeof(uint32_t));
     int64_t result = -1;
     const int64_t ahead = 16;   /* how far the edge passes fetch ahead */
-    if (!offsets || !state || !adj) goto done;
+    if (!state || !adj || !queue) goto done;
 
-    /* out-degrees (shifted by two, so the scatter below leaves offsets[v] = first out-edge of v) and
-       in-degrees; endpoints checked on the way */
+    /* out-degrees (in start) and in-degrees; endpoints checked on the way */
     for (int64_t i = 0; i < m; i++) {
         uint64_t s = (uint64_t)src[i], d = (uint64_t)dst[i];
         if (s >= (uint64_t)n || d >= (uint64_t)n) {
@@ -94,55 +62,63 @@ static int64_t sweep(int64_t n, int64_t m, const int64_t *src, const int64_t *ds
             goto done;
         }
         if (i + ahead < m && (uint64_t)src[i + ahead] < (uint64_t)n && (uint64_t)dst[i + ahead] < (uint64_t)n) {
-            PREFETCH_W(&offsets[src[i + ahead] + 2]);
+            PREFETCH_W(&state[src[i + ahead]]);
             PREFETCH_W(&state[dst[i + ahead]]);
         }
-        offsets[s + 2]++;
+        state[s].start++;
         state[d].remaining++;
     }
-    for (int64_t v = 2; v < n + 2; v++) offsets[v] += offsets[v - 1];
+    /* start = first out-edge; the scatter moves it to the first out-edge of the next vertex, and the shift
+       after it moves it back */
+    uint32_t total = 0;
+    for (int64_t v = 0; v < n; v++) {
+        uint32_t count = state[v].start;
+        state[v].start = total;
+        total += count;
+    }
     for (int64_t i = 0; i < m; i++) {
-        if (i + ahead < m) PREFETCH_W(&offsets[src[i + ahead] + 1]);
-        int64_t p = offsets[src[i] + 1]++;
+        if (i + ahead < m) PREFETCH_W(&state[src[i + ahead]]);
+        uint32_t p = state[src[i]].start++;
         adj[p].to = (uint32_t)dst[i];
         adj[p].w = edge_w[i];
     }
+    for (int64_t v = n; v > 0; v--) state[v].start = state[v - 1].start;
+    state[0].start = 0;
 
-    /* Kahn's algorithm: a vertex is final once its last in-edge has been seen; its length then replaces its
-       best arrival in state, and dist is filled in order at the end */
+    /* Kahn's algorithm: a vertex is final once its last in-edge has been seen */
     int64_t tail = 0;
     for (int64_t v = 0; v < n; v++) {
         state[v].best = -INFINITY;
-        if (state[v].remaining == 0) order[tail++] = v;
+        if (state[v].remaining == 0) queue[tail++] = (uint32_t)v;
     }
     for (int64_t head = 0; head < tail; head++) {
-        /* the queue says which vertices come next: fetch their state and edges ahead of time (the sweep
-           is bound by memory latency, since vertex numbers say nothing about the order) */
+        /* the queue says which vertices come next: fetch their state and edges ahead of time */
         if (head + 4 < tail) {
-            int64_t x = order[head + 4];
-            PREFETCH(&offsets[x]);
+            uint32_t x = queue[head + 4];
             PREFETCH(&state[x]);
+            PREFETCH(&state[x + 1]);
             if (vertex_w) PREFETCH(&vertex_w[x]);
         }
-        if (head + 2 < tail) PREFETCH(&adj[offsets[order[head + 2]]]);
-        int64_t u = order[head];
+        if (head + 2 < tail) PREFETCH(&adj[state[queue[head + 2]].start]);
+        uint32_t u = queue[head];
         double b = state[u].best;
         double du = b == -INFINITY ? 0.0 : b;   /* -inf only where nothing comes in */
         if (vertex_w) du += vertex_w[u];
         state[u].best = du;
-        for (int64_t k = offsets[u], end = offsets[u + 1]; k < end; k++) {
+        for (uint32_t k = state[u].start, end = state[u + 1].start; k < end; k++) {
             vertex_state *t = &state[adj[k].to];
             double c = du + adj[k].w;
             if (c > t->best) t->best = c;
-            if (--t->remaining == 0) order[tail++] = adj[k].to;
+            if (--t->remaining == 0) queue[tail++] = adj[k].to;
         }
     }
-    for (int64_t v = 0; v < n; v++) dist[v] = state[v].best;   /* unreached vertices (a cycle): -inf or a bound */
+    /* unreached vertices (on a cycle or behind one) get NaN */
+    for (int64_t v = 0; v < n; v++) dist[v] = state[v].remaining ? NAN : state[v].best;
     result = tail;
 done:
-    release(offsets, offsets_bytes);
-    release(state, state_bytes);
-    release(adj, adj_bytes);
+    free(state);
+    free(adj);
+    free(queue);
     return result;
 }
 
@@ -165,28 +141,32 @@ static int get_array(PyObject *obj, Py_buffer *view, int writable, char kind, Py
 
 static PyObject *longest_to(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t n;
-    PyObject *o[6];   /* src, dst, edge_w, vertex_w (or None), dist, order */
-    if (!PyArg_ParseTuple(args, "nOOOOOO", &n, &o[0], &o[1], &o[2], &o[3], &o[4], &o[5])) return NULL;
-    if (n < 0 || (uint64_t)n > (uint64_t)UINT32_MAX) {
+    PyObject *o[5];   /* src, dst, edge_w, vertex_w (or None), dist */
+    if (!PyArg_ParseTuple(args, "nOOOOO", &n, &o[0], &o[1], &o[2], &o[3], &o[4])) return NULL;
+    if (n < 0 || (uint64_t)n >= (uint64_t)UINT32_MAX) {
         return PyErr_Format(PyExc_ValueError, "the graph has %zd vertices; the longest path handles 0 to %lu",
-                            n, (unsigned long)UINT32_MAX);
+                            n, (unsigned long)UINT32_MAX - 1);
     }
-    Py_buffer b[6];
-    int held[6] = {0, 0, 0, 0, 0, 0};
+    Py_buffer b[5];
+    int held[5] = {0, 0, 0, 0, 0};
     PyObject *out = NULL;
     if (PyObject_GetBuffer(o[0], &b[0], PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
     Py_ssize_t m = b[0].len / 8;
     PyBuffer_Release(&b[0]);
-    static const char *names[6] = {"src", "dst", "edge weights", "vertex weights", "dist", "order"};
-    const char kinds[6] = {'i', 'i', 'd', 'd', 'd', 'i'};
-    for (int i = 0; i < 6; i++) {
+    if ((uint64_t)m >= (uint64_t)UINT32_MAX) {
+        return PyErr_Format(PyExc_ValueError, "the graph has %zd edges; the longest path handles 0 to %lu",
+                            m, (unsigned long)UINT32_MAX - 1);
+    }
+    static const char *names[5] = {"src", "dst", "edge weights", "vertex weights", "dist"};
+    const char kinds[5] = {'i', 'i', 'd', 'd', 'd'};
+    for (int i = 0; i < 5; i++) {
         if (i == 3 && o[i] == Py_None) continue;
-        if (get_array(o[i], &b[i], i >= 4, kinds[i], i == 3 || i >= 4 ? n : m, names[i]) < 0) goto fail;
+        if (get_array(o[i], &b[i], i == 4, kinds[i], i >= 3 ? n : m, names[i]) < 0) goto fail;
         held[i] = 1;
     }
     int64_t r;
     Py_BEGIN_ALLOW_THREADS
-    r = sweep(n, m, b[0].buf, b[1].buf, b[2].buf, held[3] ? b[3].buf : NULL, b[4].buf, b[5].buf);
+    r = sweep(n, m, b[0].buf, b[1].buf, b[2].buf, held[3] ? b[3].buf : NULL, b[4].buf);
     Py_END_ALLOW_THREADS
     if (r == -1) {
         PyErr_NoMemory();
@@ -194,14 +174,14 @@ static PyObject *longest_to(PyObject *Py_UNUSED(self), PyObject *args) {
     }
     out = PyLong_FromLongLong(r);
 fail:
-    for (int i = 0; i < 6; i++)
+    for (int i = 0; i < 5; i++)
         if (held[i]) PyBuffer_Release(&b[i]);
     return out;
 }
 
 static PyMethodDef methods[] = {
     {"longest_to", longest_to, METH_VARARGS,
-     "longest_to(n, src, dst, edge_w, vertex_w, dist, order) -> vertices reached (see graph_kernels.py)"},
+     "longest_to(n, src, dst, edge_w, vertex_w, dist) -> vertices reached (see graph_kernels.py)"},
     {NULL, NULL, 0, NULL},
 };
 

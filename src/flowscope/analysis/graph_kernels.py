@@ -1,8 +1,7 @@
 """Longest paths of weighted DAGs given as edge arrays (vertices numbered 0..n-1), in one compiled O(V + E)
 sweep whose cost does not depend on the depth of the graph.
 
-The sweep is C (``_graph_kernels.c``, built with the package; it runs without the GIL, on huge pages where Linux
-gives them). Why not a library:
+The sweep is C (``_graph_kernels.c``, built with the package; it runs without the GIL). Why not a library:
 rustworkx has to build its graph from Python tuples and call a Python weight function per edge, scipy.sparse.csgraph
 has no longest path on a DAG, and numba, compiling the same loop, would add about 200 MB to an install and a
 JIT-cache load to the first call in every process; docs/performance.md ("Longest path of a large DAG") has the
@@ -59,23 +58,21 @@ def longest_to(n: int, src, dst, edge_w=None, vertex_w=None) -> np.ndarray:
     is not a vertex number; :class:`GraphCycleError` naming a vertex on a cycle when the graph has one."""
     src, dst, ew, vw = edge_arrays(n, src, dst, edge_w, vertex_w)
     dist = np.empty(n, dtype=np.float64)
-    order = np.empty(n, dtype=np.int64)
     # no vertex weights: the sweep skips reading n zeros at random places
-    reached = _graph_kernels.longest_to(n, src, dst, ew, vw if vertex_w is not None else None, dist, order)
+    reached = _graph_kernels.longest_to(n, src, dst, ew, vw if vertex_w is not None else None, dist)
     if reached < 0:
         i = -reached - 2
         end = int(src[i]) if not 0 <= src[i] < n else int(dst[i])
         raise ValueError(f"edge {i} ({int(src[i])} -> {int(dst[i])}): {end} is not a vertex number in [0, {n})")
     if reached < n:
-        raise _cycle_error(n, src, dst, order[:reached])
+        raise _cycle_error(n, src, dst, ~np.isnan(dist))
     return dist
 
 
 def _cycle_error(n: int, src: np.ndarray, dst: np.ndarray, reached: np.ndarray) -> GraphCycleError:
     """The sweep stopped with vertices left, each with an in-edge from another one left: walking such edges
     backwards from any of them must come round to a vertex already passed, which is on a cycle."""
-    left = np.ones(n, dtype=bool)
-    left[reached] = False
+    left = ~reached
     both = left[src] & left[dst]
     pred = np.full(n, -1, dtype=np.int64)
     pred[dst[both]] = src[both]
@@ -91,5 +88,5 @@ def _cycle_error(n: int, src: np.ndarray, dst: np.ndarray, reached: np.ndarray) 
     cycle = cycle[first:] + cycle[:first]
     shown = " -> ".join(map(str, cycle[:10] + [cycle[0]])) if len(cycle) <= 10 else \
         " -> ".join(map(str, cycle[:10])) + f" -> ... ({len(cycle)} vertices)"
-    return GraphCycleError(f"the graph has a cycle through vertex {cycle[0]} ({shown}); {n - len(reached)} of {n} "
+    return GraphCycleError(f"the graph has a cycle through vertex {cycle[0]} ({shown}); {int(left.sum())} of {n} "
                            f"vertices are on a cycle or behind one", cycle)
