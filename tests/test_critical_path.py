@@ -224,6 +224,10 @@ def test_bad_edges_and_weights_are_named():
         longest_path_length(3, [0, 1], [1, 2], None, [0.0, 1.0, float("inf")])
     with pytest.raises(ValueError, match="same length"):
         longest_path_length(3, [0, 1], [1])
+    with pytest.raises(ValueError, match=r"4,294,967,296 vertices; the longest path handles 0 to 4,294,967,294"):
+        longest_path_length(2**32, [0], [1])
+    with pytest.raises(ValueError, match=r"-1 vertices"):
+        longest_path(-1, [], [])
 
 
 def test_negative_weights_and_lone_vertices():

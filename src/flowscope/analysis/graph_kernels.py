@@ -14,7 +14,9 @@ import numpy as np
 
 from flowscope.analysis import _graph_kernels
 
-__all__ = ["GraphCycleError", "edge_arrays", "longest_to"]
+__all__ = ["MAX_SIZE", "GraphCycleError", "edge_arrays", "longest_to"]
+
+MAX_SIZE = 2**32 - 1     # vertices and edges: the sweep keeps 32-bit vertex numbers and edge positions
 
 
 class GraphCycleError(ValueError):
@@ -30,14 +32,16 @@ class GraphCycleError(ValueError):
 def edge_arrays(n: int, src, dst, edge_w=None, vertex_w=None) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                                        np.ndarray]:
     """The edges as contiguous int64 / float64 arrays (src, dst, edge weights, vertex weights; missing
-    weights are zeros), checked: 1-D arrays of matching lengths, finite weights. Endpoints are checked by
-    :func:`longest_to`."""
-    if n < 0:
-        raise ValueError(f"the number of vertices must be >= 0, got {n}")
+    weights are zeros), checked: sizes below :data:`MAX_SIZE`, 1-D arrays of matching lengths, finite weights.
+    Endpoints are checked by :func:`longest_to`."""
+    if not 0 <= n < MAX_SIZE:
+        raise ValueError(f"the graph has {n:,} vertices; the longest path handles 0 to {MAX_SIZE - 1:,}")
     src = np.ascontiguousarray(src, dtype=np.int64)
     dst = np.ascontiguousarray(dst, dtype=np.int64)
     if src.shape != dst.shape or src.ndim != 1:
         raise ValueError(f"src and dst must be 1-D arrays of the same length, got {src.shape} and {dst.shape}")
+    if len(src) >= MAX_SIZE:
+        raise ValueError(f"the graph has {len(src):,} edges; the longest path handles 0 to {MAX_SIZE - 1:,}")
     ew = np.zeros(len(src)) if edge_w is None else np.ascontiguousarray(edge_w, dtype=np.float64)
     vw = np.zeros(n) if vertex_w is None else np.ascontiguousarray(vertex_w, dtype=np.float64)
     if ew.shape != src.shape:
