@@ -1,16 +1,18 @@
 /* Longest paths on a weighted DAG given as edge arrays: one O(V + E) topological sweep, whatever the depth.
  *
- * The Python side (flowscope/analysis/graph_kernels.py) converts and checks the arrays and turns the return
- * codes into errors; this file only does the sweep, with the GIL released.
+ * The Python side (flowscope/analysis/graph_kernels.py) converts the arrays and turns the status into
+ * errors; this file does the checks that need a pass over the data anyway and the sweep, with the GIL
+ * released.
  *
- * longest_to(n, src, dst, edge_w, vertex_w, dist) -> int
+ * longest(n, src, dst, edge_w, vertex_w, dist) -> (status, index, reached, longest)
  *   src, dst: int64[m]; edge_w: float64[m]; vertex_w: float64[n] or None (zeros)   (read)
- *   dist: float64[n]                                                                (written)
+ *   dist: float64[n] or None                                                        (written)
  *   dist[v] = the longest path ending at v, vertex weights included (a path's length sums the weights of its
- *   vertices and edges; duplicate edges count with their largest weight). Returns how many vertices were
- *   reached: fewer than n means a cycle, and the vertices not reached (on a cycle or behind one) have NaN in
- *   dist. -(i + 2) means edge i has an endpoint outside [0, n); the sweep itself returns -1 when memory runs
- *   out (MemoryError here). Up to 2^32 - 1 vertices and 2^32 - 1 edges.
+ *   vertices and edges; duplicate edges count with their largest weight); longest = the largest of them.
+ *   reached = how many vertices the sweep reached: fewer than n means a cycle, and the vertices not reached
+ *   (on a cycle or behind one) have NaN in dist.
+ *   status: 0 done; 1 edge `index` has an endpoint outside [0, n); 2 edge `index` has a weight that is not
+ *   finite; 3 vertex `index` has a weight that is not finite. Up to 2^32 - 2 vertices and edges.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -18,7 +20,6 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
-#include <string.h>
 
 /* Per vertex, in one 16-byte line: the best arrival so far (its length once final), the in-edges not yet seen,
    and where its out-edges start in adj (out-edges of v: adj[state[v].start .. state[v + 1].start)). One array
@@ -44,21 +45,35 @@ typedef struct {
 #define PREFETCH_W(p) ((void)0)
 #endif
 
-/* -1: out of memory. vertex_w may be NULL (all zeros). n < 2^32 and m < 2^32 (checked by the caller). */
-static int64_t sweep(int64_t n, int64_t m, const int64_t *src, const int64_t *dst, const double *edge_w,
-                     const double *vertex_w, double *dist) {
+enum { DONE = 0, BAD_ENDPOINT = 1, BAD_EDGE_WEIGHT = 2, BAD_VERTEX_WEIGHT = 3, NO_MEMORY = -1 };
+
+typedef struct {
+    int64_t index;      /* the edge or vertex a bad status names */
+    int64_t reached;
+    double longest;
+} sweep_result;
+
+/* vertex_w and dist may be NULL. n and m below 2^32 - 1 (checked by the caller). */
+static int sweep(int64_t n, int64_t m, const int64_t *src, const int64_t *dst, const double *edge_w,
+                 const double *vertex_w, double *dist, sweep_result *r) {
     vertex_state *state = calloc((size_t)n + 1, sizeof(vertex_state));
     out_edge *adj = malloc(((size_t)m + 1) * sizeof(out_edge));
     uint32_t *queue = malloc(((size_t)n + 1) * sizeof(uint32_t));
-    int64_t result = -1;
+    int status = NO_MEMORY;
     const int64_t ahead = 16;   /* how far the edge passes fetch ahead */
     if (!state || !adj || !queue) goto done;
 
-    /* out-degrees (in start) and in-degrees; endpoints checked on the way */
+    /* out-degrees (in start) and in-degrees; endpoints and weights checked on the way */
     for (int64_t i = 0; i < m; i++) {
         uint64_t s = (uint64_t)src[i], d = (uint64_t)dst[i];
         if (s >= (uint64_t)n || d >= (uint64_t)n) {
-            result = -(i + 2);
+            status = BAD_ENDPOINT;
+            r->index = i;
+            goto done;
+        }
+        if (!isfinite(edge_w[i])) {
+            status = BAD_EDGE_WEIGHT;
+            r->index = i;
             goto done;
         }
         if (i + ahead < m && (uint64_t)src[i + ahead] < (uint64_t)n && (uint64_t)dst[i + ahead] < (uint64_t)n) {
@@ -88,9 +103,15 @@ static int64_t sweep(int64_t n, int64_t m, const int64_t *src, const int64_t *ds
     /* Kahn's algorithm: a vertex is final once its last in-edge has been seen */
     int64_t tail = 0;
     for (int64_t v = 0; v < n; v++) {
+        if (vertex_w && !isfinite(vertex_w[v])) {
+            status = BAD_VERTEX_WEIGHT;
+            r->index = v;
+            goto done;
+        }
         state[v].best = -INFINITY;
         if (state[v].remaining == 0) queue[tail++] = (uint32_t)v;
     }
+    double longest = -INFINITY;
     for (int64_t head = 0; head < tail; head++) {
         /* the queue says which vertices come next: fetch their state and edges ahead of time */
         if (head + 4 < tail) {
@@ -105,6 +126,7 @@ static int64_t sweep(int64_t n, int64_t m, const int64_t *src, const int64_t *ds
         double du = b == -INFINITY ? 0.0 : b;   /* -inf only where nothing comes in */
         if (vertex_w) du += vertex_w[u];
         state[u].best = du;
+        if (du > longest) longest = du;
         for (uint32_t k = state[u].start, end = state[u + 1].start; k < end; k++) {
             vertex_state *t = &state[adj[k].to];
             double c = du + adj[k].w;
@@ -112,14 +134,16 @@ static int64_t sweep(int64_t n, int64_t m, const int64_t *src, const int64_t *ds
             if (--t->remaining == 0) queue[tail++] = adj[k].to;
         }
     }
-    /* unreached vertices (on a cycle or behind one) get NaN */
-    for (int64_t v = 0; v < n; v++) dist[v] = state[v].remaining ? NAN : state[v].best;
-    result = tail;
+    if (dist)
+        for (int64_t v = 0; v < n; v++) dist[v] = state[v].remaining ? NAN : state[v].best;
+    r->reached = tail;
+    r->longest = longest;
+    status = DONE;
 done:
     free(state);
     free(adj);
     free(queue);
-    return result;
+    return status;
 }
 
 /* a C-contiguous buffer of `count` items of one kind ('i': 8-byte signed integers, 'd': doubles) */
@@ -139,9 +163,9 @@ static int get_array(PyObject *obj, Py_buffer *view, int writable, char kind, Py
     return 0;
 }
 
-static PyObject *longest_to(PyObject *Py_UNUSED(self), PyObject *args) {
+static PyObject *longest(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t n;
-    PyObject *o[5];   /* src, dst, edge_w, vertex_w (or None), dist */
+    PyObject *o[5];   /* src, dst, edge_w, vertex_w (or None), dist (or None) */
     if (!PyArg_ParseTuple(args, "nOOOOO", &n, &o[0], &o[1], &o[2], &o[3], &o[4])) return NULL;
     if (n < 0 || (uint64_t)n >= (uint64_t)UINT32_MAX) {
         return PyErr_Format(PyExc_ValueError, "the graph has %zd vertices; the longest path handles 0 to %lu",
@@ -160,19 +184,20 @@ static PyObject *longest_to(PyObject *Py_UNUSED(self), PyObject *args) {
     static const char *names[5] = {"src", "dst", "edge weights", "vertex weights", "dist"};
     const char kinds[5] = {'i', 'i', 'd', 'd', 'd'};
     for (int i = 0; i < 5; i++) {
-        if (i == 3 && o[i] == Py_None) continue;
+        if (i >= 3 && o[i] == Py_None) continue;
         if (get_array(o[i], &b[i], i == 4, kinds[i], i >= 3 ? n : m, names[i]) < 0) goto fail;
         held[i] = 1;
     }
-    int64_t r;
+    sweep_result r = {0, 0, -INFINITY};
+    int status;
     Py_BEGIN_ALLOW_THREADS
-    r = sweep(n, m, b[0].buf, b[1].buf, b[2].buf, held[3] ? b[3].buf : NULL, b[4].buf);
+    status = sweep(n, m, b[0].buf, b[1].buf, b[2].buf, held[3] ? b[3].buf : NULL, held[4] ? b[4].buf : NULL, &r);
     Py_END_ALLOW_THREADS
-    if (r == -1) {
+    if (status == NO_MEMORY) {
         PyErr_NoMemory();
         goto fail;
     }
-    out = PyLong_FromLongLong(r);
+    out = Py_BuildValue("iLLd", status, (long long)r.index, (long long)r.reached, r.longest);
 fail:
     for (int i = 0; i < 5; i++)
         if (held[i]) PyBuffer_Release(&b[i]);
@@ -180,8 +205,8 @@ fail:
 }
 
 static PyMethodDef methods[] = {
-    {"longest_to", longest_to, METH_VARARGS,
-     "longest_to(n, src, dst, edge_w, vertex_w, dist) -> vertices reached (see graph_kernels.py)"},
+    {"longest", longest, METH_VARARGS,
+     "longest(n, src, dst, edge_w, vertex_w, dist) -> (status, index, reached, longest); see graph_kernels.py"},
     {NULL, NULL, 0, NULL},
 };
 

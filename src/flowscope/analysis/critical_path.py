@@ -25,7 +25,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from flowscope.analysis.graph_kernels import edge_arrays, longest_to
+from flowscope.analysis.graph_kernels import edge_arrays, longest_length, longest_to
 from flowscope.model.idset import IdSet
 
 __all__ = [
@@ -393,9 +393,7 @@ def longest_path_length(n: int, src, dst, edge_w=None, vertex_w=None) -> float:
     must be finite; ValueError naming the edge for an endpoint that is not a vertex number,
     :class:`~flowscope.analysis.graph_kernels.GraphCycleError` (a ValueError) naming a vertex on a cycle.
     One compiled O(V + E) sweep, whatever the depth of the graph."""
-    if n == 0:
-        return 0.0
-    return float(longest_to(n, src, dst, edge_w, vertex_w).max())
+    return longest_length(n, src, dst, edge_w, vertex_w)
 
 
 def longest_path(n: int, src, dst, edge_w=None, vertex_w=None) -> tuple[float, list[int]]:

@@ -14,7 +14,7 @@ import numpy as np
 
 from flowscope.analysis import _graph_kernels
 
-__all__ = ["MAX_SIZE", "GraphCycleError", "edge_arrays", "longest_to"]
+__all__ = ["MAX_SIZE", "GraphCycleError", "edge_arrays", "longest_length", "longest_to"]
 
 MAX_SIZE = 2**32 - 1     # vertices and edges: the sweep keeps 32-bit vertex numbers and edge positions
 
@@ -32,8 +32,13 @@ class GraphCycleError(ValueError):
 def edge_arrays(n: int, src, dst, edge_w=None, vertex_w=None) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                                        np.ndarray]:
     """The edges as contiguous int64 / float64 arrays (src, dst, edge weights, vertex weights; missing
-    weights are zeros), checked: sizes below :data:`MAX_SIZE`, 1-D arrays of matching lengths, finite weights.
-    Endpoints are checked by :func:`longest_to`."""
+    weights are zeros), with their sizes checked (below :data:`MAX_SIZE`, 1-D arrays of matching lengths).
+    Endpoints and weights are checked by the sweep, which reads them anyway."""
+    src, dst, ew, vw = _arrays(n, src, dst, edge_w, vertex_w)
+    return src, dst, ew, np.zeros(n) if vw is None else vw
+
+
+def _arrays(n: int, src, dst, edge_w, vertex_w) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray | None]:
     if not 0 <= n < MAX_SIZE:
         raise ValueError(f"the graph has {n:,} vertices; the longest path handles 0 to {MAX_SIZE - 1:,}")
     src = np.ascontiguousarray(src, dtype=np.int64)
@@ -43,34 +48,50 @@ def edge_arrays(n: int, src, dst, edge_w=None, vertex_w=None) -> tuple[np.ndarra
     if len(src) >= MAX_SIZE:
         raise ValueError(f"the graph has {len(src):,} edges; the longest path handles 0 to {MAX_SIZE - 1:,}")
     ew = np.zeros(len(src)) if edge_w is None else np.ascontiguousarray(edge_w, dtype=np.float64)
-    vw = np.zeros(n) if vertex_w is None else np.ascontiguousarray(vertex_w, dtype=np.float64)
+    vw = None if vertex_w is None else np.ascontiguousarray(vertex_w, dtype=np.float64)
     if ew.shape != src.shape:
         raise ValueError(f"edge weights: expected {len(src)} values, got {ew.shape}")
-    if vw.shape != (n,):
+    if vw is not None and vw.shape != (n,):
         raise ValueError(f"vertex weights: expected {n} values, got {vw.shape}")
-    for what, w in (("edge", ew), ("vertex", vw)):
-        bad = ~np.isfinite(w)
-        if bad.any():
-            i = int(np.flatnonzero(bad)[0])
-            raise ValueError(f"{what} weights: {what} {i} has weight {float(w[i])!r}; weights must be finite")
     return src, dst, ew, vw
 
 
 def longest_to(n: int, src, dst, edge_w=None, vertex_w=None) -> np.ndarray:
     """dist[v] = the length of the longest path ending at v (a path's length sums the weights of its vertices
-    and edges; duplicate edges count with their largest weight). ValueError naming the edge when an endpoint
-    is not a vertex number; :class:`GraphCycleError` naming a vertex on a cycle when the graph has one."""
-    src, dst, ew, vw = edge_arrays(n, src, dst, edge_w, vertex_w)
+    and edges; duplicate edges count with their largest weight). Weights must be finite. ValueError naming the
+    edge or vertex for an endpoint that is not a vertex number or a weight that is not finite;
+    :class:`GraphCycleError` naming a vertex on a cycle when the graph has one."""
+    src, dst, ew, vw = _arrays(n, src, dst, edge_w, vertex_w)
     dist = np.empty(n, dtype=np.float64)
-    # no vertex weights: the sweep skips reading n zeros at random places
-    reached = _graph_kernels.longest_to(n, src, dst, ew, vw if vertex_w is not None else None, dist)
-    if reached < 0:
-        i = -reached - 2
+    _sweep(n, src, dst, ew, vw, dist)
+    return dist
+
+
+def longest_length(n: int, src, dst, edge_w=None, vertex_w=None) -> float:
+    """The length of the longest path (0.0 for no vertices); the same rules and errors as :func:`longest_to`,
+    without handing out a length per vertex."""
+    src, dst, ew, vw = _arrays(n, src, dst, edge_w, vertex_w)
+    if n == 0 and len(src) == 0:
+        return 0.0
+    return _sweep(n, src, dst, ew, vw, None)
+
+
+def _sweep(n: int, src: np.ndarray, dst: np.ndarray, ew: np.ndarray, vw: np.ndarray | None,
+           dist: np.ndarray | None) -> float:
+    status, i, reached, longest = _graph_kernels.longest(n, src, dst, ew, vw, dist)
+    if status == 1:
         end = int(src[i]) if not 0 <= src[i] < n else int(dst[i])
         raise ValueError(f"edge {i} ({int(src[i])} -> {int(dst[i])}): {end} is not a vertex number in [0, {n})")
+    if status == 2:
+        raise ValueError(f"edge weights: edge {i} has weight {float(ew[i])!r}; weights must be finite")
+    if status == 3:
+        raise ValueError(f"vertex weights: vertex {i} has weight {float(vw[i])!r}; weights must be finite")
     if reached < n:
+        if dist is None:
+            dist = np.empty(n, dtype=np.float64)
+            _graph_kernels.longest(n, src, dst, ew, vw, dist)
         raise _cycle_error(n, src, dst, ~np.isnan(dist))
-    return dist
+    return float(longest)
 
 
 def _cycle_error(n: int, src: np.ndarray, dst: np.ndarray, reached: np.ndarray) -> GraphCycleError:
