@@ -123,7 +123,7 @@ def dask_iteration(blocks: int, partitions: int, seed: int) -> tuple[int, np.nda
 
     rng = np.random.default_rng(seed)
     c = 8                   # rows and columns per block; the graph depends on the number of blocks only
-    x = da.random.random((blocks * c, blocks * c), chunks=c).persist(scheduler="sync")
+    x = da.random.RandomState(seed).random_sample((blocks * c, blocks * c), chunks=c).persist(scheduler="sync")
     rows = partitions * 64
     frame = dd.from_pandas(pd.DataFrame({"key": rng.integers(0, 1000, rows), "value": rng.random(rows)}),
                            npartitions=partitions).persist(scheduler="sync")
@@ -140,11 +140,12 @@ def dask_iteration(blocks: int, partitions: int, seed: int) -> tuple[int, np.nda
             warnings.simplefilter("ignore")     # dask's PerformanceWarning about the rechunk
             expr = collections_to_expr([after], optimize_graph=True).optimize()
             dsk = dict(expr.__dask_graph__())
-        for k in dsk:
+        keys = sorted(dsk, key=str)         # dask's own order varies between runs
+        for k in keys:
             number[k] = len(number)
-        for k in dsk:
-            for d in get_dependencies(dsk, k):
-                src.append(number[d])
+        for k in keys:
+            for d in sorted(number[d] for d in get_dependencies(dsk, k)):   # a set
+                src.append(d)
                 dst.append(number[k])
         inputs += [number[_source(dsk, k, get_dependencies)] for k in flatten(before.__dask_keys__())]
         outputs += [number[k] for k in flatten(expr.__dask_keys__())]
