@@ -41,7 +41,7 @@ of the call and of the whole process (steadier than wall time when other jobs sh
 agree to 1e-9 relative before any time is printed. Writes ``bench/results/critical_path.json`` and prints one
 summary line last.
 
-    python bench/critical_path.py                          # 1,000,000 vertices, 5 repetitions, about 5 minutes
+    python bench/critical_path.py                          # 1,000,000 vertices, 5 repetitions, about 7 minutes
     python bench/critical_path.py --vertices 100000 --edges 500000 --repeat 5   # smaller
     python bench/critical_path.py --shapes deep --networkx  # also networkx, once per shape (slow at full size)
 """
