@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from flowscope.service.collector import MiB, Collector
 from flowscope.store.catalog import default_store
+
+#: For tests only: the collector kills itself (SIGKILL) right after renaming its N-th segment into place,
+#: before it acknowledges that batch, so that a test can replay a batch that is on disk but unacknowledged.
+KILL_AFTER_SEGMENTS_ENV = "FLOWSCOPE_TEST_KILL_AFTER_SEGMENTS"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -35,7 +40,8 @@ def run(args: argparse.Namespace) -> int:
 
     store = args.store or default_store()
     collector = Collector(store, queue_bytes=int(args.queue_mb * MiB), max_request_bytes=int(args.max_request_mb * MiB),
-                          writers=args.writers, writer_delay=args.writer_delay, fsync=args.fsync)
+                          writers=args.writers, writer_delay=args.writer_delay, fsync=args.fsync,
+                          kill_after_segments=int(os.environ.get(KILL_AFTER_SEGMENTS_ENV) or 0))
 
     def ready(address: str) -> None:
         print(f"flowscope collector listening on {address} (store {store})", file=sys.stderr, flush=True)

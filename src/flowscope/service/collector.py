@@ -11,7 +11,9 @@ disk, so a killed collector never loses an acknowledged batch.
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import signal
 import threading
 import time
 from concurrent.futures import Future
@@ -53,7 +55,8 @@ class Collector:
     """Owns a store directory: run lifecycle, bounded write queue, writer threads."""
 
     def __init__(self, store: str | Path, *, queue_bytes: int = 256 * MiB, max_request_bytes: int = 64 * MiB,
-                 writers: int = 2, writer_delay: float = 0.0, compression: str = "zstd", fsync: bool = False):
+                 writers: int = 2, writer_delay: float = 0.0, compression: str = "zstd", fsync: bool = False,
+                 kill_after_segments: int = 0):
         self.store = Path(store)
         self.store.mkdir(parents=True, exist_ok=True)
         self.queue_bytes = int(queue_bytes)
@@ -61,8 +64,13 @@ class Collector:
         self.writer_delay = float(writer_delay)
         self.compression = compression
         self.fsync = fsync
+        # test-only fault injection: SIGKILL this process right after its N-th segment is renamed into
+        # place, before that batch is acknowledged (set by `flowscope serve` from an environment variable)
+        self.kill_after_segments = int(kill_after_segments)
+        self._segments_written = 0
         self.started_ns = now_ns()
         self._reserved = 0
+        self._decoding = 0
         self._peak_reserved = 0
         self._res_lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
@@ -162,6 +170,30 @@ class Collector:
         with self._res_lock:
             self._reserved -= nbytes
 
+    def resize(self, held: int, nbytes: int) -> int:
+        """Change a reservation of ``held`` bytes (taken with :meth:`reserve`) to ``nbytes`` and return
+        ``nbytes``. Shrinking always succeeds; growing raises CollectorBusy, keeping ``held``, when the
+        budget cannot take it (a reservation larger than the budget still fits when it is the only one)."""
+        with self._res_lock:
+            others = self._reserved - held
+            if nbytes > held and others and others + nbytes > self.queue_bytes:
+                self.stats["busy_refusals"] += 1
+                raise CollectorBusy(f"collector busy: a batch needs {nbytes / MiB:.1f} MiB and the write queue "
+                                    f"holds {others / MiB:.1f} MiB of {self.queue_bytes / MiB:.0f} MiB; retry later")
+            self._reserved = others + nbytes
+            self._peak_reserved = max(self._peak_reserved, self._reserved)
+        return nbytes
+
+    def decoding(self, delta: int) -> None:
+        """Count a batch starting (+1) or ending (-1) its decoding (reported by :meth:`health`)."""
+        with self._res_lock:
+            self._decoding += delta
+
+    def count_duplicate(self) -> None:
+        """Count a batch answered as a duplicate before it was decoded (its segment already exists)."""
+        with self._res_lock:
+            self.stats["duplicates"] += 1
+
     @property
     def reserved_bytes(self) -> int:
         return self._reserved
@@ -208,6 +240,7 @@ class Collector:
             if item is None:
                 return
             run_id, table, segment_id, data, reserved, fut = item
+            del item  # else the batch stays alive, outside the budget, while this thread waits for the next
             try:
                 if self.writer_delay:
                     time.sleep(self.writer_delay)
@@ -217,8 +250,14 @@ class Collector:
                     self.stats["batches"] += 1
                     if written:
                         self.stats["rows"] += data.num_rows
+                        self._segments_written += 1
                     else:
                         self.stats["duplicates"] += 1
+                    kill = written and self._segments_written == self.kill_after_segments
+                if kill:
+                    log.warning("test fault injection: killing the collector after segment %s/%s/%s",
+                                run_id, table, segment_id)
+                    os.kill(os.getpid(), signal.SIGKILL)
                 fut.set_result(IngestResult(data.num_rows, not written, segment_id))
             except BaseException as exc:  # the future carries it to the caller
                 with self._res_lock:
@@ -244,6 +283,7 @@ class Collector:
                 "queue_bytes": self.queue_bytes,
                 "max_request_bytes": self.max_request_bytes,
                 "queued_batches": self._queue.qsize(),
+                "decoding_batches": self._decoding,
                 "uptime_s": (now_ns() - self.started_ns) / 1e9,
                 **self.stats,
             }
