@@ -3,6 +3,7 @@ path on a real Dask run, incremental == offline, what-if replays, the Dask data-
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -108,6 +109,134 @@ def test_structural_length_agrees_with_networkx_on_1000_random_dags():
         assert longest_path_length(n, src, dst, w) == pytest.approx(expect, rel=1e-12, abs=0), f"DAG {i}"
         length, path = longest_path(n, src, dst, w)
         assert sum(g[u][v]["weight"] for u, v in zip(path[:-1], path[1:])) == pytest.approx(length)
+
+
+def _networkx_length(n: int, src, dst, w) -> float:
+    g = nx.DiGraph()
+    g.add_nodes_from(range(n))
+    for s, d, x in sorted(zip(src.tolist(), dst.tolist(), w.tolist()), key=lambda e: e[2]):
+        g.add_edge(s, d, weight=x)   # a duplicate edge keeps its largest weight
+    return nx.dag_longest_path_length(g, weight="weight") if g.number_of_edges() else 0
+
+
+def _deep_dag(rng, chains: int, length: int, cross: int, span: int):
+    """``chains`` chains of ``length`` vertices (so ``length`` levels), plus ``cross`` edges from a vertex to one
+    of any chain 1..span positions further; vertex numbers shuffled, duplicate edges kept."""
+    n = chains * length
+    perm = rng.permutation(n)
+
+    def at(chain, position):
+        return chain * length + position
+
+    c = np.repeat(np.arange(chains), length - 1)
+    i = np.tile(np.arange(length - 1), chains)
+    cs, ci = rng.integers(0, chains, cross), rng.integers(0, length - 1, cross)
+    cj = np.minimum(ci + rng.integers(1, span + 1, cross), length - 1)
+    src = np.concatenate([at(c, i), at(cs, ci)])
+    dst = np.concatenate([at(c, i + 1), at(rng.integers(0, chains, cross), cj)])
+    return n, perm[src], perm[dst], rng.integers(0, 1000, len(src)).astype(float)
+
+
+def test_structural_length_agrees_with_networkx_on_deep_dags():
+    # the level-by-level pass this replaced needed one round per level: thousands of levels here
+    rng = np.random.default_rng(5)
+    for i in range(20):
+        n, src, dst, w = _deep_dag(rng, int(rng.integers(1, 4)), int(rng.integers(500, 3000)),
+                                   int(rng.integers(0, 6000)), int(rng.integers(1, 5)))
+        expect = _networkx_length(n, src, dst, w)
+        assert longest_path_length(n, src, dst, w) == pytest.approx(expect, rel=1e-12, abs=0), f"DAG {i}"
+        length, path = longest_path(n, src, dst, w)
+        assert length == pytest.approx(expect, rel=1e-12, abs=0)
+        best = {}
+        for s, d, x in zip(src.tolist(), dst.tolist(), w.tolist()):
+            best[s, d] = max(best.get((s, d), -1.0), x)
+        assert sum(best[u, v] for u, v in itertools.pairwise(path)) == pytest.approx(length)
+
+
+def _dask_edges(*collections) -> tuple[int, np.ndarray, np.ndarray]:
+    """The task graph Dask's scheduler receives for ``collections`` (optimised, as Client.compute sends it),
+    as edge arrays over task numbers."""
+    from dask.base import collections_to_expr
+    from dask.core import get_dependencies
+
+    dsk = dict(collections_to_expr(list(collections), optimize_graph=True).optimize().__dask_graph__())
+    number = {k: i for i, k in enumerate(dsk)}
+    pairs = [(number[d], number[k]) for k in dsk for d in get_dependencies(dsk, k)]
+    src, dst = (np.array(x, dtype=np.int64) for x in zip(*pairs))
+    return len(dsk), src, dst
+
+
+def test_structural_length_agrees_with_networkx_on_real_dask_graphs():
+    import dask.array as da
+    import dask.dataframe as dd
+
+    x = da.random.random((600, 600), chunks=(50, 50))
+    y = (x + x.T) - (x + x.T).mean(axis=0)                       # transpose, tree reduction, broadcast
+    y = y.rechunk((25, 200)).rechunk((50, 50)).cumsum(axis=1)    # rechunk both ways, a sequential scan
+    frame = dd.from_pandas(pd.DataFrame({"a": np.arange(20_000) % 97, "b": np.arange(20_000.0)}), npartitions=24)
+    shuffled = frame.shuffle("a", shuffle_method="tasks")
+    per_key = shuffled.groupby("a").b.sum(split_out=4)
+    rng = np.random.default_rng(9)
+    for collections in [(y,), (shuffled.b.cumsum(),), (per_key,), (y.sum(), y.std(axis=0))]:
+        n, src, dst = _dask_edges(*collections)
+        assert len(src) >= n - len(collections)            # a connected graph, not an empty one
+        w = rng.integers(0, 10**6, len(src)).astype(float)
+        perm = rng.permutation(n)
+        src, dst = perm[src], perm[dst]
+        assert longest_path_length(n, src, dst, w) == pytest.approx(_networkx_length(n, src, dst, w), rel=1e-12)
+
+
+def test_a_cycle_is_named_by_a_vertex_on_it():
+    # 0 -> 1 -> 2 -> 3 -> 1 is a cycle; 4 hangs behind it; 5 -> 6 is fine
+    with pytest.raises(ValueError, match=r"cycle through vertex 1 \(1 -> 2 -> 3 -> 1\)") as e:
+        longest_path_length(7, [0, 1, 2, 3, 3, 5], [1, 2, 3, 1, 4, 6])
+    assert e.value.cycle == [1, 2, 3]
+    assert e.value.vertex == 1
+    assert "4 of 7 vertices" in str(e.value)
+    with pytest.raises(ValueError, match=r"cycle through vertex 2 \(2 -> 2\)"):
+        longest_path_length(3, [0, 2], [1, 2])
+    # a back edge planted in random DAGs: the cycle reported is one of the graph's
+    rng = np.random.default_rng(13)
+    for i in range(200):
+        n = int(rng.integers(2, 80))
+        src, dst, w = _random_dag(rng, n, int(rng.integers(1, 4 * n + 1)))
+        if len(src) == 0:
+            continue
+        j = int(rng.integers(0, len(src)))
+        u, v = int(src[j]), int(dst[j])
+        back_src, back_dst = np.append(src, v), np.append(dst, u)
+        with pytest.raises(ValueError, match="cycle") as e:
+            longest_path(n, back_src, back_dst, np.append(w, 1.0))
+        cyc = e.value.cycle
+        edges = set(zip(back_src.tolist(), back_dst.tolist()))
+        assert all((a, b) in edges for a, b in zip(cyc, cyc[1:] + cyc[:1])), f"graph {i}: {cyc}"
+        assert len(set(cyc)) == len(cyc)
+
+
+def test_bad_edges_and_weights_are_named():
+    with pytest.raises(ValueError, match=r"edge 1 \(1 -> 7\): 7 is not a vertex number in \[0, 3\)"):
+        longest_path_length(3, [0, 1], [1, 7])
+    with pytest.raises(ValueError, match=r"edge 0 \(-1 -> 1\): -1 is not a vertex number"):
+        longest_path_length(3, [-1], [1])
+    with pytest.raises(ValueError, match=r"edge weights: edge 1 has weight nan; weights must be finite"):
+        longest_path_length(3, [0, 1], [1, 2], [1.0, float("nan")])
+    with pytest.raises(ValueError, match=r"vertex weights: vertex 2 has weight inf"):
+        longest_path_length(3, [0, 1], [1, 2], None, [0.0, 1.0, float("inf")])
+    with pytest.raises(ValueError, match="same length"):
+        longest_path_length(3, [0, 1], [1])
+    with pytest.raises(ValueError, match=r"4,294,967,296 vertices; the longest path handles 0 to 4,294,967,294"):
+        longest_path_length(2**32, [0], [1])
+    with pytest.raises(ValueError, match=r"-1 vertices"):
+        longest_path(-1, [], [])
+
+
+def test_negative_weights_and_lone_vertices():
+    # what_if puts negative lags on edges: a longest path may be shorter than its heaviest vertex alone
+    assert longest_path_length(3, [0], [1], [-5.0], [2.0, 1.0, 4.0]) == 4.0
+    assert longest_path_length(2, [0], [1], [-5.0], [2.0, 1.0]) == 2.0
+    assert longest_path_length(2, [0, 0], [1, 1], [-5.0, -1.0], [0.0, 0.0]) == 0.0
+    assert longest_path(3, [0], [1], [-1.0], [2.0, 3.0, 1.0]) == (4.0, [0, 1])
+    assert longest_path_length(4, [], [], None, None) == 0.0
 
 
 def test_vertex_weights_count_like_a_split_vertex():
