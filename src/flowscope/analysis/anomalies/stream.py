@@ -55,13 +55,14 @@ class Detector:
 
     SSTD detectors keep moments only (no histograms). With ``keep=True`` a detector also keeps the calls a
     grown model could still flag -- those flagged, near misses (HBOS: a bin score within 3 bits of the
-    threshold; SSTD: beyond two thirds of sigma) and calls judged while their function had fewer than
+    threshold; SSTD: beyond ``near`` x sigma, half by default, as a few early anomalies can inflate a young
+    model's std) and calls judged while their function had fewer than
     ``mature`` calls -- and ``final(model)`` judges them against the final model: with a stationary workload
     that is exactly the set one pass over the whole run flags, without keeping the other calls.
     """
 
     def __init__(self, config: AnomalyConfig | None = None, global_model: FunctionModel | None = None, *,
-                 keep: bool = False, mature: int = 1000):
+                 keep: bool = False, mature: int = 1000, near: float = 0.5):
         self.config = config or AnomalyConfig()
         self._hist = self.config.algo == "hbos"
         self.view = global_model.copy() if global_model is not None else FunctionModel(self._hist)  # global + local
@@ -69,6 +70,7 @@ class Detector:
         self.synced_version = 0                # the parameter server's version this view includes
         self.keep = keep
         self.mature = int(mature)
+        self.near = float(near)
         self.seen = 0                          # calls processed so far (the default ids of kept calls)
         self._kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (ids, view codes, values)
 
@@ -123,7 +125,7 @@ class Detector:
             if self.config.algo == "hbos":
                 cut = sc.threshold - 3.0
             else:
-                cut = sc.threshold * (2 / 3)
+                cut = sc.threshold * self.near
             cut = np.where(self.view.count[b[0]] < self.mature, -np.inf, np.where(sc.judged, cut, np.inf))
             sel = np.flatnonzero(flagged | (score >= cut[sc.pos[vcodes]]))
             ids = np.arange(self.seen, self.seen + len(func)) if ids is None else np.asarray(ids, np.int64)
