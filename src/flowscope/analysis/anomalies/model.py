@@ -89,23 +89,39 @@ def merge_arrays(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> tuple[
     return n, mean, m2, np.minimum(mina, minb), np.maximum(maxa, maxb), ha + hb
 
 
-def batch_moments(codes: np.ndarray, v: np.ndarray, nfunc: int) -> tuple[np.ndarray, ...]:
-    """The functions a batch touches (codes < ``nfunc``) and, for each, its count, mean, M2, min and max in
-    the batch; the work is in proportion to the batch, plus one pass over ``nfunc`` counters."""
+def batch_moments(codes: np.ndarray, v: np.ndarray, nfunc: int, minmax: bool = True) -> tuple[np.ndarray, ...]:
+    """The functions a batch touches (codes < ``nfunc``) and, for each, its count, mean, M2 (and with
+    ``minmax`` its min and max) in the batch; the work is in proportion to the batch, plus one pass over
+    ``nfunc`` counters."""
     cnt = np.bincount(codes, minlength=nfunc)
     touched = np.flatnonzero(cnt)
     t = len(touched)
-    pos = np.empty(len(cnt), np.int64)
-    pos[touched] = np.arange(t)
-    local = pos[codes]  # the batch's functions numbered 0..t-1
-    nb = cnt[touched]
-    mb = np.bincount(local, weights=v, minlength=t) / nb
-    dev = v - mb[local]
-    m2b = np.bincount(local, weights=dev * dev, minlength=t)
-    lo = np.full(t, np.inf)
-    hi = np.full(t, -np.inf)
-    np.minimum.at(lo, local, v)
-    np.maximum.at(hi, local, v)
+    if 2 * t >= len(cnt):  # most functions: per-function arrays over all of them
+        local, t, nb = codes, len(cnt), cnt
+    else:
+        pos = np.empty(len(cnt), np.int64)
+        pos[touched] = np.arange(t)
+        local = pos[codes]  # the batch's functions numbered 0..t-1
+        nb = cnt[touched]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mb = np.bincount(local, weights=v, minlength=t) / nb
+    dev = np.subtract(v, mb[local])
+    dev *= dev
+    m2b = np.bincount(local, weights=dev, minlength=t)
+    if t == len(cnt) and t != len(touched):  # back to the touched functions only
+        nb, mb, m2b = nb[touched], mb[touched], m2b[touched]
+    if not minmax:
+        return touched, nb, mb, m2b
+    lo = np.full(len(touched), np.inf)
+    hi = np.full(len(touched), -np.inf)
+    if t == len(touched):
+        np.minimum.at(lo, local, v)
+        np.maximum.at(hi, local, v)
+    else:
+        full_lo, full_hi = np.full(t, np.inf), np.full(t, -np.inf)
+        np.minimum.at(full_lo, local, v)
+        np.maximum.at(full_hi, local, v)
+        lo, hi = full_lo[touched], full_hi[touched]
     return touched, nb, mb, m2b, lo, hi
 
 
@@ -194,8 +210,8 @@ class FunctionModel:
         if self.histograms:
             np.add.at(self._hist.reshape(-1), codes * FINE_BINS + fine_bin(v), 1)
 
-    def _merge_rows(self, rows: np.ndarray, nb: np.ndarray, mb: np.ndarray, m2b: np.ndarray, lo: np.ndarray,
-                    hi: np.ndarray) -> None:
+    def _merge_rows(self, rows: np.ndarray, nb: np.ndarray, mb: np.ndarray, m2b: np.ndarray,
+                    lo: np.ndarray | None = None, hi: np.ndarray | None = None) -> None:
         """Chan et al.'s pairwise update of the functions at ``rows`` with the statistics of other calls."""
         na = self._count[rows]
         n = na + nb
@@ -205,8 +221,9 @@ class FunctionModel:
         self._mean[rows] = np.where(n > 0, ma + delta * (nb / nf), 0.0)
         self._m2[rows] = self._m2[rows] + m2b + delta * delta * (na.astype(np.float64) * nb / nf)
         self._count[rows] = n
-        self._min[rows] = np.minimum(self._min[rows], lo)
-        self._max[rows] = np.maximum(self._max[rows], hi)
+        if lo is not None:
+            self._min[rows] = np.minimum(self._min[rows], lo)
+            self._max[rows] = np.maximum(self._max[rows], hi)
 
     def _check_merge(self, other: FunctionModel) -> None:
         if other.histograms == self.histograms:

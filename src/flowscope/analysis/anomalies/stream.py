@@ -13,9 +13,13 @@ from flowscope.analysis.anomalies.config import AnomalyConfig
 from flowscope.analysis.anomalies.model import FINE_BINS, FunctionModel, batch_moments, fine_bin, scorer
 
 
+_STATS = ("_count", "_mean", "_m2", "_min", "_max")
+
+
 class ParameterServer:
     """Holds the global model; ``exchange`` merges a detector's local statistics and returns a copy,
-    ``exchange_since`` returns only the functions that changed since the detector's last exchange."""
+    ``exchange_since`` returns only the functions that changed since the detector's last exchange, and
+    ``exchange_rows`` does the same with function numbers agreed once (``codes``) instead of names."""
 
     def __init__(self) -> None:
         self.model = FunctionModel()
@@ -23,13 +27,16 @@ class ParameterServer:
         self.updates = 0
         self._changed = np.zeros(0, np.int64)  # per function: the update that last changed it
 
-    def _merge(self, local: FunctionModel) -> None:
-        self.model.merge_in(local)
-        self.updates += 1
+    def _grow_changed(self) -> None:
         if len(self._changed) < len(self.model):
             grown = np.zeros(max(len(self.model), 2 * len(self._changed)), np.int64)
             grown[:len(self._changed)] = self._changed
             self._changed = grown
+
+    def _merge(self, local: FunctionModel) -> None:
+        self.model.merge_in(local)
+        self.updates += 1
+        self._grow_changed()
         if len(local):
             self._changed[self.model.codes(local.names)] = self.updates
 
@@ -45,6 +52,34 @@ class ParameterServer:
             self._merge(local)
             return self.updates, self.model.subset(np.flatnonzero(self._changed[:len(self.model)] > since))
 
+    def codes(self, names: Sequence[str], histograms: bool) -> np.ndarray:
+        """The server's numbers of functions ``names`` (new ones are added, empty), for ``exchange_rows``."""
+        with self._lock:
+            self.model._check_merge(FunctionModel(histograms))  # an empty model takes the detectors' kind
+            out = self.model.codes(list(names))
+            self._grow_changed()
+            return out
+
+    def exchange_rows(self, codes: np.ndarray, stats: tuple[np.ndarray, ...], hist: np.ndarray | None, since: int,
+                      known: int) -> tuple[int, list[str], np.ndarray, tuple[np.ndarray, ...], np.ndarray | None]:
+        """Merge local statistics given per server function number (count, mean, M2, min, max and the
+        histogram rows, or None without histograms); return the new version, the names of the functions
+        numbered from ``known`` on, and the numbers and global statistics of every function changed after
+        version ``since``."""
+        with self._lock:
+            m = self.model
+            if (hist is not None) != m.histograms:
+                raise ValueError("exchange_rows: histograms on one side only (see FunctionModel._check_merge)")
+            if len(codes):
+                m._merge_rows(codes, *stats)
+                if hist is not None:
+                    m._hist[codes] += hist
+            self.updates += 1
+            self._changed[codes] = self.updates
+            rows = np.flatnonzero(self._changed[:len(m)] > since)
+            out = tuple(getattr(m, a)[rows] for a in _STATS)
+            return self.updates, m.names[known:], rows, out, (m._hist[rows] if m.histograms else None)
+
     def snapshot(self) -> FunctionModel:
         with self._lock:
             return self.model.copy()
@@ -56,9 +91,12 @@ class Detector:
     SSTD detectors keep moments only (no histograms). With ``keep=True`` a detector also keeps the calls a
     grown model could still flag -- those flagged, near misses (HBOS: a bin score within 3 bits of the
     threshold; SSTD: beyond ``near`` x sigma, half by default, as a few early anomalies can inflate a young
-    model's std) and calls judged while their function had fewer than
-    ``mature`` calls -- and ``final(model)`` judges them against the final model: with a stationary workload
-    that is exactly the set one pass over the whole run flags, without keeping the other calls.
+    model's std) and calls judged while their function had fewer than ``mature`` calls -- and ``final(model)``
+    judges them against the final model: with a stationary workload that is exactly the set one pass over the
+    whole run flags, without keeping the other calls.
+
+    ``process`` takes function codes into a list of names; passing the same list object again (it may grow
+    by appending, its entries must not change) lets the detector reuse its numbering of those names.
     """
 
     def __init__(self, config: AnomalyConfig | None = None, global_model: FunctionModel | None = None, *,
@@ -73,6 +111,14 @@ class Detector:
         self.near = float(near)
         self.seen = 0                          # calls processed so far (the default ids of kept calls)
         self._kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (ids, view codes, values)
+        self._names_src: Sequence[str] | None = None  # the last ``functions`` list and its view codes (-1: unknown)
+        self._names_map = np.zeros(0, np.int64)
+        self._server: ParameterServer | None = None   # the server this detector numbers functions with
+        self._to_server = np.zeros(0, np.int64)        # view code -> server code (-1: not yet)
+        self._from_server = np.zeros(0, np.int64)      # server code -> view code
+        self._server_known = 0                         # server codes this detector has mapped
+        self._std = np.zeros(0)                        # sstd, per view code: std where judged, else inf
+        self._cut = np.zeros(0)                        # sstd, per view code: score from which a call is kept
 
     # the local statistics are kept with the view's function numbering, so that one batch's moments update both
     def _aligned(self, model: FunctionModel) -> FunctionModel:
@@ -84,23 +130,43 @@ class Detector:
 
     @property
     def local(self) -> FunctionModel:
-        """Statistics of the calls seen since the last sync."""
+        """Statistics of the calls seen since the last sync (for ``min`` and ``max``: of the calls that moved
+        the view's, which is all a merge into the global model needs)."""
         return self._local
 
     @local.setter
     def local(self, model: FunctionModel) -> None:
         self._local = self._aligned(model)
 
-    def _map(self, functions: Sequence[str], func: np.ndarray) -> np.ndarray:
-        """View codes of the calls ``func`` (codes into ``functions``), looking up only the names used."""
-        if not len(func):
-            return np.zeros(0, np.int64)
-        used = np.flatnonzero(np.bincount(func, minlength=len(functions)))
-        out = np.empty(len(functions), np.int64)
-        out[used] = self.view.codes([functions[i] for i in used.tolist()])
-        if len(self._local) < len(self.view):
+    def _grown(self) -> None:
+        """Storage indexed by view code as long as the view."""
+        n = len(self.view)
+        if len(self._local) < n:
             self._local.codes(self.view.names[len(self._local):])
-        return out[func]
+        if len(self._std) < n:
+            k = max(n, 2 * len(self._std))
+            self._std = np.concatenate([self._std, np.full(k - len(self._std), np.inf)])
+            self._cut = np.concatenate([self._cut, np.full(k - len(self._cut), -np.inf)])
+            self._to_server = np.concatenate([self._to_server, np.full(k - len(self._to_server), -1, np.int64)])
+
+    def _map(self, functions: Sequence[str], func: np.ndarray) -> np.ndarray:
+        """View codes of the calls ``func`` (codes into ``functions``); a list seen before (the same object,
+        possibly grown by appending) is not looked up again."""
+        if functions is not self._names_src:
+            self._names_src, self._names_map = functions, self.view.codes(list(functions))
+        elif len(self._names_map) < len(functions):  # the list grew
+            self._names_map = np.concatenate([self._names_map,
+                                              self.view.codes(list(functions[len(self._names_map):]))])
+        self._grown()
+        return self._names_map[func]
+
+    def _refresh(self, rows: np.ndarray) -> None:
+        """SSTD: the per-function std and keep threshold of the view's functions at ``rows``."""
+        n = self.view._count[rows]
+        std = np.sqrt(np.where(n > 1, self.view._m2[rows] / np.maximum(n - 1, 1), 0.0))
+        judged = (n >= max(self.config.min_count, 2)) & (std > 0)
+        self._std[rows] = np.where(std > 0, std, np.inf)
+        self._cut[rows] = np.where(n < self.mature, -np.inf, np.where(judged, self.near * self.config.sigma, np.inf))
 
     def process(self, functions: Sequence[str], func: np.ndarray, values: np.ndarray,
                 ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -111,23 +177,39 @@ class Detector:
         if not len(func):
             return np.zeros(0), np.zeros(0, bool)
         vcodes = self._map(functions, func)
-        b = batch_moments(vcodes, values, len(self.view))
-        self.view._merge_rows(*b)
-        self._local._merge_rows(*b)
+        view, loc = self.view, self._local
+        touched, nb, mb, m2b = batch_moments(vcodes, values, len(view), minmax=False)
+        # min and max: only the calls beyond the view's can move them (here and in the global model)
+        for arr, ufunc, beyond in (("_max", np.maximum, np.greater), ("_min", np.minimum, np.less)):
+            beyond = beyond(values, getattr(view, arr)[vcodes])
+            if beyond.any():
+                idx = np.flatnonzero(beyond)
+                ufunc.at(getattr(view, arr), vcodes[idx], values[idx])
+                ufunc.at(getattr(loc, arr), vcodes[idx], values[idx])
+        view._merge_rows(touched, nb, mb, m2b)
+        loc._merge_rows(touched, nb, mb, m2b)
         if self._hist:
             keys = vcodes * FINE_BINS + fine_bin(values)
-            np.add.at(self.view._hist.reshape(-1), keys, 1)
-            np.add.at(self._local._hist.reshape(-1), keys, 1)
-        sc = scorer(self.view, self.config, b[0])  # for the functions of this batch only
-        score, flagged = sc.score(vcodes, values)
-        if self.keep:
-            # judged again at the end: flagged, near misses, and calls of functions the model knows little of
-            if self.config.algo == "hbos":
-                cut = sc.threshold - 3.0
-            else:
-                cut = sc.threshold * self.near
-            cut = np.where(self.view.count[b[0]] < self.mature, -np.inf, np.where(sc.judged, cut, np.inf))
-            sel = np.flatnonzero(flagged | (score >= cut[sc.pos[vcodes]]))
+            np.add.at(view._hist.reshape(-1), keys, 1)
+            np.add.at(loc._hist.reshape(-1), keys, 1)
+            sc = scorer(view, self.config, touched)  # tables for the functions of this batch only
+            score, flagged = sc.score(vcodes, values)
+            if self.keep:
+                cut = np.where(view.count[touched] < self.mature, -np.inf,
+                               np.where(sc.judged, sc.threshold - 3.0, np.inf))
+                again = score >= cut[sc.pos[vcodes]]
+        else:
+            self._refresh(touched)
+            score = np.subtract(values, view._mean[vcodes])
+            np.abs(score, out=score)
+            score /= self._std[vcodes]
+            flagged = score > self.config.sigma
+            if self.config.min_count > 2:
+                flagged &= view._count[vcodes] >= self.config.min_count
+            if self.keep:
+                again = score >= self._cut[vcodes]
+        if self.keep:  # (a flagged call is always past the keep threshold)
+            sel = np.flatnonzero(again)
             ids = np.arange(self.seen, self.seen + len(func)) if ids is None else np.asarray(ids, np.int64)
             self._kept.append((ids[sel], vcodes[sel], values[sel]))
         self.seen += len(func)
@@ -150,29 +232,67 @@ class Detector:
         """Calls kept to be judged again."""
         return sum(len(k[0]) for k in self._kept)
 
+    def _reset_local(self, rows: np.ndarray) -> None:
+        loc = self._local
+        loc._count[rows], loc._mean[rows], loc._m2[rows] = 0, 0.0, 0.0
+        loc._min[rows], loc._max[rows] = np.inf, -np.inf
+        if loc.histograms:
+            loc._hist[rows] = 0
+
     def take_local(self) -> FunctionModel:
         """The statistics gathered since the last call, and start afresh."""
-        loc = self._local
-        rows = np.flatnonzero(loc.count)
-        out = loc.subset(rows)
-        loc.count[rows], loc.mean[rows], loc.m2[rows] = 0, 0.0, 0.0
-        loc.min[rows], loc.max[rows] = np.inf, -np.inf
-        if loc.histograms:
-            loc.hist[rows] = 0
+        rows = np.flatnonzero(self._local.count)
+        out = self._local.subset(rows)
+        self._reset_local(rows)
         return out
 
     def set_global(self, model: FunctionModel) -> None:
         """Adopt a new global model (which includes every local update already sent)."""
         self.view = model.merge(self._local)
         self._local = self._aligned(self._local)
+        self._names_src, self._server = None, None  # the view's numbering changed
+        self._std, self._cut = np.zeros(0), np.zeros(0)
+        self._to_server = np.zeros(0, np.int64)
+        self._grown()
+        self._refresh(np.arange(len(self.view)))
 
     def sync(self, server: ParameterServer) -> None:
         """Send local statistics to ``server`` and take back the global statistics of the functions that
-        changed since this detector's last sync (its view is then the global model)."""
-        self.synced_version, changed = server.exchange_since(self.take_local(), self.synced_version)
-        self.view.assign(changed)
-        if len(self._local) < len(self.view):
-            self._local.codes(self.view.names[len(self._local):])
+        changed since this detector's last sync (its view is then the global model). Functions are numbered
+        with the server once; after that only arrays travel."""
+        if server is not self._server:  # a new server: number every function with it
+            self._server, self._server_known = server, 0
+            self._to_server[:] = -1
+            self._from_server = np.zeros(0, np.int64)
+        loc, view = self._local, self.view
+        rows = np.flatnonzero(loc.count)
+        new = rows[self._to_server[rows] < 0]
+        if len(new):
+            self._to_server[new] = server.codes([view.names[i] for i in new.tolist()], view.histograms)
+        stats = tuple(getattr(loc, a)[rows] for a in _STATS)
+        hist = loc._hist[rows] if loc.histograms else None
+        version, names, changed, gstats, ghist = server.exchange_rows(self._to_server[rows], stats, hist,
+                                                                      self.synced_version, self._server_known)
+        if names:  # server numbers this detector has not mapped yet
+            vc = view.codes(names)
+            self._grown()
+            k = self._server_known + len(names)
+            if len(self._from_server) < k:
+                self._from_server = np.concatenate([self._from_server,
+                                                    np.full(max(k, 2 * len(self._from_server)) -
+                                                            len(self._from_server), -1, np.int64)])
+            self._from_server[self._server_known:k] = vc
+            self._to_server[vc] = np.arange(self._server_known, k)
+            self._server_known = k
+        vrows = self._from_server[changed]
+        for a, g in zip(_STATS, gstats):
+            getattr(view, a)[vrows] = g
+        if ghist is not None:
+            view._hist[vrows] = ghist
+        self._reset_local(rows)
+        self.synced_version = version
+        if not self._hist:
+            self._refresh(vrows)
 
 
 #: logs category of a post-pruning verdict: the final model no longer flags an anomaly recorded online
