@@ -28,8 +28,8 @@ Measured, alternating, ``--reps`` times (median and spread):
 Wall and CPU time (the thread's, steadier on a shared machine) are both recorded; ``ratio`` is one-shot
 seconds over streaming seconds (medians), ``cpu_ratio`` the same in CPU seconds, ``ratio_per_repetition`` the
 ratio within each interleaved pair, ``ratio_of_fastest`` that of the fastest repetitions (the least
-disturbed by other work). The flagged sets must be identical (positions of the calls) before any time is reported; the run fails
-otherwise. HBOS runs where its state fits: each function's histogram is 6,144 int64 bins (48 KiB) in every
+disturbed by other work). The flagged sets must be identical (positions of the calls) before any time is
+reported; the run fails otherwise. HBOS runs where its state fits: each function's histogram is 6,144 int64 bins (48 KiB) in every
 detector's view and local model, so ``many_functions`` is SSTD only. Chimbuko's published cost (about 0.05 s of
 AD module time per step, Summit, IBM POWER9: other hardware, events per step not given) is reported beside our
 per-step cost.
