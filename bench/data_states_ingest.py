@@ -25,7 +25,7 @@ Peers:
   (``/v1/runs/{run}/states``, then ``/mutations``), each acknowledged, over one keep-alive connection. It is
   measured on a subsample (the first ``--peer-records`` records, time-limited by ``--peer-seconds``) and its rate
   extrapolated to the full size (``params.crux_extrapolated_s``); the Crux paper itself reports about 14 ms per
-  vertex. A protocol comparison, not a competitor.
+  vertex (other hardware). A protocol comparison, not a competitor.
 
 Measurements alternate for ``--repeat`` repetitions; figures are medians. Writes
 ``bench/results/data_states_ingest.json`` (DESIGN.md, "Benchmarks") and prints one summary line last.
@@ -64,6 +64,10 @@ CRUX_PEER = "crux_post_per_record"
 RESULTS = Path(__file__).resolve().parent / "results" / f"{BENCH}.json"
 
 
+def _no_nulls(record: dict) -> dict:
+    return {c: v for c, v in record.items() if v is not None}
+
+
 class Workload:
     """The graph, cut into batches whose mutations end in the batch's states (a mutation's source is an older
     row, so it is in this batch or an earlier one)."""
@@ -92,8 +96,7 @@ class Workload:
         ids = {r["state_id"] for r in st}
         mu = [m for m in self.mutations.slice(0, min(self.mutations.num_rows, 4 * n)).to_pylist()
               if m["src_state_id"] in ids and m["dst_state_id"] in ids][: n - k]
-        clean = lambda r: {c: v for c, v in r.items() if v is not None}
-        return [("states", clean(r)) for r in st] + [("mutations", clean(r)) for r in mu]
+        return [("states", _no_nulls(r)) for r in st] + [("mutations", _no_nulls(r)) for r in mu]
 
 
 def _client(collector: Collector, workdir: Path, name: str) -> Client:
@@ -161,9 +164,8 @@ def per_record_api(collector: Collector, work: Workload, workdir: Path, batch: i
 
 def json_bodies(work: Workload) -> list[bytes]:
     """One JSON body per batch of the table API: {"states": [...], "mutations": [...]}, nulls left out."""
-    clean = lambda rows: [{c: v for c, v in r.items() if v is not None} for r in rows]  # noqa: E731
-    return [json.dumps({"states": clean(st.to_pylist()), "mutations": clean(mu.to_pylist())}).encode()
-            for st, mu in work.batches]
+    return [json.dumps({"states": [_no_nulls(r) for r in st.to_pylist()],
+                        "mutations": [_no_nulls(r) for r in mu.to_pylist()]}).encode() for st, mu in work.batches]
 
 
 def json_batched(collector: Collector, work: Workload, bodies: list[bytes], tag: str) -> dict:

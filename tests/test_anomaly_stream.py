@@ -57,6 +57,12 @@ def test_streamed_final_verdict_equals_one_pass_over_the_whole_run(algo):
     idx = final.codes(whole.names)
     np.testing.assert_array_equal(final.count[idx], whole.count)
     np.testing.assert_allclose(final.mean[idx], whole.mean, rtol=1e-12)
+    if algo == "hbos":
+        np.testing.assert_array_equal(final.hist[idx], whole.hist)
+    last = dets[-1].view  # synced last: it has everything, histogram increments of the others included
+    vidx = last.codes(whole.names)
+    np.testing.assert_array_equal(last.count[vidx], whole.count)
+    np.testing.assert_array_equal(last.hist[vidx], whole.hist if algo == "hbos" else whole.hist[:, :0])
 
 
 def test_sync_sends_back_only_what_changed_and_leaves_the_view_equal_to_the_global_model():

@@ -194,7 +194,8 @@ class FunctionModel:
                            ("_hist", 0)):
             a = getattr(self, attr)
             if len(a) < need:
-                b = np.full((max(need, 2 * len(a), 8),) + a.shape[1:], fill, a.dtype)
+                shape = (max(need, 2 * len(a), 8),) + a.shape[1:]
+                b = np.zeros(shape, a.dtype) if fill == 0 else np.full(shape, fill, a.dtype)  # zeros: lazy pages
                 b[:len(a)] = a
                 setattr(self, attr, b)
             else:  # storage set shorter by hand or left over: the new entries start empty
@@ -349,13 +350,19 @@ class Scorer:
     model: FunctionModel
     judged: np.ndarray        # per function: enough data to flag anything
     threshold: np.ndarray     # per function: score from which a call is flagged
-    table: np.ndarray | None  # hbos: per function x grid bin, the score of a call in that bin
+    scores: np.ndarray | None  # hbos: per function x histogram bin, the score of a call in that bin
     nbins: np.ndarray         # hbos: bins of the function's histogram
     width: np.ndarray         # hbos: their width (ns)
-    bin_count: np.ndarray | None  # hbos: per function x grid bin, calls in the call's histogram bin
+    counts: np.ndarray | None  # hbos: per function x histogram bin, its calls
     pos: np.ndarray | None = None  # when built for some functions only: model code -> row of the arrays above
     mean: np.ndarray | None = None  # sstd: per function, mean and standard deviation (0 below two calls)
     std: np.ndarray | None = None
+    lo: np.ndarray | None = None    # hbos: per function, where its first bin starts
+
+    def _bin(self, p: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """hbos: the histogram bin of calls of the functions at rows ``p`` with values ``v`` (by grid cell)."""
+        b = np.floor((_FINE_REP[fine_bin(v)] - self.lo[p]) / self.width[p])
+        return np.clip(b, 0, self.nbins[p] - 1).astype(np.int64)
 
     def _at(self, codes: np.ndarray) -> np.ndarray:
         return codes if self.pos is None else self.pos[codes]
@@ -372,7 +379,7 @@ class Scorer:
                 s = np.abs(v - self.mean[p]) / std
             s = np.where(std > 0, s, 0.0)
         else:
-            s = self.table[p, fine_bin(v)]
+            s = self.scores[p, self._bin(p, v)] if len(p) else np.zeros(0)
         threshold = self.threshold[p]
         flagged = self.judged[p] & (s >= threshold)
         if self.config.algo == "sstd":
@@ -390,9 +397,9 @@ class Scorer:
             out.update(sigma=c.sigma, lower=float(m.mean[code] - c.sigma * m.std[code]),
                        upper=float(m.mean[code] + c.sigma * m.std[code]))
         else:
-            fb = int(fine_bin(np.array([value]))[0])
+            b = int(self._bin(np.array([p]), np.array([value], np.float64))[0])
             out.update(threshold_fraction=c.threshold, alpha=c.alpha, bins=int(self.nbins[p]),
-                       bin_width=float(self.width[p]), bin_count=int(self.bin_count[p, fb]))
+                       bin_width=float(self.width[p]), bin_count=int(self.counts[p, b]))
         return out
 
 
@@ -412,7 +419,7 @@ def scorer(model: FunctionModel, config: AnomalyConfig, rows: np.ndarray | None 
     judged = n >= max(config.min_count, 2)
     nbins = np.ones(F, np.int64)
     width = np.zeros(F)
-    table = bin_count = None
+    table = bin_count = lo = None
     if config.algo == "sstd":
         threshold = np.full(F, float(config.sigma))
         judged &= std > 0
@@ -420,7 +427,7 @@ def scorer(model: FunctionModel, config: AnomalyConfig, rows: np.ndarray | None 
         if not model.histograms:
             raise ValueError("HBOS needs a model with histograms; this one keeps moments only "
                              "(FunctionModel(histograms=False), as SSTD detectors build)")
-        hist = model.hist if rows is None else model.hist[rows]
+        codes = np.arange(len(model), dtype=np.int64) if rows is None else rows
         nf = np.maximum(n, 1).astype(np.float64)
         span = np.where(judged, vmax - vmin, 0.0)
         scott = 3.49 * std * nf ** (-1.0 / 3.0)
@@ -429,10 +436,14 @@ def scorer(model: FunctionModel, config: AnomalyConfig, rows: np.ndarray | None 
         nbins = np.clip(np.nan_to_num(want, nan=1.0, posinf=config.max_bins), 1, config.max_bins).astype(np.int64)
         width = np.where(span > 0, span / nbins, 1.0)
         lo = np.where(judged, vmin, 0.0)
-        coarse = np.floor((_FINE_REP[None, :] - lo[:, None]) / width[:, None])
-        coarse = np.clip(coarse, 0, (nbins - 1)[:, None]).astype(np.int64)
-        flat = (np.arange(F, dtype=np.int64)[:, None] * config.max_bins + coarse)
-        counts = np.bincount(flat.ravel(), weights=hist.ravel().astype(np.float64),
+        # each function's calls lie in the grid cells from its min's to its max's: bin only those
+        c0 = fine_bin(np.where(n > 0, vmin, 0.0))
+        ncell = np.where(n > 0, fine_bin(np.where(n > 0, vmax, 0.0)) - c0 + 1, 0)
+        f = np.repeat(np.arange(F, dtype=np.int64), ncell)
+        cell = np.arange(len(f), dtype=np.int64) - np.repeat(np.cumsum(ncell) - ncell, ncell) + c0[f]
+        coarse = np.clip(np.floor((_FINE_REP[cell] - lo[f]) / width[f]), 0, nbins[f] - 1).astype(np.int64)
+        counts = np.bincount(f * config.max_bins + coarse,
+                             weights=model._hist.reshape(-1)[codes[f] * FINE_BINS + cell].astype(np.float64),
                              minlength=F * config.max_bins).reshape(F, config.max_bins)
         prob = counts / nf[:, None]
         scores = -np.log2(prob + config.alpha)
@@ -441,9 +452,10 @@ def scorer(model: FunctionModel, config: AnomalyConfig, rows: np.ndarray | None 
         smax = np.where(nonempty, scores, -np.inf).max(axis=1) if F else np.zeros(0)
         judged &= np.isfinite(smin) & (smax > smin)
         threshold = np.where(judged, smin + config.threshold * np.where(judged, smax - smin, 0.0), np.inf)
-        table = np.take_along_axis(scores, coarse, axis=1)
-        bin_count = np.take_along_axis(counts, coarse, axis=1).astype(np.int64)
-    return Scorer(config, model, judged, threshold, table, nbins, width, bin_count, pos, mean, std)
+        table = scores
+        bin_count = counts.astype(np.int64)
+    return Scorer(config, model, judged, threshold, table, nbins, width, bin_count, pos, mean, std,
+                  lo if config.algo == "hbos" else None)
 
 
 def model_of(names: Iterable[str], codes: np.ndarray, values: np.ndarray) -> FunctionModel:

@@ -26,6 +26,21 @@ class ParameterServer:
         self._lock = threading.Lock()
         self.updates = 0
         self._changed = np.zeros(0, np.int64)  # per function: the update that last changed it
+        # histogram increments (update, detector, flat keys code * FINE_BINS + cell, counts) that detectors
+        # exchanging rows have not all seen yet
+        self._log: list[tuple[int, int, np.ndarray, np.ndarray]] = []
+        self._seen: dict[int, int] = {}         # detector -> the update its view includes
+
+    def join(self) -> int:
+        """A number for a detector that exchanges rows (``exchange_rows``)."""
+        with self._lock:
+            me = len(self._seen)
+            self._seen[me] = self.updates  # its first exchange gets whole histogram rows, not increments
+            return me
+
+    def _log_hist(self, who: int, keys: np.ndarray, counts: np.ndarray) -> None:
+        if self._seen and len(keys):
+            self._log.append((self.updates, who, keys, counts))
 
     def _grow_changed(self) -> None:
         if len(self._changed) < len(self.model):
@@ -38,7 +53,11 @@ class ParameterServer:
         self.updates += 1
         self._grow_changed()
         if len(local):
-            self._changed[self.model.codes(local.names)] = self.updates
+            idx = self.model.codes(local.names)
+            self._changed[idx] = self.updates
+            if local.histograms and self._seen:
+                r, cell = np.nonzero(local.hist)
+                self._log_hist(-1, idx[r] * FINE_BINS + cell, local.hist[r, cell])
 
     def exchange(self, local: FunctionModel) -> FunctionModel:
         with self._lock:
@@ -60,25 +79,40 @@ class ParameterServer:
             self._grow_changed()
             return out
 
-    def exchange_rows(self, codes: np.ndarray, stats: tuple[np.ndarray, ...], hist: np.ndarray | None, since: int,
-                      known: int) -> tuple[int, list[str], np.ndarray, tuple[np.ndarray, ...], np.ndarray | None]:
-        """Merge local statistics given per server function number (count, mean, M2, min, max and the
-        histogram rows, or None without histograms); return the new version, the names of the functions
-        numbered from ``known`` on, and the numbers and global statistics of every function changed after
-        version ``since``."""
+    def exchange_rows(self, who: int, codes: np.ndarray, stats: tuple[np.ndarray, ...],
+                      hist: tuple[np.ndarray, np.ndarray] | None, since: int, known: int
+                      ) -> tuple:
+        """Merge detector ``who``'s local statistics given per server function number (count, mean, M2, min,
+        max, and the histogram increments as flat keys ``code * FINE_BINS + cell`` with counts, or None without
+        histograms). Returns the new version, the names of the functions numbered from ``known`` on, the numbers
+        and global moments of every function changed after version ``since``, and either those functions'
+        whole histogram rows (``since`` 0: a detector's first exchange) or the histogram increments of the other
+        detectors since then (the detector's view has its own already)."""
         with self._lock:
             m = self.model
             if (hist is not None) != m.histograms:
                 raise ValueError("exchange_rows: histograms on one side only (see FunctionModel._check_merge)")
             if len(codes):
                 m._merge_rows(codes, *stats)
-                if hist is not None:
-                    m._hist[codes] += hist
             self.updates += 1
+            if hist is not None and len(hist[0]):
+                np.add.at(m._hist.reshape(-1), hist[0], hist[1])
+                self._log_hist(who, *hist)
             self._changed[codes] = self.updates
             rows = np.flatnonzero(self._changed[:len(m)] > since)
             out = tuple(getattr(m, a)[rows] for a in _STATS)
-            return self.updates, m.names[known:], rows, out, (m._hist[rows] if m.histograms else None)
+            others = rows_hist = None
+            if m.histograms and since == 0:  # a detector's first exchange: whole rows
+                rows_hist = m._hist[rows]
+            elif m.histograms:
+                mine = [(k, c) for v, w, k, c in self._log if v > since and w != who]
+                others = (np.concatenate([k for k, _ in mine]) if mine else np.zeros(0, np.int64),
+                          np.concatenate([c for _, c in mine]) if mine else np.zeros(0, np.int64))
+            self._seen[who] = self.updates
+            oldest = min(self._seen.values())
+            if self._log and self._log[0][0] <= oldest:
+                self._log = [e for e in self._log if e[0] > oldest]
+            return self.updates, m.names[known:], rows, out, rows_hist, others
 
     def snapshot(self) -> FunctionModel:
         with self._lock:
@@ -90,8 +124,8 @@ class Detector:
 
     SSTD detectors keep moments only (no histograms). With ``keep=True`` a detector also keeps the calls a
     grown model could still flag -- those flagged, near misses (HBOS: a bin score within 3 bits of the
-    threshold; SSTD: beyond ``near`` x sigma, half by default, as a few early anomalies can inflate a young
-    model's std) and calls judged while their function had fewer than ``mature`` calls -- and ``final(model)``
+    threshold, or a grid cell holding at most ``rare`` calls; SSTD: beyond ``near`` x sigma, half by default,
+    as a few early anomalies can inflate a young model's std) and calls judged while their function had fewer than ``mature`` calls -- and ``final(model)``
     judges them against the final model: with a stationary workload that is exactly the set one pass over the
     whole run flags, without keeping the other calls.
 
@@ -100,7 +134,7 @@ class Detector:
     """
 
     def __init__(self, config: AnomalyConfig | None = None, global_model: FunctionModel | None = None, *,
-                 keep: bool = False, mature: int = 1000, near: float = 0.5):
+                 keep: bool = False, mature: int = 1000, near: float = 0.5, rare: int = 8):
         self.config = config or AnomalyConfig()
         self._hist = self.config.algo == "hbos"
         self.view = global_model.copy() if global_model is not None else FunctionModel(self._hist)  # global + local
@@ -109,11 +143,15 @@ class Detector:
         self.keep = keep
         self.mature = int(mature)
         self.near = float(near)
+        self.rare = int(rare)
         self.seen = 0                          # calls processed so far (the default ids of kept calls)
         self._kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (ids, view codes, values)
         self._names_src: Sequence[str] | None = None  # the last ``functions`` list and its view codes (-1: unknown)
         self._names_map = np.zeros(0, np.int64)
         self._server: ParameterServer | None = None   # the server this detector numbers functions with
+        self._who = -1                                 # this detector's number there
+        self._pending: list[np.ndarray] = []           # hbos: flat view keys of the calls since the last sync
+        self._hist_flushed = False                     # the local histogram may hold counts
         self._to_server = np.zeros(0, np.int64)        # view code -> server code (-1: not yet)
         self._from_server = np.zeros(0, np.int64)      # server code -> view code
         self._server_known = 0                         # server codes this detector has mapped
@@ -132,11 +170,14 @@ class Detector:
     def local(self) -> FunctionModel:
         """Statistics of the calls seen since the last sync (for ``min`` and ``max``: of the calls that moved
         the view's, which is all a merge into the global model needs)."""
+        self._flush_pending()
         return self._local
 
     @local.setter
     def local(self, model: FunctionModel) -> None:
+        self._flush_pending()
         self._local = self._aligned(model)
+        self._hist_flushed = True
 
     def _grown(self) -> None:
         """Storage indexed by view code as long as the view."""
@@ -191,13 +232,16 @@ class Detector:
         if self._hist:
             keys = vcodes * FINE_BINS + fine_bin(values)
             np.add.at(view._hist.reshape(-1), keys, 1)
-            np.add.at(loc._hist.reshape(-1), keys, 1)
+            self._pending.append(keys)  # the local histogram's increments, applied when they are needed
             sc = scorer(view, self.config, touched)  # tables for the functions of this batch only
             score, flagged = sc.score(vcodes, values)
             if self.keep:
                 cut = np.where(view.count[touched] < self.mature, -np.inf,
                                np.where(sc.judged, sc.threshold - 3.0, np.inf))
-                again = score >= cut[sc.pos[vcodes]]
+                # a bin's score moves as the model's range and bin width change, so calls in a rare grid cell
+                # are kept too: a call the final model flags sits in a bin of at most a few calls, and its cell
+                # had no more than that when it was judged
+                again = (score >= cut[sc.pos[vcodes]]) | (view._hist.reshape(-1)[keys] <= self.rare)
         else:
             self._refresh(touched)
             score = np.subtract(values, view._mean[vcodes])
@@ -236,11 +280,22 @@ class Detector:
         loc = self._local
         loc._count[rows], loc._mean[rows], loc._m2[rows] = 0, 0.0, 0.0
         loc._min[rows], loc._max[rows] = np.inf, -np.inf
-        if loc.histograms:
+        if loc.histograms and self._hist_flushed:
             loc._hist[rows] = 0
+            self._hist_flushed = False
+
+    def _flush_pending(self, direct: bool = True) -> None:
+        """Put the pending histogram increments in the local histogram (and with ``direct``, note that the
+        caller may update it directly)."""
+        if self._pending:
+            np.add.at(self._local._hist.reshape(-1), np.concatenate(self._pending), 1)
+            self._pending = []
+            self._hist_flushed = True
+        self._hist_flushed |= direct
 
     def take_local(self) -> FunctionModel:
         """The statistics gathered since the last call, and start afresh."""
+        self._flush_pending()
         rows = np.flatnonzero(self._local.count)
         out = self._local.subset(rows)
         self._reset_local(rows)
@@ -248,8 +303,10 @@ class Detector:
 
     def set_global(self, model: FunctionModel) -> None:
         """Adopt a new global model (which includes every local update already sent)."""
+        self._flush_pending()
         self.view = model.merge(self._local)
         self._local = self._aligned(self._local)
+        self._hist_flushed = True
         self._names_src, self._server = None, None  # the view's numbering changed
         self._std, self._cut = np.zeros(0), np.zeros(0)
         self._to_server = np.zeros(0, np.int64)
@@ -261,18 +318,30 @@ class Detector:
         changed since this detector's last sync (its view is then the global model). Functions are numbered
         with the server once; after that only arrays travel."""
         if server is not self._server:  # a new server: number every function with it
-            self._server, self._server_known = server, 0
+            self._server, self._server_known, self._who = server, 0, server.join()
             self._to_server[:] = -1
             self._from_server = np.zeros(0, np.int64)
+            self.synced_version = 0
         loc, view = self._local, self.view
         rows = np.flatnonzero(loc.count)
         new = rows[self._to_server[rows] < 0]
         if len(new):
             self._to_server[new] = server.codes([view.names[i] for i in new.tolist()], view.histograms)
         stats = tuple(getattr(loc, a)[rows] for a in _STATS)
-        hist = loc._hist[rows] if loc.histograms else None
-        version, names, changed, gstats, ghist = server.exchange_rows(self._to_server[rows], stats, hist,
-                                                                      self.synced_version, self._server_known)
+        hist = None
+        if view.histograms:
+            keys = np.concatenate(self._pending) if self._pending else np.zeros(0, np.int64)
+            weights = np.ones(len(keys), np.int64)
+            self._pending = []
+            if self._hist_flushed:  # counts put in the local histogram directly (``local.update``)
+                r, cell = np.nonzero(loc._hist[rows])
+                keys = np.concatenate([keys, rows[r] * FINE_BINS + cell])
+                weights = np.concatenate([weights, loc._hist[rows][r, cell]])
+            keys, inv = np.unique(keys, return_inverse=True)
+            counts = np.bincount(inv, weights=weights, minlength=len(keys)).astype(np.int64)
+            hist = (self._to_server[keys // FINE_BINS] * FINE_BINS + keys % FINE_BINS, counts.astype(np.int64))
+        version, names, changed, gstats, ghist, others = server.exchange_rows(
+            self._who, self._to_server[rows], stats, hist, self.synced_version, self._server_known)
         if names:  # server numbers this detector has not mapped yet
             vc = view.codes(names)
             self._grown()
@@ -289,6 +358,10 @@ class Detector:
             getattr(view, a)[vrows] = g
         if ghist is not None:
             view._hist[vrows] = ghist
+        if others is not None and len(others[0]):
+            k = others[0]
+            np.add.at(view._hist.reshape(-1), self._from_server[k // FINE_BINS] * FINE_BINS + k % FINE_BINS,
+                      others[1])
         self._reset_local(rows)
         self.synced_version = version
         if not self._hist:
