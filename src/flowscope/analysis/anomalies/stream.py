@@ -125,8 +125,8 @@ class Detector:
     SSTD detectors keep moments only (no histograms). With ``keep=True`` a detector also keeps the calls a
     grown model could still flag -- those flagged, near misses (HBOS: a bin score within 3 bits of the
     threshold, or a grid cell holding at most ``rare`` calls; SSTD: beyond ``near`` x sigma, half by default,
-    as a few early anomalies can inflate a young model's std) and calls judged while their function had fewer than ``mature`` calls -- and ``final(model)``
-    judges them against the final model: with a stationary workload that is exactly the set one pass over the
+    as a few early anomalies can inflate a young model's std) and calls judged while their function had fewer
+    than ``mature`` calls -- and ``final(model)`` judges them against the final model: with a stationary workload that is exactly the set one pass over the
     whole run flags, without keeping the other calls.
 
     ``process`` takes function codes into a list of names; passing the same list object again (it may grow
