@@ -53,7 +53,10 @@ def anomaly_routes(models: AnomalyModels | None = None) -> list[Route]:
             return JSONResponse({"error": f"anomaly-model body: {exc!r}" if not isinstance(exc, ValueError)
                                  else str(exc)}, 400)
         server = models.server(run_id)
-        merged = server.exchange(local)
+        try:
+            merged = server.exchange(local)
+        except ValueError as exc:  # histograms on one side only: nothing merged
+            return JSONResponse({"error": f"anomaly-model body: {exc}"}, 400)
         return _reply(server, merged)
 
     async def current(request: Request) -> JSONResponse:
