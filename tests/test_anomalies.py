@@ -380,7 +380,7 @@ def other(x: int) -> int:
     return x + 1
 
 
-def test_dask_slowed_task_group_is_found_and_ranked_first(tmp_path):
+def test_dask_slowed_tasks_are_found_and_ranked_by_time_lost(tmp_path):
     """Both detectors with their default parameters (SSTD: 6 sigma). With k slowed calls among n of one function
     the slowed ones sit at most about sqrt(n / k) standard deviations out, their own weight in the std included:
     3 among 400 (0.5 to 0.7 s against 10 ms) give about 9.5 sigma for the mildest, clear of 6 even when a busy
@@ -397,15 +397,24 @@ def test_dask_slowed_task_group_is_found_and_ranked_first(tmp_path):
             ys = [client.submit(other, x, key=f"other-{i}") for i, x in enumerate(xs)]
             client.gather(ys)
     run = obs.run
+    # time lost by each task: its span's duration minus the mean of its task group's, worked out here
+    spans = run.sql("SELECT task_key, name, end_ns - start_ns AS d FROM spans WHERE kind = 'task'")
+    lost = dict(zip(spans["task_key"], spans["d"] - spans.groupby("name")["d"].transform("mean")))
+    planted = {f"work-{i}" for i in slow}
     for algo in ("hbos", "sstd"):
         config = AnomalyConfig(algo=algo)
         assert config.sigma == 6.0
-        det = detect_run(run, config)
-        top = det.anomalies.slice(0, len(slow)).to_pylist()
-        assert {r["task_key"] for r in top} == {f"work-{i}" for i in slow}, (algo, top)
-        assert top[0]["function"] == "work" and top[0]["severity_ns"] > 150_000_000
-        assert top[0]["resource_id"].startswith("thread:")
-        assert top[0]["provenance"] and json.loads(top[0]["provenance"])["run_id"] == run.meta["run_id"]
+        rows = detect_run(run, config).anomalies.to_pylist()
+        assert planted <= {r["task_key"] for r in rows}, (algo, rows[:5])
+        # ranked by time lost, most first. (That nothing else lost more than the slowed calls is up to the
+        # machine: a saturated one can stretch a 10 ms call by tenths of a second.)
+        assert [r["severity_ns"] for r in rows] == sorted((r["severity_ns"] for r in rows), reverse=True)
+        for r in rows:
+            assert abs(r["severity_ns"] - lost[r["task_key"]]) <= 1, (r, lost[r["task_key"]])
+        mine = [r for r in rows if r["task_key"] in planted]
+        assert all(r["function"] == "work" and r["severity_ns"] > 400_000_000 for r in mine), mine
+        assert all(r["resource_id"].startswith("thread:") for r in mine)
+        assert all(json.loads(r["provenance"])["run_id"] == run.meta["run_id"] for r in mine)
 
 
 # ---- reduced runs keep everything they claim ----------------------------------------------------------------
