@@ -449,6 +449,7 @@ def test_a_worker_killed_while_it_holds_and_runs_tasks(tmp_path):
         assert client.run(_flush_worker_plugin, workers=[w])[w]
         os.kill(int((tmp_path / "hold" / "started").read_text()), signal.SIGKILL)
         assert h.result() == sum(range(1, 5))
+    assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors
     run = obs.run
     wid = f"worker:{w}"
     spans = run.sql("""SELECT s.task_key, r.parent_id AS worker, s.attrs FROM spans s
@@ -530,6 +531,7 @@ def test_a_transition_asked_for_but_not_made_is_not_recorded(cluster, tmp_path):
         Path(gate).touch()
         assert client.gather([d1, d2]) == [1, 2]
         dask_log = client.run(_log_of, "x", workers=[b])[b]
+    assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors
     assert ("flight", "fetch", "flight") in {e[:3] for e in dask_log}  # the no-op happened
     made = [(e[0], e[2], e[3]) for e in dask_log if e[2] != e[0]]
     rows = obs.run.sql(f"SELECT from_state, to_state, stimulus_id FROM transitions WHERE task_key = 'x' "
