@@ -285,6 +285,110 @@ def test_incremental_equals_offline_at_every_batch():
     assert inc.current().ids[-1] == f"s{n - 1}"
 
 
+# ---- hand-built runs whose measured path is known in advance ------------------------------------------------
+
+MS = 1_000_000
+T0 = 1_700_000_000_000_000_000
+
+
+def hand_built_run(tmp_path, tasks: dict, deps: list, transfers: list = ()):
+    """A run written row by row through a Client, as a Dask capture would write it. ``tasks``: key -> (worker,
+    thread, start ms, end ms); ``deps``: (task, the task it depends on); ``transfers``: (key, from worker, to
+    worker, start ms, end ms). Times are ms after T0."""
+    import flowscope
+
+    fs = flowscope.Client("embedded", store=tmp_path / "store", name="hand-built")
+    for key, (worker, thread, s, e) in tasks.items():
+        fs.emit("spans", resource_id=f"thread:{worker}:{thread}", kind="task", name=key.rstrip("0123456789"),
+                start_ns=T0 + s * MS, end_ns=T0 + e * MS, task_key=key,
+                attrs=json.dumps({"worker": f"tcp://{worker}:1", "thread_ident": thread}))
+    for key, dep in deps:
+        fs.emit("dependencies", task_key=key, depends_on=dep)
+    for key, src, dst, s, e in transfers:
+        fs.emit("transfers", kind="dask-fetch", src_resource_id=f"worker:tcp://{src}:1",
+                dst_resource_id=f"worker:tcp://{dst}:1", nbytes=1000, start_ns=T0 + s * MS, end_ns=T0 + e * MS,
+                keys=[key])
+    fs.close()
+    run = flowscope.open_run(fs.run_dir)
+    return run.table("spans"), run.table("dependencies"), run.table("transfers")
+
+
+def _steps(path) -> list[tuple]:
+    """The steps as (vertex, kind, start ms, end ms, component), times after T0."""
+    return [(r.id, r.kind, (r.start_ns - T0) / MS, (r.end_ns - T0) / MS, r.component)
+            for r in path.steps.itertuples()]
+
+
+def test_measured_path_of_a_diamond_goes_through_the_input_that_arrived_last(tmp_path):
+    """a feeds b (same thread as d, done at 30) and c (the other worker, done at 60); d needs both. c's output
+    reaches d's worker last (transfer 60-64), so the path is a, the fetch of a, c, the fetch of c, d's wait for
+    the scheduler, d -- not through b, although b ran on d's own thread just before it."""
+    spans, deps, transfers = hand_built_run(
+        tmp_path,
+        tasks={"a": ("w1", 1, 0, 10), "b": ("w1", 1, 10, 30), "c": ("w2", 2, 12, 60), "d": ("w1", 1, 66, 80)},
+        deps=[("b", "a"), ("c", "a"), ("d", "b"), ("d", "c")],
+        transfers=[("a", "w1", "w2", 10, 12), ("c", "w2", "w1", 60, 64)])
+    paths = task_graph_paths(spans, deps, transfers)
+    m = paths.measured
+    assert m.ids == ["a", "c", "d"]
+    assert _steps(m) == [("a", "task", 0, 10, "compute"),
+                         ("a", "TRANSFER", 10, 12, "transfer"),
+                         ("c", "task", 12, 60, "compute"),
+                         ("c", "TRANSFER", 60, 64, "transfer"),
+                         ("d", "QUEUE", 64, 66, "queue"),
+                         ("d", "task", 66, 80, "compute")]
+    assert m.length_ns == 80 * MS
+    comp = m.by_component().set_index("component")["duration_ns"].to_dict()
+    assert comp == {"compute": 72 * MS, "transfer": 6 * MS, "io": 0, "wait": 0, "queue": 2 * MS}
+    # the structural path: the same chain, durations and transfer times only, from 0
+    assert paths.structural.ids == ["a", "c", "d"]
+    assert paths.structural.length_ns == (10 + 2 + 48 + 4 + 14) * MS
+    assert paths.difference_ns == 2 * MS  # d's queueing is the only time scheduling cost
+    # slowing the late input lengthens the run one for one; slowing b (off the path, 30 ms of slack) does not
+    assert what_if(spans, deps, transfers, scale={"c": 1.5}) == (80 + 24) * MS
+    assert what_if(spans, deps, transfers, scale={"b": 2.0}) == 80 * MS
+
+
+def test_measured_path_of_a_task_queued_behind_another_on_its_thread(tmp_path):
+    """z's input p was ready at 5 ms, but z's thread ran x until 40: z waited for the thread, not for data. The
+    path is x then z (queueing 40-42), and p -- z's only dependency -- is not on it."""
+    spans, deps, transfers = hand_built_run(
+        tmp_path,
+        tasks={"x": ("w1", 1, 0, 40), "p": ("w1", 2, 0, 5), "z": ("w1", 1, 42, 50)},
+        deps=[("z", "p")])
+    paths = task_graph_paths(spans, deps, transfers)
+    m = paths.measured
+    assert m.ids == ["x", "z"]
+    assert _steps(m) == [("x", "task", 0, 40, "compute"),
+                         ("z", "QUEUE", 40, 42, "queue"),
+                         ("z", "task", 42, 50, "compute")]
+    assert m.by_component().set_index("component")["duration_ns"].to_dict() == {
+        "compute": 48 * MS, "transfer": 0, "io": 0, "wait": 0, "queue": 2 * MS}
+    # with unlimited threads z would have followed p at once: x alone is the structural path
+    assert paths.structural.ids == ["x"] and paths.structural.length_ns == 40 * MS
+    assert paths.difference_ns == 10 * MS
+
+
+def test_measured_path_waits_for_the_last_input_to_finish_before_the_fetch(tmp_path):
+    """d (on w1) needs b (w1, done at 50) and c (w2, done at 40). The scheduler placed d once b finished, and only
+    then did w1 fetch c (52-60): c's output arrived last, but what held the fetch back was b. The path is b,
+    a 2 ms wait for the fetch to begin, the fetch of c, d's queueing, d."""
+    spans, deps, transfers = hand_built_run(
+        tmp_path,
+        tasks={"b": ("w1", 1, 0, 50), "c": ("w2", 2, 0, 40), "d": ("w1", 1, 61, 70)},
+        deps=[("d", "b"), ("d", "c")],
+        transfers=[("c", "w2", "w1", 52, 60)])
+    m = task_graph_paths(spans, deps, transfers).measured
+    assert m.ids == ["b", "d"]
+    assert _steps(m) == [("b", "task", 0, 50, "compute"),
+                         ("b", "WAIT", 50, 52, "wait"),
+                         ("c", "TRANSFER", 52, 60, "transfer"),
+                         ("d", "QUEUE", 60, 61, "queue"),
+                         ("d", "task", 61, 70, "compute")]
+    assert m.by_component().set_index("component")["duration_ns"].to_dict() == {
+        "compute": 59 * MS, "transfer": 8 * MS, "io": 0, "wait": 2 * MS, "queue": MS}
+
+
 # ---- a real Dask run ----------------------------------------------------------------------------------------
 
 def load(i: int) -> np.ndarray:
