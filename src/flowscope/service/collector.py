@@ -26,8 +26,8 @@ from flowscope.model.conform import conform
 from flowscope.model.provenance import (CLOSE_FIELDS, RUN_FIELDS, check_close_request, check_open_request,
                                        check_run_id, collect_provenance, new_run_id, now_ns)
 from flowscope.model.schemas import INT64_MAX, schema
-from flowscope.store.layout import (RUN_JSON, check_segment_id, read_json, remove_stale_temps,
-                                    segment_path, write_json_atomic, write_segment)
+from flowscope.store.layout import (RUN_JSON, check_segment_id, read_json, remove_dead_temps, segment_path,
+                                    write_json_atomic, write_segment)
 
 log = logging.getLogger("flowscope.collector")
 
@@ -60,6 +60,8 @@ class Collector:
                  kill_after_segments: int = 0):
         self.store = Path(store)
         self.store.mkdir(parents=True, exist_ok=True)
+        # other processes may be writing this store right now: only the leftovers of dead writers go
+        self.removed_temps = remove_dead_temps(self.store)
         self.queue_bytes = int(queue_bytes)
         self.max_request_bytes = int(max_request_bytes)
         self.writer_delay = float(writer_delay)
@@ -111,7 +113,6 @@ class Collector:
             path = d / RUN_JSON
             if path.is_file():
                 existing = read_json(path)
-                remove_stale_temps(d)
                 self._known_runs.add(run_id)
                 return existing
             d.mkdir(parents=True, exist_ok=True)
