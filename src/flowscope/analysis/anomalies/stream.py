@@ -5,7 +5,7 @@ to a parameter server, which merges them and returns the global model."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -14,16 +14,26 @@ from flowscope.analysis.anomalies.model import FunctionModel, scorer
 
 
 class ParameterServer:
-    """Holds the global model; ``exchange`` merges a detector's local statistics and returns a copy."""
+    """Holds the global model; ``exchange`` merges a detector's local statistics and returns a copy.
 
-    def __init__(self) -> None:
-        self.model = FunctionModel()
+    ``model`` and ``updates`` restore a saved state; ``save(model, updates)``, if given, is called with
+    each new state before it is adopted (so an exchange whose save raises changes nothing)."""
+
+    def __init__(self, model: FunctionModel | None = None, updates: int = 0,
+                 save: Callable[[FunctionModel, int], None] | None = None) -> None:
+        self.model = model if model is not None else FunctionModel()
         self._lock = threading.Lock()
-        self.updates = 0
+        self.updates = int(updates)
+        self._save = save
 
     def exchange(self, local: FunctionModel) -> FunctionModel:
         with self._lock:
-            self.model.merge_in(local)
+            if self._save is None:
+                self.model.merge_in(local)
+            else:
+                merged = self.model.merge(local)
+                self._save(merged, self.updates + 1)
+                self.model = merged
             self.updates += 1
             return self.model.copy()
 
