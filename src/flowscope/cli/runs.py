@@ -9,22 +9,22 @@ import sys
 
 import pandas as pd
 
-from flowscope.cli.output import console, fmt_ns, print_json, print_table
+from flowscope.cli.output import LOOKUP_STORE_HELP, STORE_HELP, console, fmt_ns, print_json, print_table
 from flowscope.store.catalog import default_store, list_runs, resolve_run
 from flowscope.store.run import open_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="list the runs in a store", description="List the runs in a store directory.")
-    p.add_argument("store", nargs="?", default=None, help="store directory (default $FLOWSCOPE_STORE or ./flowscope-runs)")
-    p.add_argument("--store", dest="store_opt", default=None, help="the same, as an option like the other commands")
+    p.add_argument("store", nargs="?", default=None, help=STORE_HELP)
+    p.add_argument("--store", dest="store_opt", default=None, help=STORE_HELP + "; the same as STORE")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_runs)
 
     p = sub.add_parser("show", help="summarise one run", description="Summarise one run: rows per table, "
                        "time range, resources, and the span names with most total time.")
     p.add_argument("run", help="run directory, run id in the store, or 'latest'")
-    p.add_argument("--store", default=None, help="store to look the run id up in")
+    p.add_argument("--store", default=None, help=LOOKUP_STORE_HELP)
     p.add_argument("--top", type=int, default=10, help="how many span names to list (default 10)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_show)
@@ -34,7 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "transfers, io, metrics, logs, resources, data_states, mutations) is a view.")
     p.add_argument("run", help="run directory, run id in the store, or 'latest'")
     p.add_argument("query", help='e.g. "SELECT name, count(*) FROM spans GROUP BY name"')
-    p.add_argument("--store", default=None, help="store to look the run id up in")
+    p.add_argument("--store", default=None, help=LOOKUP_STORE_HELP)
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print JSON records")
     fmt.add_argument("--csv", action="store_true", help="print CSV")

@@ -9,11 +9,13 @@ from flowscope.model.provenance import run_json_problems
 from flowscope.store.layout import RUN_JSON, read_json
 
 DEFAULT_STORE = "flowscope-runs"
+#: the environment variable naming the default store
+STORE_ENV = "FLOWSCOPE_STORE"
 
 
 def default_store() -> Path:
     """The store used when none is given: $FLOWSCOPE_STORE, else ./flowscope-runs."""
-    return Path(os.environ.get("FLOWSCOPE_STORE") or DEFAULT_STORE)
+    return Path(os.environ.get(STORE_ENV) or DEFAULT_STORE)
 
 
 def run_meta(run_dir: str | Path) -> dict:
