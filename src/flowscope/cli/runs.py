@@ -77,7 +77,10 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     console.print(f"[bold]{s.run_id}[/bold] {s.name or ''} — {s.status}, {fmt_ns(s.duration_ns)} "
                   f"({_when(s.start_ns)} UTC) at {run.path}")
-    print_table("rows", ["table", "rows"], [[k, v] for k, v in s.rows.items() if v])
+    if any(s.rows.values()):
+        print_table("rows", ["table", "rows"], [[k, v] for k, v in s.rows.items() if v])
+    else:
+        console.print("no rows")
     if s.resources_by_kind:
         console.print("resources: " + ", ".join(f"{n} {k}" for k, n in s.resources_by_kind.items()))
     if s.top_spans:
