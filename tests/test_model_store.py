@@ -104,6 +104,7 @@ def test_segments_are_atomic_and_named_by_batch(run_dir):
     # anyone can read it without flowscope
     assert pq.read_table(run_dir / "spans" / "batch-1.parquet").num_rows == 3
     c = Collector(run_dir.parent)  # a collector starting cleans up temp files of a crashed writer
+    assert c.temps_swept.wait(60) and c.removed_temps == 1
     c.shutdown()
     assert not list(run_dir.glob("*/.*.tmp"))
 

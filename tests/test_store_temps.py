@@ -82,6 +82,14 @@ class HeldWriter:
         self.proc.wait(10)
 
 
+def _swept(address: str) -> int:
+    """How many dead writers' files the collector at ``address`` removed when it started (waits for it)."""
+    with httpx.Client(base_url=address, timeout=30) as http:
+        while (n := http.get("/v1/health").json()["dead_temps_removed"]) is None:
+            time.sleep(0.02)
+    return n
+
+
 def _open_and_write(address: str, run_id: str, rows: int) -> None:
     with httpx.Client(base_url=address, timeout=30) as http:
         http.post("/v1/runs", json={"run_id": run_id, "name": "shared"}).raise_for_status()
@@ -100,6 +108,7 @@ def test_a_second_collector_opening_a_run_leaves_a_live_writers_temp_file_alone(
     run_dir = store / run_id
     held = held_writers(run_dir, "held-by-a-live-writer", tmp_path)  # writer 1: mid-write
     second = collector_factory(store=store)  # writer 2 starts on the same store ...
+    assert _swept(second.address) == 0
     _open_and_write(second.address, run_id, 5)  # ... and opens the same run
     _open_and_write(first.address, run_id, 7)
     assert held.temp.is_file(), "the live writer's temp file was deleted"
@@ -132,7 +141,8 @@ def test_a_collector_deletes_dead_writers_temp_files_when_it_starts_and_only_the
     _open_and_write(first.address, run_id, 3)  # opening a run deletes nothing
     assert dead.temp.is_file() and live.temp.is_file() and remote.is_file()
 
-    collector_factory(store=store)  # a collector starting: the dead writer's temp file goes, the others stay
+    restarted = collector_factory(store=store)  # a collector starting: the dead writer's temp file goes
+    assert _swept(restarted.address) == 1
     assert not dead.temp.exists()
     assert live.temp.is_file() and remote.is_file()
     code, output = live.finish()

@@ -60,8 +60,11 @@ class Collector:
                  kill_after_segments: int = 0):
         self.store = Path(store)
         self.store.mkdir(parents=True, exist_ok=True)
-        # other processes may be writing this store right now: only the leftovers of dead writers go
-        self.removed_temps = remove_dead_temps(self.store)
+        # Other processes may be writing this store right now: only the leftovers of dead writers go. In the
+        # background: a large store on a parallel file system takes a while to walk, and nothing waits for it.
+        self.removed_temps: int | None = None
+        self.temps_swept = threading.Event()
+        threading.Thread(target=self._sweep_temps, name="flowscope-temp-sweep", daemon=True).start()
         self.queue_bytes = int(queue_bytes)
         self.max_request_bytes = int(max_request_bytes)
         self.writer_delay = float(writer_delay)
@@ -86,6 +89,14 @@ class Collector:
                          for i in range(max(1, writers))]
         for t in self._writers:
             t.start()
+
+    def _sweep_temps(self) -> None:
+        try:
+            self.removed_temps = remove_dead_temps(self.store)
+        except OSError:
+            log.exception("removing dead writers' temp files from %s failed", self.store)
+        finally:
+            self.temps_swept.set()
 
     # ---- run lifecycle -------------------------------------------------------------------
     def run_dir(self, run_id: str) -> Path:
@@ -297,6 +308,7 @@ class Collector:
                 "queued_batches": self._queue.qsize(),
                 "decoding_batches": self._decoding,
                 "uptime_s": (now_ns() - self.started_ns) / 1e9,
+                "dead_temps_removed": self.removed_temps,  # None until the sweep at start is done
                 **self.stats,
             }
 
