@@ -10,6 +10,7 @@ import pandas as pd
 
 from flowscope.analysis.timeline import DERIVED, task_timeline
 from flowscope.model.schemas import DERIVED_TABLES
+from flowscope.store.catalog import run_state
 from flowscope.store.layout import segment_files
 from flowscope.store.run import Run
 
@@ -165,7 +166,7 @@ def summarize(run: Run, top: int = 10) -> RunSummary:
         FROM spans GROUP BY name, kind ORDER BY total_ns DESC LIMIT {int(top)}""")
     levels = run.sql("SELECT level, count(*) AS n FROM logs GROUP BY level ORDER BY n DESC")
     return RunSummary(
-        run_id=meta["run_id"], name=meta.get("name"), status=meta.get("status"), rows=rows,
+        run_id=meta["run_id"], name=meta.get("name"), status=run_state(meta), rows=rows,
         start_ns=start, end_ns=end,
         resources_by_kind=dict(zip(kinds["kind"], map(int, kinds["n"]))),
         top_spans=[{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}

@@ -10,7 +10,7 @@ import sys
 import pandas as pd
 
 from flowscope.cli.output import LOOKUP_STORE_HELP, STORE_HELP, console, fmt_ns, print_json, print_table
-from flowscope.store.catalog import default_store, list_runs, resolve_run
+from flowscope.store.catalog import default_store, interruption, list_runs, resolve_run, run_state
 from flowscope.store.run import open_run
 
 
@@ -51,6 +51,11 @@ def _when(ns: int | None) -> str:
 def cmd_runs(args: argparse.Namespace) -> int:
     store = args.store or args.store_opt or default_store()
     runs = list_runs(store)
+    for m in runs:  # what run.json cannot say itself: an import whose process is gone
+        if "error" not in m:
+            m["status"] = run_state(m)
+            if note := interruption(m):
+                m["interruption"] = note
     if args.json:
         print_json(runs)
         return 0
@@ -64,6 +69,9 @@ def cmd_runs(args: argparse.Namespace) -> int:
         rows.append([m.get("run_id"), m.get("name"), status, _when(m.get("start_ns")),
                      fmt_ns(dur), m.get("command") or ""])
     print_table(f"runs in {store}", ["run", "name", "status", "started (UTC)", "duration", "command"], rows)
+    for m in runs:
+        if m.get("interruption"):
+            console.print(f"{m.get('run_id')}: {m['interruption']}", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -77,6 +85,8 @@ def cmd_show(args: argparse.Namespace) -> int:
         return 0
     console.print(f"[bold]{s.run_id}[/bold] {s.name or ''} — {s.status}, {fmt_ns(s.duration_ns)} "
                   f"({_when(s.start_ns)} UTC) at {run.path}")
+    if note := interruption(run.meta):
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
     if any(s.rows.values()):
         print_table("rows", ["table", "rows"], [[k, v] for k, v in s.rows.items() if v])
     else:

@@ -167,14 +167,16 @@ class Collector:
             write_json_atomic(path, doc)
             return doc
 
-    def update_run(self, run_id: str, fields: dict) -> dict:
-        """Merge ``fields`` into run.json."""
+    def update_run(self, run_id: str, fields: dict, drop: tuple[str, ...] = ()) -> dict:
+        """Merge ``fields`` into run.json, and remove the keys named in ``drop``."""
         with self._run_lock:
             path = self.run_dir(run_id) / RUN_JSON
             if not path.is_file():
                 raise UnknownRun(f"unknown run {run_id!r}")
             doc = read_json(path)
             doc.update(fields)
+            for key in drop:
+                doc.pop(key, None)
             write_json_atomic(path, doc)
             return doc
 

@@ -65,6 +65,11 @@ def staging_dir(run_dir: Path, n: int) -> Path:
     return run_dir / f".import-{WriterId.current().token}-{n}"
 
 
+def staging_dirs(run_dir: Path, writer: WriterId) -> list[Path]:
+    """The staging folders ``writer`` made in ``run_dir`` (see :func:`staging_dir`)."""
+    return sorted(run_dir.glob(f".import-{writer.token}-*"))
+
+
 def write_json_atomic(path: Path, obj: dict) -> None:
     tmp = temp_path(path)
     with open(tmp, "w") as f:
