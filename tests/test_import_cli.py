@@ -110,3 +110,22 @@ def test_keep_going_imports_what_it_can_and_lists_the_rest(shared_data, tmp_path
     assert [f["path"].rsplit("/", 1)[1] for f in run.meta["import_failures"]] == ["native_paje.trace"]
     # what the two readable traces hold, and nothing of the third
     assert run.counts()["spans"] == sum(f["rows"].get("spans", 0) for f in out["files"]) > 0
+
+
+def test_an_otf2_archive_is_keyed_on_all_its_files(shared_data, tmp_path):
+    from flowscope.importers import content_files, import_paths
+    from flowscope.importers.sink import content_key
+
+    archive = tmp_path / "copy"
+    shutil.copytree(shared_data / "otf2" / "ping-pong-otf2", archive)
+    original = shared_data / "otf2" / "ping-pong-otf2" / "traces.otf2"
+    res = import_paths([original], tmp_path / "store")
+    again = import_paths([archive / "traces.otf2"], run=res.run_dir)
+    assert again.files == [] and [d.same_as for d in again.duplicates] == [str(original.resolve())]
+    members = content_files(archive / "traces.otf2", "otf2")
+    assert {p.name for p in members} >= {"traces.otf2", "traces.def", "0.evt", "1.evt", "0.def", "1.def"}
+    before = content_key(members)
+    (archive / "traces" / "1.evt").chmod(0o644)
+    with open(archive / "traces" / "1.evt", "ab") as f:  # one location's events differ: another trace
+        f.write(b"\0")
+    assert content_key(members) != before
