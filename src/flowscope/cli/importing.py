@@ -78,7 +78,7 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"skipped {len(res.skipped)} file(s) no importer recognises")
     for path, why in res.failed:
         err_console.print(f"[red]not imported[/red] {why}")
-    verb = "created run" if res.created else ("finished the import into run" if args.resume else "added to run")
+    verb = "finished the import into run" if args.resume else ("created run" if res.created else "added to run")
     added = ", ".join(f"{t} {n:,}" for t, n in sorted(res.rows.items())) or "nothing new"
     console.print(f"{verb} {res.run_id} at {res.run_dir}: {added}"
                   + (f"; {len(res.duplicates)} file(s) already imported" if res.duplicates else "")
