@@ -1,8 +1,8 @@
 """The collector as the anomaly detectors' parameter server: producers post their local per-function
 statistics, which are merged exactly into the run's global model, and get the global model back.
 
-    POST /v1/runs/{run_id}/anomaly-model   body {"model": FunctionModel.to_dict()} -> {"version", "model"}
-    GET  /v1/runs/{run_id}/anomaly-model   -> {"version", "model"} (the empty model before any post)
+    POST /v1/runs/{run_id}/anomaly-model   body {"model": FunctionModel.to_dict()} -> {"run_id", "version", "model"}
+    GET  /v1/runs/{run_id}/anomaly-model   -> {"run_id", "version", "model"} (the empty model before any post)
 
 The run must exist (404; 400 for a string that is not a run id). The global model lives with the run:
 each update is written to ``<run>/online_anomaly_model.json`` before it is answered, so a collector that
@@ -29,7 +29,7 @@ from starlette.routing import Route
 
 from flowscope.analysis.anomalies import FunctionModel, ParameterServer
 from flowscope.model.provenance import check_run_id
-from flowscope.store.layout import read_json, write_json_atomic
+from flowscope.store.layout import read_json, write_bytes_atomic
 
 if TYPE_CHECKING:
     from flowscope.service.collector import Collector
@@ -62,6 +62,7 @@ class AnomalyModels:
         self.collector = collector
         self._entries: OrderedDict[str, _Entry] = OrderedDict()
         self._lock = threading.Lock()
+        self._saved = threading.local()  # the reply an exchange on this thread saved
 
     def path(self, run_id: str) -> Path:
         return self.collector.run_dir(run_id) / MODEL_FILE
@@ -70,7 +71,8 @@ class AnomalyModels:
         path = self.path(run_id)
 
         def save(model: FunctionModel, version: int) -> None:
-            write_json_atomic(path, {"run_id": run_id, "version": version, "model": model.to_dict()})
+            self._saved.reply = _reply(run_id, version, model)  # the file is the answer: serialised once
+            write_bytes_atomic(path, self._saved.reply)
 
         try:
             doc = read_json(path)
@@ -116,16 +118,18 @@ class AnomalyModels:
         except (KeyError, TypeError) as exc:
             raise Refused(400, f"anomaly-model body: {exc!r}") from None
         with self.server(run_id) as server:
-            merged = server.exchange(local)
-            return _reply(server.updates, merged)
+            server.update(local)
+            return self._saved.reply
 
     def current(self, run_id: str) -> bytes:
         with self.server(run_id) as server:
-            return _reply(server.updates, server.snapshot())
+            with server.lock:
+                return _reply(run_id, server.updates, server.model)
 
 
-def _reply(version: int, model: FunctionModel) -> bytes:
-    return json.dumps({"version": version, "model": model.to_dict()}, allow_nan=False,
+def _reply(run_id: str, version: int, model: FunctionModel) -> bytes:
+    """``{"run_id", "version", "model"}``: both the answer and the file kept in the run directory."""
+    return json.dumps({"run_id": run_id, "version": version, "model": model.to_dict()}, allow_nan=False,
                       separators=(",", ":")).encode()
 
 

@@ -70,6 +70,14 @@ def staging_dirs(run_dir: Path, writer: WriterId) -> list[Path]:
     return sorted(run_dir.glob(f".import-{writer.token}-*"))
 
 
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` at once: a reader sees the old content or the new, never a part."""
+    tmp = temp_path(path)
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
 def write_json_atomic(path: Path, obj: dict) -> None:
     tmp = temp_path(path)
     with open(tmp, "w") as f:

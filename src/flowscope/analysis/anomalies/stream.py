@@ -22,12 +22,14 @@ class ParameterServer:
     def __init__(self, model: FunctionModel | None = None, updates: int = 0,
                  save: Callable[[FunctionModel, int], None] | None = None) -> None:
         self.model = model if model is not None else FunctionModel()
-        self._lock = threading.Lock()
+        #: held while the model changes; hold it to read ``model`` and ``updates`` together
+        self.lock = threading.RLock()
         self.updates = int(updates)
         self._save = save
 
-    def exchange(self, local: FunctionModel) -> FunctionModel:
-        with self._lock:
+    def update(self, local: FunctionModel) -> int:
+        """Merge a detector's local statistics into the global model; returns the new version."""
+        with self.lock:
             if self._save is None:
                 self.model.merge_in(local)
             else:
@@ -35,10 +37,16 @@ class ParameterServer:
                 self._save(merged, self.updates + 1)
                 self.model = merged
             self.updates += 1
+            return self.updates
+
+    def exchange(self, local: FunctionModel) -> FunctionModel:
+        """:meth:`update`, then a copy of the global model."""
+        with self.lock:
+            self.update(local)
             return self.model.copy()
 
     def snapshot(self) -> FunctionModel:
-        with self._lock:
+        with self.lock:
             return self.model.copy()
 
 
