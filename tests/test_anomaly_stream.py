@@ -100,6 +100,8 @@ def test_sstd_detectors_keep_no_histograms_and_a_model_without_them_is_refused_b
         scorer(sstd.view, AnomalyConfig(algo="hbos"))
     # through the collector's parameter server: refused with a 400 naming it, nothing merged
     client = httpx.Client(base_url=collector.address, timeout=30)
+    for run_id in ("r", "s"):
+        client.post("/v1/runs", json={"run_id": run_id, "name": run_id}).raise_for_status()
     r = client.post("/v1/runs/r/anomaly-model", content=json.dumps({"model": with_hist.to_dict()}))
     assert r.status_code == 200
     doc = FunctionModel.of(names, codes, values, histograms=False).to_dict()

@@ -10,7 +10,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from flowscope.cli.output import err_console
+from flowscope.cli.output import STORE_HELP, err_console
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -21,7 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "/ total, and when the command ends the run is finalised and its report written. "
                                    "The exit status is the command's.",
                        usage="flowscope run [options] -- COMMAND [ARG ...]")
-    p.add_argument("--store", default=None, help="run store (default $FLOWSCOPE_STORE or ./flowscope-runs)")
+    p.add_argument("--store", default=None, help=STORE_HELP)
     p.add_argument("--name", default=None, help="run name (default: the command's name)")
     p.add_argument("--sample-period", type=float, default=1.0, metavar="SECONDS",
                    help="hardware sampling period (default 1 s; 0 turns sampling off)")

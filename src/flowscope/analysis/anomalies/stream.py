@@ -5,7 +5,7 @@ to a parameter server, which merges them and returns the global model."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -19,13 +19,22 @@ _STATS = ("_count", "_mean", "_m2", "_min", "_max")
 class ParameterServer:
     """Holds the global model; ``exchange`` merges a detector's local statistics and returns a copy,
     ``exchange_since`` returns only the functions that changed since the detector's last exchange, and
-    ``exchange_rows`` does the same with function numbers agreed once (``codes``) instead of names."""
+    ``exchange_rows`` does the same with function numbers agreed once (``codes``) instead of names.
 
-    def __init__(self) -> None:
-        self.model = FunctionModel()
-        self._lock = threading.Lock()
-        self.updates = 0
-        self._changed = np.zeros(0, np.int64)  # per function: the update that last changed it
+    ``model`` and ``updates`` restore a saved state; ``save(model, updates)``, if given, is called with
+    each new state of ``update``/``exchange``/``exchange_since`` before it is adopted (so an exchange whose
+    save raises changes nothing); ``exchange_rows``, for detectors in the same process, merges in place
+    without saving."""
+
+    def __init__(self, model: FunctionModel | None = None, updates: int = 0,
+                 save: Callable[[FunctionModel, int], None] | None = None) -> None:
+        self.model = model if model is not None else FunctionModel()
+        #: held while the model changes; hold it to read ``model`` and ``updates`` together
+        self.lock = threading.RLock()
+        self.updates = int(updates)
+        self._save = save
+        # per function: the update that last changed it (a restored model's functions: the restored version)
+        self._changed = np.full(len(self.model), self.updates, np.int64)
         # histogram increments (update, detector, flat keys code * FINE_BINS + cell, counts) that detectors
         # exchanging rows have not all seen yet
         self._log: list[tuple[int, int, np.ndarray, np.ndarray]] = []
@@ -33,7 +42,7 @@ class ParameterServer:
 
     def join(self) -> int:
         """A number for a detector that exchanges rows (``exchange_rows``)."""
-        with self._lock:
+        with self.lock:
             me = len(self._seen)
             self._seen[me] = self.updates  # its first exchange gets whole histogram rows, not increments
             return me
@@ -49,7 +58,12 @@ class ParameterServer:
             self._changed = grown
 
     def _merge(self, local: FunctionModel) -> None:
-        self.model.merge_in(local)
+        if self._save is None:
+            self.model.merge_in(local)
+        else:
+            merged = self.model.merge(local)
+            self._save(merged, self.updates + 1)
+            self.model = merged
         self.updates += 1
         self._grow_changed()
         if len(local):
@@ -59,21 +73,28 @@ class ParameterServer:
                 r, cell = np.nonzero(local.hist)
                 self._log_hist(-1, idx[r] * FINE_BINS + cell, local.hist[r, cell])
 
+    def update(self, local: FunctionModel) -> int:
+        """Merge a detector's local statistics into the global model; returns the new version."""
+        with self.lock:
+            self._merge(local)
+            return self.updates
+
     def exchange(self, local: FunctionModel) -> FunctionModel:
-        with self._lock:
+        """:meth:`update`, then a copy of the global model."""
+        with self.lock:
             self._merge(local)
             return self.model.copy()
 
     def exchange_since(self, local: FunctionModel, since: int) -> tuple[int, FunctionModel]:
         """Merge ``local``; return the new version and the global statistics of every function changed after
         version ``since`` (by any detector, this one included)."""
-        with self._lock:
+        with self.lock:
             self._merge(local)
             return self.updates, self.model.subset(np.flatnonzero(self._changed[:len(self.model)] > since))
 
     def codes(self, names: Sequence[str], histograms: bool) -> np.ndarray:
         """The server's numbers of functions ``names`` (new ones are added, empty), for ``exchange_rows``."""
-        with self._lock:
+        with self.lock:
             self.model._check_merge(FunctionModel(histograms))  # an empty model takes the detectors' kind
             out = self.model.codes(list(names))
             self._grow_changed()
@@ -88,7 +109,7 @@ class ParameterServer:
         and global moments of every function changed after version ``since``, and either those functions'
         whole histogram rows (``since`` 0: a detector's first exchange) or the histogram increments of the other
         detectors since then (the detector's view has its own already)."""
-        with self._lock:
+        with self.lock:
             m = self.model
             if (hist is not None) != m.histograms:
                 raise ValueError("exchange_rows: histograms on one side only (see FunctionModel._check_merge)")
@@ -115,7 +136,7 @@ class ParameterServer:
             return self.updates, m.names[known:], rows, out, rows_hist, others
 
     def snapshot(self) -> FunctionModel:
-        with self._lock:
+        with self.lock:
             return self.model.copy()
 
 
