@@ -134,15 +134,22 @@ def test_observe_without_a_client_records_local_scheduler_tasks(tmp_path, schedu
     check_run(run, json.loads(out.read_text()), scheduler)
 
 
-def test_observe_records_nothing_after_its_block(tmp_path):
+def test_observe_records_nothing_after_its_block_and_each_block_is_a_whole_run(tmp_path):
     import dask
     from dask import delayed
 
-    with flowscope.observe(store=tmp_path / "store") as obs:
-        assert delayed(sum)([1, 2], dask_key_name="inside").compute(scheduler="threads") == 3
-    assert not dask.callbacks.Callback.active, "the callback is removed when the block ends"
+    runs = []
+    for block in ("first", "second"):  # the same pool threads run the tasks of both blocks
+        with flowscope.observe(store=tmp_path / "store") as obs:
+            assert delayed(sum)([1, 2], dask_key_name=block).compute(scheduler="threads") == 3
+        assert not dask.callbacks.Callback.active, "the callback is removed when the block ends"
+        runs.append(obs.run)
     assert delayed(sum)([1, 2], dask_key_name="after").compute(scheduler="threads") == 3
-    assert list(obs.run.sql("SELECT task_key FROM spans WHERE kind = 'task'")["task_key"]) == ["inside"]
+    for run, block in zip(runs, ("first", "second")):
+        spans = run.sql("""SELECT s.task_key, r.kind, r.tid FROM spans s LEFT JOIN resources r USING (resource_id)
+                           WHERE s.kind = 'task'""")
+        assert list(spans["task_key"]) == [block]
+        assert list(spans["kind"]) == ["thread"] and spans["tid"].notna().all(), "its thread is declared in each run"
 
 
 def test_a_failing_task_is_recorded_as_an_error_span_and_the_exception_reaches_the_caller(tmp_path):

@@ -92,7 +92,7 @@ def key_group(key: Any) -> str:
 class _ThreadState:
     """One executing thread, as its tasks see it: ids, name, its last counter reading and the graph it was for."""
 
-    __slots__ = ("tid", "ident", "name", "last", "gen", "key", "rid")
+    __slots__ = ("tid", "ident", "name", "last", "gen", "key")
 
     def __init__(self) -> None:
         t = threading.current_thread()
@@ -100,7 +100,6 @@ class _ThreadState:
         self.last: bytes | None = None
         self.gen = -1
         self.key: Any = None   # the task running on this thread now (the open audit hook attributes to it)
-        self.rid: str | None = None
 
 
 _tls = threading.local()
@@ -130,7 +129,7 @@ class MeasuredTask:
         st = _tls.__dict__.get("st") or _thread_state()
         g = self.graph
         if st.gen != g.gen:  # this thread's first task of this graph: its counters before it
-            st.last, st.gen = _READER.read_raw(st.tid), g.gen
+            st.last, st.gen = g.read(st.tid), g.gen
         st.key = self
         t0 = _time_ns()
         try:
@@ -143,10 +142,10 @@ class MeasuredTask:
             self.t0 = t0
             st.key = None
             self.st, self.before = st, st.last
-            st.last = self.after = _READER.read_raw(st.tid)
+            st.last = self.after = g.read(st.tid)
 
     def __reduce__(self):
-        return _RemoteMeasuredTask, (self.task, self.index, self.graph.spool)
+        return _RemoteMeasuredTask, (self.task, self.index, self.graph.spool, self.graph.io)
 
     def __getattr__(self, name: str):  # key, dependencies, ...: the task's
         return getattr(self.task, name)
@@ -179,17 +178,17 @@ class _RemoteMeasuredTask:
     """A :class:`MeasuredTask` in a worker process of the processes scheduler: runs the task, measures it and
     appends the measurement to the spool of that worker process."""
 
-    __slots__ = ("task", "index", "spool")
+    __slots__ = ("task", "index", "spool", "io")
 
-    def __init__(self, task, index: int, spool: str):
-        self.task, self.index, self.spool = task, index, spool
+    def __init__(self, task, index: int, spool: str, io: bool = True):
+        self.task, self.index, self.spool, self.io = task, index, spool, io
 
     def __call__(self, values=()):
         global _remote_audit
         st = _tls.__dict__.get("st") or _thread_state()
-        if _remote_audit is None:
+        if _remote_audit is None and self.io:
             _remote_audit = OpenAudit(_remote_open, exclude=[sys.prefix, sys.base_prefix, *sys.path[1:2]]).enable()
-        before = _READER.read_raw(st.tid)
+        before = _READER.read_raw(st.tid) if self.io else None
         error = None
         st.key = self
         t0 = _time_ns()
@@ -201,7 +200,7 @@ class _RemoteMeasuredTask:
         finally:
             t1 = _time_ns()
             st.key = None
-            after = _READER.read_raw(st.tid)
+            after = _READER.read_raw(st.tid) if self.io else None
             try:
                 delta = None
                 if before is not None and after is not None:
@@ -230,6 +229,10 @@ if hasattr(os, "register_at_fork"):
 
 # ---- in the scheduler's thread -------------------------------------------------------------------------
 
+def _no_reading(tid: int) -> None:
+    return None
+
+
 class _Graph:
     """One computation (one ``get`` call) being observed."""
 
@@ -246,13 +249,16 @@ class _Graph:
         self.spool = os.path.join(capture.spool_root, str(n))
         self.flushed_at = time.monotonic()
         self.tasks = 0
+        self.io = capture.io
+        self.read = _READER.read_raw if capture.io else _no_reading
 
 
 class LocalSchedulerCapture(Callback):
     """Observes every computation Dask's local schedulers run while registered (``register()`` / ``with``).
 
     ``client`` is a :class:`flowscope.Client`, or a callable that makes one the first time a graph runs
-    (``flowscope run`` joins the run of its environment that way). ``errors`` counts the hook calls that
+    (``flowscope run`` joins the run of its environment that way). ``io=False`` leaves per-task I/O out
+    (the /proc counters read once per task and the files tasks open). ``errors`` counts the hook calls that
     failed: a failing hook never fails the computation (its records for that call are lost)."""
 
     def __init__(self, client, *, io: bool = True):
@@ -269,6 +275,7 @@ class LocalSchedulerCapture(Callback):
         self._declared: set[str] = set()
         self._opens: collections.deque = collections.deque()  # (row, thread state) from the open audit hook
         self._heads: dict[tuple, tuple[str, str]] = {}
+        self._rids: dict[_ThreadState, str] = {}  # threads declared in this capture's run
         self._audit: OpenAudit | None = None
         self._pid = os.getpid()
 
@@ -392,13 +399,13 @@ class LocalSchedulerCapture(Callback):
 
     # ---- turning measurements into rows ------------------------------------------------------------------
     def _thread_resource(self, st: _ThreadState) -> str:
-        rid = st.rid
+        rid = self._rids.get(st)
         if rid is None:
             fs = self.fs
             rid = ids.thread_id(st.tid)
             fs.resource("thread", rid, name=st.name, parent_id=fs.process_resource(), host=ids.hostname(),
                         pid=os.getpid(), tid=st.tid, thread_ident=st.ident)
-            st.rid = rid
+            self._rids[st] = rid
         return rid
 
     def _remote_resource(self, pid: int, tid: int, ident: int | None, name: str | None) -> str:
@@ -423,7 +430,7 @@ class LocalSchedulerCapture(Callback):
         done, g.done = g.done, []
         g.flushed_at = time.monotonic()
         fs = self.fs
-        names, heads, caller, keys = g.names, self._heads, g.caller, g.keys
+        names, heads, caller, keys, threads = g.names, self._heads, g.caller, g.keys, self._rids
         # the common case, column by column: a task that ran in this process and returned
         rids, prefixes, starts, ends, tkeys, nbytes, tails, idents = [], [], [], [], [], [], [], []
         local_io: list[tuple] = []
@@ -440,7 +447,7 @@ class LocalSchedulerCapture(Callback):
             head = heads.get(hk)
             if head is None:
                 head = heads[hk] = self._attrs_head(key, kind, "memory")
-            rid = st.rid or self._thread_resource(st)
+            rid = threads.get(st) or self._thread_resource(st)
             k = names.get(key) or str(key)
             rids.append(rid)
             prefixes.append(head[0])
@@ -477,7 +484,7 @@ class LocalSchedulerCapture(Callback):
             timing = None
             if m.t0:  # ran in this process, and raised
                 st = m.st
-                rid = st.rid or self._thread_resource(st)
+                rid = self._thread_resource(st)
                 kind = "sync" if st.ident == g.caller else "threads"
                 t0, t1, ident, error = m.t0, m.t1, st.ident, m.error
             else:
