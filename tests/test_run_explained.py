@@ -81,6 +81,25 @@ def test_a_script_that_uses_no_dask_is_explained_everywhere(tmp_path):
     assert "No Dask scheduler was used" in page and "--trace" in page
 
 
+def test_a_command_whose_python_cannot_import_flowscope_is_explained(tmp_path):
+    """The command runs another interpreter (here the one this virtual environment was made from), which
+    honours PYTHONPATH but has no flowscope installed."""
+    base = Path(sys.base_prefix) / "bin" / "python3"
+    if not base.exists() or subprocess.run([str(base), "-c", "import flowscope"], capture_output=True,
+                                           env=_clean_env()).returncode == 0:
+        pytest.skip(f"no Python without flowscope at {base}")
+    (tmp_path / "script.py").write_text("print(6 * 7)\n")
+    store = tmp_path / "store"
+    res = subprocess.run([sys.executable, "-m", "flowscope", "run", "--store", str(store), "--no-report", "--",
+                          str(base), "script.py"], cwd=tmp_path, env=_clean_env(), capture_output=True, text=True,
+                         timeout=300)
+    assert res.returncode == 0 and "42" in res.stdout, res.stderr
+    assert f"{base} cannot import flowscope" in res.stderr
+    [run_dir] = [p for p in store.iterdir() if p.is_dir()]
+    assert _codes(flowscope.open_run(run_dir)) == ["no-flowscope"]
+    assert "cannot import flowscope" in res.stdout + res.stderr and "Install flowscope" in res.stdout + res.stderr
+
+
 def test_a_script_that_forks_its_workers_is_explained(tmp_path):
     res, run = flowscope_run(tmp_path, """
         import multiprocessing

@@ -19,7 +19,7 @@ OBSERVATION = "observation"  # logs.category of an observed process's facts
 class Reason:
     """One reason a run holds no work: a short code, what happened, and what to do."""
 
-    code: str        # unobserved-cluster | forked | no-dask | no-graph | nothing
+    code: str        # no-flowscope | unobserved-cluster | forked | no-dask | no-graph | nothing
     why: str
     what_to_do: str
 
@@ -53,6 +53,14 @@ def why_nothing_observed(run) -> list[Reason]:
     block = any(f.get("via") == "observe()" for f in facts)
     reasons: list[Reason] = []
 
+    blind = sorted({f.get("python") or "?" for f in facts if f.get("flowscope_importable") is False})
+    if blind:
+        reasons.append(Reason(
+            "no-flowscope",
+            f"The command ran Python that cannot import flowscope ({', '.join(blind)}), so flowscope saw nothing "
+            "those processes did.",
+            "Install flowscope into that environment, or run the command with the Python flowscope is "
+            "installed in."))
     unobserved = sorted({c for f in facts for c in f.get("clients") or () if c not in schedulers})
     if unobserved:
         where = "before observe() was entered without it" if block else \
@@ -73,7 +81,7 @@ def why_nothing_observed(run) -> list[Reason]:
             "Start worker processes with the 'spawn' start method (multiprocessing.get_context('spawn'), "
             "ProcessPoolExecutor(mp_context=...)), or run the work as Dask tasks."))
     graphs = sum(int(f.get("local_graphs") or 0) for f in facts)
-    if not unobserved and not graphs:
+    if not unobserved and not graphs and not blind:
         if block:
             reasons.append(Reason(
                 "no-graph",

@@ -14,13 +14,41 @@ for _d in sys.path:
             exec(compile(_src.read(), _f, "exec"), {"__name__": "sitecustomize", "__file__": _f})  # noqa: S102
         break
 
+
+
+def _flowscope_missing() -> None:
+    """This Python cannot import flowscope: say so at exit, in the facts folder, so the run can tell why it is
+    empty (the standard library only)."""
+    import atexit
+    import json
+    import time
+
+    def write() -> None:
+        directory = os.environ.get("FLOWSCOPE_FACTS_DIR")
+        if not directory:
+            return
+        try:
+            with open(os.path.join(directory, f"{os.getpid()}.json"), "w", encoding="utf-8") as f:
+                json.dump({"pid": os.getpid(), "flowscope_importable": False, "python": sys.executable,
+                           "argv": sys.argv[:8], "ts_ns": time.time_ns()}, f)
+        except OSError:
+            pass
+
+    atexit.register(write)
+
+
 if os.environ.get("FLOWSCOPE_RUN"):
     try:
         from flowscope.sources import process_facts
-
-        process_facts.install()
-    except Exception as _exc:  # never keep the user's program from starting
-        print(f"flowscope: Dask's local schedulers are not observed: {_exc!r}", file=sys.stderr)
+    except ImportError:
+        print(f"flowscope: {sys.executable} cannot import flowscope; this process is not observed",
+              file=sys.stderr)
+        _flowscope_missing()
+    else:
+        try:
+            process_facts.install()
+        except Exception as _exc:  # never keep the user's program from starting
+            print(f"flowscope: Dask's local schedulers are not observed: {_exc!r}", file=sys.stderr)
 
 if os.environ.get("FLOWSCOPE_TRACE"):
     try:

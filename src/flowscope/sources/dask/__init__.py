@@ -150,13 +150,14 @@ def _explain_if_empty(obs: Observation) -> None:
 @contextmanager
 def observe(dask_client=None, *, store: str | Path | None = None, name: str | None = None,
             command: str | None = None, collector: str = "process", anomalies: bool | object = False,
-            hardware_period: float = 1.0):
+            hardware_period: float = 1.0, task_io: bool = True):
     """Record a Dask workflow into a new run while the block runs (like performance_report).
 
     With ``dask_client``: everything its cluster does. Without: every computation Dask's local schedulers
     (threads, processes, synchronous) run in this process inside the block, each task on the thread or
-    process that ran it (``sources/dask/local.py``), and this host's hardware every ``hardware_period``
-    seconds (0: not sampled). A block that records no work says why in a :class:`NothingObservedWarning`
+    process that ran it (``sources/dask/local.py``), with each task's I/O (``task_io=False``: without; it
+    costs one read of the thread's /proc counters per task), and this host's hardware every
+    ``hardware_period`` seconds (0: not sampled). A block that records no work says why in a :class:`NothingObservedWarning`
     (and ``obs.nothing_observed``).
 
     ``anomalies=True`` also runs a detector on every worker that flags anomalous tasks online against the
@@ -195,7 +196,7 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
                 lease = acquire_host_lease(run_id=fs.run_id)
                 if lease is not None:
                     sampler = HardwareSampler(fs, hardware_period).start()
-            capture = LocalSchedulerCapture(fs)
+            capture = LocalSchedulerCapture(fs, io=task_io)
             capture.register()
         else:
             register(dask_client, fs.address, fs.run_id)
