@@ -168,6 +168,22 @@ def test_observe_with_nothing_computed_warns_and_a_block_with_tasks_does_not(tmp
     assert obs.nothing_observed == [] and why_nothing_observed(obs.run) == []
 
 
+def test_observe_of_a_cluster_that_computed_nothing_says_so(tmp_path):
+    from dask import delayed
+    from distributed import Client, LocalCluster
+
+    from flowscope.sources.dask import NothingObservedWarning
+
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp", dashboard_address=":0") \
+            as cluster, Client(cluster) as client:
+        with pytest.warns(NothingObservedWarning, match="Nothing ran on the Dask cluster") as rec:
+            with flowscope.observe(client, store=tmp_path / "store") as obs:
+                assert delayed(sum)([1, 2]).compute(scheduler="sync") == 3  # not on the cluster
+        assert client.scheduler.address in str(rec[0].message)
+    assert [r.code for r in obs.nothing_observed] == ["no-graph"]
+    assert "without a client" in obs.nothing_observed[0].what_to_do
+
+
 def test_a_run_with_work_is_not_explained_away(tmp_path):
     fs = flowscope.Client("embedded", store=tmp_path / "store", name="work")
     fs.span("solve", 1, 2, kind="call")

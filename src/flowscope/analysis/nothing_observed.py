@@ -1,7 +1,7 @@
 """Why a run holds no work, and what to do about it.
 
 A run "observed nothing" when it has no spans (other than the one ``flowscope run`` records for the command
-itself), no transfers, no I/O records and no data states. The reasons come from the run's own records: the
+itself), no transfers, no data states and no I/O records of work (bytes moved, or a file a task opened). The reasons come from the run's own records: the
 ``observation`` rows of the ``logs`` table (one per observed Python process that imported Dask, forked, or
 connected a distributed Client, and one per ``observe()`` block; see ``sources/process_facts.py``), the
 scheduler resources, and the command span.
@@ -28,11 +28,16 @@ class Reason:
 
 
 def observed_work(run) -> bool:
-    """Whether ``run`` holds any work: a span other than the observed command's own, a transfer, an I/O record
-    or a data state."""
+    """Whether ``run`` holds any work: a span other than the observed command's own, a transfer, a data state,
+    or an I/O record that moved bytes or belongs to a task (a file opened by no task -- an import, a lock file
+    -- is not work)."""
     counts = run.counts() if hasattr(run, "counts") else {}
-    if any(counts.get(t) for t in ("transfers", "io", "data_states")):
+    if any(counts.get(t) for t in ("transfers", "data_states")):
         return True
+    if not counts or counts.get("io"):
+        n = run.sql("SELECT count(*) AS n FROM io WHERE op IN ('read', 'write') OR task_key IS NOT NULL")
+        if int(n["n"].iloc[0]):
+            return True
     if counts and not counts.get("spans"):
         return False
     n = run.sql("""SELECT count(*) AS n FROM spans
@@ -81,8 +86,17 @@ def why_nothing_observed(run) -> list[Reason]:
             "Start worker processes with the 'spawn' start method (multiprocessing.get_context('spawn'), "
             "ProcessPoolExecutor(mp_context=...)), or run the work as Dask tasks."))
     graphs = sum(int(f.get("local_graphs") or 0) for f in facts)
+    clusters = sorted({f["observed_cluster"] for f in facts if f.get("observed_cluster")})
     if not unobserved and not graphs and not blind:
-        if block:
+        if clusters:
+            reasons.append(Reason(
+                "no-graph",
+                f"Nothing ran on the Dask cluster at {', '.join(clusters)} while it was observed: no task "
+                "reached its scheduler inside the observe() block.",
+                "Compute through that client inside the block (`client.compute(...)`, or `x.compute()` with it "
+                "as the default scheduler); work on a local scheduler (`scheduler='threads'`) is recorded by "
+                "`flowscope.observe()` without a client."))
+        elif block:
             reasons.append(Reason(
                 "no-graph",
                 "No Dask scheduler was used inside the observe() block: nothing was computed on Dask's local "

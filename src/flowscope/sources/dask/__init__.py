@@ -131,6 +131,8 @@ def _record_observation(fs, facts_before: dict, dask_client) -> None:
         address = _default_client_address()
         if address:
             facts["clients"].append(address)
+    else:
+        facts["observed_cluster"] = getattr(getattr(dask_client, "scheduler", None), "address", None) or "?"
     fs.log(process_facts.message(facts), category=process_facts.CATEGORY, resource_id=fs.process_resource(),
            attrs=facts)
 
