@@ -113,7 +113,7 @@ def why_nothing_observed(run) -> list[Reason]:
                 "no-dask",
                 "No Dask scheduler was used: no Python process of the command imported dask. flowscope run "
                 "reaches Python processes through PYTHONPATH, which `python -I` and `python -E` ignore.",
-                "To record other Python code name its functions (`flowscope run --trace 'module:function'`, "
+                "To record other Python code, name its functions (`flowscope run --trace 'module:function'`, "
                 "@flowscope.trace); any program can record steps and spans with flowscope.Client (docs/api.md)."))
     if not reasons:
         reasons.append(Reason(

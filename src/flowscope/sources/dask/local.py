@@ -373,9 +373,8 @@ class LocalSchedulerCapture(Callback):
             except Exception:  # noqa: BLE001 - a result Dask cannot size
                 nbytes = None
             g.done.append((m, nbytes, worker_id, _time_ns(), True))
-            if len(g.done) >= FLUSH_TASKS or (len(g.done) & 255 == 0 and
-                                               time.monotonic() - g.flushed_at >= FLUSH_SECONDS):
-                self._flush(g)
+            if len(g.done) >= FLUSH_TASKS or time.monotonic() - g.flushed_at >= FLUSH_SECONDS:
+                self._flush(g)  # so that a live run (flowscope run's progress line) trails by a second at most
         except Exception:
             self._failed()
 
