@@ -134,6 +134,24 @@ def test_observe_without_a_client_records_local_scheduler_tasks(tmp_path, schedu
     check_run(run, json.loads(out.read_text()), scheduler)
 
 
+@pytest.mark.parametrize("scheduler", ["threads", "processes"])
+def test_rows_written_while_graphs_run_are_written_once(tmp_path, monkeypatch, scheduler):
+    """Rows go out every second while a graph runs (and at its end): with a flush after every task, each
+    task, each I/O row and each opened file is still recorded once."""
+    from flowscope.sources.dask import local
+
+    monkeypatch.setattr(local, "FLUSH_SECONDS", 0.0)
+    files = tmp_path / "files"
+    files.mkdir()
+    out = tmp_path / "seen.json"
+    with flowscope.observe(store=tmp_path / "store") as obs:
+        workload.main(scheduler, str(out), str(files))
+    assert obs.hook_errors == {"local": 0}
+    check_run(obs.run, json.loads(out.read_text()), scheduler)
+    opens = obs.run.sql("SELECT count(*) AS n FROM io WHERE source = 'audit' AND path LIKE '%out.bin'")
+    assert int(opens["n"][0]) == 1
+
+
 def test_observe_records_nothing_after_its_block_and_each_block_is_a_whole_run(tmp_path):
     import dask
     from dask import delayed

@@ -251,6 +251,8 @@ class _Graph:
         self.tasks = 0
         self.io = capture.io
         self.read = _READER.read_raw if capture.io else _no_reading
+        self.remote: dict[int, list] = {}         # index -> measurement a worker process spooled
+        self.spool_offsets: dict[str, int] = {}   # spool file -> bytes already read
 
 
 class LocalSchedulerCapture(Callback):
@@ -477,7 +479,9 @@ class LocalSchedulerCapture(Callback):
         """Tasks that failed, or ran in worker processes (their measurements come from the spool)."""
         fs = self.fs
         host = ids.hostname()
-        remote = self._read_spool(g) if final or any(not m.t0 for m, *_ in items) else {}
+        if final or any(not m.t0 for m, *_ in items):
+            self._read_spool(g)
+        remote = g.remote
         rows = []
         for m, nbytes, worker_id, seen_ns, reported in items:
             timing = None
@@ -501,11 +505,13 @@ class LocalSchedulerCapture(Callback):
                 else:
                     continue  # still running when the graph failed
             rows.append((m.index, nbytes, rid, kind, t0, t1, ident, error, timing))
-        for index, rec in remote.items():  # measured in a worker process, never reported done (the graph failed)
-            _, _, t0, t1, rpid, tid, ident, tname, error, delta = rec
-            if index < len(g.keys):
-                rows.append((index, None, self._remote_resource(rpid, tid, ident, tname), "processes", t0, t1,
-                             ident, error, None))
+        if final:  # measured in a worker process, never reported done (the graph failed)
+            for index, rec in remote.items():
+                _, _, t0, t1, rpid, tid, ident, tname, error, delta = rec
+                if index < len(g.keys):
+                    rows.append((index, None, self._remote_resource(rpid, tid, ident, tname), "processes", t0, t1,
+                                 ident, error, None))
+            remote.clear()
         for index, nbytes, rid, kind, t0, t1, ident, error, timing in rows:
             key = g.keys[index]
             k = g.names.get(key) or str(key)
@@ -517,28 +523,31 @@ class LocalSchedulerCapture(Callback):
                  f'{{"nbytes": {"null" if nbytes is None else nbytes}, {head}{"null" if ident is None else ident}'
                  + (f', "timing": "{timing}"}}' if timing else "}"))
 
-    def _read_spool(self, g: _Graph) -> dict[int, list]:
-        """Task records the worker processes appended for this graph (``index -> record``); file opens are
-        recorded as they are read."""
-        out: dict[int, list] = {}
+    def _read_spool(self, g: _Graph) -> None:
+        """Read what the worker processes appended to this graph's spool since the last read: task records
+        into ``g.remote`` (index -> record), file opens recorded at once."""
         opens: list[list] = []
         try:
             names = os.listdir(g.spool)
         except OSError:
-            return out
+            return
         for name in names:
+            done = g.spool_offsets.get(name, 0)
             try:
                 with open(os.path.join(g.spool, name), "rb") as f:
-                    lines = f.read().splitlines()
+                    f.seek(done)
+                    data = f.read()
             except OSError:
                 continue
-            for line in lines:
+            end = data.rfind(b"\n") + 1  # whole lines only: a worker may be writing the next one
+            g.spool_offsets[name] = done + end
+            for line in data[:end].splitlines():
                 try:
                     rec = json.loads(line)
                 except ValueError:
-                    continue  # a line being written when the graph failed
+                    continue
                 if rec[0] == "task":
-                    out[rec[1]] = rec
+                    g.remote[rec[1]] = rec
                     self._remote_resource(*rec[4:8])  # pid, tid, ident, thread name
                 elif rec[0] == "open" and rec[1] < len(g.keys):
                     opens.append(rec)
@@ -547,7 +556,6 @@ class LocalSchedulerCapture(Callback):
             row["task_key"] = key if key.__class__ is str else str(key)
             row["resource_id"] = self._remote_resource(row["pid"], row["tid"], row.get("thread_ident"), None)
             self.fs.emit("io", **row)
-        return out
 
     def _io_rows(self, rid: str, host: str, pid: int, tid: int, ident, t0: int, t1: int, k: str,
                  d: list) -> None:
