@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import html
 import json
+import re
 from collections.abc import Callable
 
 import pandas as pd
@@ -111,6 +112,11 @@ def _e(x) -> str:
     return html.escape("" if x is None else str(x))
 
 
+def _code(text: str) -> str:
+    """Escaped text with `backquoted` parts as <code>."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", _e(text))
+
+
 def _when(ns: int | None) -> str:
     if not ns:
         return "-"
@@ -195,7 +201,8 @@ def summary_section(ctx: Context) -> str:
     dl = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts if v not in (None, ""))
     rows = [[k, f"{v:,}"] for k, v in ctx.counts.items() if v]
     counts = _table(["table", "rows"], rows) if rows else _nodata("the run has no rows in any table yet.")
-    why = "".join(f'<p class="why"><b>{_e(r.why)}</b> {_e(r.what_to_do)}</p>' for r in why_nothing_observed(ctx.run))
+    why = "".join(f'<p class="why"><b>{_code(r.why)}</b> {_code(r.what_to_do)}</p>'
+                  for r in why_nothing_observed(ctx.run))
     if why:
         why = f'<div class="nothing-observed"><h3>No work was recorded in this run</h3>{why}</div>'
     return _section("summary", f'{why}<div class="cols"><dl class="facts grow">{dl}</dl><div>{counts}</div></div>')
