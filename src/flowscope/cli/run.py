@@ -110,10 +110,10 @@ def run(args: argparse.Namespace) -> int:
     env = {**os.environ, **fs.env(),
            "PYTHONPATH": os.pathsep.join([boot, *filter(None, [os.environ.get("PYTHONPATH")])]),
            "FLOWSCOPE_FACTS_DIR": facts_dir,
-           # every Dask scheduler and worker the command starts loads the plugins; clients note their scheduler
+           # every Dask scheduler and worker the command starts loads the plugins (clients note their scheduler:
+           # set by sources/process_facts.py, only in processes that can import flowscope)
            "DASK_DISTRIBUTED__SCHEDULER__PRELOAD": "['flowscope.dask']",
-           "DASK_DISTRIBUTED__WORKER__PRELOAD": "['flowscope.dask']",
-           "DASK_DISTRIBUTED__CLIENT__PRELOAD": "['flowscope.dask']"}
+           "DASK_DISTRIBUTED__WORKER__PRELOAD": "['flowscope.dask']"}
     if getattr(args, "anomalies", False):
         env["FLOWSCOPE_ANOMALIES"] = "1"
     if getattr(args, "trace", None):

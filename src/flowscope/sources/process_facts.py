@@ -4,7 +4,8 @@ and how many times it forked without exec (work in such a child is invisible to 
 
 ``flowscope run`` loads this module into every Python process the command starts (``sources/_boot``), with
 nothing beyond the standard library until Dask is imported: then it installs the local-scheduler capture
-(``sources/dask/local.py``). At exit, a process that imported Dask or forked writes its facts as one JSON
+(``sources/dask/local.py``). It also sets the Dask config ``distributed.client.preload`` (through
+$DASK_DISTRIBUTED__CLIENT__PRELOAD, unless already set) so that each Client notes its scheduler. At exit, a process that imported Dask or forked writes its facts as one JSON
 file into $FLOWSCOPE_FACTS_DIR (no network, no flowscope client); ``flowscope run`` turns each file into an
 ``observation`` row of the ``logs`` table when the command has ended. ``observe()`` records the same facts
 for its own block directly.
@@ -149,6 +150,10 @@ def install() -> None:
     if _installed:
         return
     _installed = True
+    # each distributed Client of this process notes the scheduler it connects to (flowscope.dask.dask_setup);
+    # set here rather than by flowscope run for every process, because a Python that cannot import
+    # flowscope would fail to start a Client with this preload. Dask reads it when it is imported.
+    os.environ.setdefault("DASK_DISTRIBUTED__CLIENT__PRELOAD", "['flowscope.dask']")
     if hasattr(os, "register_at_fork"):
         os.register_at_fork(before=_forking, after_in_child=_forked_child)
     if "dask" in sys.modules:
