@@ -40,21 +40,28 @@ def needs_tool(executable: str, package: str) -> pytest.MarkDecorator:
 
 
 class CollectorProcess:
-    """`flowscope serve` in a child process on 127.0.0.1."""
+    """`flowscope serve` in a child process on 127.0.0.1. Its output goes to ``log_path`` (a file, not a
+    pipe: a pipe nobody reads fills at 64 KiB and then freezes the collector's next write to it)."""
 
-    def __init__(self, store: Path, workdir: Path, extra: list[str] | None = None):
+    def __init__(self, store: Path, workdir: Path, extra: list[str] | None = None, env: dict | None = None):
         self.store = store
         self.workdir = workdir
         self.extra = extra or []
+        self.env = env or {}
         self.port = 0
         self.proc: subprocess.Popen | None = None
         self.address = ""
+        self.log_path = workdir / f"collector-{time.monotonic_ns()}.log"
 
-    def start(self, timeout: float = 30.0) -> CollectorProcess:
+    def start(self, timeout: float = 30.0, env: dict | None = None) -> CollectorProcess:
+        """Start (or restart, on the same port and store); ``env`` replaces the extra environment variables."""
+        if env is not None:
+            self.env = env
         addr_file = self.workdir / f"address-{time.monotonic_ns()}"
         cmd = [sys.executable, "-m", "flowscope", "serve", "--port", str(self.port), "--store", str(self.store),
                "--address-file", str(addr_file), *self.extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if addr_file.exists() and addr_file.read_text().strip():
@@ -62,7 +69,7 @@ class CollectorProcess:
                 self.port = int(self.address.rsplit(":", 1)[1])
                 break
             if self.proc.poll() is not None:
-                raise RuntimeError(f"collector exited: {self.proc.stdout.read().decode()}")
+                raise RuntimeError(f"collector exited: {self.log_path.read_text(errors='replace')[-4000:]}")
             time.sleep(0.02)
         else:
             raise TimeoutError("collector did not start")
@@ -97,8 +104,8 @@ class CollectorProcess:
 def collector_factory(tmp_path):
     started: list[CollectorProcess] = []
 
-    def make(*extra: str, store: Path | None = None) -> CollectorProcess:
-        c = CollectorProcess(store or tmp_path / "store", tmp_path, list(extra))
+    def make(*extra: str, store: Path | None = None, env: dict | None = None) -> CollectorProcess:
+        c = CollectorProcess(store or tmp_path / "store", tmp_path, list(extra), env)
         started.append(c)
         return c.start()
 

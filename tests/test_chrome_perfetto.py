@@ -147,15 +147,23 @@ def test_async_flows_and_counters(imported, shared_data):
 
     run, fi = imported[shared_data / "chrome" / "catapult" / "flow.json"]
     events = _load(shared_data / "chrome" / "catapult" / "flow.json")
-    # reference: ids are reused, so a flow is an s followed in time by an f of the same (cat, id)
-    open_, pairs = set(), 0
-    for e in sorted((e for e in events if e["ph"] in "sf"), key=lambda e: e["ts"]):
-        key = (e.get("cat"), e["id"])
-        if e["ph"] == "s":
-            open_.add(key)
-        elif key in open_:
-            open_.discard(key)
-            pairs += 1
+    # reference: ids are reused, so a flow is an s followed in time by an f of the same (cat, id); an f in the
+    # microsecond of an s of its id finishes the flow begun before when there is one, else that s's flow
+    by_key = defaultdict(lambda: defaultdict(list))
+    for e in events:
+        if e["ph"] in "sf":
+            by_key[(e.get("cat"), e["id"])][e["ts"]].append(e["ph"])
+    pairs = 0
+    for by_ts in by_key.values():
+        is_open = False
+        for ts in sorted(by_ts):
+            f, s = by_ts[ts].count("f"), by_ts[ts].count("s")
+            if f and is_open:
+                pairs, f, is_open = pairs + 1, f - 1, False
+            if s:
+                is_open = True
+            if f and is_open:
+                pairs, is_open = pairs + 1, False
     transfers = run.table("transfers")
     assert len(transfers) == pairs > 0
     assert (transfers["end_ns"] >= transfers["start_ns"]).all()
@@ -332,3 +340,116 @@ def test_export_gzip_and_cli(dask_run, tmp_path):
         events = json.load(f)["traceEvents"]
     assert sum(e["ph"] == "X" for e in events) == flowscope.open_run(dask_run).counts()["spans"]
     assert detect_format(out) == "chrome"
+
+
+# ---- flows whose ends share a timestamp ----------------------------------------------------------------------
+
+FLOW_Q = "SELECT src_resource_id, dst_resource_id, start_ns, end_ns, attrs FROM transfers ORDER BY ALL"
+
+
+def test_flows_match_whatever_the_file_order_of_equal_timestamps(shared_data, tmp_path):
+    """The format does not order events: the same flows come out of catapult's flow.json with its events reversed,
+    which puts each f that shares its timestamp with an s of the same id before that s in the file."""
+    src = shared_data / "chrome" / "catapult" / "flow.json"
+    doc = json.loads(src.read_text())
+    events = doc["traceEvents"] if isinstance(doc, dict) else doc
+    ends = defaultdict(lambda: defaultdict(set))
+    for e in events:
+        if e["ph"] in "sf":
+            ends[(e.get("cat"), e["id"])][e["ts"]].add(e["ph"])
+    shared_ts = sorted(ts for by_ts in ends.values() for ts, phs in by_ts.items() if phs == {"s", "f"})
+    assert len(shared_ts) >= 3  # the real trace has flows that start in the microsecond another one finishes
+    reversed_file = tmp_path / "flow-reversed.json"
+    reversed_file.write_text(json.dumps(events[::-1]))
+    tables = []
+    for f, store in ((src, "a"), (reversed_file, "b")):
+        run, _ = _import(f, tmp_path / store)
+        t = run.sql(FLOW_Q)
+        for col in ("src_resource_id", "dst_resource_id"):
+            t[col] = t[col].str.replace(f.name, "flow.json", regex=False)
+        tables.append(t.sort_values(list(t.columns)).reset_index(drop=True))
+        # each f that shares its microsecond with an s of its id finishes a flow: none is dropped
+        assert {_ns(ts) for ts in shared_ts} <= set(t["end_ns"])
+    a, b = tables
+    assert len(b) == len(a) > 0
+    assert a.equals(b)
+
+
+# ---- a real PyTorch profiler trace (torch, CPU build, is in the test extra) ----------------------------------
+
+PROFILE_SCRIPT = """
+import sys, time
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+x, y = torch.randn(16, 32), torch.randint(0, 4, (16,))
+before = time.time_ns()
+with profile(activities=[ProfilerActivity.CPU]) as prof:
+    for _ in range(3):
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+after = time.time_ns()
+prof.export_chrome_trace(sys.argv[1])
+print(before, after)
+"""
+
+
+@pytest.fixture(scope="module")
+def pytorch_trace(tmp_path_factory):
+    """A trace written by torch.profiler's export_chrome_trace, and the wall-clock window (ns) around the run."""
+    import subprocess
+    import sys
+
+    d = tmp_path_factory.mktemp("torch")
+    (d / "run_profiler.py").write_text(PROFILE_SCRIPT)  # not profile.py: that would hide the stdlib module
+    out = subprocess.run([sys.executable, str(d / "run_profiler.py"), str(d / "pytorch.json")], check=False,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, ("torch.profiler failed (torch is in the test extra: pip install -e '.[test]')\n"
+                                 + out.stderr[-2000:])
+    before, after = map(int, out.stdout.split()[-2:])
+    return d / "pytorch.json", before, after
+
+
+def test_pytorch_profiler_trace_starts_at_its_wall_clock_time(pytorch_trace, tmp_path):
+    path, before, after = pytorch_trace
+    doc = json.loads(path.read_text())
+    assert isinstance(doc["baseTimeNanoseconds"], int)  # what Kineto writes: ts are µs after this base
+    run, fi = _import(path, tmp_path / "store")
+    # the profiled steps ran between the two wall-clock readings the script took around the profiler
+    steps = run.sql("SELECT min(start_ns) AS s, max(end_ns) AS e FROM spans WHERE name LIKE 'ProfilerStep%' "
+                    "OR name LIKE 'aten::%'")
+    assert before <= int(steps["s"][0]) <= int(steps["e"][0]) <= after
+    assert before - 10**9 <= run.meta["start_ns"] <= run.meta["end_ns"] <= after + 10**9
+    first_x = min(e["ts"] for e in doc["traceEvents"] if e.get("ph") == "X")
+    assert int(run.sql("SELECT min(start_ns) AS s FROM spans")["s"][0]) == \
+        doc["baseTimeNanoseconds"] + _ns(first_x)
+    assert fi.meta["time_origin"] == {"key": "baseTimeNanoseconds", "ns": doc["baseTimeNanoseconds"]}
+    # JSON keys have no order: the same trace saved with traceEvents before the base gives the same times
+    moved = tmp_path / "events-first.json"
+    moved.write_text(json.dumps({"traceEvents": doc["traceEvents"],
+                                 **{k: v for k, v in doc.items() if k != "traceEvents"}}))
+    back, fi_back = _import(moved, tmp_path / "store2")
+    q = "SELECT name, start_ns, end_ns FROM spans ORDER BY ALL"
+    assert run.sql(q).equals(back.sql(q))
+    assert back.meta["start_ns"] == run.meta["start_ns"] and not fi_back.warnings
+
+
+def test_pytorch_profiler_flows_all_pair_up_in_any_file_order(pytorch_trace, tmp_path):
+    path, _, _ = pytorch_trace
+    doc = json.loads(path.read_text())
+    starts = [e for e in doc["traceEvents"] if e.get("ph") == "s"]
+    assert len(starts) > 0 and len(starts) == sum(e.get("ph") == "f" for e in doc["traceEvents"])
+    run, fi = _import(path, tmp_path / "a")
+    t = run.table("transfers")
+    assert len(t) == len(starts)  # forward op -> its backward op (cat fwdbwd): every flow kept
+    assert not any("flow events" in w for w in fi.warnings)
+    assert (t["end_ns"] >= t["start_ns"]).all()
+    shuffled = dict(doc, traceEvents=doc["traceEvents"][::-1])
+    (tmp_path / "reversed.json").write_text(json.dumps(shuffled))
+    back, _ = _import(tmp_path / "reversed.json", tmp_path / "b")
+    q = "SELECT start_ns, end_ns, attrs FROM transfers ORDER BY ALL"
+    assert run.sql(q).equals(back.sql(q))

@@ -4,6 +4,7 @@ I/O attribution to tasks on a real Dask run."""
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 
@@ -118,7 +119,8 @@ def test_counters_become_metrics_per_rank_and_file(all_imported, shared_data):
     c = rep.records["POSIX"].to_df()["counters"]
     names = rep.name_records
     got = run.sql("select resource_id, name, value from metrics where name like 'darshan.POSIX.POSIX_BYTES_WRITTEN:%'")
-    want = sorted((f"rank:{r}" if r >= 0 else "darshan:shared", f"darshan.POSIX.POSIX_BYTES_WRITTEN:{names[i]}",
+    prefix = f"darshan:log:{log.name.removesuffix('.darshan')}"
+    want = sorted((f"{prefix}:rank:{r}" if r >= 0 else f"{prefix}:shared", f"darshan.POSIX.POSIX_BYTES_WRITTEN:{names[i]}",
                    float(v)) for r, i, v in zip(c["rank"], c["id"], c["POSIX_BYTES_WRITTEN"]))
     assert sorted(zip(got["resource_id"], got["name"], got["value"])) == want
     mods = set(run.sql("select distinct split_part(name, '.', 2) as m from metrics")["m"])
@@ -193,21 +195,73 @@ def dask_run(tmp_path_factory):
 
 
 def _task_spans(run) -> pd.DataFrame:
-    return run.sql("select s.start_ns, s.end_ns, s.task_key, r.host, r.pid, r.tid, r.thread_ident "
-                   "from spans s join resources r using (resource_id) where s.kind = 'task'")
+    from flowscope.analysis.io_attribution import TASK_SPANS_SQL
+
+    return run.sql(TASK_SPANS_SQL)  # on the I/O rows' clock
 
 
-def test_attribution_re_derives_the_dask_runs_own_io_task_keys(dask_run):
-    """No Darshan log of a Dask run can be made here (no darshan-runtime): the Dask run's own proc-io rows,
-    which the worker plugin attributed at the source, are cleared and re-derived from host + thread + time."""
-    io = dask_run.table("io")
-    io = io[(io["source"] == "proc-io") & io["task_key"].notna()].reset_index(drop=True)
-    assert len(io) >= 16
-    tasks = _task_spans(dask_run)
-    want = io["task_key"].astype(object).tolist()
+def shifting_write(path: str, nbytes: int, stay_s: float, shift_s: float, *after) -> int:
+    """Write ``nbytes`` to ``path``, stay ``stay_s`` on the thread, then move the worker's estimate of its offset
+    to the scheduler's clock by ``shift_s``, as a heartbeat may: Dask stamps the next task's times with it."""
+    import time
+
+    from distributed import get_worker
+
+    with open(path, "wb") as f:
+        f.write(os.urandom(nbytes))
+        f.flush()
+    time.sleep(stay_s)
+    get_worker().scheduler_delay += shift_s
+    return nbytes
+
+
+def test_attribution_re_derives_the_dask_runs_own_io_task_keys(tmp_path):
+    """No Darshan log of a Dask run can be made here (no darshan-runtime): a Dask run's own proc-io rows, which
+    the worker plugin attributed at the source, are cleared and re-derived from host + thread + time.
+
+    The hard case, made certain rather than left to chance: on one thread, a long task (1 s), then a short one
+    whose times Dask stamps with an offset estimate 0.9 s lower (as a heartbeat can move it), so that in
+    Dask's clock the short task lies inside the long one (unless it starts more than 0.9 s after it). I/O rows are in the worker's own clock; task spans
+    carry the offset Dask added (``clock_offset_ns``), and attribution joins the two on the local clock. Each
+    task writes its own number of bytes, which says independently which task each row belongs to."""
+    from distributed import Client, LocalCluster
+
+    from flowscope import observe
+
+    kib = 64 * 1024
+    sizes: dict[str, int] = {}
+    # one thread runs the chain in order; no heartbeat moves the offset estimate but the tasks
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      worker_dashboard_address=None, heartbeat_interval="1h") as cluster, Client(cluster) as client:
+        with observe(client, store=tmp_path / "store", name="io-attribution") as obs:
+            prev = None
+            for i in range(3):
+                sizes[f"long-{i}"], sizes[f"short-{i}"] = (2 * i + 1) * kib, (2 * i + 2) * kib
+                long_ = client.submit(shifting_write, str(tmp_path / f"l{i}.bin"), sizes[f"long-{i}"], 1.0, -0.9,
+                                      *([prev] if prev is not None else []), key=f"long-{i}")
+                prev = client.submit(shifting_write, str(tmp_path / f"s{i}.bin"), sizes[f"short-{i}"], 0.0, 0.9,
+                                     long_, key=f"short-{i}")
+            assert client.gather(prev) == sizes["short-2"]
+    run = obs.run
+    spans = run.sql("SELECT task_key, start_ns, end_ns FROM spans WHERE kind = 'task'").set_index("task_key")
+    for i in range(3):  # the hard case happened: in Dask's clock each short task lies inside its long one
+        s, lo = spans.loc[f"short-{i}"], spans.loc[f"long-{i}"]
+        assert lo["start_ns"] <= s["start_ns"] and s["end_ns"] <= lo["end_ns"], (i, s.to_dict(), lo.to_dict())
+    io = run.table("io")
+    io = io[io["source"] == "proc-io"].reset_index(drop=True)
+    # the truth, from the bytes: each call's write row names its task; the read row of a call shares its window
+    writes = io[io["op"] == "write"]
+    by_window = {}
+    for row in writes.itertuples():
+        key = [k for k, n in sizes.items() if n <= row.nbytes < n + kib]
+        assert len(key) == 1, (row.nbytes, key)
+        by_window[(row.tid, row.start_ns, row.end_ns)] = key[0]
+    assert sorted(by_window.values()) == sorted(sizes)
+    truth = [by_window[(r.tid, r.start_ns, r.end_ns)] for r in io.itertuples()]
+    assert io["task_key"].astype(object).tolist() == truth  # the plugin's own attribution
+    tasks = _task_spans(run)
     cleared = io.assign(task_key=None)
-    got = attribute_io(cleared, tasks).tolist()
-    assert got == want
+    assert attribute_io(cleared, tasks).tolist() == truth
     # a row on a thread but outside every task's time stays unattributed
     far = cleared.head(1).assign(start_ns=1, end_ns=2)
     assert attribute_io(far, tasks).tolist() == [None]
@@ -240,3 +294,92 @@ def test_a_darshan_log_added_to_a_dask_run_goes_through_attribution(dask_run, sh
     dxt = io[io["source"] == "darshan-dxt"]
     assert len(dxt) == meta["dxt"]["DXT_POSIX"]["segments"] and dxt["task_key"].isna().all()
     assert (io[io["source"] == "proc-io"]["task_key"].notna()).any()
+
+
+# ---- many logs in one run -----------------------------------------------------------------------
+
+COUNTER_MODULES = ("POSIX", "MPI-IO", "STDIO", "H5F", "H5D", "PNETCDF_FILE", "PNETCDF_VAR")
+
+
+@pytest.fixture(scope="module")
+def one_run(shared_data, tmp_path_factory):
+    """Every shared Darshan log imported from its folder into a single run (as `flowscope import <folder>` does)."""
+    res = import_paths([shared_data / "darshan"], tmp_path_factory.mktemp("one-run") / "store")
+    return res, open_run(res.run_dir)
+
+
+def _reference_counters(log: Path) -> list[tuple[int, int, str, float]]:
+    """(rank, record id, counter, value) of every per-file counter PyDarshan's DataFrames hold for the log."""
+    rep = darshan.DarshanReport(str(log), read_all=True)
+    out = []
+    for mod in COUNTER_MODULES:
+        if mod not in rep.records:
+            continue
+        dfs = rep.records[mod].to_df()
+        for part in ("counters", "fcounters"):
+            df = dfs[part]
+            for col in df.columns[2:]:
+                out += [(int(r), int(i), f"darshan.{mod}.{col}", float(v))
+                        for r, i, v in zip(df["rank"], df["id"], df[col])]
+    return out
+
+
+def test_logs_of_one_folder_keep_their_own_ranks_and_records(one_run, shared_data):
+    res, run = one_run
+    assert len(res.files) == len(logs(shared_data))
+    resources = run.table("resources")
+    assert resources["resource_id"].is_unique
+    metrics = run.table("metrics")
+    assert not metrics.duplicated(["resource_id", "name"]).any()  # no two records of two logs share a row key
+    io = run.table("io")
+    ranks = resources[resources["kind"] == "rank"]
+    seen_prefixes = set()
+    for f in res.files:
+        log = Path(f.path)
+        prefix = f.meta["log_resource"]
+        assert prefix not in seen_prefixes
+        seen_prefixes.add(prefix)
+        rep = darshan.DarshanReport(str(log), read_all=True)
+        # every rank of the log is its own resource, under the log
+        mine = ranks[ranks["parent_id"] == prefix]
+        assert sorted(mine["resource_id"]) == sorted(f"{prefix}:rank:{r}" for r in range(rep.metadata["job"]["nprocs"]))
+        # per-file counters equal PyDarshan's DataFrames, record by record and rank by rank
+        names = rep.name_records
+        want = sorted((f"{prefix}:rank:{r}" if r >= 0 else f"{prefix}:shared", f"{c}:{names[i]}", v)
+                      for r, i, c, v in _reference_counters(log))
+        # Lustre layouts are no per-file counter DataFrame; PyDarshan 3.5 lists BG/Q but gives no BG/Q record
+        got = metrics[metrics["resource_id"].str.startswith(prefix + ":")
+                      & ~metrics["name"].str.startswith(("darshan.LUSTRE.", "darshan.BG/Q."))]
+        got = sorted(zip(got["resource_id"], got["name"], got["value"]))
+        assert len(got) == len(want), log
+        for (gr, gn, gv), (wr, wn, wv) in zip(got, want):
+            assert (gr, gn) == (wr, wn) and (gv == wv or (math.isnan(gv) and math.isnan(wv))), (log, gr, gn, gv, wv)
+        # DXT segments per rank and record equal PyDarshan's, on this log's rank resources
+        want_dxt = {}
+        for mod in ("DXT_POSIX", "DXT_MPIIO"):
+            for rec in rep.records[mod].to_df() if mod in rep.records else ():
+                n = len(rec["read_segments"]) + len(rec["write_segments"])
+                if n:
+                    key = (mod, f"{prefix}:rank:{rec['rank']}", f"{rec['id']:#x}")
+                    want_dxt[key] = want_dxt.get(key, 0) + n
+        mine_io = io[io["resource_id"].str.startswith(prefix + ":")]
+        got_dxt = {}
+        for rid, a in zip(mine_io["resource_id"], mine_io["attrs"]):
+            a = json.loads(a)
+            key = (a["module"], rid, a["record_id"])
+            got_dxt[key] = got_dxt.get(key, 0) + 1
+        assert got_dxt == want_dxt, log
+
+
+def test_two_logs_of_the_same_file_name_stay_apart(shared_data, tmp_path):
+    import shutil
+
+    for sub, version in (("a", "3.4.6"), ("b", "3.4.7")):
+        (tmp_path / sub).mkdir()
+        shutil.copy(shared_data / "darshan" / "release_logs" / f"mpi-io-test-x86_64-{version}.darshan",
+                    tmp_path / sub / "job.darshan")
+    res = import_paths([tmp_path / "a", tmp_path / "b"], tmp_path / "store")
+    assert [f.meta["log_resource"] for f in res.files] == ["darshan:log:job", "darshan:log:job~2"]
+    ranks = open_run(res.run_dir).sql("select parent_id, count(*) as n from resources where kind = 'rank' "
+                                      "group by parent_id order by parent_id")
+    assert ranks.values.tolist() == [["darshan:log:job", 4], ["darshan:log:job~2", 4]]

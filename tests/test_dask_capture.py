@@ -214,11 +214,13 @@ def test_per_task_bytes_match_the_files_the_tasks_wrote(cluster, tmp_path):
     r = io[io["op"] == "read"].set_index("task_key")
     for key, n in sizes.items():
         assert n <= int(r.loc[f"read-{key}", "nbytes"]) < n + 64 * 1024
-    # the io rows join their task's execution span by thread and time
+    # the io rows join their task's execution span by thread and time (the span's on the local clock: less the
+    # offset to the scheduler's clock Dask added)
     joined = run.sql("""SELECT count(*) AS n FROM io i JOIN spans s ON s.task_key = i.task_key AND s.kind = 'task'
-                        JOIN resources r ON s.resource_id = r.resource_id
+                        JOIN resources r ON s.resource_id = r.resource_id,
+                        LATERAL (SELECT CAST(json_extract(s.attrs, '$.clock_offset_ns') AS BIGINT) AS off)
                         WHERE i.source = 'proc-io' AND r.tid = i.tid AND r.thread_ident = i.thread_ident
-                          AND i.start_ns = s.start_ns AND i.end_ns = s.end_ns""")
+                          AND i.start_ns = s.start_ns - off AND i.end_ns = s.end_ns - off""")
     assert int(joined["n"][0]) == len(io)
     # the audit hook saw each task open its file, on the task's own thread
     opens = run.sql("SELECT task_key, path, attrs FROM io WHERE source = 'audit' AND op = 'open'")

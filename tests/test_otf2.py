@@ -144,3 +144,113 @@ def test_truncated_archive_gives_one_clear_error_naming_the_file(archive, tmp_pa
         assert "traces/0.evt" in msg and "location 0" in msg
     else:
         assert "not a readable OTF2 archive" in msg
+
+
+# ---- metrics: an archive written with the otf2 package's own writer -------------------------------------
+
+def _write_metric_archive(root: Path) -> Path:
+    """Three processes of two threads each, recording a three-member metric class (UINT64, INT64, DOUBLE
+    members, values different at every sample) and a one-member metric, with the otf2 package's writer."""
+    import random
+
+    import otf2
+    from otf2.enums import MetricMode, MetricType, RecorderKind, Type
+
+    rnd = random.Random(11)
+    with otf2.writer.open(str(root), timer_resolution=1_000_000) as trace:
+        d = trace.definitions
+        node = d.system_tree_node("node01", parent=d.system_tree_node("machine"))
+        papi = d.metric_class([
+            d.metric_member("PAPI_TOT_CYC", "cycles", MetricType.PAPI, MetricMode.ACCUMULATED_START,
+                            Type.UINT64, unit="#"),
+            d.metric_member("PAPI_L2_DCM", "L2 data cache misses", MetricType.PAPI, MetricMode.ACCUMULATED_START,
+                            Type.INT64, unit="#"),
+            d.metric_member("power", "package power", MetricType.OTHER, MetricMode.ABSOLUTE_POINT, Type.DOUBLE,
+                            unit="W")], recorder_kind=RecorderKind.CPU)
+        temperature = d.metric("temperature", unit="C")
+        work = d.region("work")
+        for p in range(3):
+            group = d.location_group(f"process {p}", system_tree_parent=node)
+            for t in range(2):
+                w = trace.event_writer(f"thread {t}", group=group)
+                cycles = rnd.randrange(10**9, 10**12)
+                for i in range(40):
+                    ts = 1_000 + 100 * i + 10 * p + t
+                    cycles += rnd.randrange(1, 10**7)
+                    w.enter(ts, work)
+                    w.metric(ts + 1, papi, [cycles, rnd.randrange(-10**6, 10**6), rnd.uniform(1.0, 300.0)])
+                    w.metric(ts + 2, temperature, rnd.gauss(60.0, 15.0))
+                    w.leave(ts + 50, work)
+    return root / "traces.otf2"
+
+
+def otf2_print_metrics(anchor: Path) -> list[tuple[int, int, str, str, str]]:
+    """(location, tick, member name, type, printed value) for every metric value otf2-print prints."""
+    out = []
+    for event, loc, t, rest in otf2_print_events(anchor):
+        if event == "METRIC":
+            for name, typ, value in re.findall(r'\("([^"]*)" <\d+>; (\w+); ([^)]*)\)', rest):
+                out.append((loc, t, name, typ, value))
+    return out
+
+
+def _same_value(value: float, typ: str, printed: str) -> bool:
+    """otf2-print writes integers exactly and doubles with printf's %g."""
+    return int(value) == int(printed) if typ in ("UINT64", "INT64") else f"{value:g}" == printed
+
+
+def _check_metrics_against_otf2_print(anchor: Path, res) -> int:
+    """Every metric row equals otf2-print's value for the same location, tick and member; returns the count."""
+    ref = otf2_print_metrics(anchor)
+    run = open_run(res.run_dir)
+    clock = res.files[0].meta["clock"]
+    base = run.table("metrics")
+    m = base.assign(loc=base["resource_id"].str.split(":").str[-1].astype(int)).sort_values(
+        ["loc", "ts_ns", "name"], kind="stable")
+    assert len(m) == len(ref)
+
+    def ns(tick: int) -> int:
+        return run.meta["start_ns"] + (tick - clock["global_offset"]) * 10**9 // clock["timer_resolution"]
+
+    expected = sorted(ref, key=lambda r: (r[0], ns(r[1]), f"otf2.{r[2]}"))
+    for (loc, t, name, typ, printed), got in zip(expected, m.itertuples()):
+        assert (got.loc, got.ts_ns, got.name) == (loc, ns(t), f"otf2.{name}")
+        assert _same_value(got.value, typ, printed), (loc, t, name, got.value, printed)
+    return len(ref)
+
+
+@needs_otf2_print
+def test_metric_values_equal_otf2_print_value_by_value(tmp_path):
+    anchor = _write_metric_archive(tmp_path / "archive")
+    res = import_paths([anchor], tmp_path / "store")
+    assert _check_metrics_against_otf2_print(anchor, res) == 3 * 2 * 40 * 4
+    m = open_run(res.run_dir).table("metrics")
+    # every member varies over time, as written: no location holds one constant value per metric
+    assert (m.groupby(["resource_id", "name"])["value"].nunique() == 40).all()
+    assert m.groupby("resource_id")["name"].nunique().to_dict() == {f"otf2:loc:{i}": 4 for i in range(6)}
+
+
+@needs_otf2_print
+def test_the_real_archive_has_the_metrics_otf2_print_shows(archive, imported):
+    # the ping-pong run was measured without PAPI, rusage or perf metrics (scorep.cfg beside it): otf2-print
+    # shows no METRIC event there, so what this checks on a real archive is that none is invented or lost
+    res, _ = imported
+    assert _check_metrics_against_otf2_print(archive, res) == 0
+
+
+@pytest.mark.parametrize("victim", ["traces.otf2", "traces.def", "traces/0.evt"])
+def test_truncated_archive_through_the_cli_prints_only_flowscopes_one_line(archive, tmp_path, victim):
+    """The OTF2 library's own diagnostics (C, on stderr) are folded into flowscope's one-line error."""
+    import sys
+
+    anchor = _copy(archive, tmp_path / "copy")
+    f = anchor.parent / victim
+    f.write_bytes(f.read_bytes()[: len(f.read_bytes()) // 2])
+    out = subprocess.run([sys.executable, "-m", "flowscope", "import", str(anchor), "--store", str(tmp_path / "s")],
+                         check=False, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1
+    lines = out.stderr.splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("flowscope import: error: ") and str(anchor) in lines[0]
+    assert "[OTF2]" not in out.stderr
+    assert "; the OTF2 library said: " in lines[0]  # what the library reported is kept, on that line

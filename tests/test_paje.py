@@ -77,31 +77,140 @@ def imported(path: Path, store: Path):
     return res, open_run(res.run_dir)
 
 
+# the traces the vectorised path reads (the others fall back to the line simulator: set states,
+# add/sub variables, comments in the body...)
+VECTORISED = {"pajeng/containers.trace", "pajeng/events.trace", "pajeng/links.trace",
+              "pajeng/replay_output_shurakai_extract.trace"}
+
+
+def test_every_paje_trace_in_the_shared_folder_is_checked(shared_data):
+    found = {str(p.relative_to(shared_data / "paje")) for p in (shared_data / "paje").rglob("*.trace")}
+    assert found == set(VALID) | {"pajeng/native_paje.trace"}
+
+
+# ---- records, line by line, against pj_dump ---------------------------------------------------------------
+#
+# One record per pj_dump line: (kind, container, type, start, end, ...). Times are int64 ns (what flowscope
+# stores), except a container's, which pj_dump prints with six significant digits only: those are compared as
+# such. pj_dump keeps variable values in single precision (41279125 prints as 41279124), so variable values are
+# compared within 1e-6 of their magnitude; everything else is exact.
+
+def pj_records(path: Path, unit_ns: float) -> tuple[int, list[tuple], str]:
+    """pj_dump's return code, its records, and its stderr."""
+    p = subprocess.run([PJ_DUMP, "-l", "9", "-e", "1e15", str(path)], capture_output=True, text=True, timeout=60,
+                       check=False)
+
+    def ns(x: str) -> int:
+        return round(float(x) * unit_ns)
+
+    def sig6(x: str) -> str:
+        return f"{float(x) * unit_ns / 1e9:.6g}"
+
+    out = []
+    for line in p.stdout.splitlines():
+        f = [x.strip() for x in line.split(",")]
+        if f[0] == "Container":
+            out.append(("Container", f[1], f[2], sig6(f[3]), sig6(f[4]), f[6]))
+        elif f[0] == "State":
+            out.append(("State", f[1], f[2], ns(f[3]), ns(f[4]), int(float(f[6])), f[7]))
+        elif f[0] == "Event":
+            out.append(("Event", f[1], f[2], ns(f[3]), f[4]))
+        elif f[0] == "Link":
+            out.append(("Link", f[1], f[2], ns(f[3]), ns(f[4]), f[6], f[7], f[8]))
+        elif f[0] == "Variable":
+            out.append(("Variable", f[1], f[2], ns(f[3]), ns(f[4]), float(f[6])))
+    return p.returncode, out, p.stderr
+
+
+def _na(v):
+    return None if v is None or pd.isna(v) else v
+
+
+def our_records(run) -> list[tuple]:
+    """The run's rows as pj_dump's records of the trace they came from: a resource is a container (named by
+    its name, its parent by the parent's name, "0" for none), a span a state, a log an event, a transfer a
+    link, and each metric value a variable record that lasts until the next value or the container's end."""
+    res = run.table("resources")
+    name = {r: n for r, n in zip(res["resource_id"], res["name"])}
+    end = {r: e for r, e in zip(res["resource_id"], res["end_ns"])}
+    out = []
+    for r in res.itertuples(index=False):
+        p = _na(r.parent_id)
+        kind = "0" if r.resource_id == "paje:0" else r.kind  # the root: Paje's type "0", flowscope's kind "root"
+        out.append(("Container", "0" if p is None else name[p], kind, f"{r.start_ns / 1e9:.6g}",
+                    f"{r.end_ns / 1e9:.6g}", r.name))
+    for s in run.table("spans").itertuples(index=False):
+        a = json.loads(s.attrs)
+        out.append(("State", name[s.resource_id], a["paje_type"], int(s.start_ns), int(s.end_ns), a["depth"], s.name))
+    for g in run.table("logs").itertuples(index=False):
+        rid = _na(g.resource_id)
+        out.append(("Event", "0" if rid is None else name[rid], g.category, int(g.ts_ns), g.message))
+    for t in run.table("transfers").itertuples(index=False):
+        a = json.loads(t.attrs)
+        out.append(("Link", a["container"], a["paje_type"], int(t.start_ns), int(t.end_ns), a["value"],
+                    name[t.src_resource_id], name[t.dst_resource_id]))
+    m = run.sql("SELECT resource_id, name, ts_ns, value, lead(ts_ns) OVER (PARTITION BY resource_id, namespace, name "
+                "ORDER BY ts_ns) AS next_ns FROM metrics")
+    for r in m.itertuples(index=False):
+        stop = _na(r.next_ns)
+        out.append(("Variable", name[r.resource_id], r.name, int(r.ts_ns),
+                    int(end[r.resource_id] if stop is None else stop), float(r.value)))
+    return out
+
+
+def assert_same_records(ours: list[tuple], theirs: list[tuple], what: str) -> None:
+    """Equal as multisets; variable values within pj_dump's single precision."""
+    def key(r):
+        return r[:-1] if r[0] == "Variable" else r
+
+    a = Counter(key(r) for r in ours)
+    b = Counter(key(r) for r in theirs)
+    only_ours, only_theirs = a - b, b - a
+    assert not only_ours and not only_theirs, (
+        f"{what}: {sum(only_ours.values())} record(s) only in flowscope's, {sum(only_theirs.values())} only in "
+        f"pj_dump's; e.g. ours {sorted(only_ours, key=str)[:6]}, pj_dump's {sorted(only_theirs, key=str)[:6]}")
+    va = sorted((key(r), r[-1]) for r in ours if r[0] == "Variable")
+    vb = sorted((key(r), r[-1]) for r in theirs if r[0] == "Variable")
+    bad = [(x, y) for x, y in zip(va, vb) if abs(x[1] - y[1]) > 1e-6 * max(1.0, abs(x[1]), abs(y[1]))]
+    assert not bad, f"{what}: {len(bad)} variable value(s) differ, e.g. {bad[:6]}"
+
+
+def _import(path: Path, store: Path, fast: bool, monkeypatch):
+    from flowscope.importers import paje
+
+    monkeypatch.setattr(paje, "FAST", fast)
+    return imported(path, store)
+
+
+def _reference(path: Path, res, tmp_path: Path) -> Path:
+    """The file pj_dump reads for comparison: the trace, or its time-sorted copy when flowscope sorted it
+    (pj_dump simulates file order and refuses or cuts a trace that goes back in time)."""
+    if any("not time-ordered" in w for w in res.files[0].warnings):
+        return time_sorted_copy(path, tmp_path / "sorted.trace")
+    return path
+
+
 @needs_pj_dump
+@pytest.mark.parametrize("path_kind", ["line", "vectorised"])
 @pytest.mark.parametrize("rel", VALID)
-def test_counts_equal_pj_dump(shared_data, tmp_path, rel):
+def test_records_equal_pj_dump(shared_data, tmp_path, monkeypatch, rel, path_kind):
     path = shared_data / "paje" / rel
     assert detect_format(path) == "paje"
-    res, run = imported(path, tmp_path / "store")
-    got = res.files[0].meta["paje_counts"]
-    rows = res.rows
+    res, run = _import(path, tmp_path / "store", path_kind == "vectorised", monkeypatch)
+    meta = res.files[0].meta
+    if path_kind == "line":
+        assert meta["read_path"] == "line simulator"
+    elif rel in VECTORISED:
+        assert meta["read_path"] == "vectorised", meta.get("vectorised_path_not_used")
     # the counts are the rows really written
-    assert got["containers"] == rows.get("resources", 0)
-    assert got["states"] == rows.get("spans", 0)
-    assert got["events"] == rows.get("logs", 0)
-    assert got["links"] == rows.get("transfers", 0)
-    assert got["variables"] == rows.get("metrics", 0)
-    unordered = any("not time-ordered" in w for w in res.files[0].warnings)
-    ref = path
-    if unordered:
-        # pj_dump simulates file order; flowscope the time-sorted trace: compare with pj_dump on that
-        ref = time_sorted_copy(path, tmp_path / "sorted.trace")
-    rc, want, err = pj_dump(ref)
+    counts, rows = meta["paje_counts"], res.rows
+    assert [counts["containers"], counts["states"], counts["events"], counts["links"], counts["variables"]] == \
+        [rows.get(t, 0) for t in ("resources", "spans", "logs", "transfers", "metrics")]
+    unit_ns = 1e6 if meta["time_unit"] == "ms" else 1e9
+    rc, want, err = pj_records(_reference(path, res, tmp_path), unit_ns)
     assert rc == 0, err
-    want["containers"] -= 1  # pj_dump lists its implicit root container "0"; it is not a resource
-    assert {k: got[k] for k in KINDS.values()} == {k: want.get(k, 0) for k in KINDS.values()}
-    spans = run.table("spans")
-    assert (spans["end_ns"] >= spans["start_ns"]).all()
+    assert_same_records(our_records(run), want, f"{rel} ({meta['read_path']})")
+    assert "" not in set(run.table("resources")["resource_id"])
     run.close()
 
 
@@ -175,16 +284,51 @@ def _spans(run) -> list[tuple]:
     return sorted(tuple(None if v is None or pd.isna(v) else v for v in row) for row in df.itertuples(index=False))
 
 
+def _export_origin(path: Path) -> int:
+    first = path.read_text().split("\n", 1)[0]
+    return int(re.search(r"time_origin_ns=(-?\d+)", first).group(1))
+
+
+def _as_exported(records: list[tuple]) -> list[tuple]:
+    """What of a record the Paje exporter keeps: a state's type is its span kind (plus a lane) and its
+    imbrication its lane's, a link's type and value are "transfer" and the transfer's kind, a variable's
+    type is ``namespace:name``, the imported root container's type its kind "root"; containers, times, state
+    values, events and variable values are kept."""
+    out = []
+    for r in records:
+        if r[0] == "State":
+            out.append(("State", r[1], r[3], r[4], r[6]))
+        elif r[0] == "Link":
+            out.append(("Link", r[3], r[4], r[6], r[7]))
+        elif r[0] == "Variable":
+            out.append(("Variable", r[1], r[2].removeprefix("paje:"), *r[3:]))
+        elif r[0] == "Container" and r[1:3] == ("0", "root") and r[5] == "0":
+            out.append(("Container", "0", "0", *r[3:]))  # the imported root: type "0" written as kind "root"
+        else:
+            out.append(r)
+    return out
+
+
 @needs_pj_dump
-@pytest.mark.parametrize("rel", ["starpu-demo/paje.trace", "pajeng/ms.trace", "pajeng/native_sample.trace"])
+@pytest.mark.parametrize("rel", VALID)
 def test_round_trip_of_an_imported_run(shared_data, tmp_path, rel):
-    res, run = imported(shared_data / "paje" / rel, tmp_path / "a")
+    """import -> export -> pj_dump gives pj_dump's records of the original trace (plus the export's own
+    implicit root container), and importing the export gives the same rows."""
+    path = shared_data / "paje" / rel
+    res, run = imported(path, tmp_path / "a")
     out, counts = export_run(res.run_dir, "paje", tmp_path / "out.paje")
-    rc, want, err = pj_dump(out)
+    origin = _export_origin(out)
+    assert origin == 0  # these traces have no negative times: the export keeps their clock
+    rc, got, err = pj_records(out, 1e9)
     assert rc == 0, err
-    assert want["states"] == counts["states"] == res.rows.get("spans", 0)
-    assert want["links"] == counts["links"] == res.rows.get("transfers", 0)
-    assert want["events"] == counts["events"] == res.rows.get("logs", 0)
+    unit_ns = 1e6 if res.files[0].meta["time_unit"] == "ms" else 1e9
+    rc, want, err = pj_records(_reference(path, res, tmp_path), unit_ns)
+    assert rc == 0, err
+    roots = [r for r in got if r[0] == "Container" and r[1] == "0" and r[2] == "0" and r[5] == "0"]
+    got.remove(max(roots, key=lambda r: float(r[4])))  # the export's implicit root
+    assert_same_records(_as_exported(got), _as_exported(want), f"{rel} exported")
+    assert counts["states"] == res.rows.get("spans", 0)
+    assert counts["containers"] == res.rows.get("resources", 0)
     _, run2 = imported(out, tmp_path / "b")
     assert _spans(run2) == _spans(run)  # same resources, names, kinds, exact ns times
     assert sorted(run2.table("resources")["resource_id"]) == sorted(run.table("resources")["resource_id"])
@@ -196,6 +340,55 @@ def test_round_trip_of_an_imported_run(shared_data, tmp_path, rel):
     assert m1.equals(m2)
     run.close()
     run2.close()
+
+
+def _with_lines(src: Path, out: Path, after: str | None, lines: list[str]) -> Path:
+    """A copy of a real trace with ``lines`` inserted after the line ``after`` (None: at the end)."""
+    text = src.read_text().splitlines()
+    i = len(text) if after is None else text.index(after) + 1
+    out.write_text("\n".join(text[:i] + lines + text[i:]) + "\n")
+    return out
+
+
+@needs_pj_dump
+@pytest.mark.parametrize("path_kind", ["line", "vectorised"])
+def test_destroying_the_root_container_matches_pj_dump(shared_data, tmp_path, monkeypatch, path_kind):
+    """SimGrid ends a trace by destroying its containers and then the root container "0". Destroying a
+    container ends its children (pj_dump destroys recursively); a container destroyed twice is not an
+    error for pj_dump. The root is a resource (id ``paje:0``, name "0", kind "root": Paje reserves the type
+    name "0"), never one with an empty id,
+    and the run exports to a trace pj_dump accepts and flowscope re-imports."""
+    ms = shared_data / "paje" / "pajeng" / "ms.trace"
+    cont = shared_data / "paje" / "pajeng" / "containers.trace"
+    cases = {
+        # the SimGrid shape: the root destroyed last
+        "ms-root.trace": _with_lines(ms, tmp_path / "ms-root.trace", None, ["7 4.485137 0 0"]),
+        # the root destroyed mid-trace (its children end with it), a container created after it, then the
+        # root's child destroyed a second time
+        "cont-root.trace": _with_lines(cont, tmp_path / "cont-root.trace", "7 0.760000000 PROCESS p2",
+                                       ["7 1.000000000 0 0", '6 1.2 p4 PROCESS root "p4"']),
+    }
+    for name, path in cases.items():
+        rc, want, err = pj_records(path, 1e9)
+        assert rc == 0, err
+        res, run = _import(path, tmp_path / f"s-{name}", path_kind == "vectorised", monkeypatch)
+        if path_kind == "line":
+            assert res.files[0].meta["read_path"] == "line simulator"
+        elif name == "cont-root.trace":
+            assert res.files[0].meta["read_path"] == "vectorised"
+        assert_same_records(our_records(run), want, name)
+        resources = run.table("resources")
+        assert "" not in set(resources["resource_id"])
+        root = resources[resources["resource_id"] == "paje:0"]
+        assert len(root) == 1 and root.iloc[0]["kind"] == "root" and root.iloc[0]["name"] == "0"
+        out, _ = export_run(res.run_dir, "paje", tmp_path / f"{name}.paje")
+        rc, _, err = pj_records(out, 1e9)
+        assert rc == 0, err
+        _, run2 = imported(out, tmp_path / f"b-{name}")
+        assert sorted(run2.table("resources")["resource_id"]) == sorted(resources["resource_id"])
+        assert _spans(run2) == _spans(run)
+        run.close()
+        run2.close()
 
 
 def inc(x):

@@ -415,6 +415,7 @@ def test_flowscope_report_command(dask_run, tmp_path, capsys):
     shutil.copytree(run.path, tmp_path / "store" / run.run_id)
     assert cli_main(["report", run.run_id, "--store", str(tmp_path / "store")]) == 0
     assert (tmp_path / "store" / run.run_id / "report.html").is_file()
+    capsys.readouterr()  # a slow report shows a progress bar, whose end leaves a newline on stderr
     assert cli_main(["report", "nosuch", "--store", str(tmp_path / "store")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("flowscope report: error: nosuch") and err.count("\n") == 1

@@ -4,6 +4,7 @@ json.load of the same file; and broken copies of real instances give errors nami
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -13,6 +14,7 @@ import networkx as nx
 import pytest
 
 import flowscope
+from flowscope.analysis.critical_path import task_graph_paths
 from flowscope.importers import TraceError, detect_format, import_paths
 from flowscope.importers.wfcommons import parse_timestamp
 
@@ -197,6 +199,100 @@ def test_derived_makespan_is_the_structural_critical_path(imported):
         longest = nx.dag_longest_path_length(g, weight="w")
         spans = run.table("spans")
         assert (spans.end_ns.max() - run.meta["start_ns"]) / 1e9 == pytest.approx(longest, rel=1e-9, abs=1e-6), p
+
+
+def _nx_longest(ref: dict) -> float:
+    """networkx's longest path through the instance's DAG weighted by its runtimes (seconds)."""
+    g = nx.DiGraph()
+    g.add_nodes_from(ref["tasks"])
+    for a, b in ref["edges"]:
+        g.add_edge(a, b, w=ref["tasks"][b]["runtime"])
+    for k in [k for k in ref["tasks"] if g.in_degree(k) == 0]:
+        g.add_edge("__start__", k, w=ref["tasks"][k]["runtime"])
+    return nx.dag_longest_path_length(g, weight="w")
+
+
+@pytest.fixture(scope="module")
+def reports(imported) -> dict[Path, str]:
+    """The HTML report of each imported instance."""
+    from flowscope.report import build_report
+
+    return {p: build_report(run) for p, (run, _) in imported.items()}
+
+
+def _show(run) -> dict:
+    out = subprocess.run([sys.executable, "-m", "flowscope", "show", str(run.path), "--json"], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_critical_path_is_the_structural_one_through_the_instances_dependencies(imported, reports):
+    """Task times are derived (placed as soon as possible), not measured: no "measured" critical path is
+    claimed; the structural one is the instance's longest runtime-weighted path (networkx), a chain of its
+    own dependencies, as `flowscope show` and the report give it."""
+    from flowscope.report.page import fmt_s
+
+    for p, (run, ref) in imported.items():
+        spans = run.table("spans")
+        tp = task_graph_paths(spans[spans["kind"] == "task"], run.table("dependencies"), run.table("transfers"))
+        assert tp.timeline == "derived" and tp.measured is None, p
+        longest = _nx_longest(ref)
+        st = tp.structural
+        assert st.length_ns / 1e9 == pytest.approx(longest, rel=1e-9, abs=1e-6), p
+        assert all((a, b) in ref["edges"] for a, b in zip(st.ids[:-1], st.ids[1:])), (p, st.ids)
+        assert sum(ref["tasks"][k]["runtime"] for k in st.ids) == pytest.approx(longest, rel=1e-9, abs=1e-6), p
+        shown = _show(run)["critical_path"]
+        assert shown["task_times"] == "derived" and shown["measured_ns"] is None, (p, shown)
+        assert shown["structural_ns"] == st.length_ns and shown["structural_ids"] == st.ids, p
+        section = reports[p].split('<section id="critical-path">', 1)[1].split("</section>", 1)[0]
+        assert "Measured critical path" not in section, p
+        assert "not measured" in section, p
+        assert (f"Structural critical path: <b>{fmt_s(st.length_ns / 1e9)}</b> through {len(st.ids):,} tasks"
+                in section), (p, section[:600])
+
+
+def _utilisation_from_json(ref: dict) -> float:
+    """Task time over (cores of the machines the tasks ran on x the recorded makespan), from the JSON."""
+    doc, wf = ref["doc"], ref["doc"]["workflow"]
+    machines = wf["execution"]["machines"] if "execution" in wf else wf["machines"]
+    cores = {m["nodeName"]: m["cpu"].get("coreCount", m["cpu"].get("count")) for m in machines}
+    used = {t["machines"][0] if t["machines"] else next(iter(cores)) for t in ref["tasks"].values()}
+    busy = sum(t["runtime"] for t in ref["tasks"].values())
+    assert doc["schemaVersion"] in ("1.4", "1.5")
+    return busy / (sum(cores[m] for m in used) * ref["makespan"])
+
+
+def test_utilisation_is_task_time_over_cores_times_the_recorded_makespan(imported, reports):
+    for p, (run, ref) in imported.items():
+        want = _utilisation_from_json(ref)
+        u = _show(run)["utilisation"]
+        assert u["value"] == pytest.approx(want, rel=1e-9), (p, u)
+        assert 0 < u["value"] <= 1, (p, u)
+        assert u["makespan_ns"] == round(ref["makespan"] * 1e9), (p, u)
+        section = reports[p].split('<section id="breakdown">', 1)[1].split("</section>", 1)[0]
+        facts = section.split('<dl class="facts">', 1)[1].split("</dl>", 1)[0]
+        assert f"{100 * want:.1f} %" in facts, (p, facts)
+        assert all(float(x) <= 100 for x in re.findall(r"(\d+(?:\.\d+)?) %", facts)), (p, facts)
+
+
+def test_utilisation_without_core_counts_says_unknown(shared_data, tmp_path):
+    """A copy of a real instance whose machines do not give their cores: no number, the reason instead."""
+    from flowscope.report import build_report
+
+    doc = json.loads((shared_data / "wfinstances" / "seismology-chameleon-1000p-001.json").read_text())
+    for m in doc["workflow"]["execution"]["machines"][:2]:
+        del m["cpu"]["coreCount"]
+    bad = tmp_path / "no-cores.json"
+    bad.write_text(json.dumps(doc))
+    res = import_paths([bad], tmp_path / "store")
+    run = flowscope.open_run(res.run_dir)
+    u = _show(run)["utilisation"]
+    assert u["value"] is None and "core count" in u["reason"] and "host:" in u["reason"], u
+    section = build_report(run).split('<section id="breakdown">', 1)[1].split("</section>", 1)[0]
+    facts = section.split('<dl class="facts">', 1)[1].split("</dl>", 1)[0]
+    assert "utilisation" in facts and "unknown" in facts and "core count" in facts, facts
+    assert not re.search(r"\d %", facts), facts
 
 
 # ---- the data-state graph --------------------------------------------------------------------

@@ -8,8 +8,10 @@ Two graphs, one module, used offline (over a stored run) and online (the collect
   from the final state, at each state the input that arrived last (:func:`data_state_path`);
 * the task graph (``spans`` of kind task, ``dependencies``, ``transfers``): the *measured* path, traced back
   from the last task to finish through the gating input or the wait for a thread, and the *structural* path,
-  the longest path through the DAG with measured durations (:func:`task_graph_paths`); per-task slack,
-  near-critical paths and what-if replays with scaled durations.
+  the longest path through the DAG with the tasks' durations (:func:`task_graph_paths`); per-task slack,
+  near-critical paths and what-if replays with scaled durations. When the task times were derived rather
+  than measured (see :mod:`flowscope.analysis.timeline`), there were no waits to trace: only the structural
+  path is given.
 
 Every path is a :class:`CriticalPath`: a table of contiguous steps, each one component of the elapsed time
 (compute, transfer, io, wait, queue), plus attribution helpers.
@@ -25,6 +27,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from flowscope.analysis.timeline import MEASURED, task_timeline
 from flowscope.model.idset import IdSet
 
 __all__ = [
@@ -580,14 +583,19 @@ def _task_graph(spans, dependencies, transfers=None) -> _TaskGraph:
 
 @dataclass
 class TaskPaths:
-    """The measured and the structural critical path of a task graph (see :func:`task_graph_paths`)."""
+    """The measured and the structural critical path of a task graph (see :func:`task_graph_paths`).
+    ``measured`` is None when the task times were derived, not measured (``timeline`` says which)."""
 
-    measured: CriticalPath
+    measured: CriticalPath | None
     structural: CriticalPath
+    timeline: str = MEASURED
 
     @property
-    def difference_ns(self) -> int:
-        """Measured minus structural length: what scheduling and contention for workers cost."""
+    def difference_ns(self) -> int | None:
+        """Measured minus structural length: what scheduling and contention for workers cost (None without a
+        measured path)."""
+        if self.measured is None:
+            return None
         return int(self.measured.length_ns - self.structural.length_ns)
 
 
@@ -713,11 +721,13 @@ def task_graph_paths(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame 
                      transfers: pd.DataFrame | pa.Table | None = None) -> TaskPaths:
     """The measured critical path (traced back from the last task to finish: at each task its gating input,
     with the transfer that brought it, or the task before it on its thread when the inputs were ready earlier)
-    and the structural one (the longest path through the dependency DAG with measured durations and transfer
+    and the structural one (the longest path through the dependency DAG with the tasks' durations and transfer
     times as weights: the makespan with unlimited workers). Times in ``steps`` of the structural path are
-    offsets from 0."""
+    offsets from 0. When any task span's times were derived rather than measured (its attrs' ``time_source``),
+    there is no measured path (None): a derived timeline has no observed waits to trace through."""
+    timeline = task_timeline(spans) or MEASURED
     g = _task_graph(spans, dependencies, transfers)
-    return TaskPaths(_measured_path(g), _structural_path(g))
+    return TaskPaths(_measured_path(g) if timeline == MEASURED else None, _structural_path(g), timeline)
 
 
 def slack(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame | pa.Table,

@@ -1,4 +1,11 @@
-"""Attribute I/O rows to the tasks that did them, by host, process, thread and time."""
+"""Attribute I/O rows to the tasks that did them, by host, process, thread and time.
+
+I/O rows are in the clock of the process that recorded them. A task span may be in another: Dask stamps
+task times with the worker's estimate of its offset to the scheduler's clock, which moves with each
+heartbeat, so two tasks that ran one after the other on a thread can overlap in it. Such spans carry the
+offset added (``attrs.clock_offset_ns``); :data:`TASK_SPANS_SQL` subtracts it, so that the join is on one
+clock, the local one.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +14,13 @@ import pandas as pd
 
 IO_COLUMNS = ("host", "pid", "tid", "thread_ident", "start_ns", "end_ns")
 TASK_COLUMNS = ("task_key", "host", "pid", "tid", "thread_ident", "start_ns", "end_ns")
+#: a run's task spans as :func:`attribute_io` takes them: joined to their resources, on the local clock
+TASK_SPANS_SQL = """
+    WITH t AS (SELECT s.*, coalesce(TRY_CAST(json_extract(s.attrs, '$.clock_offset_ns') AS BIGINT), 0) AS off
+               FROM spans s WHERE s.kind = 'task')
+    SELECT t.start_ns - t.off AS start_ns, t.end_ns - t.off AS end_ns, t.task_key, r.host, r.pid, r.tid,
+           r.thread_ident
+    FROM t JOIN resources r USING (resource_id)"""
 
 _QUERY = """
 WITH cand AS (
@@ -38,7 +52,7 @@ def attribute_io(io: pd.DataFrame, tasks: pd.DataFrame) -> pd.Series:
 
     ``io`` needs host and start_ns, and may have pid, tid, thread_ident, end_ns (the ``io`` table's columns;
     missing or null means unknown); ``tasks`` needs task_key, host, pid, tid, thread_ident, start_ns, end_ns: the
-    task spans joined to their resources. A row that names its thread (tid or thread_ident) goes to the
+    task spans joined to their resources, on the I/O rows' clock (what :data:`TASK_SPANS_SQL` selects). A row that names its thread (tid or thread_ident) goes to the
     task on that thread whose span overlaps it most; a row that names only its host (and maybe its process),
     as Darshan DXT segments do, goes to a task only when exactly one task span on that host contains it."""
     missing = [c for c in ("host", "start_ns") if c not in io.columns] + \
@@ -54,6 +68,7 @@ def attribute_io(io: pd.DataFrame, tasks: pd.DataFrame) -> pd.Series:
     left.insert(0, "row", range(len(io)))
     right = pd.DataFrame({c: _ints(tasks[c]) if c not in ("host", "task_key") else tasks[c].astype(object)
                           for c in TASK_COLUMNS})
+
     con = duckdb.connect(":memory:")
     try:
         con.register("io", left)

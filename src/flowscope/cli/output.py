@@ -32,7 +32,7 @@ def progress() -> Progress:
     """A progress bar on stderr (hidden when stderr is not a terminal)."""
     return Progress(TextColumn("[progress.description]{task.description}"), BarColumn(),
                     TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                    console=err_console, transient=True)
+                    console=err_console, transient=True, disable=not err_console.is_terminal)
 
 
 def fmt_ns(ns: float | None) -> str:

@@ -61,7 +61,8 @@ def cmd_runs(args: argparse.Namespace) -> int:
     rows = []
     for m in runs:
         dur = (m["end_ns"] - m["start_ns"]) if m.get("end_ns") and m.get("start_ns") else None
-        rows.append([m.get("run_id"), m.get("name"), m.get("status", m.get("error")), _when(m.get("start_ns")),
+        status = f"bad run.json: {m['error']}" if m.get("error") else m.get("status")
+        rows.append([m.get("run_id"), m.get("name"), status, _when(m.get("start_ns")),
                      fmt_ns(dur), m.get("command") or ""])
     print_table(f"runs in {store}", ["run", "name", "status", "started (UTC)", "duration", "command"], rows)
     return 0
@@ -94,7 +95,23 @@ def cmd_show(args: argparse.Namespace) -> int:
                       fmt_ns(r["max_ns"])] for r in s.top_spans])
     if s.logs_by_level:
         console.print("logs: " + ", ".join(f"{n} {k}" for k, n in s.logs_by_level.items()))
+    _print_paths_and_utilisation(s)
     return 0
+
+
+def _print_paths_and_utilisation(s) -> None:
+    cp, u = s.critical_path, s.utilisation
+    if cp and cp.get("error"):
+        console.print(f"critical path: not computed ({cp['error']})")
+    elif cp and cp["measured_ns"] is None:
+        console.print(f"critical path: {fmt_ns(cp['structural_ns'])} through {len(cp['structural_ids'])} tasks "
+                      f"(structural: the task times are derived, not measured)")
+    elif cp:
+        console.print(f"critical path: {fmt_ns(cp['measured_ns'])} measured through {cp['measured_tasks']} tasks, "
+                      f"{fmt_ns(cp['structural_ns'])} structural (unlimited workers)")
+    if u is not None:
+        console.print(f"utilisation: {100 * u.value:.1f} % of {u.slots} task slots over {fmt_ns(u.makespan_ns)}"
+                      if u.value is not None else f"utilisation: unknown ({u.reason})")
 
 
 def cmd_sql(args: argparse.Namespace) -> int:

@@ -17,6 +17,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     target = p.add_mutually_exclusive_group()
     target.add_argument("--address", help="collector address, http://HOST:PORT")
     target.add_argument("--store", help="write into this store directly (no collector running)")
+    p.add_argument("--token", default=None,
+                   help="the collector's token (default $FLOWSCOPE_TOKEN; needed when it is bound beyond loopback)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
 
@@ -30,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{root}: no such spool directory")
     collector = None
     if args.address:
-        transport = HttpTransport(args.address)
+        transport = HttpTransport(args.address, token=args.token)
     else:
         from flowscope.service.collector import Collector
         from flowscope.store.catalog import default_store

@@ -51,10 +51,14 @@ def print_run_summary(run: Run, report: Path | None = None, top: int = 5) -> Non
 
         spans = run.table("spans")
         tp = task_graph_paths(spans[spans["kind"] == "task"], run.table("dependencies"), run.table("transfers"))
-        by = tp.measured.by_component()
-        console.print(f"  critical path {fmt_ns(tp.measured.length_ns)} measured ("
-                      + ", ".join(f"{c} {s:.0%}" for c, s in zip(by["component"], by["share"]) if s >= 0.005)
-                      + f"), {fmt_ns(tp.structural.length_ns)} with unlimited workers")
+        if tp.measured is None:
+            console.print(f"  critical path {fmt_ns(tp.structural.length_ns)} through {len(tp.structural.ids)} tasks "
+                          f"(structural: task times are derived, not measured)")
+        else:
+            by = tp.measured.by_component()
+            console.print(f"  critical path {fmt_ns(tp.measured.length_ns)} measured ("
+                          + ", ".join(f"{c} {s:.0%}" for c, s in zip(by["component"], by["share"]) if s >= 0.005)
+                          + f"), {fmt_ns(tp.structural.length_ns)} with unlimited workers")
     warnings = run.sql("""SELECT category, count(*) AS n FROM logs WHERE level IN ('warning', 'error')
                           GROUP BY 1 ORDER BY n DESC""")
     if len(warnings):

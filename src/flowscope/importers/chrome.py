@@ -514,6 +514,33 @@ class _Reader:
         self.logs: dict[str, list] = {k: [] for k in ("ts", "thread", "level", "category", "message", "task_key", "attrs")}
         self.metrics: dict[str, list] = {k: [] for k in ("ts", "thread", "namespace", "name", "value")}
         self.origin_ns = 0
+        self.origin: dict[str, Any] | None = None  # which top-level key gave origin_ns
+        self.flushed_before_origin = 0  # log and metric rows written while no origin was known
+
+    # ---- time origin -----------------------------------------------------------------------
+    def set_origin(self, meta: dict[str, Any]) -> None:
+        """ns since the epoch of ``ts`` 0, from the top-level keys read so far: flowscope's own export marker,
+        else ``baseTimeNanoseconds`` (PyTorch profiler / Kineto: ``ts`` are µs after that base)."""
+        if self.origin is not None:
+            return
+        fs = meta.get("flowscope")
+        if isinstance(fs, dict) and isinstance(fs.get("time_origin_ns"), int):
+            self.origin_ns = fs["time_origin_ns"]
+            self.origin = {"key": "flowscope.time_origin_ns", "ns": self.origin_ns}
+            return
+        if "baseTimeNanoseconds" not in meta:
+            return
+        base = meta["baseTimeNanoseconds"]
+        if isinstance(base, float) and base.is_integer():
+            base = int(base)
+        if isinstance(base, bool) or not isinstance(base, int) or not 0 <= base < 1 << 62:
+            self.origin = {"key": "baseTimeNanoseconds", "ignored": repr(base)[:40]}
+            self.sink.warn(f"top-level baseTimeNanoseconds is {type(base).__name__} {base!r:.40}, expected an "
+                           f"integer number of ns since the epoch below 2**62: ignored, times are the trace's own "
+                           f"(µs from its 0)")
+            return
+        self.origin_ns = base
+        self.origin = {"key": "baseTimeNanoseconds", "ns": base}
 
     # ---- resources -------------------------------------------------------------------------
     def thread(self, e: dict, scope_process: bool = False) -> int:
@@ -696,6 +723,8 @@ class _Reader:
         L = self.logs
         if not L["ts"]:
             return
+        if self.origin is None:
+            self.flushed_before_origin += len(L["ts"])
         self.sink.add("logs", {"ts_ns": _us_to_ns(L["ts"]) + self.origin_ns,
                                "resource_id": self._rids(np.asarray(L["thread"])),
                                "level": L["level"], "category": L["category"], "message": L["message"],
@@ -707,6 +736,8 @@ class _Reader:
         M = self.metrics
         if not M["ts"]:
             return
+        if self.origin is None:
+            self.flushed_before_origin += len(M["ts"])
         self.sink.add("metrics", {"ts_ns": _us_to_ns(M["ts"]) + self.origin_ns,
                                   "resource_id": self._rids(np.asarray(M["thread"])),
                                   "namespace": M["namespace"], "name": M["name"], "value": M["value"]})
@@ -714,6 +745,12 @@ class _Reader:
             v.clear()
 
     def finish(self, ev: _Events) -> None:
+        if self.origin is None:  # the key came after traceEvents in the file
+            self.set_origin(ev.meta)
+            if self.origin is not None and self.origin_ns and self.flushed_before_origin:
+                self.sink.warn(f"{self.origin['key']} comes after traceEvents in the file: the first "
+                               f"{self.flushed_before_origin} log and metric rows were written before it was read "
+                               f"and keep the trace's own times (µs from its 0, as ns)")
         self.flush_logs()
         self.flush_metrics()
         if len(self.xs):
@@ -744,6 +781,8 @@ class _Reader:
             meta["not_imported_keys"] = big
         if self.other_meta:
             meta["metadata_events"] = self.other_meta
+        if self.origin is not None:
+            meta["time_origin"] = self.origin
         self.sink.set_meta(**meta)
         if self.t_min is not None:
             self.sink.set_run_fields(start_ns=int(_us_to_ns([self.t_min])[0]) + self.origin_ns,
@@ -984,20 +1023,37 @@ class _Reader:
         rows: dict[str, list] = {k: [] for k in ("src", "dst", "t0", "t1", "kind", "attrs", "nbytes", "keys")}
         unmatched = 0
         open_f: dict[tuple, list] = {}
-        for key, ph, ts, th, name, cat, args, order, bp in sorted(self.flows, key=lambda r: (r[2], r[7])):
-            if ph == "s":
-                open_f[key] = [ts, th, name, cat, args, []]
-            elif ph == "t":
-                if key in open_f:
-                    open_f[key][5].append({"ts_us": ts, "resource_id": self.resource_id(self.threads.values[th])})
-                else:
-                    unmatched += 1
+
+        def step_or_finish(key, ph, ts, th) -> bool:
+            b = open_f.get(key)
+            if b is None:
+                return False
+            if ph == "t":
+                b[5].append({"ts_us": ts, "resource_id": self.resource_id(self.threads.values[th])})
             else:
-                b = open_f.pop(key, None)
-                if b is None:
-                    unmatched += 1
-                    continue
+                del open_f[key]
                 self._transfer_row(rows, b[1], th, b[0], ts, b[2], b[3], b[4], b[5], key[1])
+            return True
+
+        flows = sorted(self.flows, key=lambda r: (r[2], r[7]))
+        i = 0
+        while i < len(flows):
+            j = i + 1
+            while j < len(flows) and flows[j][2] == flows[i][2]:
+                j += 1
+            # events of one timestamp, in whatever order the file has them: steps and finishes of flows
+            # begun earlier first, then the starts, then steps and finishes of the flows that start here
+            later = []
+            for key, ph, ts, th, _name, _cat, _args, _order, _bp in flows[i:j]:
+                if ph != "s" and not (key in open_f and open_f[key][0] < ts and step_or_finish(key, ph, ts, th)):
+                    later.append((key, ph, ts, th))
+            for key, ph, ts, th, name, cat, args, _order, _bp in flows[i:j]:
+                if ph == "s":
+                    open_f[key] = [ts, th, name, cat, args, []]
+            for key, ph, ts, th in later:
+                if not step_or_finish(key, ph, ts, th):
+                    unmatched += 1
+            i = j
         unmatched += len(open_f)
         # flow v2: slices bound by id, flow_out on the source, flow_in on the destination
         if self.sl_bind:
@@ -1116,9 +1172,7 @@ def read(path: Path, sink: ImportSink) -> None:
         for e in ev:
             if not origin_checked:
                 origin_checked = True
-                fs = ev.meta.get("flowscope")
-                if isinstance(fs, dict) and isinstance(fs.get("time_origin_ns"), int):
-                    r.origin_ns = fs["time_origin_ns"]
+                r.set_origin(ev.meta)
             r.event(e, ev)
             n += 1
             if n % 65536 == 0:

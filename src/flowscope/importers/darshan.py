@@ -242,8 +242,10 @@ def _names(log: _Log) -> dict[int, str]:
     return dict(log.be.log_get_name_records(log.log))
 
 
-def _dxt(log: _Log, module: str, idx: int, names: dict[int, str], t0: int) -> tuple[dict[str, Any], dict[int, str]]:
-    """One module's DXT segments as io columns, and the host of each rank that has segments."""
+def _dxt(log: _Log, module: str, idx: int, names: dict[int, str], t0: int,
+         prefix: str) -> tuple[dict[str, Any], dict[int, str]]:
+    """One module's DXT segments as io columns (on the ranks of the log whose resource is ``prefix``), and the
+    host of each rank that has segments."""
     ffi = log.ffi
     head = ffi.sizeof("struct dxt_file_record")
     parts: list[np.ndarray] = []
@@ -268,18 +270,20 @@ def _dxt(log: _Log, module: str, idx: int, names: dict[int, str], t0: int) -> tu
     rank = np.repeat(np.array([m[1] for m in meta], dtype=np.int64), counts)
     host = np.repeat(np.array([m[2] for m in meta], dtype=object), counts)
     path = np.repeat(np.array([names.get(m[0], f"<record {m[0]:#x}>") for m in meta], dtype=object), counts)
-    rid = np.where(rank >= 0, np.char.add("rank:", rank.astype(str)), "darshan:shared").astype(object)
-    attrs = json.dumps({"module": module})
+    rid = np.where(rank >= 0, np.char.add(f"{prefix}:rank:", rank.astype(str)), f"{prefix}:shared").astype(object)
+    attrs = np.repeat(np.array([json.dumps({"module": module, "record_id": f"{m[0]:#x}"}) for m in meta],
+                               dtype=object), counts)
     cols = {"resource_id": rid, "host": host, "rank": np.where(rank >= 0, rank, -1),
             "source": np.full(len(seg), "darshan-dxt", dtype=object), "op": ops, "path": path,
             "offset": seg["offset"], "nbytes": seg["length"],
             "start_ns": t0 + np.round(seg["start"] * 1e9).astype(np.int64),
             "end_ns": t0 + np.round(seg["end"] * 1e9).astype(np.int64),
-            "attrs": np.full(len(seg), attrs, dtype=object)}
+            "attrs": attrs}
     return cols, hosts
 
 
-def _counters(log: _Log, module: str, idx: int, names: dict[int, str], ts: int) -> dict[str, Any] | None:
+def _counters(log: _Log, module: str, idx: int, names: dict[int, str], ts: int,
+              prefix: str) -> dict[str, Any] | None:
     """One module's per-file counters as metrics columns (None when darshan-util has no names for them)."""
     be, ffi = log.be, log.ffi
     key = GENERIC[module]
@@ -300,18 +304,18 @@ def _counters(log: _Log, module: str, idx: int, names: dict[int, str], ts: int) 
     values = np.vstack(rows)
     n_rec, n_cnt = values.shape
     files = np.array([":" + names.get(i, f"<record {i:#x}>") for i in ids], dtype=object)
-    rids = np.array([f"rank:{r}" if r >= 0 else "darshan:shared" for r in ranks], dtype=object)
+    rids = np.array([f"{prefix}:rank:{r}" if r >= 0 else f"{prefix}:shared" for r in ranks], dtype=object)
     return {"ts_ns": np.full(n_rec * n_cnt, ts, dtype=np.int64),
             "resource_id": np.repeat(rids, n_cnt), "namespace": np.full(n_rec * n_cnt, "performance", dtype=object),
             "name": np.tile(counter, n_rec) + np.repeat(files, n_cnt), "value": values.ravel()}
 
 
-def _lustre(log: _Log, idx: int, names: dict[int, str], ts: int) -> dict[str, list]:
+def _lustre(log: _Log, idx: int, names: dict[int, str], ts: int, prefix: str) -> dict[str, list]:
     be, ffi = log.be, log.ffi
     c_names = be.counter_names("LUSTRE", special="COMP_") or []
     out: dict[str, list] = {"ts_ns": [], "resource_id": [], "namespace": [], "name": [], "value": []}
     for rec in log.records("LUSTRE", idx, "struct darshan_lustre_record **"):
-        rid = f"rank:{rec[0].base_rec.rank}" if rec[0].base_rec.rank >= 0 else "darshan:shared"
+        rid = f"{prefix}:rank:{rec[0].base_rec.rank}" if rec[0].base_rec.rank >= 0 else f"{prefix}:shared"
         file = names.get(int(rec[0].base_rec.id), f"<record {int(rec[0].base_rec.id):#x}>")
         for i in range(int(rec[0].num_comps)):
             vals = np.frombuffer(ffi.buffer(rec[0].comps[i].counters), dtype=np.int64)
@@ -339,11 +343,43 @@ def read(path: Path, sink: ImportSink) -> None:
         log.close()
 
 
+def _existing_resources(sink: ImportSink) -> dict[str, str | None]:
+    """resource_id -> attrs of the resources the run already has (from earlier imports or its own sources)."""
+    run_dir = sink.run_dir
+    if run_dir is None or not (run_dir / "resources").is_dir():
+        return {}
+    from flowscope.store.run import open_run
+
+    t = open_run(run_dir).sql_arrow("select resource_id, attrs from resources")
+    return dict(zip(t.column("resource_id").to_pylist(), t.column("attrs").to_pylist()))
+
+
+def _log_resource(path: Path, existing: dict[str, str | None]) -> str:
+    """The resource id of this log, ``darshan:log:<file name without .darshan>``: a log is one process of a
+    non-MPI job, or the whole of an MPI job, so its ranks are its own. Darshan names each log after its user,
+    program, job id, time and a per-process hash; another log of the same file name already in the run
+    (from another folder) makes this one ``...~2``, ``~3``."""
+    stem = path.name.removesuffix(".darshan")
+    base = rid = f"darshan:log:{stem}"
+    n = 1
+    while rid in existing:
+        try:
+            if json.loads(existing[rid] or "{}").get("file") == str(path.resolve()):
+                break  # this very file again: its rows are the same
+        except ValueError:
+            pass
+        n += 1
+        rid = f"{base}~{n}"
+    return rid
+
+
 def _read(log: _Log, path: Path, sink: ImportSink) -> None:
     job = _job(log)
     modules = log.be.log_get_modules(log.log)
     names = _names(log)
     t0, t1 = job["start_ns"], job["end_ns"]
+    existing = _existing_resources(sink)
+    prefix = _log_resource(path, existing)
     partial = sorted(m for m, info in modules.items() if info["partial_flag"])
     for m in partial:
         sink.warn(f"{path}: module {m} filled its Darshan memory buffer while the job ran: its records are incomplete "
@@ -359,7 +395,7 @@ def _read(log: _Log, path: Path, sink: ImportSink) -> None:
     for module, info in modules.items():
         idx = info["idx"]
         if module in DXT:
-            cols, h = _dxt(log, module, idx, names, t0)
+            cols, h = _dxt(log, module, idx, names, t0, prefix)
             for r, host in h.items():
                 hosts.setdefault(r, host)
             if cols:
@@ -367,13 +403,13 @@ def _read(log: _Log, path: Path, sink: ImportSink) -> None:
             dxt_counts[module] = {"segments": len(cols.get("op", ())),
                                   "bytes": int(np.sum(cols["nbytes"])) if cols else 0}
         elif module in GENERIC:
-            cols = _counters(log, module, idx, names, t1)
+            cols = _counters(log, module, idx, names, t1, prefix)
             if cols is None:
                 skipped.append(module)
             elif cols:
                 metric_parts.append(cols)
         elif module == "LUSTRE":
-            cols = _lustre(log, idx, names, t1)
+            cols = _lustre(log, idx, names, t1, prefix)
             if cols["name"]:
                 metric_parts.append(cols)
         else:
@@ -382,20 +418,24 @@ def _read(log: _Log, path: Path, sink: ImportSink) -> None:
     if skipped:
         sink.warn(f"{path}: modules {', '.join(skipped)} are not imported (no per-file counters flowscope maps)")
 
-    # resources: the job, its hosts, one rank per process
+    # resources: the job (shared by its logs), its hosts, this log, one rank per process of the log
     job_rid = f"darshan:job:{job['jobid']}"
     res: list[dict[str, Any]] = [{"resource_id": job_rid, "kind": "container", "name": job["exe"][:200],
                                   "start_ns": t0, "end_ns": t1,
                                   "attrs": json.dumps({"darshan": "job", "jobid": job["jobid"]})}]
     for host in sorted(set(hosts.values())):
         res.append({"resource_id": f"host:{host}", "kind": "host", "name": host, "host": host})
+    res.append({"resource_id": prefix, "kind": "container", "name": path.name, "parent_id": job_rid,
+                "start_ns": t0, "end_ns": t1,
+                "attrs": json.dumps({"darshan": "log", "file": str(path.resolve()), "jobid": job["jobid"],
+                                     "nprocs": job["nprocs"]})})
     for r in range(job["nprocs"]):
         host = hosts.get(r)
-        res.append({"resource_id": f"rank:{r}", "kind": "rank", "name": f"rank {r}", "address": str(r),
-                    "host": host, "parent_id": f"host:{host}" if host else job_rid, "start_ns": t0, "end_ns": t1})
-    res.append({"resource_id": "darshan:shared", "kind": "container", "name": "shared files (all ranks)",
-                "parent_id": job_rid, "attrs": json.dumps({"darshan": "shared records (rank -1)"})})
-    sink.add("resources", res)
+        res.append({"resource_id": f"{prefix}:rank:{r}", "kind": "rank", "name": f"rank {r}", "address": str(r),
+                    "host": host, "parent_id": prefix, "start_ns": t0, "end_ns": t1})
+    res.append({"resource_id": f"{prefix}:shared", "kind": "container", "name": "shared files (all ranks)",
+                "parent_id": prefix, "attrs": json.dumps({"darshan": "shared records (rank -1)"})})
+    sink.add("resources", [r for r in res if r["resource_id"] not in existing])
 
     for part in metric_parts:
         sink.add("metrics", part)
@@ -412,7 +452,8 @@ def _read(log: _Log, path: Path, sink: ImportSink) -> None:
         sink.add("io", {c: io[c].to_numpy() if c not in ("rank",) else pd.array(io[c], dtype="Int64")
                         for c in io.columns})
 
-    sink.set_meta(job={k: job[k] for k in ("jobid", "uid", "nprocs", "start_ns", "end_ns", "run_time_s",
+    sink.set_meta(log_resource=prefix,
+                  job={k: job[k] for k in ("jobid", "uid", "nprocs", "start_ns", "end_ns", "run_time_s",
                                            "log_version", "metadata", "exe")},
                   mounts=job["mounts"],
                   modules={m: {"bytes": int(i["len"]), "version": int(i["ver"]), "partial": bool(i["partial_flag"])}
@@ -430,14 +471,16 @@ def _attribute(sink: ImportSink, io) -> int | None:
     run_dir = sink.run_dir
     if run_dir is None or not (run_dir / "spans").is_dir():
         return None
-    from flowscope.analysis.io_attribution import attribute_io
+    import pandas as pd
+    import pyarrow as pa
+
+    from flowscope.analysis.io_attribution import TASK_SPANS_SQL, attribute_io
     from flowscope.store.run import open_run
 
     run = open_run(run_dir)
-    tasks = run.sql_arrow("select s.start_ns, s.end_ns, s.task_key, r.host, r.pid, r.tid, r.thread_ident "
-                    "from spans s join resources r using (resource_id) "
-                    "where s.kind = 'task' and s.task_key is not null").to_pandas(types_mapper={
-        __import__("pyarrow").int64(): __import__("pandas").Int64Dtype()}.get)
+    # task spans on the local clock the Darshan segments were stamped with, not Dask's shifted one
+    tasks = run.sql_arrow(f"SELECT * FROM ({TASK_SPANS_SQL}) WHERE task_key IS NOT NULL").to_pandas(
+        types_mapper={pa.int64(): pd.Int64Dtype()}.get)
     if tasks.empty:
         return None
     io["task_key"] = attribute_io(io, tasks)

@@ -9,9 +9,15 @@ converted to int64 ns with the archive's clock properties.
 
 from __future__ import annotations
 
+import ctypes
 import json
+import platform
 import re
-from collections import Counter, defaultdict, deque
+import sys
+import threading
+from collections import Counter, defaultdict
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +61,96 @@ class _Clock:
 
     def one(self, ticks: int) -> int:
         return int(self.ns([ticks])[0])
+
+
+class _LibraryMessages:
+    """What the OTF2 library reports through its error callback while a read is under way, instead of
+    the lines it would print to stderr from C (eight of them for one truncated event file)."""
+
+    _lock = threading.Lock()
+    _users = 0
+    _previous: int | None = None
+    _callback: Any = None
+    _installed = False
+    _local = threading.local()
+
+    @classmethod
+    def _install(cls) -> None:
+        from _otf2.Config import conf
+
+        proto = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, ctypes.c_uint64, ctypes.c_char_p,
+                                 ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
+        register = conf.lib.OTF2_Error_RegisterCallback
+        register.restype, register.argtypes = ctypes.c_void_p, [ctypes.c_void_p, ctypes.c_void_p]
+        if cls._callback is None:
+            cls._callback = proto(cls._on_error)  # kept referenced: the library holds the pointer
+        cls._previous = register(ctypes.cast(cls._callback, ctypes.c_void_p), None)
+        cls._installed = True
+
+    @classmethod
+    def _uninstall(cls) -> None:
+        from _otf2.Config import conf
+
+        conf.lib.OTF2_Error_RegisterCallback(cls._previous, None)
+        cls._installed = False
+
+    @staticmethod
+    def _text(fmt: bytes | None, va: int | None) -> str:
+        if not fmt:
+            return ""
+        if b"%" in fmt and va and platform.machine().lower() in ("x86_64", "amd64", "aarch64", "arm64"):
+            # va_list reaches the callback as a pointer on these ABIs, so vsnprintf can expand it
+            buf = ctypes.create_string_buffer(1024)
+            vsnprintf = ctypes.CDLL(None).vsnprintf
+            vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
+            vsnprintf(buf, len(buf), fmt, va)
+            return buf.value.decode(errors="replace")
+        return fmt.decode(errors="replace")
+
+    @classmethod
+    def _on_error(cls, _user, file, line, _function, code, fmt, va) -> int:
+        try:
+            text = cls._text(fmt, va)
+            sink = getattr(cls._local, "messages", None)
+            if sink is not None:
+                sink.append(text)
+            else:  # an OTF2 call outside any read of ours (another thread): say it as the library would
+                print(f"[OTF2] {(file or b'?').decode(errors='replace')}:{line}: {text}", file=sys.stderr)
+        except Exception:  # noqa: BLE001, S110 - an exception must not cross back into C
+            pass
+        return code
+
+    @classmethod
+    @contextmanager
+    def collect(cls) -> Iterator[list[str]]:
+        """Messages the library reports in this thread while the block runs, in order."""
+        messages: list[str] = []
+        outer = getattr(cls._local, "messages", None)
+        cls._local.messages = messages
+        with cls._lock:
+            if cls._users == 0:
+                try:
+                    cls._install()
+                except (ImportError, AttributeError, OSError):  # bindings without the symbol: the library prints
+                    pass
+            cls._users += 1
+        try:
+            yield messages
+        finally:
+            with cls._lock:
+                cls._users -= 1
+                if cls._users == 0 and cls._installed:
+                    cls._uninstall()
+            cls._local.messages = outer
+
+
+def _said(messages: list[str], most: int = 3) -> str:
+    """The library's distinct messages, deepest first, for the end of a one-line error."""
+    distinct = list(dict.fromkeys(messages))
+    if not distinct:
+        return ""
+    more = f" (+{len(distinct) - most} more)" if len(distinct) > most else ""
+    return "; the OTF2 library said: " + "; ".join(distinct[:most]) + more
 
 
 def _open(path: Path):
@@ -125,6 +221,7 @@ class _Reader:
         self.irecv_req: dict[tuple[int, int], int] = {}
         # metrics
         self.mt: dict[str, list] = {"ts": [], "resource_id": [], "name": [], "value": []}
+        self.metric_names: dict[int, list[str]] = {}  # metric ref -> its members' metric names
         self.program: str | None = None
 
     # ---- definitions ----------------------------------------------------------------------
@@ -226,10 +323,21 @@ class _Reader:
 
         reader = self
 
+        from otf2.enums import Type
+        from otf2.events import Metric
+
+        union_field = {Type.UINT64: "unsigned_int", Type.INT64: "signed_int", Type.DOUBLE: "floating_point"}
+
         class RawEvents(BufferedEventReader):
             """Keeps events as raw (type, location, time, args): no per-event Python objects."""
 
             def _append(self, event_type, location_ref, time, _, attribute_list, *args):
+                if event_type is Metric:
+                    # the value unions are views of the library's one event buffer, which the next METRIC
+                    # overwrites: read them now, inside the callback, not when the batch is consumed
+                    metric_ref, type_ids, unions = args
+                    args = (metric_ref, [getattr(u, union_field.get(t, "floating_point"))
+                                         for t, u in zip(type_ids, unions)])
                 self.buffer.append((event_type, location_ref, time, args))
 
         ev = RawEvents(self.tr, 10_000)
@@ -272,7 +380,7 @@ class _Reader:
         elif name == "MpiIrecv":
             self._recv(loc, time, args[0], args[1], args[2], args[3], "irecv", args[4])
         elif name == "Metric":
-            self._metric(etype, loc, time, args)
+            self._metric(loc, time, args)
         elif name == "ProgramBegin" and self.program is None:
             self.program = self.tr.definitions.strings[args[0]]
 
@@ -342,20 +450,21 @@ class _Reader:
             return
         self.recvs.append((peer, loc, comm, tag, time, length, mode, req))
 
-    def _metric(self, etype, loc: int, time: int, args: tuple) -> None:
-        ev = etype._construct(self.tr.definitions, time, *args)
-        metric = ev.metric
-        members = getattr(metric, "members", None) or getattr(getattr(metric, "metric_class", None), "members", ())
-        for member, value in zip(members, ev.values):
-            try:
-                v = float(value)
-            except (TypeError, ValueError):
-                continue
-            self.mt["ts"].append(time)
-            self.mt["resource_id"].append(self.loc_rid[loc])
-            self.mt["name"].append(f"otf2.{member.name}")
-            self.mt["value"].append(v)
-        if len(self.mt["ts"]) >= BATCH:
+    def _metric(self, loc: int, time: int, args: tuple) -> None:
+        metric_ref, values = args
+        names = self.metric_names.get(metric_ref)
+        if names is None:
+            metric = self.tr.definitions.metrics[metric_ref]
+            members = getattr(metric, "members", None) or metric.metric_class.members  # class or instance
+            names = self.metric_names[metric_ref] = [f"otf2.{m.name}" for m in members]
+        rid = self.loc_rid[loc]
+        mt = self.mt
+        for name, value in zip(names, values):
+            mt["ts"].append(time)
+            mt["resource_id"].append(rid)
+            mt["name"].append(name)
+            mt["value"].append(float(value))
+        if len(mt["ts"]) >= BATCH:
             self._flush_metrics()
 
     def _flush_metrics(self) -> None:
@@ -449,6 +558,16 @@ def read(path: Path, sink: ImportSink) -> None:
         import otf2  # noqa: F401
     except ImportError:
         raise TraceError(f"{path}: reading OTF2 needs the 'otf2' Python package (pip install 'flowscope[import]', or pip install otf2)") from None
+    with _LibraryMessages.collect() as messages:
+        try:
+            _read(path, sink)
+        except TraceError as exc:
+            raise TraceError(f"{exc}{_said(messages)}") from None
+    for m in dict.fromkeys(messages):  # the archive was read all the same
+        sink.warn(f"{path}: the OTF2 library reported: {m}")
+
+
+def _read(path: Path, sink: ImportSink) -> None:
     tr = _open(path)
     try:
         try:

@@ -7,8 +7,11 @@ read line by line; rows go out in batches, so memory holds only the open states,
 containers. A trace that is not time-ordered is re-read and simulated after a stable sort by time
 (external, in bounded memory) and a warning says so. Semantics follow pajeng's simulator (what
 ``pj_dump`` reports): a PajeSetState closes every open state of its type in its container; a
-variable change at the same time as the previous one replaces it; containers never destroyed end at
-the trace's last time.
+variable change at the same time as the previous one replaces it; destroying a container ends its
+states and destroys its children (again and again: a second destruction is not an error); containers
+never destroyed end at the trace's last time. Paje's implicit root container "0" is a resource, as
+in pj_dump's dump (:data:`ROOT_RID`, kind ``root`` -- Paje reserves the type name "0" -- name "0", from
+time 0), except in a trace that flowscope's exporter wrote, whose root is only the format's frame.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ SORT_CHUNK = 500_000
 FAST = os.environ.get("FLOWSCOPE_PAJE_FAST", "1") != "0"
 #: the comment flowscope's Paje exporter writes, so a round trip restores absolute times and ids
 FLOWSCOPE_MARK = re.compile(r"#\s*flowscope paje export:\s*time_origin_ns=(-?\d+)")
+#: the resource id of Paje's implicit root container "0"
+ROOT_RID = "paje:0"
+#: its kind (Paje reserves its type name "0": a kind "0" could not be exported)
+ROOT_KIND = "root"
 _LANE = re.compile(r"~\d+$")
 
 # obligatory fields per event (pajeng's strict definitions)
@@ -122,6 +129,9 @@ class Container:
     start: int
     attrs: dict[str, Any]
     end: int | None = None
+    children: list[Container] = field(default_factory=list)
+    #: open states per state type ident: a stack of [span id, value, start, depth, parent, def, tokens]
+    states: dict[str, list[list]] = field(default_factory=dict)
 
 
 class _Unordered(Exception):
@@ -214,10 +224,9 @@ class _Reader:
         self.defs: dict[str, EventDef] = {}
         self.types: dict[str, PType] = {"0": PType("0", "0", "container", None)}
         self.type_names: dict[str, PType] = {}
-        self.root = Container("0", "0", "", "0", None, 0, {})
+        self.root = Container("0", "0", ROOT_RID, ROOT_KIND, None, 0, {"paje_type": "0"})
         self.containers: dict[str, Container] = {"0": self.root}
         self.container_names: dict[str, Container] = {}
-        self.states: dict[tuple[str, str], list[list]] = {}
         self.variables: dict[tuple[str, str], list] = {}
         self.links: dict[tuple[str, str], list] = {}
         self.used_keys: set[tuple[str, str]] = set()
@@ -289,8 +298,7 @@ class _Reader:
             if c == "#":
                 m = FLOWSCOPE_MARK.match(s)
                 if m and self.unit_ns is None:
-                    self.origin_ns = int(m.group(1))
-                    self.flowscope = True
+                    self.mark_flowscope_export(int(m.group(1)))
                 continue
             if c == "%":
                 cur, cur_where = self._header_line(s, where, cur, cur_where)
@@ -334,6 +342,13 @@ class _Reader:
                 self.last_t = t
                 self.dispatch(d, toks, where, t)
         self.finish()
+
+    def mark_flowscope_export(self, origin_ns: int) -> None:
+        """The trace was written by flowscope's exporter: absolute times from ``origin_ns``, container
+        aliases are resource ids, and the implicit root container is not a resource."""
+        self.origin_ns = origin_ns
+        self.flowscope = True
+        self.root.rid = ""
 
     def _header_line(self, s: str, where: str, cur: EventDef | None, cur_where: str) -> tuple[EventDef | None, str]:
         body = s[1:].split()
@@ -438,7 +453,7 @@ class _Reader:
         if k in ("PajeSetState", "PajePushState", "PajePopState", "PajeResetState"):
             c = self.container(toks[ix["Container"]], where, "Container")
             ty = self.ptype(toks[ix["Type"]], where, "Type", "state")
-            stack = self.states.setdefault((c.ident, ty.ident), [])
+            stack = c.states.setdefault(ty.ident, [])
             now = self.ns(t)
             if k in ("PajeSetState", "PajeResetState"):
                 self._close(c, ty, stack, now, len(stack))
@@ -506,14 +521,16 @@ class _Reader:
                 attrs["paje_alias"] = alias
             for fname_, i in d.extras:
                 attrs[fname_] = toks[i]
-            c = Container(ident, name, rid, ty.name, None if parent is self.root else parent.rid, self.ns(t), attrs)
+            c = Container(ident, name, rid, ty.name, parent.rid or None, self.ns(t), attrs)
+            parent.children.append(c)
             self.containers[ident] = c
             self.container_names.setdefault(name, c)
             return
         if k == "PajeDestroyContainer":
             c = self.container(toks[ix["Name"]], where, "Name")
             if c.end is not None:
-                raise TraceError(f"{where}: container {c.name!r} is destroyed twice")
+                self.warn_once("destroyed-again", f"{where}: container {c.name!r} is destroyed again; it keeps its "
+                                                  f"first end, its children created since end here (as pj_dump)")
             self._destroy(c, self.ns(t))
             return
 
@@ -559,7 +576,7 @@ class _Reader:
                     task_key = toks[i] or None
                 else:
                     attrs[name] = toks[i]
-            self.spool.row("spans", span_id=sid, parent_id=parent, resource_id=c.rid, kind=kind, name=v,
+            self.spool.row("spans", span_id=sid, parent_id=parent, resource_id=c.rid or None, kind=kind, name=v,
                            start_ns=start, end_ns=now, task_key=task_key, attrs=json.dumps(attrs) if attrs else None)
 
     def _emit_variable(self, cur: list) -> None:
@@ -568,7 +585,7 @@ class _Reader:
         ns_, name = ("paje", ty.name)
         if self.flowscope and ":" in ty.name:
             ns_, name = ty.name.split(":", 1)
-        self.spool.row("metrics", ts_ns=ts, resource_id=c.rid, namespace=ns_, name=name, value=float(value))
+        self.spool.row("metrics", ts_ns=ts, resource_id=c.rid or None, namespace=ns_, name=name, value=float(value))
 
     def _link(self, d: EventDef, toks: list[str], where: str, t: float, start: bool) -> None:
         ix = d.index
@@ -604,23 +621,35 @@ class _Reader:
         for name, i in e_d.extras:
             attrs.setdefault(name, e_toks[i])
         kind = v if self.flowscope else "paje-link"
-        self.spool.row("transfers", transfer_id=self.transfer_id, kind=kind, src_resource_id=s_c.rid,
-                       dst_resource_id=e_c.rid, start_ns=s_t, end_ns=e_t, attrs=json.dumps(attrs))
+        self.spool.row("transfers", transfer_id=self.transfer_id, kind=kind, src_resource_id=s_c.rid or None,
+                       dst_resource_id=e_c.rid or None, start_ns=s_t, end_ns=e_t, attrs=json.dumps(attrs))
 
-    def _destroy(self, c: Container, now: int) -> None:
-        c.end = now
-        for (cid, _tid), stack in self.states.items():
-            if cid == c.ident and stack:
-                self._close(c, self.types[_tid], stack, now, len(stack))
-        self.n["containers"] += 1
-        self.spool.row("resources", resource_id=c.rid, kind=c.kind, name=c.name, parent_id=c.parent_rid,
-                       start_ns=c.start, end_ns=now, attrs=json.dumps(c.attrs))
+    def _destroy(self, top: Container, now: int) -> None:
+        """End ``top`` and every container below it not ended yet (their open states end too)."""
+        todo = [top]
+        while todo:
+            c = todo.pop()
+            todo.extend(c.children)
+            if c.end is not None:
+                continue
+            c.end = now
+            for tid, stack in c.states.items():
+                if stack:
+                    self._close(c, self.types[tid], stack, now, len(stack))
+            if not c.rid:  # the root of a flowscope export: the format's frame, not a resource
+                continue
+            self.n["containers"] += 1
+            start = self.origin_ns if c is self.root else c.start
+            self.spool.row("resources", resource_id=c.rid, kind=c.kind, name=c.name, parent_id=c.parent_rid,
+                           start_ns=start, end_ns=now, attrs=json.dumps(c.attrs))
 
     def finish(self) -> None:
         end = self.ns(self.max_t) if self.max_t > float("-inf") else self.origin_ns
-        for c in self.containers.values():
-            if c.end is None and c is not self.root:
-                self._destroy(c, end)
+        self._destroy(self.root, end)
+        late = [(c, len(st)) for c in self.containers.values() for st in c.states.values() if st]
+        if late:
+            self.sink.warn(f"{sum(n for _, n in late)} state(s) set after their container was destroyed (e.g. in "
+                           f"{late[0][0].name!r}) never end; not imported (pj_dump leaves them out too)")
         for cur in self.variables.values():
             self._emit_variable(cur)
         self.variables.clear()

@@ -255,8 +255,13 @@ class FastReader:
                 ident = (toks[ix["Alias"]] if "Alias" in ix else "") or toks[ix["Name"]]
                 self.created[self._cidx(r.containers[ident])] = ln
             elif d.kind == "PajeDestroyContainer":
-                c = r.container(toks[d.index["Name"]], where, "Name")
-                self.destroyed[self._cidx(c)] = ln
+                # the container and those below it (pj_dump destroys recursively): any later use falls back
+                todo = [r.container(toks[d.index["Name"]], where, "Name")]
+                while todo:
+                    c = todo.pop()
+                    todo.extend(c.children)
+                    i = self._cidx(c)
+                    self.destroyed[i] = min(self.destroyed[i], ln)
         if len(timed):
             r.last_t = float(timed[-1])
             r.max_t = max(r.max_t, float(timed.max()))
@@ -426,7 +431,7 @@ class FastReader:
         from flowscope.importers.paje import _LANE
 
         g = p_g[pi]
-        rid = pa.array([self.conts[c].rid for c in self.group_cont], pa.string())
+        rid = pa.array([self.conts[c].rid or None for c in self.group_cont], pa.string())
         ga = pa.array(g)
         if r.flowscope:
             kinds = pa.array([_LANE.sub("", t.name) for t in self.group_type], pa.string()).take(ga)
@@ -481,7 +486,8 @@ class FastReader:
         ga = pa.array(g)
         r.n["variables"] += len(g)
         r.spool.table("metrics", pa.table({
-            "ts_ns": ts, "resource_id": pa.array([self.conts[c].rid for c in self.group_cont], pa.string()).take(ga),
+            "ts_ns": ts, "resource_id": pa.array([self.conts[c].rid or None for c in self.group_cont],
+                                                 pa.string()).take(ga),
             "namespace": pa.array(ns_, pa.string()).take(ga), "name": pa.array(nm, pa.string()).take(ga),
             "value": v.astype(np.float64)}))
 
@@ -521,7 +527,8 @@ class FastReader:
             r.transfer_id += 1
             attrs = {"paje_type": ty.name, "value": v, "key": key, "container": cont.name}
             r.spool.row("transfers", transfer_id=r.transfer_id, kind=v if r.flowscope else "paje-link",
-                        src_resource_id=self.conts[s_c].rid, dst_resource_id=self.conts[e_c].rid, start_ns=s_t,
+                        src_resource_id=self.conts[s_c].rid or None, dst_resource_id=self.conts[e_c].rid or None,
+                        start_ns=s_t,
                         end_ns=e_t, attrs=json.dumps(attrs))
         # halves left are reported by the line simulator's finish (it reads r.links)
         for k, (start, t, ep, v, where) in half.items():
@@ -552,8 +559,7 @@ def header(reader: Any, f: Any) -> tuple[int, int]:
         if s[0] == "#":
             m = FLOWSCOPE_MARK.match(s)
             if m and reader.unit_ns is None:
-                reader.origin_ns = int(m.group(1))
-                reader.flowscope = True
+                reader.mark_flowscope_export(int(m.group(1)))
             continue
         try:
             cur, cur_where = reader._header_line(s, where, cur, cur_where)

@@ -16,6 +16,7 @@ from plotly.offline import get_plotlyjs
 import flowscope
 from flowscope.analysis.breakdown import IO_TIME_UNKNOWN, Breakdown, breakdown, task_groups
 from flowscope.analysis.nothing_observed import why_nothing_observed
+from flowscope.analysis.summary import Utilisation, utilisation
 from flowscope.report import charts
 from flowscope.report.anomalies import anomaly_section
 from flowscope.report.context import Context
@@ -211,7 +212,10 @@ def summary_section(ctx: Context) -> str:
 def breakdown_section(ctx: Context, b: Breakdown, figs: _Figures) -> str:
     help_text = ("Time spent computing (task spans), communicating (inter-worker transfers) and in timed I/O "
                  "(spilling to disk and I/O records that carry a duration), each summed over the threads and "
-                 "workers it happened on, so the three can exceed the makespan. Bytes are what was moved.")
+                 "workers it happened on, so the three can exceed the makespan. Bytes are what was moved. "
+                 "Utilisation: task time / (task slots x makespan), the slots being what ran tasks (a thread 1, "
+                 "a host its cores); over the run's recorded duration when the task times are derived, not "
+                 "measured.")
     if not (b.tasks or b.transfers or b.io_s or b.io_read_bytes or b.io_write_bytes):
         return _section("breakdown", _nodata("no task spans, transfers or I/O records in this run."), help_text)
     if b.io_s is None:
@@ -223,7 +227,7 @@ def breakdown_section(ctx: Context, b: Breakdown, figs: _Figures) -> str:
     else:
         io_time, io_note = fmt_s(b.io_s), ""
     threads = int(ctx.sql("SELECT count(DISTINCT resource_id) AS n FROM spans WHERE kind = 'task'")["n"].iloc[0])
-    occupancy = b.compute_s / (b.makespan_s * threads) if b.makespan_s and threads else None
+    util = utilisation(ctx.run)
     rows = [
         ["computation", fmt_s(b.compute_s), "-", f"{b.tasks:,} tasks"],
         ["communication", fmt_s(b.communication_s), fmt_bytes(b.communication_bytes), f"{b.transfers:,} transfers"],
@@ -232,15 +236,24 @@ def breakdown_section(ctx: Context, b: Breakdown, figs: _Figures) -> str:
     table = _table(["category", "time", "bytes", "count"], rows)
     facts = [("makespan (first task start to last task end)", fmt_s(b.makespan_s))]
     if threads:
-        facts.append(("threads that ran tasks", f"{threads:,}"))
-    if occupancy is not None:
-        facts.append(("computation / (makespan × threads)", f"{100 * occupancy:.1f} %"))
+        facts.append(("resources that ran tasks", f"{threads:,}"))
+    if util is not None:
+        facts.extend(_utilisation_facts(util))
     dl = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts)
     fig = charts.breakdown_chart(b)
     chart = figs.html(fig, "breakdown") if fig is not None else ""
     body = (f'<div class="cols"><div>{table}{io_note}<dl class="facts">{dl}</dl></div>'
             f'<div class="grow">{chart}</div></div>')
     return _section("breakdown", body, help_text)
+
+
+def _utilisation_facts(u: Utilisation) -> list[tuple[str, str]]:
+    if u.value is None:
+        return [("utilisation", f"unknown: {u.reason}")]
+    over = "the run's recorded duration" if u.makespan_source == "run" else "the makespan"
+    return [("task slots (threads, cores)", f"{u.slots:,}"),
+            (f"utilisation: task time / (slots × {over})",
+             f"{100 * u.value:.1f} % ({fmt_s(u.busy_ns / 1e9)} / ({u.slots:,} × {fmt_s(u.makespan_ns / 1e9)}))")]
 
 
 def figure_section(sid: str, fig: go.Figure | StreamFigure | None, figs: _Figures, help_text: str, nodata: str,
@@ -293,9 +306,11 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
     help_text = ("The chain of work that bounds the makespan. <b>Measured</b>: traced back from the last task to "
                  "finish, taking at each task the input that arrived last (with the transfer that brought it) or, "
                  "when its inputs were ready earlier, the task before it on its thread (queueing). "
-                 "<b>Structural</b>: the longest path through the task graph with the measured durations and "
+                 "<b>Structural</b>: the longest path through the task graph with the tasks' durations and "
                  "transfer times, i.e. the makespan with unlimited workers; the difference is what scheduling and "
-                 "contention for workers cost. Below, the data-state graph (task outputs, transfers and files "
+                 "contention for workers cost. A run whose task times were derived (placed by a rule from "
+                 "durations and dependencies, not observed) has no measured path, only the structural one. "
+                 "Below, the data-state graph (task outputs, transfers and files "
                  "as states; recorded with the data-state API or derived from the tasks) with its critical path "
                  "in red.")
     body = []
@@ -312,7 +327,15 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
                                   ctx.run.table("transfers"))
         except ValueError as exc:  # a table that breaks the analysis' rules must not cost the whole report
             body.append(failed("task graph's critical path", exc))
-    if tp is not None:
+    if tp is not None and tp.measured is None:
+        st = tp.structural
+        body.append(f'<p>The task times of this run are derived (placed by a rule from the durations and '
+                    f'dependencies), not measured: there is no measured critical path, no queueing to trace. '
+                    f'Structural critical path: <b>{fmt_s(st.length_ns / 1e9)}</b> through {len(st.ids):,} tasks '
+                    f'(the longest path through the dependencies with the tasks\' durations).</p>')
+        body.append(figs.html(attribution_figure(st), "critical-path-attribution"))
+        body.append(_path_table(st))
+    elif tp is not None:
         m, st = tp.measured, tp.structural
         body.append(f'<p>Measured critical path: <b>{fmt_s(m.length_ns / 1e9)}</b> through '
                     f'{int((m.steps["kind"] == "task").sum()):,} tasks; structural (unlimited workers): '

@@ -309,11 +309,13 @@ class MeasuringThreadPoolExecutor(Executor):
                 if before is not None:  # the delta is worked out only for the call a task is matched to
                     self._windows[ident].append((t0, t1, before, now))
 
-    def window(self, ident: int | None, submitted: float | None, start: float, stop: float) -> ThreadIO | None:
-        """The I/O counter delta of the call on thread ``ident`` that ran a task submitted at ``submitted`` whose compute
-        interval is about [start, stop] (all in this process's clock): of the calls that began after the
-        submission, the one whose middle is nearest. Dask's own times carry an estimate of the offset to
-        the scheduler's clock that moves with each heartbeat, so an exact match would be fragile."""
+    def window(self, ident: int | None, submitted: float | None, start: float,
+               stop: float) -> tuple[float, float, ThreadIO] | None:
+        """The call on thread ``ident`` that ran a task submitted at ``submitted`` whose compute interval is about
+        [start, stop] (all in this process's clock), as (its start, its end, its I/O counter delta): of the
+        calls that began after the submission, the one whose middle is nearest. Dask's own times carry an
+        estimate of the offset to the scheduler's clock that moves with each heartbeat, so an exact match
+        would be fragile."""
         # a copy: the thread may append while we look (iterating a deque being appended to raises)
         calls = tuple(self._windows.get(ident, ()))
         floor = (submitted - 0.001) if submitted is not None else float("-inf")
@@ -333,7 +335,7 @@ class MeasuringThreadPoolExecutor(Executor):
         # the read that gave ``before`` is itself counted in ``now``: one read call and the text it
         # returned, whose length follows from the values it showed
         own = ThreadIO(rchar=_PROC_IO_LABELS + sum(len(str(v)) for v in before), syscr=1)
-        return now - before - own
+        return best[0], best[1], now - before - own
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self.inner.shutdown(wait=wait, cancel_futures=cancel_futures)
@@ -457,15 +459,27 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
             tid = self._native[ident] = thread_ids().get(ident)
         return tid
 
-    def _record_task_io(self, k: str, ident: int | None, submitted: float | None, start: float, stop: float,
-                        t0: int, t1: int) -> None:
-        tid = self._native_tid(ident)
-        if tid is None:
-            return
-        shift = self.worker.scheduler_delay  # Dask's task times are in the scheduler's clock
-        delta = self._executor.window(ident, submitted, start - shift, stop - shift)
-        if delta is None:
-            return
+    def _task_call(self, ident: int | None, submitted: float | None, start: float,
+                   stop: float) -> tuple[float, ThreadIO | None]:
+        """The offset Dask added to this process's clock in a task's compute times [start, stop], and the I/O
+        counter delta of the executor call that ran it (None when unknown).
+
+        Dask stamps a task with the worker's ``scheduler_delay`` as it was when the task was submitted; a
+        heartbeat may have moved it since. The call's local window brackets the compute interval, so the
+        offset lies in [stop - call end, start - call start]: the current estimate, moved into that
+        range when a heartbeat took it out."""
+        shift = self.worker.scheduler_delay
+        call = self._executor.window(ident, submitted, start - shift, stop - shift)
+        if call is None:
+            return shift, None
+        c0, c1, delta = call
+        lo, hi = stop - c1, start - c0
+        if lo <= hi:
+            shift = min(max(shift, lo), hi)
+        return shift, delta
+
+    def _record_task_io(self, k: str, ident: int | None, tid: int, t0: int, t1: int, delta: ThreadIO) -> None:
+        """The task's I/O rows, over its compute interval [t0, t1] in this process's clock (as every io row)."""
         rid = self._threads.get(ident) or ids.thread_id(tid)
         if delta.rchar or delta.syscr or delta.read_bytes:
             self._emit_io(rid, self._hostname, self._pid, tid, ident, None, "proc-io", "read", None, None,
@@ -539,11 +553,16 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
             if action == "compute":
                 ident = self.worker.state.threads.get(key)
                 nbytes = ts.nbytes
+                offset, delta = self._task_call(ident, ts.start_time, ss["start"], ss["stop"])
+                off = round(offset * 1e9)
                 attrs = (f'{{"nbytes": {nbytes if nbytes.__class__ is int else json.dumps(nbytes)}, '
                          f'"thread_ident": {ident if ident.__class__ is int else "null"}, '
-                         f'"worker": {self._worker_json}, "state": "{finish}"}}')
+                         f'"worker": {self._worker_json}, "state": "{finish}", "clock_offset_ns": {off}}}')
                 self._emit_span(None, None, self._thread_resource(ident), "task", ts.prefix, t0, t1, k, attrs)
-                self._record_task_io(k, ident, ts.start_time, ss["start"], ss["stop"], t0, t1)
+                if delta is not None:
+                    tid = self._native_tid(ident)
+                    if tid is not None:
+                        self._record_task_io(k, ident, tid, t0 - off, t1 - off, delta)
             elif action == "transfer":  # Dask books a fetch on the task that needed the data
                 self._emit_span(None, None, self.rid, "transfer", ts.prefix, t0, t1, k, {"source": ss.get("source")})
             else:  # disk-read, disk-write (spilling) and whatever Dask adds later
