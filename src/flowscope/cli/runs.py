@@ -22,7 +22,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_runs)
 
     p = sub.add_parser("show", help="summarise one run", description="Summarise one run: rows per table, "
-                       "time range, resources, and the span names with most total time.")
+                       "time range, resources, and the span names with most total time; for a run that "
+                       "recorded no work, why, and what to do.")
     p.add_argument("run", help="run directory, run id in the store, or 'latest'")
     p.add_argument("--store", default=None, help=LOOKUP_STORE_HELP)
     p.add_argument("--top", type=int, default=10, help="how many span names to list (default 10)")
@@ -76,17 +77,25 @@ def cmd_runs(args: argparse.Namespace) -> int:
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from flowscope.analysis.nothing_observed import why_nothing_observed
     from flowscope.analysis.summary import summarize
 
     run = open_run(resolve_run(args.run, args.store))
     s = summarize(run, top=args.top)
+    reasons = why_nothing_observed(run)
     if args.json:
-        print_json(s.to_dict())
+        print_json({**s.to_dict(), "nothing_observed": [asdict(r) for r in reasons]})
         return 0
     console.print(f"[bold]{s.run_id}[/bold] {s.name or ''} — {s.status}, {fmt_ns(s.duration_ns)} "
                   f"({_when(s.start_ns)} UTC) at {run.path}")
     if note := interruption(run.meta):
         console.print(note, markup=False, highlight=False, soft_wrap=True)
+    if reasons:
+        console.print("[bold yellow]no work recorded[/bold yellow]: " + " ".join(r.why for r in reasons))
+        for r in reasons:
+            console.print(f"  what to do: {r.what_to_do}")
     if any(s.rows.values()):
         print_table("rows", ["table", "rows"], [[k, v] for k, v in s.rows.items() if v])
     else:
