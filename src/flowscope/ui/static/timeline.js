@@ -107,6 +107,7 @@
     this.options = o;
     this.rowLabels = o.rows.map(String);
     this.groups = o.groups.map(function (g) { return {name: String(g.name), color: parseColor(g.color)}; });
+    this._packed = this._packColours();
     if (!o.rowHeight) o.rowHeight = Math.max(4, Math.min(24, Math.floor(o.maxHeight / this.rowLabels.length)));
     this.container = container;
     this.rows = this.rowLabels.map(function () { return new GrowRow(); });
@@ -255,6 +256,30 @@
     this._pending = global.requestAnimationFrame(function () { self._pending = 0; self.draw(); });
   };
 
+  // one opaque word per group and level (RGBA bytes read as a little-endian Uint32, as on every browser's CPU): the group's colour at that opacity over white (merged columns are
+  // the bottom layer), and the full colour last (exact bars)
+  P._packColours = function () {
+    var out = [], NL = LEVELS.length;
+    this.groups.forEach(function (g) {
+      var rgb = [1, 3, 5].map(function (i) { return parseInt(g.color.slice(i, i + 2), 16); });
+      for (var l = 0; l <= NL; l++) {
+        var a = l < NL ? OPACITIES[l] : 1;
+        var c = rgb.map(function (v) { return Math.round(v * a + 255 * (1 - a)); });
+        out.push(((255 << 24) | (c[2] << 16) | (c[1] << 8) | c[0]) >>> 0);
+      }
+    });
+    return out;
+  };
+
+  P._pixels = function (Wd, Hd) {
+    if (!this._image || this._image.width !== Wd || this._image.height !== Hd) {
+      this._image = this.canvas.getContext("2d").createImageData(Wd, Hd);
+      this._words = new Uint32Array(this._image.data.buffer);
+    }
+    this._words.fill(0);
+    return this._words;
+  };
+
   P._scratchFor = function (W, G) {
     var S = this._scratch;
     if (S.acc.length < W * G) { S.acc = new Float64Array(W * G); S.accStamp = new Int32Array(W * G); }
@@ -271,23 +296,31 @@
     if (this._pending) { global.cancelAnimationFrame(this._pending); this._pending = 0; }
     var o = this.options, ctx = this.canvas.getContext("2d"), dpr = this.dpr;
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
-    ctx.clearRect(0, 0, this.cssWidth, this.cssHeight);
     var v = this._currentView(), v0 = v[0], v1 = v[1], W = this.plotWidth, L0 = this.plotLeft;
     var scale = W / (v1 - v0), pxDur = 1 / scale, G = this.groups.length, rh = o.rowHeight;
     var barH = Math.max(1, rh - (rh >= 8 ? 4 : 1)), barOff = (rh - barH) / 2, top = o.axisHeight;
-    var S = this._scratchFor(W, G), NL = LEVELS.length;
-    var exact = [], merged = [], gi, li;
-    for (gi = 0; gi < G; gi++) exact.push([]);
-    for (gi = 0; gi < G * NL; gi++) merged.push([]);
+    var S = this._scratchFor(W, G), NL = LEVELS.length, packed = this._packed, li;
     var rec = o.record ? {exact: [], merged: [], transfers: 0, view: [v0, v1]} : null;
-    var nExact = 0, nMerged = 0, touched = [];
+    var nExact = 0, nMerged = 0, touched = [], bars = [];
+    // the bars are written straight into one pixel buffer (axis-aligned, whole pixels): per row, one pixel line
+    // gets its merged columns, then its exact bars over them, and is copied down to the bar's height. Far
+    // cheaper than rasterising tens of thousands of canvas paths.
+    var Wd = this.canvas.width, Hd = this.canvas.height, buf = this._pixels(Wd, Hd);
+    var put = function (line, x0, x1, colour) {
+      var da = Math.round((L0 + x0) * dpr), db = Math.min(Wd, Math.round((L0 + x1) * dpr));
+      buf.fill(colour, line + da, line + (db > da ? db : da + 1));
+    };
 
     for (var r = 0; r < this.rows.length; r++) {
       var row = this.rows[r];
       if (!row.n) continue;
       var y = top + r * rh + barOff, pass = ++S.pass;
+      var yd0 = Math.round(y * dpr), yd1 = Math.min(Hd, Math.max(yd0 + 1, Math.round((y + barH) * dpr)));
+      if (yd0 >= Hd) break;
+      var line = yd0 * Wd;
       var i = row.lowerBound(v0 - row.maxDur), s = row.start, e = row.end, g = row.group, n = row.n;
       touched.length = 0;
+      bars.length = 0;
       var sorted = true, lastCol = -1;
       for (; i < n && s[i] <= v1; i++) {
         var a = s[i], b = e[i];
@@ -297,7 +330,7 @@
           var p0 = Math.max(0, Math.round(x0)), p1 = Math.min(W, Math.round(x1));
           if (p1 <= p0) p1 = Math.min(W, p0 + 1);
           if (p1 <= p0) continue;
-          exact[g[i]].push(L0 + p0, y, p1 - p0);
+          bars.push(p0, p1, g[i]);
           nExact++;
           if (rec) rec.exact.push({id: row.id[i], key: this.keys[row.id[i]], row: r, group: g[i],
                                    x0: L0 + p0, x1: L0 + p1, y0: y, y1: y + barH});
@@ -317,46 +350,26 @@
           if (S.acc[k] > S.colBestV[c]) { S.colBestV[c] = S.acc[k]; S.colBest[c] = g[i]; }
         }
       }
-      if (!touched.length) continue;
+      if (!touched.length && !bars.length) continue;
       if (!sorted) touched.sort(function (p, q) { return p - q; });
-      // adjacent columns of the same group and level become one rectangle
+      // merged columns: adjacent ones of the same group and level are filled as one run
       var runStart = -1, runEnd = -1, runStyle = -1;
       for (var t = 0; t < touched.length; t++) {
         var col = touched[t], f = Math.min(1, S.colBusy[col] / pxDur);
         for (li = 0; li < NL - 1 && f > LEVELS[li]; li++);
-        var style = S.colBest[col] * NL + li;
+        var style = S.colBest[col] * (NL + 1) + li;
         if (rec) rec.merged.push({row: r, column: col, group: S.colBest[col], tasks: S.colCount[col], busy: f,
                                   x0: L0 + col, x1: L0 + col + 1, y0: y, y1: y + barH});
         nMerged++;
         if (style === runStyle && col === runEnd) { runEnd = col + 1; continue; }
-        if (runStyle >= 0) merged[runStyle].push(L0 + runStart, y, runEnd - runStart);
+        if (runStyle >= 0) put(line, runStart, runEnd, packed[runStyle]);
         runStart = col; runEnd = col + 1; runStyle = style;
       }
-      merged[runStyle].push(L0 + runStart, y, runEnd - runStart);
+      if (runStyle >= 0) put(line, runStart, runEnd, packed[runStyle]);
+      for (var j = 0; j < bars.length; j += 3) put(line, bars[j], bars[j + 1], packed[bars[j + 2] * (NL + 1) + NL]);
+      for (var yd = yd0 + 1; yd < yd1; yd++) buf.copyWithin(yd * Wd, line, line + Wd);
     }
-
-    // merged columns first, exact bars over them
-    var q, j;
-    for (gi = 0; gi < G; gi++) {
-      for (li = 0; li < NL; li++) {
-        q = merged[gi * NL + li];
-        if (!q.length) continue;
-        ctx.globalAlpha = OPACITIES[li];
-        ctx.fillStyle = this.groups[gi].color;
-        ctx.beginPath();
-        for (j = 0; j < q.length; j += 3) ctx.rect(q[j], q[j + 1], q[j + 2], barH);
-        ctx.fill();
-      }
-    }
-    ctx.globalAlpha = 1;
-    for (gi = 0; gi < G; gi++) {
-      q = exact[gi];
-      if (!q.length) continue;
-      ctx.fillStyle = this.groups[gi].color;
-      ctx.beginPath();
-      for (j = 0; j < q.length; j += 3) ctx.rect(q[j], q[j + 1], q[j + 2], barH);
-      ctx.fill();
-    }
+    ctx.putImageData(this._image, 0, 0);
 
     // transfers: a line from the sending thread at the start to the receiving thread at the end
     var X = this.xfer, nx = 0;
@@ -366,7 +379,7 @@
       ctx.rect(L0, top, W, this.cssHeight - top);
       ctx.clip();
       ctx.beginPath();
-      for (j = 0; j < X.n; j++) {
+      for (var j = 0; j < X.n; j++) {
         if (X.end[j] < v0 || X.start[j] > v1) continue;
         ctx.moveTo(L0 + (X.start[j] - v0) * scale, top + (X.src[j] + 0.5) * rh);
         ctx.lineTo(L0 + (X.end[j] - v0) * scale, top + (X.dst[j] + 0.5) * rh);
@@ -404,11 +417,11 @@
       ctx.fillText(fmtSeconds(t, step), x + 2, top / 2 - 2);
     }
     ctx.stroke();
-    if (rh >= 9) {
-      ctx.font = Math.min(12, rh - 2) + "px system-ui, sans-serif";
-      for (var r = 0; r < this.rowLabels.length; r++) {
-        ctx.fillText(this._fit(ctx, this.rowLabels[r], L0 - 6), 2, top + (r + 0.5) * rh);
-      }
+    // rows too thin for a label each: label every k-th row (the tooltip names every row)
+    var every = Math.max(1, Math.ceil(12 / rh));
+    ctx.font = Math.max(9, Math.min(12, rh - 2)) + "px system-ui, sans-serif";
+    for (var r = 0; r < this.rowLabels.length; r += every) {
+      ctx.fillText(this._fit(ctx, this.rowLabels[r], L0 - 6), 2, top + (r + 0.5) * rh);
     }
   };
 
