@@ -220,3 +220,23 @@ def test_bad_input_is_refused_naming_the_field_and_keeps_what_was_there(page):
                                    catch (e) { return e.message; } }""")
     assert "end" in err and "index 0" in err
     assert page.evaluate("() => tl.count") == 1003
+
+
+def test_transfers_too_many_for_lines_become_marks_on_the_receiving_thread(page):
+    # 40 transfers into row 2 within 0.3 .. 5.5 s, more than the 10 lines allowed: marks on row 2 at the whole run
+    page.evaluate("""() => {
+        tl.options.maxTransferLines = 10;
+        const start = [], end = [], src = [], dst = [];
+        for (let i = 0; i < 40; i++) { start.push(0.3 + i * 0.13); end.push(0.35 + i * 0.13); src.push(0); dst.push(2); }
+        tl.append({start: [], end: [], row: [], group: []}, {start, end, src, dst});
+        tl.draw();
+    }""")
+    drawn = page.evaluate("() => tl.inspect()")
+    assert drawn["transfers"] == 0
+    assert drawn["transfer_marks"] == 41  # the first transfer (1 .. 6 s) is in view too
+    mark = next(m for m in drawn["marks"] if m["row"] == 2 and m["x0"] < 140)
+    assert _pixel(page, mark["x0"], mark["y1"] - 1)[:3] == _rgb("#d62728")
+    # zoomed in until at most 10 are in view: lines between the threads again
+    page.evaluate("() => { tl.setView(0.3, 1.0); tl.draw(); }")
+    drawn = page.evaluate("() => tl.inspect()")
+    assert 0 < drawn["transfers"] <= 10 and drawn["transfer_marks"] == 0

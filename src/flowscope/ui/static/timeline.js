@@ -7,6 +7,8 @@
  *     that kept that pixel busiest, more opaque the larger the share of the pixel its tasks kept busy
  *     (up to 10 %, up to 50 %, more: the same levels as the static report's stream).
  * So a frame costs one pass over the visible tasks plus one rectangle per pixel column, whatever the zoom.
+ * Transfers are lines between threads while at most maxTransferLines are in view, marks on the receiving
+ * thread beyond that.
  * Tasks are kept per row sorted by start in growable typed arrays, so a delta appends without a rebuild.
  *
  * Plain JavaScript, no dependency, no build step. Every string that came from the observed program (task keys,
@@ -29,6 +31,7 @@
     axisHeight: 22,        // px of time axis on top
     transferColor: "#d62728",
     transferAlpha: 0.35,
+    maxTransferLines: 1000, // more transfers in view than this: marks on the receiving thread, not lines
     record: false,         // keep what the last draw drew, for inspect() (tests)
     follow: true,          // a view that shows the end of the run extends as deltas arrive
     wheelZoom: 0.0015,     // zoom factor per wheel delta unit: exp(-deltaY * wheelZoom)
@@ -108,6 +111,9 @@
     this.rowLabels = o.rows.map(String);
     this.groups = o.groups.map(function (g) { return {name: String(g.name), color: parseColor(g.color)}; });
     this._packed = this._packColours();
+    var tc = parseColor(o.transferColor);
+    this._transferWord = ((255 << 24) | (parseInt(tc.slice(5, 7), 16) << 16) | (parseInt(tc.slice(3, 5), 16) << 8) |
+                          parseInt(tc.slice(1, 3), 16)) >>> 0;
     if (!o.rowHeight) o.rowHeight = Math.max(4, Math.min(24, Math.floor(o.maxHeight / this.rowLabels.length)));
     this.container = container;
     this.rows = this.rowLabels.map(function () { return new GrowRow(); });
@@ -369,17 +375,36 @@
       for (var j = 0; j < bars.length; j += 3) put(line, bars[j], bars[j + 1], packed[bars[j + 2] * (NL + 1) + NL]);
       for (var yd = yd0 + 1; yd < yd1; yd++) buf.copyWithin(yd * Wd, line, line + Wd);
     }
+    // transfers: a line from the sending thread at the start to the receiving thread at the end while few are in
+    // view; beyond maxTransferLines, lines would hide the tasks: a mark on the receiving thread instead (the
+    // lower third of its bar, from start to end, at least a pixel), as Dask's and the report's streams show them
+    var X = this.xfer, inView = 0, j;
+    for (j = 0; j < X.n; j++) if (!(X.end[j] < v0 || X.start[j] > v1)) inView++;
+    var asLines = inView <= o.maxTransferLines, nMarks = 0;
+    if (rec) rec.marks = [];
+    if (!asLines) {
+      var red = this._transferWord, markH = Math.max(1, Math.round(barH / 3));
+      for (j = 0; j < X.n; j++) {
+        if (X.end[j] < v0 || X.start[j] > v1) continue;
+        var m0 = Math.max(0, Math.round((X.start[j] - v0) * scale)), m1 = Math.min(W, Math.round((X.end[j] - v0) * scale));
+        if (m1 <= m0) { m0 = Math.min(m0, W - 1); m1 = m0 + 1; }
+        var my1 = top + X.dst[j] * rh + barOff + barH, my0 = my1 - markH;
+        var md0 = Math.round(my0 * dpr), md1 = Math.min(Hd, Math.max(md0 + 1, Math.round(my1 * dpr)));
+        for (var md = md0; md < md1; md++) put(md * Wd, m0, m1, red);
+        nMarks++;
+        if (rec) rec.marks.push({row: X.dst[j], x0: L0 + m0, x1: L0 + m1, y0: my0, y1: my1});
+      }
+    }
     ctx.putImageData(this._image, 0, 0);
 
-    // transfers: a line from the sending thread at the start to the receiving thread at the end
-    var X = this.xfer, nx = 0;
-    if (X.n) {
+    var nx = 0;
+    if (asLines && inView) {
       ctx.save();
       ctx.beginPath();
       ctx.rect(L0, top, W, this.cssHeight - top);
       ctx.clip();
       ctx.beginPath();
-      for (var j = 0; j < X.n; j++) {
+      for (j = 0; j < X.n; j++) {
         if (X.end[j] < v0 || X.start[j] > v1) continue;
         ctx.moveTo(L0 + (X.start[j] - v0) * scale, top + (X.src[j] + 0.5) * rh);
         ctx.lineTo(L0 + (X.end[j] - v0) * scale, top + (X.dst[j] + 0.5) * rh);
@@ -392,10 +417,10 @@
       ctx.restore();
     }
     this._drawAxes(ctx, v0, v1, scale);
-    if (rec) { rec.transfers = nx; this._recorded = rec; }
+    if (rec) { rec.transfers = nx; rec.transfer_marks = nMarks; this._recorded = rec; }
     this.drawCount++;
     this.lastDrawMs = global.performance.now() - t0;
-    return {exact: nExact, merged: nMerged, transfers: nx, ms: this.lastDrawMs};
+    return {exact: nExact, merged: nMerged, transfers: nx, transferMarks: nMarks, ms: this.lastDrawMs};
   };
 
   P._drawAxes = function (ctx, v0, v1, scale) {
