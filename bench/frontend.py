@@ -492,6 +492,7 @@ def measure(browser, url: str, name: str, run: dict, plan: list, shots: Path | N
         heap_mb = metrics["JSHeapUsedSize"] / 2**20
         if shots:
             page.screenshot(path=str(shots / f"frontend-{name}.png"))
+        page.wait_for_timeout(1000)  # let the forced GC and the screenshot settle before timing the delta
         append_ms = page.evaluate("d => bench.append(d)", run["delta"])
         got = page.evaluate("() => bench.check()")
         total += float(np.sum(np.subtract(run["delta"]["end"], run["delta"]["start"])))
