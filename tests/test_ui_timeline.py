@@ -240,3 +240,17 @@ def test_transfers_too_many_for_lines_become_marks_on_the_receiving_thread(page)
     page.evaluate("() => { tl.setView(0.3, 1.0); tl.draw(); }")
     drawn = page.evaluate("() => tl.inspect()")
     assert 0 < drawn["transfers"] <= 10 and drawn["transfer_marks"] == 0
+
+
+def test_a_worker_that_joins_late_gets_its_rows(page):
+    assert page.evaluate("() => tl.addRows(['host-c/thread-1', '<i>host-c</i>/thread-2'])") == 5
+    page.evaluate("() => { tl.append({start: [1], end: [9], row: [4], group: [0], key: ['late-worker']}); tl.draw(); }")
+    r = next(r for r in page.evaluate("() => tl.inspect()")["exact"] if r["key"] == "late-worker")
+    assert r["row"] == 4
+    assert page.evaluate("() => tl.canvas.clientHeight") >= r["y1"]
+    assert _pixel(page, (r["x0"] + r["x1"]) / 2, r["y0"] + ROW_H / 2 - 2)[:3] == _rgb(GROUPS[0]["color"])
+    box = page.locator("#tl canvas").bounding_box()
+    page.mouse.move(box["x"] + (r["x0"] + r["x1"]) / 2, box["y"] + r["y0"] + 2)
+    tip = page.locator("#tl .flowscope-tooltip")
+    tip.wait_for(state="visible")
+    assert "<i>host-c</i>/thread-2" in tip.inner_text() and tip.locator("i").count() == 0

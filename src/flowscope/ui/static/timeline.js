@@ -16,6 +16,7 @@
  *
  *   const tl = new FlowscopeTimeline(div, {rows: ["host/thread", ...], groups: [{name, color: "#rrggbb"}, ...]});
  *   tl.append({start, end, row, group, key}, {start, end, src, dst});  // seconds; arrays or typed arrays
+ *   tl.addRows(["host/thread", ...]);  // a worker that joined late
  *   tl.setView(t0, t1);  tl.view;  tl.count;  tl.draw();  tl.inspect()  // (inspect needs {record: true})
  */
 (function (global) {
@@ -246,6 +247,14 @@
     if (this._view && following) this._view = [v[0], hi];
     this.requestDraw();
     return this.count;
+  };
+
+  /** Add rows at the bottom (a worker that joined late); returns the number of rows. */
+  P.addRows = function (labels) {
+    if (!Array.isArray(labels)) throw new Error("addRows: a list of row labels");
+    for (var i = 0; i < labels.length; i++) { this.rowLabels.push(String(labels[i])); this.rows.push(new GrowRow()); }
+    this.resize();
+    return this.rows.length;
   };
 
   /** Show [t0, t1] seconds; with no argument, the whole run (and follow it). */
