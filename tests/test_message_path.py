@@ -134,6 +134,9 @@ def test_planted_late_senders_give_the_exact_path_and_wait_amounts(planted):
     assert got == plan["path"]
     assert mp.path.length_ns == plan["end"]
     assert sum(mp.path.steps["duration_ns"]) == mp.path.length_ns
+    # each step names the call it is in: the ranks' own work, the receives the late senders held, the Ssend
+    assert list(mp.path.steps["application"]) == ["compute", "MPI_Recv", "compute", "MPI_Recv", "compute",
+                                                   "MPI_Recv", "compute", "MPI_Ssend", "compute"]
     assert [rank_of[r] for r in mp.path.ids] == ["rank:0", "rank:1", "rank:2", "rank:3", "rank:0"]
     waits = {(w.kind, rank_of[w.resource_id]): int(w.wait_ns) for w in mp.waits.itertuples()}
     assert waits == plan["waits"]
@@ -213,5 +216,11 @@ def test_ping_pong_wait_states_follow_from_otf2_print(shared_data, tmp_path):
     assert mp.path.end_ns == spans["end_ns"].max()
     assert mp.path.length_ns == sum(mp.path.steps["duration_ns"])
     assert (mp.path.steps["start_ns"].iloc[1:].to_numpy() == mp.path.steps["end_ns"].iloc[:-1].to_numpy()).all()
+    # a rank's own time is split by the innermost call running: each such step lies inside a span of that name
+    for st in mp.path.steps[mp.path.steps["kind"] == "RUN"].itertuples():
+        inside = spans[(spans["resource_id"] == st.location) & (spans["name"] == st.application)
+                       & (spans["start_ns"] <= st.start_ns) & (spans["end_ns"] >= st.end_ns)]
+        assert len(inside), st
+    assert "MPI_Init" in set(mp.path.steps["application"])  # 0.4 s of the path is MPI_Init on both ranks
     assert json.loads(json.dumps(summarize(run).critical_path))["messages"]["messages"] == len(msgs)
     run.close()

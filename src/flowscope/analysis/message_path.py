@@ -113,8 +113,9 @@ def wait_states(calls: pd.DataFrame) -> pd.DataFrame:
 
 @dataclass
 class MessagePath:
-    """The critical path through messages (``path``: steps ``RUN`` on a resource, component compute, and
-    ``MESSAGE``, component transfer; ``ids`` the resources it passes, in order) and every wait state."""
+    """The critical path through messages (``path``: steps ``RUN``, a resource's own time, one per innermost
+    call running, component compute, label and application the call's name; and ``MESSAGE``, component
+    transfer; ``ids`` the resources it passes, in order) and every wait state."""
 
     path: CriticalPath
     waits: pd.DataFrame
@@ -147,6 +148,63 @@ def _extents(spans: pd.DataFrame, resources: set) -> dict:
     return {r: (int(a), int(b)) for r, a, b in zip(g.index, g["t0"], g["t1"])}
 
 
+class _Innermost:
+    """Per resource, which span is innermost at each moment: contiguous (start, end, name) pieces built by
+    one sweep over its nested spans (outer spans first at equal starts)."""
+
+    def __init__(self, spans: pd.DataFrame):
+        self._spans = spans
+        self._pieces: dict[str, tuple[np.ndarray, np.ndarray, list]] = {}
+
+    def _build(self, resource: str) -> tuple[np.ndarray, np.ndarray, list]:
+        s = self._spans[self._spans["resource_id"] == resource]
+        order = np.lexsort((-s["end_ns"].to_numpy(np.int64), s["start_ns"].to_numpy(np.int64)))
+        starts = s["start_ns"].to_numpy(np.int64)[order]
+        ends = s["end_ns"].to_numpy(np.int64)[order]
+        names = s["name"].to_numpy(object)[order]
+        out: list[tuple[int, int, str]] = []
+        stack: list[tuple[int, str]] = []
+        cur = None
+        for st, en, nm in zip(starts.tolist(), ends.tolist(), names.tolist()):
+            while stack and stack[-1][0] <= st:
+                e, n = stack.pop()
+                if cur < e:
+                    out.append((cur, e, n))
+                    cur = e
+            if stack and cur < st:
+                out.append((cur, st, stack[-1][1]))
+            cur = st if cur is None else max(cur, st)
+            stack.append((max(en, st), nm))
+        while stack:
+            e, n = stack.pop()
+            if cur < e:
+                out.append((cur, e, n))
+                cur = e
+        return (np.array([a for a, _, _ in out], dtype=np.int64), np.array([b for _, b, _ in out], dtype=np.int64),
+                [n for _, _, n in out])
+
+    def steps(self, resource: str, a: int, b: int) -> list[dict]:
+        """``RUN`` steps covering [a, b] on ``resource``, one per innermost span (label and application: its
+        name), plus unlabelled ones where no span runs."""
+        if resource not in self._pieces:
+            self._pieces[resource] = self._build(resource)
+        st, en, names = self._pieces[resource]
+        i = int(np.searchsorted(en, a, side="right"))
+        rows: list[dict] = []
+        t = a
+        while t < b:
+            if i < len(st) and st[i] <= t:
+                e = min(int(en[i]), b)
+                rows.append(_step(resource, names[i], "RUN", t, e, "compute", resource, names[i]))
+                t = e
+                i += 1
+            else:
+                e = min(int(st[i]), b) if i < len(st) else b
+                rows.append(_step(resource, None, "RUN", t, e, "compute", resource, None))
+                t = e
+        return rows
+
+
 def message_path(spans: pd.DataFrame | pa.Table, transfers: pd.DataFrame | pa.Table) -> MessagePath | None:
     """The critical path through the run's messages and its wait states (module docstring); None when no
     transfer links two known calls."""
@@ -159,6 +217,7 @@ def message_path(spans: pd.DataFrame | pa.Table, transfers: pd.DataFrame | pa.Ta
     ext = _extents(spans, resources)
     by_res = {r: g.sort_values("end_ns", kind="stable") for r, g in waits.groupby("resource_id")} if len(waits) \
         else {}
+    inner = _Innermost(spans[spans["resource_id"].isin(resources)])
     x = max(ext, key=lambda r: (ext[r][1], r))
     cursor = ext[x][1]
     end = cursor
@@ -170,13 +229,13 @@ def message_path(spans: pd.DataFrame | pa.Table, transfers: pd.DataFrame | pa.Ta
         if cand is None or not len(cand):
             start = min(ext[x][0], cursor)
             if cursor > start:
-                rows.append(_step(x, x, "RUN", start, cursor, "compute", x, None))
+                rows.extend(reversed(inner.steps(x, start, cursor)))
             cursor = start
             break
         c = cand.iloc[-1]
         done = min(int(c["call_end_ns"]), cursor)
         if cursor > done:
-            rows.append(_step(x, x, "RUN", done, cursor, "compute", x, None))
+            rows.extend(reversed(inner.steps(x, done, cursor)))
         resume = int(c["end_ns"])
         rows.append(_step(str(c["call"]), f"{c['peer_resource_id']} -> {x}" if c["kind"] == LATE_SENDER
                           else f"{x} -> {c['peer_resource_id']}", "MESSAGE", resume, done, "transfer", x,
