@@ -16,6 +16,7 @@ require_module("otf2", "the otf2 Python package reads and writes OTF2 archives: 
 
 from flowscope.analysis.message_path import LATE_RECEIVER, LATE_SENDER, message_path  # noqa: E402
 from flowscope.analysis.summary import summarize  # noqa: E402
+from flowscope.cli.output import fmt_ns  # noqa: E402
 from flowscope.importers import import_paths  # noqa: E402
 from flowscope.store.run import open_run  # noqa: E402
 
@@ -224,3 +225,26 @@ def test_ping_pong_wait_states_follow_from_otf2_print(shared_data, tmp_path):
     assert "MPI_Init" in set(mp.path.steps["application"])  # 0.4 s of the path is MPI_Init on both ranks
     assert json.loads(json.dumps(summarize(run).critical_path))["messages"]["messages"] == len(msgs)
     run.close()
+
+
+def test_flowscope_show_prints_the_message_path_and_its_wait_states(planted):
+    """`flowscope show` on an MPI run without tasks: one line for the path through messages and its waits;
+    --json has it under critical_path.messages."""
+    import sys
+
+    _, run = planted
+    text = subprocess.run([sys.executable, "-m", "flowscope", "show", str(run.path)], capture_output=True,
+                          text=True, timeout=120)
+    assert text.returncode == 0, text.stderr
+    plan = _plan()
+    out = " ".join(text.stdout.split())  # the console wraps long lines
+    line = out[out.index("critical path through messages"):]
+    late_s = sum(v for (k, _), v in plan["waits"].items() if k == LATE_SENDER)
+    late_r = plan["waits"][(LATE_RECEIVER, "rank:0")]
+    assert line.startswith(f"critical path through messages: {fmt_ns(plan['end'])} through {N} of the {N} messages "
+                           f"between {N} resources; {N} wait states: late sender {fmt_ns(late_s)}, late receiver "
+                           f"{fmt_ns(late_r)}")
+    js = subprocess.run([sys.executable, "-m", "flowscope", "show", str(run.path), "--json"], capture_output=True,
+                        text=True, timeout=120, check=True)
+    cp = json.loads(js.stdout)["critical_path"]
+    assert cp["messages"]["length_ns"] == plan["end"] and "measured_ns" not in cp
