@@ -248,3 +248,24 @@ def test_flowscope_show_prints_the_message_path_and_its_wait_states(planted):
                         text=True, timeout=120, check=True)
     cp = json.loads(js.stdout)["critical_path"]
     assert cp["messages"]["length_ns"] == plan["end"] and "measured_ns" not in cp
+
+
+def test_report_draws_the_message_path_and_the_wait_states_in_chromium(planted, tmp_path):
+    """The report's critical-path section of the planted MPI run, opened in headless Chromium: the path's
+    attribution chart is drawn, its steps and the waits per rank are listed with the planted amounts."""
+    from test_report import _errors, render
+
+    from flowscope.report import write_report
+    from flowscope.report.page import fmt_duration, fmt_s
+
+    _, run = planted
+    out = render(write_report(run, tmp_path / "report.html"))
+    assert not _errors(out)
+    assert out["drawn"].get("fig-message-path-attribution", 0) > 0
+    text = out["text"]["critical-path"]
+    plan = _plan()
+    assert f"Critical path through messages: {fmt_s(plan['end'] / 1e9)}, through {N} of the {N} messages" in text
+    assert "MPI_Ssend" in text and "late-receiver" in text
+    for (kind, rank), ns in plan["waits"].items():
+        loc = f"otf2:loc:{rank.split(':')[1]}"
+        assert re.search(rf"{loc}\s+{kind}\s+1\s+{re.escape(fmt_duration(ns / 1e9))}", text), (loc, kind)
