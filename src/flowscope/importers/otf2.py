@@ -26,6 +26,7 @@ import numpy as np
 
 from flowscope.importers import TraceError
 from flowscope.importers.sink import ImportSink
+from flowscope.model.identifiers import call_key
 
 NAME = "otf2"
 
@@ -36,11 +37,6 @@ BATCH = 200_000
 #: ``dependencies.graph_id`` of the edges from a message's send call to its receive call
 MESSAGE_GRAPH = "messages"
 
-
-def call_key(span_id: int) -> str:
-    """The ``task_key`` of the call span ``span_id`` that sent or received a message (what ``dependencies``
-    and the transfer's ``src_call`` / ``dst_call`` name it by)."""
-    return f"call:{int(span_id)}"
 
 
 def sniff(path: Path, head: bytes) -> bool:
