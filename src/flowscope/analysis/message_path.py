@@ -34,7 +34,7 @@ import pyarrow as pa
 
 from flowscope.analysis.critical_path import CriticalPath, _frame, _step, _steps_frame
 
-__all__ = ["LATE_SENDER", "LATE_RECEIVER", "MessagePath", "message_calls", "wait_states", "message_path"]
+__all__ = ["LATE_RECEIVER", "LATE_SENDER", "MessagePath", "message_calls", "message_path", "wait_states"]
 
 LATE_SENDER = "late-sender"
 LATE_RECEIVER = "late-receiver"
@@ -138,8 +138,7 @@ class MessagePath:
     def to_dict(self) -> dict:
         """JSON-ready summary: length, resources passed, wait totals and counts."""
         return {"length_ns": int(self.path.length_ns), "resources": list(self.path.ids), "messages": self.messages,
-                "wait_ns": self.wait_totals(), "wait_states": int(len(self.waits)),
-                "steps": int(len(self.path.steps))}
+                "wait_ns": self.wait_totals(), "wait_states": len(self.waits), "steps": len(self.path.steps)}
 
 
 def _extents(spans: pd.DataFrame, resources: set) -> dict:

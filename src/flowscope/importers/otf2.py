@@ -547,8 +547,8 @@ class _Reader:
                     for a, b in zip(m["dst"], m["req_r"])]
         attrs = []
         comm_name = {c._ref: c.name for c in self.tr.definitions.comms}
-        src_call = [call_key(c) if c == c and c is not None else None for c in m["call_s"]]
-        dst_call = [call_key(c) if c == c and c is not None else None for c in m["call_r"]]
+        src_call = [call_key(c) if pd.notna(c) else None for c in m["call_s"]]
+        dst_call = [call_key(c) if pd.notna(c) else None for c in m["call_r"]]
         for tag, comm, ms, mr, nr, sd, rq, sc, dc in zip(m["tag"], m["comm"], m["mode_s"], m["mode_r"],
                                                          m["nbytes_r"], send_done, recv_req, src_call, dst_call):
             a = {"tag": int(tag), "comm": comm_name.get(comm, str(comm)), "send": ms, "recv": mr,

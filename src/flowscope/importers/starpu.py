@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import pandas as pd
@@ -182,7 +182,7 @@ def annotate(spans: pa.Table, rec: StarpuRecords, to_ns: Callable[[float], int],
              warn: Callable[[str], None]) -> tuple[pa.Table, pd.DataFrame]:
     """``spans`` with each matched state turned into the task it shows (kind ``task``, ``task_key``, attrs
     ``starpu_job``, ``submit_ns``), and the dependencies to add (the DAG's edges)."""
-    m, worker_rid = match(spans, rec.tasks, to_ns)
+    m, _ = match(spans, rec.tasks, to_ns)
     timed = rec.tasks[rec.tasks["worker"].notna()]
     if len(m) < len(timed):
         missing = sorted(set(timed["job_id"]) - set(m["job_id"]))

@@ -385,13 +385,13 @@ def _message_path_parts(ctx: Context, figs: _Figures, failed) -> list[str]:
     if mp is None:
         return []
     w = mp.wait_totals()
-    out = [f'<p id="message-path">Critical path through messages: <b>{fmt_s(mp.path.length_ns / 1e9)}</b>, '
+    out = [(f'<p id="message-path">Critical path through messages: <b>{fmt_s(mp.path.length_ns / 1e9)}</b>, '
            f'through {len(mp.path.ids) - 1:,} of the {mp.messages:,} messages between '
            f'{len(set(mp.path.ids)):,} resources (walked back from the resource that finished last: at each wait it '
            f'suffered, on to the resource it waited for). Wait states (Scalasca\'s definitions): '
            f'<b>{len(mp.waits):,}</b>, late sender <b>{fmt_s(w[LATE_SENDER] / 1e9)}</b> (a receive entered before '
            f'its send), late receiver <b>{fmt_s(w[LATE_RECEIVER] / 1e9)}</b> (a blocking send still running when '
-           f'its receive was entered).</p>',
+           f'its receive was entered).</p>'),
            figs.html(attribution_figure(mp.path), "message-path-attribution"), _path_table(mp.path)]
     by = mp.waits_by_resource()
     if len(by):
