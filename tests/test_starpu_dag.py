@@ -155,3 +155,23 @@ def test_dag_dot_alone_missing_falls_back_to_tasks_rec_dependencies(demo, tmp_pa
     assert set(zip(deps["depends_on"], deps["task_key"])) >= _dot_edges(demo / "dag.dot")
     assert res.files[0].meta["starpu"]["edges_from"] == "tasks.rec DependsOn"
     run.close()
+
+
+def test_report_draws_the_critical_path_through_starpus_dag(starpu_run, runtimes, tmp_path):
+    """The StarPU run's report, in headless Chromium: the critical-path section gives the measured path and the
+    structural one over the DAG, with its attribution chart drawn."""
+    from test_report import _errors, render
+
+    from flowscope.report import write_report
+    from flowscope.report.page import fmt_s
+
+    _, run = starpu_run
+    spans = run.table("spans")
+    tp = task_graph_paths(spans[spans["kind"] == "task"], run.table("dependencies"), run.table("transfers"))
+    out = render(write_report(run, tmp_path / "report.html"))
+    assert not _errors(out)
+    text = out["text"]["critical-path"]
+    assert f"Measured critical path: {fmt_s(tp.measured.length_ns / 1e9)}" in text
+    assert f"structural (unlimited workers): {fmt_s(tp.structural.length_ns / 1e9)}" in text
+    assert out["drawn"].get("fig-critical-path-attribution", 0) > 0
+    assert all(k in text for k in tp.measured.ids)  # every task of the path is listed
