@@ -90,6 +90,7 @@ def _hardware(fs, period: float):
 
 def run(args: argparse.Namespace) -> int:
     from flowscope import Client
+    from flowscope.sources.semantics import LIVE
     from flowscope.model import identifiers as ids
 
     cmd = list(args.argv)
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
         _parse(args.trace)  # a bad pattern is refused here, not in the child
     fs = Client("embedded", store=args.store, serve=True, name=args.name or Path(cmd[0]).name,
-                command=shlex.join(cmd))
+                command=shlex.join(cmd), meta={"semantics": LIVE})
     facts_dir = tempfile.mkdtemp(prefix="flowscope-facts-")
     # every Python process the command starts loads sources/_boot/sitecustomize.py: the local schedulers'
     # capture once it imports dask, and the facts that explain a run with no tasks
