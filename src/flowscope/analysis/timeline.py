@@ -106,31 +106,35 @@ def _lane_states(s: np.ndarray, e: np.ndarray, cat: np.ndarray, grp: np.ndarray,
     return out
 
 
-def _lanes(span_id: np.ndarray, parent: np.ndarray, s: np.ndarray, e: np.ndarray, slots: int | None) -> np.ndarray:
-    """The slot each span of a resource with several slots runs in: a span whose parent is on the resource runs
-    in its parent's; the others take the lowest free slot (past ``slots`` when more run at once than it has)."""
-    import heapq
-
+def _lanes(span_id: np.ndarray, parent: np.ndarray, s: np.ndarray, e: np.ndarray, nested_by_time: bool) -> np.ndarray:
+    """The slot each span of one resource runs in, so that the spans of a slot nest: a span whose parent is on
+    the resource runs in its parent's slot; with ``nested_by_time`` (a resource with one slot) a span that lies
+    within a span still open runs in that one's slot; any other span takes the lowest free slot, past the
+    resource's slots when more run at once than it has (a single thread's spans that overlap without nesting,
+    e.g. by a clock adjustment, keep their time instead of hiding part of it)."""
     n = len(s)
     lane = np.full(n, -1, dtype=np.int64)
     pos = {int(k): i for i, k in enumerate(span_id) if k is not None and not pd.isna(k)}
     order = np.lexsort((-e, s))
-    free: list[int] = []
-    busy: list[tuple[int, int]] = []
-    used = 0
+    open_: list[list[int]] = []  # per slot: the spans open there, innermost last
     for i in order:
+        si, ei = s[i], e[i]
+        for st in open_:
+            while st and e[st[-1]] <= si:
+                st.pop()
         p = parent[i]
+        k = -1
         if p is not None and not pd.isna(p) and int(p) in pos and lane[pos[int(p)]] >= 0:
-            lane[i] = lane[pos[int(p)]]
-            continue
-        while busy and busy[0][0] <= s[i]:
-            heapq.heappush(free, heapq.heappop(busy)[1])
-        if free:
-            k = heapq.heappop(free)
-        else:
-            k, used = used, used + 1
+            k = int(lane[pos[int(p)]])
+        elif nested_by_time:
+            k = next((j for j, st in enumerate(open_) if st and e[st[-1]] >= ei), -1)
+        if k < 0:
+            k = next((j for j, st in enumerate(open_) if not st), -1)
+        if k < 0:
+            k = len(open_)
+            open_.append([])
         lane[i] = k
-        heapq.heappush(busy, (int(e[i]), k))
+        open_[k].append(i)
     return lane
 
 
@@ -156,10 +160,12 @@ def resource_states(run: Run) -> pd.DataFrame:
         grp = g["group"].to_numpy(object)
         role = g["role"].to_numpy(object)
         slots = g["slots"].iloc[0]
-        if pd.notna(slots) and int(slots) == 1:
+        order = np.lexsort((-e, s))
+        if (s[order][1:] >= np.maximum.accumulate(e[order])[:-1]).all():  # no two spans overlap: one slot
             lane = np.zeros(len(g), dtype=np.int64)
         else:
-            lane = _lanes(g["span_id"].to_numpy(object), g["parent_id"].to_numpy(object), s, e, slots)
+            lane = _lanes(g["span_id"].to_numpy(object), g["parent_id"].to_numpy(object), s, e,
+                          nested_by_time=pd.notna(slots) and int(slots) == 1)
         for k in np.unique(lane):
             m = lane == k
             rows.extend((rid, int(k), *r) for r in _lane_states(s[m], e[m], cat[m], grp[m], role[m], t0, t1))

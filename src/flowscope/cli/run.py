@@ -52,7 +52,7 @@ def _progress(run_dir: Path) -> str:
             FROM transitions WHERE observer = 'scheduler'""").iloc[0]
         if not int(row["total"]):  # the local schedulers: task spans of the graphs submitted so far
             row = run.sql("""
-                SELECT (SELECT count(*) FROM spans WHERE kind = 'task') AS done,
+                SELECT (SELECT count(*) FROM activity WHERE role = 'task') AS done,
                        (SELECT coalesce(sum(CAST(json_extract(attrs, '$.tasks') AS BIGINT)), 0) FROM logs
                         WHERE category = 'graph-submitted') AS total""").iloc[0]
     except Exception:  # a segment being renamed into place; try again next tick

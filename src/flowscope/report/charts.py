@@ -112,17 +112,18 @@ def task_stream(ctx: Context) -> go.Figure | StreamFigure | None:
     have_transfers = ctx.counts.get("transfers", 0) > 0
     if not ctx.counts.get("spans") and not have_transfers:
         return None
-    span_filter = "kind <> 'transfer'" if have_transfers else "true"
-    n_spans = int(ctx.sql(f"SELECT count(*) AS n FROM spans WHERE {span_filter}")["n"].iloc[0]) \
+    # a communication span that is not a call (a Dask worker's fetch) is drawn as its transfer
+    span_filter = "NOT (category = 'communication' AND role = 'other')" if have_transfers else "true"
+    n_spans = int(ctx.sql(f"SELECT count(*) AS n FROM activity WHERE {span_filter}")["n"].iloc[0]) \
         if ctx.counts.get("spans") else 0
     n_total = n_spans + ctx.counts.get("transfers", 0)
     if n_total == 0:
         return None
     small = n_total <= HOVER_TEXT_UP_TO
     spans = ctx.sql_arrow(f"""
-        SELECT resource_id, CASE WHEN kind = 'task' THEN name ELSE kind END AS grp,
+        SELECT resource_id, CASE WHEN role = 'other' THEN kind ELSE "group" END AS grp,
                (start_ns - {t0}) // 1000 AS s, (end_ns - {t0}) // 1000 AS e{", task_key" if small else ""}
-        FROM spans WHERE {span_filter}""").to_pandas() if n_spans else None
+        FROM activity WHERE {span_filter}""").to_pandas() if n_spans else None
     xfers = ctx.sql_arrow(f"""
         SELECT dst_resource_id AS resource_id, (start_ns - {t0}) // 1000 AS s, (end_ns - {t0}) // 1000 AS e
                {", src_resource_id AS src, nbytes, len(keys) AS n_keys" if small else ""}
@@ -275,7 +276,7 @@ def task_start_histogram(ctx: Context, bins: int = 200) -> tuple[np.ndarray, np.
     """Task starts per second in ``bins`` equal time bins: (bin centres s, rate, bin width s)."""
     width_ns = max(1000, int(ctx.extent_s * 1e9 / bins) + 1)
     df = ctx.sql(f"""SELECT (start_ns - {ctx.t0}) // {width_ns} AS b, count(*) AS n
-                         FROM spans WHERE kind = 'task' GROUP BY b ORDER BY b""")
+                         FROM activity WHERE role = 'task' GROUP BY b ORDER BY b""")
     if df.empty:
         return None
     w = width_ns / 1e9

@@ -16,7 +16,7 @@ from plotly.offline import get_plotlyjs
 import flowscope
 from flowscope.analysis.breakdown import IO_TIME_UNKNOWN, Breakdown, breakdown, task_groups
 from flowscope.analysis.nothing_observed import why_nothing_observed
-from flowscope.analysis.summary import Utilisation, utilisation
+from flowscope.analysis.summary import TASK_STEP, Utilisation, utilisation
 from flowscope.report import charts
 from flowscope.report.anomalies import anomaly_section
 from flowscope.report.context import Context
@@ -226,7 +226,7 @@ def breakdown_section(ctx: Context, b: Breakdown, figs: _Figures) -> str:
                    f'{b.io_untimed:,} records carry bytes only. {_e(IO_TIME_UNKNOWN)}</p>')
     else:
         io_time, io_note = fmt_s(b.io_s), ""
-    threads = int(ctx.sql("SELECT count(DISTINCT resource_id) AS n FROM spans WHERE kind = 'task'")["n"].iloc[0])
+    threads = b.executors
     util = utilisation(ctx.run)
     rows = [
         ["computation", fmt_s(b.compute_s), "-", f"{b.tasks:,} tasks"],
@@ -299,7 +299,7 @@ def _path_table(path, limit: int = 200) -> str:
 
 def critical_path_section(ctx: Context, figs: _Figures) -> str:
     """The task graph's measured and structural critical paths, and the data-state graph with its path."""
-    from flowscope.analysis.critical_path import data_state_path, task_graph_paths
+    from flowscope.analysis.critical_path import data_state_path, task_graph_paths, work_units
     from flowscope.analysis.dataflow import data_states_from_tasks
     from flowscope.report.critical_path import attribution_figure, graph_view
 
@@ -310,21 +310,22 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
                  "transfer times, i.e. the makespan with unlimited workers; the difference is what scheduling and "
                  "contention for workers cost. A run whose task times were derived (placed by a rule from "
                  "durations and dependencies, not observed) has no measured path, only the structural one. "
+                 "<b>Through messages</b> (runs whose transfers link a send call to a receive call, e.g. MPI): "
+                 "the chain of work and messages that bounds the run, and the wait states messages caused. "
                  "Below, the data-state graph (task outputs, transfers and files "
                  "as states; recorded with the data-state API or derived from the tasks) with its critical path "
                  "in red.")
     body = []
-    tasks = ctx.sql("SELECT count(*) AS n FROM spans WHERE kind = 'task' AND task_key IS NOT NULL")["n"].iloc[0]
+    units = work_units(ctx.run)
+    tasks = int(units["task_key"].notna().sum())
 
     def failed(what: str, exc: Exception) -> str:
         return f'<p class="nodata">The {what} could not be computed: {_e(str(exc))}</p>'
 
     tp = None
     if tasks:
-        spans = ctx.run.table("spans")
         try:
-            tp = task_graph_paths(spans[spans["kind"] == "task"], ctx.run.table("dependencies"),
-                                  ctx.run.table("transfers"))
+            tp = task_graph_paths(units, ctx.run.table("dependencies"), ctx.run.table("transfers"))
         except ValueError as exc:  # a table that breaks the analysis' rules must not cost the whole report
             body.append(failed("task graph's critical path", exc))
     if tp is not None and tp.measured is None:
@@ -338,7 +339,7 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
     elif tp is not None:
         m, st = tp.measured, tp.structural
         body.append(f'<p>Measured critical path: <b>{fmt_s(m.length_ns / 1e9)}</b> through '
-                    f'{int((m.steps["kind"] == "task").sum()):,} tasks; structural (unlimited workers): '
+                    f'{int((m.steps["kind"] == TASK_STEP).sum()):,} tasks; structural (unlimited workers): '
                     f'<b>{fmt_s(st.length_ns / 1e9)}</b>; scheduling and contention cost '
                     f'<b>{fmt_s(tp.difference_ns / 1e9)}</b>.</p>')
         body.append(figs.html(attribution_figure(m), "critical-path-attribution"))
@@ -360,9 +361,43 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
         if not tasks:
             body.append(figs.html(attribution_figure(path), "critical-path-attribution"))
             body.append(_path_table(path))
+    body.extend(_message_path_parts(ctx, figs, failed))
     if not body:
-        return _section("critical-path", _nodata("no task spans and no data states in this run."), help_text)
+        return _section("critical-path", _nodata("no task spans, no messages between calls and no data states in "
+                                                 "this run."), help_text)
     return _section("critical-path", "\n".join(body), help_text)
+
+
+def _message_path_parts(ctx: Context, figs: _Figures, failed) -> list[str]:
+    """The critical path through messages and the wait states (late sender / late receiver), where transfers
+    link the calls they were sent and received in."""
+    from flowscope.analysis.message_path import LATE_RECEIVER, LATE_SENDER, message_path
+    from flowscope.report.critical_path import attribution_figure
+
+    transfers = ctx.sql("SELECT * FROM transfers WHERE attrs LIKE '%\"dst_call\"%'")
+    if not len(transfers):
+        return []
+    try:
+        mp = message_path(ctx.run.table("spans"), transfers)
+    except ValueError as exc:
+        return [failed("critical path through messages", exc)]
+    if mp is None:
+        return []
+    w = mp.wait_totals()
+    out = [f'<p id="message-path">Critical path through messages: <b>{fmt_s(mp.path.length_ns / 1e9)}</b>, '
+           f'through {len(mp.path.ids) - 1:,} of the {mp.messages:,} messages between '
+           f'{len(set(mp.path.ids)):,} resources (walked back from the resource that finished last: at each wait it '
+           f'suffered, on to the resource it waited for). Wait states (Scalasca\'s definitions): '
+           f'<b>{len(mp.waits):,}</b>, late sender <b>{fmt_s(w[LATE_SENDER] / 1e9)}</b> (a receive entered before '
+           f'its send), late receiver <b>{fmt_s(w[LATE_RECEIVER] / 1e9)}</b> (a blocking send still running when '
+           f'its receive was entered).</p>',
+           figs.html(attribution_figure(mp.path), "message-path-attribution"), _path_table(mp.path)]
+    by = mp.waits_by_resource()
+    if len(by):
+        out.append(_table(["waiting resource", "wait state", "count", "time waited"],
+                          [[r.resource_id, r.kind, f"{int(r.count):,}", fmt_duration(r.wait_ns / 1e9)]
+                           for r in by.head(50).itertuples(index=False)], left=2))
+    return out
 
 
 def groups_section(ctx: Context, groups: pd.DataFrame, limit: int = 60) -> str:
