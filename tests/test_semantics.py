@@ -262,3 +262,23 @@ def test_analyses_report_and_cli_do_not_select_one_sources_names():
                 if any(p.search(line) for p in SOURCE_NAMES):
                     hits.append(f"{path.relative_to(ROOT)}:{n}: {line.strip()}")
     assert not hits, "analyses read the semantic vocabulary, not a source's kinds:\n" + "\n".join(hits)
+
+
+# ---- the report draws what the vocabulary gives ----------------------------------------------------------
+
+def test_the_report_of_a_starpu_trace_draws_breakdown_utilisation_and_groups(shared_data, tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_report import render
+
+    from flowscope.report import write_report
+
+    run = _import(shared_data, "paje/starpu-demo/paje.trace", tmp_path)
+    res = render(write_report(run))
+    assert not res["errors"], res["errors"]
+    text = res["text"]
+    assert "Utilisation per executing resource" in text["breakdown"]
+    assert "CPU0" in text["breakdown"] and "CPU1" in text["breakdown"], "both StarPU workers, by name"
+    assert "idle" in text["breakdown"] and "No data" not in text["breakdown"]
+    assert res["drawn"].get("fig-breakdown", 0) > 0
+    assert "scal" in text["task-groups"] and "axpy" in text["task-groups"]
+    assert "Measured critical path" in text["critical-path"]

@@ -80,22 +80,28 @@ def _esc(text: str) -> str:
 # ---- breakdown --------------------------------------------------------------------------------------------
 
 def breakdown_chart(b: Breakdown) -> go.Figure | None:
-    """Seconds of computation, communication and I/O (summed over resources), one bar each."""
-    if not (b.compute_s or b.communication_s or b.io_s):
+    """Seconds of computation, communication and I/O (summed over resources), one bar each, then waiting,
+    runtime overhead and idle time when the run has them."""
+    if not (b.compute_s or b.communication_s or b.io_s or b.wait_s or b.runtime_s):
         return None
     cats = ["computation", "communication", "I/O" if b.io_s is not None else "I/O (time unknown)"]
     vals = [b.compute_s, b.communication_s, b.io_s or 0.0]
+    extra = [(n, v, c) for n, v, c in (("waiting", b.wait_s, "#d62728"), ("runtime overhead", b.runtime_s, "#9467bd"),
+                                       ("idle", b.idle_s, "#c7c7c7")) if v]
+    colors = ["#1f77b4", KIND_COLORS["transfer"], KIND_COLORS["disk-read"]]
+    cats += [n for n, _, _ in extra]
+    vals += [v for _, v, _ in extra]
+    colors += [c for _, _, c in extra]
     total = sum(vals) or 1.0
     text = [f"{v:.3f} s ({100 * v / total:.1f} %)" for v in vals]
     if b.io_s is None:
         text[2] = "unknown"
     fig = go.Figure(go.Bar(y=cats, x=vals, orientation="h", text=text, textposition="auto",
-                           marker_color=[OTHER_COLOR if v == 0 else c for v, c in
-                                         zip(vals, ["#1f77b4", KIND_COLORS["transfer"], KIND_COLORS["disk-read"]])],
+                           marker_color=[OTHER_COLOR if v == 0 else c for v, c in zip(vals, colors)],
                            hovertemplate="%{y}: %{x:.6f} s<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(title=dict(text="seconds, summed over threads and workers", standoff=6))
-    return _layout(fig, 220, showlegend=False, margin=dict(l=10, r=10, t=16, b=44))
+    return _layout(fig, 220 + 30 * len(extra), showlegend=False, margin=dict(l=10, r=10, t=16, b=44))
 
 
 # ---- task stream ------------------------------------------------------------------------------------------

@@ -210,14 +210,18 @@ def summary_section(ctx: Context) -> str:
 
 
 def breakdown_section(ctx: Context, b: Breakdown, figs: _Figures) -> str:
-    help_text = ("Time spent computing (task spans), communicating (inter-worker transfers) and in timed I/O "
-                 "(spilling to disk and I/O records that carry a duration), each summed over the threads and "
-                 "workers it happened on, so the three can exceed the makespan. Bytes are what was moved. "
-                 "Utilisation: task time / (task slots x makespan), the slots being what ran tasks (a thread 1, "
-                 "a host its cores); over the run's recorded duration when the task times are derived, not "
-                 "measured.")
-    if not (b.tasks or b.transfers or b.io_s or b.io_read_bytes or b.io_write_bytes):
-        return _section("breakdown", _nodata("no task spans, transfers or I/O records in this run."), help_text)
+    help_text = ("Where the time of the resources that execute work (threads, MPI locations, StarPU workers, GPU "
+                 "streams, hosts' cores) went, by the category each source's spans map onto (docs/data-model.md, "
+                 "'Semantic vocabulary'): computing, communicating (the executors' communication calls, else "
+                 "the transfers' durations), timed I/O (I/O states, spilling to disk and I/O records that carry a "
+                 "duration), waiting, runtime overhead, idle. Each is slot-time summed over the executing "
+                 "resources (a nested call is counted once), so they can exceed the makespan. Bytes are what "
+                 "was moved. Utilisation: busy slot-time / (slots x makespan), per resource below; over the "
+                 "run's recorded duration when the task times are derived, not measured.")
+    if not (b.categories or b.transfers or b.io_s is None or b.io_read_bytes or b.io_write_bytes):
+        return _section("breakdown", _nodata("no spans on resources that execute work, no transfers and no I/O "
+                                             "records in this run: a source's spans become busy time once its "
+                                             "mapping says what they are (flowscope semantics)."), help_text)
     if b.io_s is None:
         io_time, io_note = "unknown", f'<p class="note">{_e(IO_TIME_UNKNOWN)}</p>'
     elif b.io_untimed:
@@ -233,18 +237,40 @@ def breakdown_section(ctx: Context, b: Breakdown, figs: _Figures) -> str:
         ["communication", fmt_s(b.communication_s), fmt_bytes(b.communication_bytes), f"{b.transfers:,} transfers"],
         ["I/O", io_time, f"{fmt_bytes(b.io_read_bytes)} read, {fmt_bytes(b.io_write_bytes)} written", ""],
     ]
+    rows += [[name, fmt_s(v), "-", ""] for name, v in (("waiting", b.wait_s), ("runtime overhead", b.runtime_s),
+                                                        ("other", b.other_s), ("idle", b.idle_s)) if v]
     table = _table(["category", "time", "bytes", "count"], rows)
-    facts = [("makespan (first task start to last task end)", fmt_s(b.makespan_s))]
+    facts = [("makespan (the executing resources' first to last activity)", fmt_s(b.makespan_s))]
     if threads:
-        facts.append(("resources that ran tasks", f"{threads:,}"))
+        facts.append(("resources that execute work", f"{threads:,}"))
     if util is not None:
         facts.extend(_utilisation_facts(util))
     dl = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts)
     fig = charts.breakdown_chart(b)
     chart = figs.html(fig, "breakdown") if fig is not None else ""
     body = (f'<div class="cols"><div>{table}{io_note}<dl class="facts">{dl}</dl></div>'
-            f'<div class="grow">{chart}</div></div>')
+            f'<div class="grow">{chart}</div></div>') + _utilisation_table(ctx)
     return _section("breakdown", body, help_text)
+
+
+def _utilisation_table(ctx: Context, limit: int = 50) -> str:
+    """Per executing resource: its slots, utilisation and the share of its slot-time in each category."""
+    from flowscope.analysis.timeline import BUSY_CATEGORIES, utilisation_by_resource
+
+    u = utilisation_by_resource(ctx.tables)
+    if u.empty:
+        return ""
+    u = u.sort_values("busy_ns", ascending=False)
+    cats = [c for c in (*BUSY_CATEGORIES, "idle") if u[f"{c}_ns"].sum() > 0]
+    rows = []
+    for r in u.head(limit).to_dict("records"):
+        cap = (r["slots"] or 0) * r["window_ns"]
+        shares = [f"{100 * r[f'{c}_ns'] / cap:.1f} %" if cap else fmt_s(r[f"{c}_ns"] / 1e9) for c in cats]
+        rows.append([ctx.rid_label(r["resource_id"]), r["slots"] if r["slots"] is not None else "?",
+                     f"{100 * r['utilisation']:.1f} %" if r["utilisation"] is not None else "unknown", *shares])
+    note = f'<p class="note">{len(u) - limit:,} more resources not shown.</p>' if len(u) > limit else ""
+    return ('<h3 id="utilisation-per-resource">Utilisation per executing resource</h3>'
+            + _table(["resource", "slots", "utilisation", *cats], rows, left=1) + note)
 
 
 def _utilisation_facts(u: Utilisation) -> list[tuple[str, str]]:
@@ -365,11 +391,12 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
 
 
 def groups_section(ctx: Context, groups: pd.DataFrame, limit: int = 60) -> str:
-    help_text = ("Task spans grouped by name (Dask's task prefix), largest total time first. "
+    help_text = ("Tasks grouped by their group (Dask's task prefix, a StarPU codelet, a WfCommons category; a run "
+                 "without tasks groups its calls, e.g. MPI functions, or else its states), largest total time first. "
                  "CV is the coefficient of variation of the durations (standard deviation / mean): "
                  "near 0 the tasks of a group take the same time, above 1 their durations vary widely.")
     if groups.empty:
-        return _section("task-groups", _nodata("no task spans in this run."), help_text)
+        return _section("task-groups", _nodata("no tasks, calls or states in this run."), help_text)
     rows = []
     for r in groups.head(limit).itertuples():
         sw = Markup(f'<span class="sw" style="background:{ctx.color(r.group)}"></span>{_e(r.group)}')
