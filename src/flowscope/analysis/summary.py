@@ -25,12 +25,12 @@ UTILISATION_SLACK = 0.01
 
 @dataclass
 class Utilisation:
-    """Task time over capacity: ``busy_ns / (slots * makespan_ns)``, in [0, 1].
+    """Busy time over capacity: ``busy_ns / (slots * makespan_ns)``, in [0, 1].
 
-    ``busy_ns`` sums the task spans' durations (each task holds one slot while it runs); ``slots`` is what
-    the resources that ran tasks offer (a thread 1, a host its ``cpu_cores``, a worker its ``nthreads``);
-    ``makespan_ns`` is the task spans' extent when their times were measured, the run's recorded duration
-    when they were derived (their extent is then a schedule's, not the run's). ``value`` is None when one
+    ``busy_ns`` is the executing resources' slot-time not idle (their state timeline,
+    :func:`~flowscope.analysis.timeline.resource_states`); ``slots`` is what they offer (the ``executors``
+    view: a thread 1, a host its ``cpu_cores``, a worker its ``nthreads``); ``makespan_ns`` is the extent of
+    their activity when the task times were measured, the run's recorded duration when they were derived (their extent is then a schedule's, not the run's). ``value`` is None when one
     of them is unknown, with ``reason`` saying which."""
 
     busy_ns: int
@@ -131,7 +131,7 @@ def findings(run: Run, b: Breakdown, u: Utilisation | None, cp: dict | None, top
         c, v = ranked[0]
         rest = ", ".join(f"{k} {_pct(x / total)}" for k, x in ranked[1:3])
         out.append({"what": "time", "value": v / total,
-                    "message": f"{c} takes {_pct(v / total)} of the executing resources' time"
+                    "message": f"{c} takes {_pct(v / total)} of the time recorded"
                                + (f" ({rest})" if rest else "")})
     groups = task_groups(run)
     if len(groups) and groups["total_s"].sum() > 0:
@@ -141,7 +141,8 @@ def findings(run: Run, b: Breakdown, u: Utilisation | None, cp: dict | None, top
                     "message": f"{g['group']} ({g['category']}, {int(g['count']):,} {g['role']}s) takes "
                                f"{_pct(share)} of the {g['role']} time"})
     util = utilisation_by_resource(run)
-    if len(util) >= 2 and util["utilisation"].notna().all():
+    derived = cp is not None and cp.get("task_times") == DERIVED  # a schedule's concurrency, not the run's
+    if len(util) >= 2 and util["utilisation"].notna().all() and not derived:
         lo, hi = util.loc[util["utilisation"].idxmin()], util.loc[util["utilisation"].idxmax()]
         out.append({"what": "imbalance", "value": float(hi["utilisation"] - lo["utilisation"]),
                     "message": f"busiest executing resource {hi['resource_id']} at {_pct(hi['utilisation'])}, "

@@ -198,7 +198,8 @@ def utilisation_by_resource(run: Run, states: pd.DataFrame | None = None) -> pd.
         out[f"{c}_ns"] = by[c].astype("int64") if c in by.columns else 0
     out["busy_ns"] = out[[f"{c}_ns" for c in BUSY_CATEGORIES]].sum(axis=1).astype("int64")
     lanes_idle = by[IDLE].astype("int64") if IDLE in by.columns else 0
-    out["idle_ns"] = [int(s * window - b) if s is not None else int(i)
+    # no idle time left where more ran at once than the slots hold (a derived schedule, a capacity not recorded)
+    out["idle_ns"] = [max(int(s * window - b), 0) if s is not None else int(i)
                       for s, b, i in zip(out["slots"], out["busy_ns"], np.broadcast_to(lanes_idle, len(out)))]
     out["utilisation"] = [b / (s * window) if s and window > 0 else None for s, b in zip(out["slots"], out["busy_ns"])]
     return out.reset_index()[cols]

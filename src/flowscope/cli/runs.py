@@ -112,7 +112,13 @@ def cmd_show(args: argparse.Namespace) -> int:
                       fmt_ns(r["max_ns"])] for r in s.top_spans])
     if s.logs_by_level:
         console.print("logs: " + ", ".join(f"{n} {k}" for k, n in s.logs_by_level.items()))
+    b = s.breakdown
+    if b is not None and b.categories:
+        console.print("breakdown (slot-time of the executing resources): "
+                      + ", ".join(f"{c} {fmt_ns(v * 1e9)}" for c, v in b.categories.items()))
     _print_paths_and_utilisation(s)
+    for f in s.findings:
+        console.print(f"finding: {f['message']}", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -127,7 +133,7 @@ def _print_paths_and_utilisation(s) -> None:
         console.print(f"critical path: {fmt_ns(cp['measured_ns'])} measured through {cp['measured_tasks']} tasks, "
                       f"{fmt_ns(cp['structural_ns'])} structural (unlimited workers)")
     if u is not None:
-        console.print(f"utilisation: {100 * u.value:.1f} % of {u.slots} task slots over {fmt_ns(u.makespan_ns)}"
+        console.print(f"utilisation: {100 * u.value:.1f} % of {u.slots} slots over {fmt_ns(u.makespan_ns)}"
                       if u.value is not None else f"utilisation: unknown ({u.reason})")
 
 
