@@ -106,10 +106,12 @@ def _lane_states(s: np.ndarray, e: np.ndarray, cat: np.ndarray, grp: np.ndarray,
     return out
 
 
-def _lanes(span_id: np.ndarray, parent: np.ndarray, s: np.ndarray, e: np.ndarray, nested_by_time: bool) -> np.ndarray:
+def _lanes(span_id: np.ndarray, parent: np.ndarray, s: np.ndarray, e: np.ndarray, role: np.ndarray,
+           nested_by_time: bool) -> np.ndarray:
     """The slot each span of one resource runs in, so that the spans of a slot nest: a span whose parent is on
     the resource runs in its parent's slot; with ``nested_by_time`` (a resource with one slot) a span that lies
-    within a span still open runs in that one's slot; any other span takes the lowest free slot, past the
+    within a span still open runs in that one's slot, unless it is a task (a task within a task's interval
+    ran beside it, e.g. in a schedule derived from durations); any other span takes the lowest free slot, past the
     resource's slots when more run at once than it has (a single thread's spans that overlap without nesting,
     e.g. by a clock adjustment, keep their time instead of hiding part of it)."""
     n = len(s)
@@ -126,7 +128,7 @@ def _lanes(span_id: np.ndarray, parent: np.ndarray, s: np.ndarray, e: np.ndarray
         k = -1
         if p is not None and not pd.isna(p) and int(p) in pos and lane[pos[int(p)]] >= 0:
             k = int(lane[pos[int(p)]])
-        elif nested_by_time:
+        elif nested_by_time and role[i] != "task":
             k = next((j for j, st in enumerate(open_) if st and e[st[-1]] >= ei), -1)
         if k < 0:
             k = next((j for j, st in enumerate(open_) if not st), -1)
@@ -164,7 +166,7 @@ def resource_states(run: Run) -> pd.DataFrame:
         if (s[order][1:] >= np.maximum.accumulate(e[order])[:-1]).all():  # no two spans overlap: one slot
             lane = np.zeros(len(g), dtype=np.int64)
         else:
-            lane = _lanes(g["span_id"].to_numpy(object), g["parent_id"].to_numpy(object), s, e,
+            lane = _lanes(g["span_id"].to_numpy(object), g["parent_id"].to_numpy(object), s, e, role,
                           nested_by_time=pd.notna(slots) and int(slots) == 1)
         for k in np.unique(lane):
             m = lane == k
@@ -192,7 +194,8 @@ def utilisation_by_resource(run: Run, states: pd.DataFrame | None = None) -> pd.
     by = d.pivot_table(index="resource_id", columns="state", values="d", aggfunc="sum", fill_value=0)
     slots = _slot_table(run).set_index("resource_id")["slots"]
     out = pd.DataFrame(index=by.index)
-    out["slots"] = [int(slots[r]) if r in slots.index and pd.notna(slots[r]) else None for r in by.index]
+    out["slots"] = pd.Series([int(slots[r]) if r in slots.index and pd.notna(slots[r]) else None for r in by.index],
+                             index=by.index, dtype=object)
     out["window_ns"] = window
     for c in BUSY_CATEGORIES:
         out[f"{c}_ns"] = by[c].astype("int64") if c in by.columns else 0

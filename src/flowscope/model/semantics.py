@@ -57,6 +57,8 @@ _RESOURCE_KEYS = ("executes", "slots")
 GENERIC: dict = {
     "source": "generic",
     "spans": [
+        # the span `flowscope run` records for the command it observes: context, not work
+        {"when": {"kind": "step", "attrs.role": "command"}, "category": "other", "role": "other"},
         {"when": {"kind": ["task", "step"]}, "category": "compute", "role": "task"},
         {"when": {"kind": "call"}, "category": "compute", "role": "call"},
         {"when": {"kind": ["transfer", "dask-fetch", "mpi", "send", "recv", "communication"]},
