@@ -61,23 +61,32 @@ STATE_COLUMNS = ["resource_id", "slot", "start_ns", "end_ns", "state", "group", 
 BUSY_CATEGORIES = ("compute", "communication", "io", "wait", "runtime", "other")
 
 
+def _sequential_states(s: np.ndarray, e: np.ndarray, cat: np.ndarray, grp: np.ndarray, role: np.ndarray,
+                       t0: int, t1: int) -> tuple[np.ndarray, ...]:
+    """Columns (start, end, state, group, role) covering [t0, t1] for spans sorted by start that do not
+    overlap: the spans, and idle in the gaps before, between and after them."""
+    gap_s = np.concatenate([[t0], e])
+    gap_e = np.concatenate([s, [t1]])
+    keep = gap_e > gap_s
+    n_gap = int(keep.sum())
+    none = np.full(n_gap, None, dtype=object)
+    starts = np.concatenate([s, gap_s[keep]])
+    order = np.argsort(starts, kind="stable")
+    return (starts[order], np.concatenate([e, gap_e[keep]])[order],
+            np.concatenate([cat, np.full(n_gap, IDLE, dtype=object)])[order],
+            np.concatenate([grp, none])[order], np.concatenate([role, none])[order])
+
+
 def _lane_states(s: np.ndarray, e: np.ndarray, cat: np.ndarray, grp: np.ndarray, role: np.ndarray,
-                 t0: int, t1: int) -> list[tuple]:
-    """(start, end, state, group, role) covering [t0, t1] for spans on one slot: at every moment the span that
-    started last among those running (the innermost of nested spans) gives the state; no span: idle."""
+                 t0: int, t1: int) -> tuple[np.ndarray, ...]:
+    """Columns (start, end, state, group, role) covering [t0, t1] for spans on one slot: at every moment the
+    span that started last among those running (the innermost of nested spans) gives the state; no span:
+    idle."""
     order = np.lexsort((-e, s))
     s, e, cat, grp, role = s[order], e[order], cat[order], grp[order], role[order]
-    out: list[tuple] = []
     if len(s) and (s[1:] >= np.maximum.accumulate(e)[:-1]).all():  # no two spans overlap: no stack needed
-        cur = t0
-        for i in range(len(s)):
-            if s[i] > cur:
-                out.append((cur, int(s[i]), IDLE, None, None))
-            out.append((int(s[i]), int(e[i]), cat[i], grp[i], role[i]))
-            cur = int(e[i])
-        if cur < t1:
-            out.append((cur, t1, IDLE, None, None))
-        return out
+        return _sequential_states(s, e, cat, grp, role, t0, t1)
+    out: list[tuple] = []
     stack: list[int] = []
     cur = t0
 
@@ -103,7 +112,9 @@ def _lane_states(s: np.ndarray, e: np.ndarray, cat: np.ndarray, grp: np.ndarray,
             emit(cur, end, top)
             cur = end
     emit(cur, t1, None)
-    return out
+    cols = list(zip(*out)) if out else [[], [], [], [], []]
+    return (np.asarray(cols[0], np.int64), np.asarray(cols[1], np.int64), np.asarray(cols[2], object),
+            np.asarray(cols[3], object), np.asarray(cols[4], object))
 
 
 def _lanes(span_id: np.ndarray, parent: np.ndarray, s: np.ndarray, e: np.ndarray, role: np.ndarray,
@@ -154,7 +165,7 @@ def resource_states(run: Run) -> pd.DataFrame:
         return pd.DataFrame({c: pd.Series(dtype="int64" if c in ("slot", "start_ns", "end_ns") else object)
                              for c in STATE_COLUMNS})
     t0, t1 = int(acts["start_ns"].min()), int(acts["end_ns"].max())
-    rows: list[tuple] = []
+    parts: list[tuple] = []
     for rid, g in acts.groupby("resource_id", sort=True):
         s = g["start_ns"].to_numpy(np.int64)
         e = g["end_ns"].to_numpy(np.int64)
@@ -170,9 +181,14 @@ def resource_states(run: Run) -> pd.DataFrame:
                           nested_by_time=pd.notna(slots) and int(slots) == 1)
         for k in np.unique(lane):
             m = lane == k
-            rows.extend((rid, int(k), *r) for r in _lane_states(s[m], e[m], cat[m], grp[m], role[m], t0, t1))
-    df = pd.DataFrame(rows, columns=["resource_id", "slot", "start_ns", "end_ns", "state", "group", "role"])
-    return df.astype({"slot": "int64", "start_ns": "int64", "end_ns": "int64"})
+            cols = _lane_states(s[m], e[m], cat[m], grp[m], role[m], t0, t1)
+            parts.append((rid, int(k), cols))
+    n = [len(c[0]) for _, _, c in parts]
+    return pd.DataFrame({
+        "resource_id": np.repeat(np.array([r for r, _, _ in parts], dtype=object), n),
+        "slot": np.repeat(np.array([k for _, k, _ in parts], dtype=np.int64), n),
+        **{name: np.concatenate([c[i] for _, _, c in parts]).astype(np.int64 if i < 2 else object)
+           for i, name in enumerate(("start_ns", "end_ns", "state", "group", "role"))}})
 
 
 def _slot_table(run: Run) -> pd.DataFrame:
