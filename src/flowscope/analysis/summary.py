@@ -4,7 +4,6 @@ top findings."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 
 import pandas as pd
