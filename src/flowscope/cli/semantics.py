@@ -6,6 +6,8 @@ from __future__ import annotations
 import argparse
 import json
 
+import pandas as pd
+
 from flowscope.cli.output import LOOKUP_STORE_HELP, console, print_json, print_table
 from flowscope.store.catalog import resolve_run
 from flowscope.store.run import Run, open_run
@@ -68,6 +70,7 @@ def cmd_semantics(args: argparse.Namespace) -> int:
     declared = [m.get("source", "?") for m in meta.get("semantics") or []]
     console.print(f"declared by: {', '.join(declared) or 'no source (generic defaults only)'}; override: "
                   f"{'yes' if meta.get('semantics_override') else 'none'}")
-    print_table("spans", list(mapping.columns), mapping.astype(object).values.tolist())
-    print_table("resources", list(execs.columns), execs.astype(object).values.tolist())
+    for title, df in (("spans", mapping), ("resources", execs)):
+        print_table(title, list(df.columns), [["-" if pd.isna(v) else v for v in row]
+                                              for row in df.astype(object).values.tolist()])
     return 0
