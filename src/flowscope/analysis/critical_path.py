@@ -466,8 +466,10 @@ def _worker_of(attrs: pd.Series) -> pd.Series:
 
 
 def _task_graph(spans, dependencies, transfers=None) -> _TaskGraph:
-    spans = _frame(spans, "spans", ["kind", "name", "start_ns", "end_ns", "task_key"])
-    t = spans[(spans["kind"] == "task") & spans["task_key"].notna()]
+    spans = _frame(spans, "spans", ["name", "start_ns", "end_ns", "task_key"])
+    if "role" in spans.columns:  # activity rows (model/semantics.py): the tasks among them
+        spans = spans[spans["role"] == "task"]
+    t = spans[spans["task_key"].notna()]
     # a task that ran twice (a retry, a lost worker): its last execution is the one that counted
     t = t.sort_values("end_ns", kind="stable").drop_duplicates("task_key", keep="last")
     t = t.sort_values(["start_ns", "end_ns"], kind="stable").reset_index(drop=True)
@@ -760,3 +762,21 @@ def what_if(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame | pa.Tabl
     # the extra wait sits on the vertex, before it runs
     vw = np.concatenate([dur + extra, [0.0]])
     return int(round(longest_path_length(n + 1, src, dst, w, vw)))
+
+
+def work_units(run) -> pd.DataFrame:
+    """The units of work :func:`task_graph_paths` runs over for ``run``, as ``activity`` rows: its tasks
+    (role ``task``, named by their group); a run without tasks (an MPI or a call trace) uses the outermost busy
+    spans of each executing resource. A unit without a task key is keyed ``<resource_id>#<span_id>``."""
+    cols = """a.span_id, a.parent_id, a.resource_id, a.kind, a."group" AS name, a.start_ns, a.end_ns,
+              coalesce(a.task_key, a.resource_id || '#' || coalesce(CAST(a.span_id AS VARCHAR),
+                       CAST(row_number() OVER (ORDER BY a.resource_id, a.start_ns, a.end_ns) AS VARCHAR))) AS task_key,
+              a.attrs, 'task' AS role, a.category"""
+    tasks = run.sql(f"SELECT {cols} FROM activity a WHERE a.role = 'task'")
+    if len(tasks):
+        return tasks
+    return run.sql(f"""
+        SELECT {cols} FROM activity a LEFT JOIN executors e ON e.resource_id = a.resource_id
+        WHERE coalesce(e.executes, TRUE) AND a.category <> 'idle' AND a.end_ns > a.start_ns
+          AND (a.parent_id IS NULL OR NOT EXISTS (SELECT 1 FROM activity p WHERE p.span_id = a.parent_id
+                                                  AND p.resource_id = a.resource_id))""")

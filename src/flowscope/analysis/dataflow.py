@@ -52,8 +52,7 @@ def _opens_for_writing(op: str, attrs: dict) -> bool | None:
 
 def data_states_from_tasks(run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(data_states, mutations) of a Dask run, in the canonical columns (see the module docstring)."""
-    spans = run.table("spans")
-    t = spans[(spans["kind"] == "task") & spans["task_key"].notna()]
+    t = run.sql("SELECT * EXCLUDE (name), \"group\" AS name FROM activity WHERE role = 'task' AND task_key IS NOT NULL")
     # a key computed twice (recomputed after a worker left, or run again by a later graph): its dependents
     # read the first result
     t = t.sort_values("end_ns", kind="stable").drop_duplicates("task_key", keep="first")

@@ -17,7 +17,7 @@ TASK_COLUMNS = ("task_key", "host", "pid", "tid", "thread_ident", "start_ns", "e
 #: a run's task spans as :func:`attribute_io` takes them: joined to their resources, on the local clock
 TASK_SPANS_SQL = """
     WITH t AS (SELECT s.*, coalesce(TRY_CAST(json_extract(s.attrs, '$.clock_offset_ns') AS BIGINT), 0) AS off
-               FROM spans s WHERE s.kind = 'task')
+               FROM activity s WHERE s.role = 'task')
     SELECT t.start_ns - t.off AS start_ns, t.end_ns - t.off AS end_ns, t.task_key, r.host, r.pid, r.tid,
            r.thread_ident
     FROM t JOIN resources r USING (resource_id)"""

@@ -1,19 +1,22 @@
-"""A run at a glance: rows per table, time range, resources, where span time goes, the task graph's
-critical path and how much of the capacity that ran tasks was used."""
+"""A run at a glance, for any source: rows per table, time range, resources, where span time goes, the
+breakdown by category, the critical path, how much of the executing resources' capacity was used, and the
+top findings."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from flowscope.analysis.timeline import DERIVED, task_timeline
+from flowscope.analysis.breakdown import Breakdown, breakdown
+from flowscope.analysis.timeline import DERIVED, resource_states, task_timeline, utilisation_by_resource
 from flowscope.model.schemas import DERIVED_TABLES
 from flowscope.store.catalog import run_state
 from flowscope.store.layout import segment_files
 from flowscope.store.run import Run
 
+#: the kind of a critical path's step that is a unit of work (analysis/critical_path.py)
+TASK_STEP = "task"
 #: utilisation a little above 1 is read as 1: task spans of one thread may overlap by microseconds (where
 #: each span's end is taken); beyond this it means the capacity recorded does not cover what ran
 UTILISATION_SLACK = 0.01
@@ -21,12 +24,12 @@ UTILISATION_SLACK = 0.01
 
 @dataclass
 class Utilisation:
-    """Task time over capacity: ``busy_ns / (slots * makespan_ns)``, in [0, 1].
+    """Busy time over capacity: ``busy_ns / (slots * makespan_ns)``, in [0, 1].
 
-    ``busy_ns`` sums the task spans' durations (each task holds one slot while it runs); ``slots`` is what
-    the resources that ran tasks offer (a thread 1, a host its ``cpu_cores``, a worker its ``nthreads``);
-    ``makespan_ns`` is the task spans' extent when their times were measured, the run's recorded duration
-    when they were derived (their extent is then a schedule's, not the run's). ``value`` is None when one
+    ``busy_ns`` is the executing resources' slot-time not idle (their state timeline,
+    :func:`~flowscope.analysis.timeline.resource_states`); ``slots`` is what they offer (the ``executors``
+    view: a thread 1, a host its ``cpu_cores``, a worker its ``nthreads``); ``makespan_ns`` is the extent of
+    their activity when the task times were measured, the run's recorded duration when they were derived (their extent is then a schedule's, not the run's). ``value`` is None when one
     of them is unknown, with ``reason`` saying which."""
 
     busy_ns: int
@@ -37,44 +40,26 @@ class Utilisation:
     reason: str | None = None
 
 
-def _slots(kind: str | None, attrs: str | None) -> int | None:
-    """Task slots a resource offers: 1 for a thread, else its ``cpu_cores`` or ``nthreads`` attr."""
-    if kind == "thread":
-        return 1
-    try:
-        a = json.loads(attrs) if isinstance(attrs, str) else {}
-    except ValueError:
-        a = {}
-    for k in ("cpu_cores", "nthreads"):
-        v = a.get(k) if isinstance(a, dict) else None
-        if isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 1 and v == int(v):
-            return int(v)
-    return None
-
-
 def utilisation(run: Run) -> Utilisation | None:
-    """How much of the capacity that ran ``run``'s tasks they used (see :class:`Utilisation`); None when the
-    run has no task spans."""
-    tasks = run.sql("""SELECT resource_id, sum(end_ns - start_ns) AS busy, min(start_ns) AS t0, max(end_ns) AS t1
-                       FROM spans WHERE kind = 'task' GROUP BY resource_id""")
-    if not len(tasks):
+    """How much of the capacity of ``run``'s executing resources (the ``executors`` view) their work used (see
+    :class:`Utilisation`); None when no executing resource has activity."""
+    states = resource_states(run)
+    if not len(states):
         return None
-    busy = int(tasks["busy"].sum())
-    res = run.sql("""SELECT resource_id, first(kind) AS kind, max(attrs) AS attrs FROM resources
-                     GROUP BY resource_id""")
-    info = {r: (k, a) for r, k, a in zip(res["resource_id"], res["kind"], res["attrs"])}
-    slots = {r: _slots(*info.get(r, (None, None))) for r in tasks["resource_id"]}
-    unknown = sorted(r for r, n in slots.items() if n is None)
-    timeline = task_timeline(run.sql("SELECT kind, attrs FROM spans WHERE kind = 'task'"))
+    util = utilisation_by_resource(run, states)
+    busy = int(util["busy_ns"].sum())
+    slots = dict(zip(util["resource_id"], util["slots"]))
+    unknown = sorted(r for r, n in slots.items() if n is None or pd.isna(n))
+    timeline = task_timeline(run.sql("SELECT role, attrs FROM activity WHERE role = 'task'"))
     meta = run.meta
     if timeline == DERIVED:
         start, end = meta.get("start_ns"), meta.get("end_ns")
         makespan = end - start if start is not None and end is not None else None
         source = "run"
     else:
-        makespan = int(tasks["t1"].max()) - int(tasks["t0"].min())
+        makespan = int(states["end_ns"].max()) - int(states["start_ns"].min())
         source = "task spans"
-    capacity = None if unknown else sum(slots.values())
+    capacity = None if unknown else int(sum(slots.values()))
     u = Utilisation(busy, capacity, makespan, source, None)
     if unknown:
         u.reason = (f"{len(unknown)} of the {len(slots)} resources that ran tasks have no known core count "
@@ -110,6 +95,10 @@ class RunSummary:
     #: calls; None with neither
     critical_path: dict | None = None
     utilisation: Utilisation | None = None
+    #: where the executing resources' time went (analysis/breakdown.py), for any source
+    breakdown: Breakdown | None = None
+    #: the few facts a reader should see first: dicts with ``what`` (a short key), ``message``, ``value``
+    findings: list[dict] = field(default_factory=list)
 
     @property
     def duration_ns(self) -> int | None:
@@ -121,6 +110,7 @@ class RunSummary:
         d = self.__dict__.copy()
         d["duration_ns"] = self.duration_ns
         d["utilisation"] = asdict(self.utilisation) if self.utilisation is not None else None
+        d["breakdown"] = self.breakdown.to_dict() if self.breakdown is not None else None
         return d
 
 
@@ -153,10 +143,60 @@ def task_critical_path(run: Run) -> dict | None:
     return out
 
 
-def _task_graph_path(run: Run) -> dict | None:
-    from flowscope.analysis.critical_path import task_graph_paths
+def _pct(x: float) -> str:
+    return f"{100 * x:.0f} %"
 
-    spans = run.sql("SELECT * FROM spans WHERE kind = 'task'")
+
+def findings(run: Run, b: Breakdown, u: Utilisation | None, cp: dict | None, top: int = 5) -> list[dict]:
+    """The few facts about ``run`` a reader should see first, most telling first: where the executing
+    resources' time went, the group that took most of it, how unevenly the resources were used, what bounds
+    the makespan, what is unknown."""
+    from flowscope.analysis.breakdown import task_groups
+
+    out: list[dict] = []
+    cats = {c: v for c, v in b.categories.items() if c != "io" or b.io_s is not None}
+    total = sum(cats.values())
+    if total > 0:
+        ranked = sorted(cats.items(), key=lambda kv: -kv[1])
+        c, v = ranked[0]
+        rest = ", ".join(f"{k} {_pct(x / total)}" for k, x in ranked[1:3])
+        out.append({"what": "time", "value": v / total,
+                    "message": f"{c} takes {_pct(v / total)} of the time recorded"
+                               + (f" ({rest})" if rest else "")})
+    groups = task_groups(run)
+    if len(groups) and groups["total_s"].sum() > 0:
+        g = groups.iloc[0]
+        share = float(g["total_s"] / groups["total_s"].sum())
+        out.append({"what": "group", "value": share,
+                    "message": f"{g['group']} ({g['category']}, {int(g['count']):,} {g['role']}s) takes "
+                               f"{_pct(share)} of the {g['role']} time"})
+    util = utilisation_by_resource(run)
+    derived = cp is not None and cp.get("task_times") == DERIVED  # a schedule's concurrency, not the run's
+    if len(util) >= 2 and util["utilisation"].notna().all() and not derived:
+        lo, hi = util.loc[util["utilisation"].idxmin()], util.loc[util["utilisation"].idxmax()]
+        out.append({"what": "imbalance", "value": float(hi["utilisation"] - lo["utilisation"]),
+                    "message": f"busiest executing resource {hi['resource_id']} at {_pct(hi['utilisation'])}, "
+                               f"least busy {lo['resource_id']} at {_pct(lo['utilisation'])}"})
+    elif u is not None and u.value is not None:
+        out.append({"what": "utilisation", "value": u.value,
+                    "message": f"the executing resources were busy {_pct(u.value)} of their capacity"})
+    if cp and not cp.get("error") and b.makespan_s > 0:
+        length = cp.get("measured_ns") or cp.get("structural_ns") or 0
+        kind = "measured" if cp.get("measured_ns") else "structural"
+        out.append({"what": "critical_path", "value": length / 1e9,
+                    "message": f"critical path ({kind}, through {cp.get('units', 'tasks')}): {length / 1e9:.6g} s, "
+                               f"{_pct(length / 1e9 / b.makespan_s)} of the makespan"})
+    if b.io_s is None:
+        out.append({"what": "io_unknown", "value": None, "message": "I/O time unknown: only byte counters exist"})
+    return out[:top]
+
+
+def _task_graph_path(run: Run) -> dict | None:
+    """The task graph's critical paths in brief, over the run's units of work
+    (:func:`~flowscope.analysis.critical_path.work_units`); None without any."""
+    from flowscope.analysis.critical_path import task_graph_paths, work_units
+
+    spans = work_units(run)
     if not len(spans):
         return None
     try:
@@ -166,8 +206,10 @@ def _task_graph_path(run: Run) -> dict | None:
     m = tp.measured
     return {"task_times": tp.timeline,
             "measured_ns": int(m.length_ns) if m is not None else None,
-            "measured_tasks": int((m.steps["kind"] == "task").sum()) if m is not None else None,
-            "structural_ns": int(tp.structural.length_ns), "structural_ids": list(tp.structural.ids)}
+            "measured_tasks": int((m.steps["kind"] == TASK_STEP).sum()) if m is not None else None,
+            "structural_ns": int(tp.structural.length_ns), "structural_ids": list(tp.structural.ids),
+            "units": "tasks" if int(run.sql("SELECT count(*) AS n FROM activity WHERE role = 'task'")["n"].iloc[0])
+            else "outermost spans"}
 
 
 def summarize(run: Run, top: int = 10) -> RunSummary:
@@ -195,6 +237,7 @@ def summarize(run: Run, top: int = 10) -> RunSummary:
                avg(end_ns - start_ns) AS mean_ns, max(end_ns - start_ns) AS max_ns
         FROM spans GROUP BY name, kind ORDER BY total_ns DESC LIMIT {int(top)}""")
     levels = run.sql("SELECT level, count(*) AS n FROM logs GROUP BY level ORDER BY n DESC")
+    b, cp, u = breakdown(run), task_critical_path(run), utilisation(run)
     return RunSummary(
         run_id=meta["run_id"], name=meta.get("name"), status=run_state(meta), rows=rows,
         start_ns=start, end_ns=end,
@@ -202,8 +245,10 @@ def summarize(run: Run, top: int = 10) -> RunSummary:
         top_spans=[{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}
                    for r in spans.to_dict("records")],
         logs_by_level=dict(zip(levels["level"], map(int, levels["n"]))),
-        critical_path=task_critical_path(run),
-        utilisation=utilisation(run),
+        critical_path=cp,
+        utilisation=u,
+        breakdown=b,
+        findings=findings(run, b, u, cp),
     )
 
 

@@ -1,4 +1,4 @@
-"""Whether a run's task times were measured or derived.
+"""Whether a run's task times were measured or derived, and what each executing resource is doing at every moment.
 
 A span's times are measured unless its ``attrs`` say otherwise: ``time_source`` absent or ``"measured"``
 means observed; any other value (e.g. ``"derived-asap"``: placed as soon as possible from durations and
@@ -10,9 +10,16 @@ over the spans' extent) check this first.
 from __future__ import annotations
 
 import json
+from typing import TYPE_CHECKING
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
+
+from flowscope.model.semantics import IDLE
+
+if TYPE_CHECKING:
+    from flowscope.store.run import Run
 
 TIME_SOURCE = "time_source"
 MEASURED = "measured"
@@ -36,12 +43,222 @@ def span_time_sources(attrs: pd.Series) -> set[str]:
 
 def task_timeline(spans: pd.DataFrame | pa.Table) -> str | None:
     """``"measured"`` when every task span's times were observed, ``"derived"`` when any was placed by a
-    rule, None when there are no task spans."""
+    rule, None when there are no task spans. ``spans`` are task spans, or ``activity`` rows of which those
+    with the role ``task`` are taken."""
     df = spans.to_pandas() if isinstance(spans, pa.Table) else spans
-    if "kind" in df.columns:
-        df = df[df["kind"] == "task"]
+    if "role" in df.columns:
+        df = df[df["role"] == "task"]
     if not len(df):
         return None
     if "attrs" not in df.columns:
         return MEASURED
     return MEASURED if span_time_sources(df["attrs"]) <= {MEASURED} else DERIVED
+
+
+# ---- the resource-state timeline -------------------------------------------------------------------------
+
+STATE_COLUMNS = ["resource_id", "slot", "start_ns", "end_ns", "state", "group", "role"]
+BUSY_CATEGORIES = ("compute", "communication", "io", "wait", "runtime", "other")
+
+
+def _sequential_states(s: np.ndarray, e: np.ndarray, cat: np.ndarray, grp: np.ndarray, role: np.ndarray,
+                       t0: int, t1: int) -> tuple[np.ndarray, ...]:
+    """Columns (start, end, state, group, role) covering [t0, t1] for spans sorted by start that do not
+    overlap: the spans, and idle in the gaps before, between and after them."""
+    gap_s = np.concatenate([[t0], e])
+    gap_e = np.concatenate([s, [t1]])
+    keep = gap_e > gap_s
+    n_gap = int(keep.sum())
+    none = np.full(n_gap, None, dtype=object)
+    starts = np.concatenate([s, gap_s[keep]])
+    order = np.argsort(starts, kind="stable")
+    return (starts[order], np.concatenate([e, gap_e[keep]])[order],
+            np.concatenate([cat, np.full(n_gap, IDLE, dtype=object)])[order],
+            np.concatenate([grp, none])[order], np.concatenate([role, none])[order])
+
+
+def _lane_states(s: np.ndarray, e: np.ndarray, cat: np.ndarray, grp: np.ndarray, role: np.ndarray,
+                 t0: int, t1: int) -> tuple[np.ndarray, ...]:
+    """Columns (start, end, state, group, role) covering [t0, t1] for spans on one slot: at every moment the
+    span that started last among those running (the innermost of nested spans) gives the state; no span:
+    idle."""
+    order = np.lexsort((-e, s))
+    s, e, cat, grp, role = s[order], e[order], cat[order], grp[order], role[order]
+    if len(s) and (s[1:] >= np.maximum.accumulate(e)[:-1]).all():  # no two spans overlap: no stack needed
+        return _sequential_states(s, e, cat, grp, role, t0, t1)
+    out: list[tuple] = []
+    stack: list[int] = []
+    cur = t0
+
+    def emit(a: int, b: int, top: int | None) -> None:
+        if b > a:
+            out.append((a, b, IDLE, None, None) if top is None else (a, b, cat[top], grp[top], role[top]))
+
+    for i in range(len(s)):
+        si = int(s[i])
+        while stack and e[stack[-1]] <= si:
+            top = stack.pop()
+            end = int(e[top])
+            if end > cur:
+                emit(cur, end, top)
+                cur = end
+        emit(cur, si, stack[-1] if stack else None)
+        cur = max(cur, si)
+        stack.append(i)
+    while stack:
+        top = stack.pop()
+        end = int(e[top])
+        if end > cur:
+            emit(cur, end, top)
+            cur = end
+    emit(cur, t1, None)
+    cols = list(zip(*out)) if out else [[], [], [], [], []]
+    return (np.asarray(cols[0], np.int64), np.asarray(cols[1], np.int64), np.asarray(cols[2], object),
+            np.asarray(cols[3], object), np.asarray(cols[4], object))
+
+
+def _lanes(span_id: np.ndarray, parent: np.ndarray, s: np.ndarray, e: np.ndarray, role: np.ndarray,
+           nested_by_time: bool) -> np.ndarray:
+    """The slot each span of one resource runs in, so that the spans of a slot nest: a span whose parent is on
+    the resource runs in its parent's slot; with ``nested_by_time`` (a resource with one slot) a span that lies
+    within a span still open runs in that one's slot, unless it is a task (a task within a task's interval
+    ran beside it, e.g. in a schedule derived from durations); any other span takes the lowest free slot, past the
+    resource's slots when more run at once than it has (a single thread's spans that overlap without nesting,
+    e.g. by a clock adjustment, keep their time instead of hiding part of it)."""
+    n = len(s)
+    lane = np.full(n, -1, dtype=np.int64)
+    pos = {int(k): i for i, k in enumerate(span_id) if k is not None and not pd.isna(k)}
+    order = np.lexsort((-e, s))
+    open_: list[list[int]] = []  # per slot: the spans open there, innermost last
+    for i in order:
+        si, ei = s[i], e[i]
+        for st in open_:
+            while st and e[st[-1]] <= si:
+                st.pop()
+        p = parent[i]
+        k = -1
+        if p is not None and not pd.isna(p) and int(p) in pos and lane[pos[int(p)]] >= 0:
+            k = int(lane[pos[int(p)]])
+        elif nested_by_time and role[i] != "task":
+            k = next((j for j, st in enumerate(open_) if st and e[st[-1]] >= ei), -1)
+        if k < 0:
+            k = next((j for j, st in enumerate(open_) if not st), -1)
+        if k < 0:
+            k = len(open_)
+            open_.append([])
+        lane[i] = k
+        open_[k].append(i)
+    return lane
+
+
+def resource_states(run: Run) -> pd.DataFrame:
+    """For every executing resource that has activity (the ``executors`` view; a resource the run never
+    declared counts as executing, its slots unknown), which state each of its slots is in at every moment of the run's span (the extent of the executing resources' activity): the category of
+    the innermost span running there, or ``idle`` (gaps included). Columns :data:`STATE_COLUMNS`; the rows of
+    one (resource, slot) do not overlap and cover the span exactly."""
+    acts = run.sql("""
+        SELECT a.resource_id, a.span_id, a.parent_id, a.start_ns, a.end_ns, a.category, a.role, a."group",
+               e.slots
+        FROM activity a LEFT JOIN executors e ON e.resource_id = a.resource_id
+        WHERE coalesce(e.executes, TRUE) AND a.end_ns > a.start_ns""")
+    if not len(acts):
+        return pd.DataFrame({c: pd.Series(dtype="int64" if c in ("slot", "start_ns", "end_ns") else object)
+                             for c in STATE_COLUMNS})
+    t0, t1 = int(acts["start_ns"].min()), int(acts["end_ns"].max())
+    parts: list[tuple] = []
+    for rid, g in acts.groupby("resource_id", sort=True):
+        s = g["start_ns"].to_numpy(np.int64)
+        e = g["end_ns"].to_numpy(np.int64)
+        cat = g["category"].to_numpy(object)
+        grp = g["group"].to_numpy(object)
+        role = g["role"].to_numpy(object)
+        slots = g["slots"].iloc[0]
+        order = np.lexsort((-e, s))
+        if (s[order][1:] >= np.maximum.accumulate(e[order])[:-1]).all():  # no two spans overlap: one slot
+            lane = np.zeros(len(g), dtype=np.int64)
+        else:
+            lane = _lanes(g["span_id"].to_numpy(object), g["parent_id"].to_numpy(object), s, e, role,
+                          nested_by_time=pd.notna(slots) and int(slots) == 1)
+        for k in np.unique(lane):
+            m = lane == k
+            cols = _lane_states(s[m], e[m], cat[m], grp[m], role[m], t0, t1)
+            parts.append((rid, int(k), cols))
+    n = [len(c[0]) for _, _, c in parts]
+    return pd.DataFrame({
+        "resource_id": np.repeat(np.array([r for r, _, _ in parts], dtype=object), n),
+        "slot": np.repeat(np.array([k for _, k, _ in parts], dtype=np.int64), n),
+        **{name: np.concatenate([c[i] for _, _, c in parts]).astype(np.int64 if i < 2 else object)
+           for i, name in enumerate(("start_ns", "end_ns", "state", "group", "role"))}})
+
+
+def _slot_table(run: Run) -> pd.DataFrame:
+    return run.sql("""SELECT DISTINCT a.resource_id, e.slots FROM activity a LEFT JOIN executors e
+                      ON a.resource_id = e.resource_id WHERE coalesce(e.executes, TRUE) AND a.end_ns > a.start_ns""")
+
+
+def utilisation_by_resource(run: Run, states: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Per executing resource: its slots, the run's span (``window_ns``), the slot-time spent in each category
+    (``compute_ns``, ..., ``idle_ns``: unused slots and gaps included), ``busy_ns`` (not idle) and
+    ``utilisation`` = busy / (slots x window), None when its slots are unknown."""
+    st = resource_states(run) if states is None else states
+    cols = ["resource_id", "slots", "window_ns", *(f"{c}_ns" for c in BUSY_CATEGORIES), "idle_ns", "busy_ns",
+            "utilisation"]
+    if not len(st):
+        return pd.DataFrame(columns=cols)
+    window = int(st["end_ns"].max() - st["start_ns"].min())
+    d = st.assign(d=st["end_ns"] - st["start_ns"])
+    by = d.pivot_table(index="resource_id", columns="state", values="d", aggfunc="sum", fill_value=0)
+    slots = _slot_table(run).set_index("resource_id")["slots"]
+    out = pd.DataFrame(index=by.index)
+    out["slots"] = pd.Series([int(slots[r]) if r in slots.index and pd.notna(slots[r]) else None for r in by.index],
+                             index=by.index, dtype=object)
+    out["window_ns"] = window
+    for c in BUSY_CATEGORIES:
+        out[f"{c}_ns"] = by[c].astype("int64") if c in by.columns else 0
+    out["busy_ns"] = out[[f"{c}_ns" for c in BUSY_CATEGORIES]].sum(axis=1).astype("int64")
+    lanes_idle = by[IDLE].astype("int64") if IDLE in by.columns else 0
+    # no idle time left where more ran at once than the slots hold (a derived schedule, a capacity not recorded)
+    out["idle_ns"] = [max(int(s * window - b), 0) if s is not None else int(i)
+                      for s, b, i in zip(out["slots"], out["busy_ns"], np.broadcast_to(lanes_idle, len(out)))]
+    out["utilisation"] = [b / (s * window) if s and window > 0 else None for s, b in zip(out["slots"], out["busy_ns"])]
+    return out.reset_index()[cols]
+
+
+def _integral(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """At each time ``t``: the total length of the intervals [start, end) that lies before it."""
+    s = np.sort(starts)
+    e = np.sort(ends)
+    cs = np.concatenate([[0], np.cumsum(s, dtype=np.float64)])
+    ce = np.concatenate([[0], np.cumsum(e, dtype=np.float64)])
+    ns = np.searchsorted(s, t, side="left")
+    ne = np.searchsorted(e, t, side="left")
+    return (ns * t.astype(np.float64) - cs[ns]) - (ne * t.astype(np.float64) - ce[ne])
+
+
+def utilisation_over_time(run: Run, bins: int = 100, states: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The run's span cut in ``bins`` equal intervals; per interval its ``start_ns``/``end_ns``, the slots
+    busy on average in each category (``compute``, ...) and ``utilisation`` = busy slots / all slots (None
+    when a resource's slots are unknown)."""
+    st = resource_states(run) if states is None else states
+    if not len(st) or bins < 1:
+        return pd.DataFrame(columns=["start_ns", "end_ns", *BUSY_CATEGORIES, "busy", "utilisation"])
+    t0, t1 = int(st["start_ns"].min()), int(st["end_ns"].max())
+    edges = np.linspace(0, t1 - t0, bins + 1)  # relative to t0: ns since the epoch lose precision as floats
+    width = np.diff(edges)
+    out = pd.DataFrame({"start_ns": t0 + edges[:-1].astype(np.int64), "end_ns": t0 + edges[1:].astype(np.int64)})
+    busy = np.zeros(bins)
+    for c in BUSY_CATEGORIES:
+        m = st["state"] == c
+        if m.any():
+            f = _integral((st.loc[m, "start_ns"] - t0).to_numpy(np.float64), (st.loc[m, "end_ns"] - t0).to_numpy(np.float64),
+                          edges)
+            v = np.diff(f) / np.where(width > 0, width, 1)
+        else:
+            v = np.zeros(bins)
+        out[c] = v
+        busy += v
+    out["busy"] = busy
+    slots = _slot_table(run)["slots"]
+    total = None if slots.isna().any() else int(slots.sum())
+    out["utilisation"] = busy / total if total else None
+    return out

@@ -6,6 +6,7 @@ import argparse
 import json
 
 from flowscope.cli.output import LOOKUP_STORE_HELP, console, fmt_ns, print_json, print_table
+from flowscope.cli.semantics import add_semantics_option, open_for
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -26,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--top", type=int, default=10, help="anomalies to print (default 10)")
     p.add_argument("--reduce", metavar="OUT", help="write the reduced run to directory OUT")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_semantics_option(p)
     p.set_defaults(func=run)
 
 
@@ -45,10 +47,8 @@ def why(row: dict) -> str:
 def run(args: argparse.Namespace) -> int:
     from flowscope.analysis.anomalies import AnomalyConfig, detect_run
     from flowscope.analysis.anomalies.reduce import write_reduced
-    from flowscope.store.catalog import resolve_run
-    from flowscope.store.run import open_run
 
-    r = open_run(resolve_run(args.run, args.store))
+    r = open_for(args)
     config = AnomalyConfig(algo=args.algo, sigma=args.sigma, threshold=args.threshold, metric=args.metric,
                            window=args.window)
     det = detect_run(r, config)

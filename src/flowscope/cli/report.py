@@ -7,8 +7,7 @@ import time
 from pathlib import Path
 
 from flowscope.cli.output import LOOKUP_STORE_HELP, progress
-from flowscope.store.catalog import resolve_run
-from flowscope.store.run import open_run
+from flowscope.cli.semantics import add_semantics_option, open_for
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,6 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("-o", "--output", default=None,
                    help="file to write, or a directory to write report.html in (default <run directory>/report.html)")
     p.add_argument("--store", default=None, help=LOOKUP_STORE_HELP)
+    add_semantics_option(p)
     p.set_defaults(func=cmd_report)
 
 
@@ -51,7 +51,7 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     from flowscope.report import REPORT_FILE
 
-    run = open_run(resolve_run(args.run, args.store))
+    run = open_for(args)
     out = Path(args.output) if args.output else None
     if out is not None and out.is_dir():
         out = out / REPORT_FILE

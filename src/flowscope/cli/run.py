@@ -52,7 +52,7 @@ def _progress(run_dir: Path) -> str:
             FROM transitions WHERE observer = 'scheduler'""").iloc[0]
         if not int(row["total"]):  # the local schedulers: task spans of the graphs submitted so far
             row = run.sql("""
-                SELECT (SELECT count(*) FROM spans WHERE kind = 'task') AS done,
+                SELECT (SELECT count(*) FROM activity WHERE role = 'task') AS done,
                        (SELECT coalesce(sum(CAST(json_extract(attrs, '$.tasks') AS BIGINT)), 0) FROM logs
                         WHERE category = 'graph-submitted') AS total""").iloc[0]
     except Exception:  # a segment being renamed into place; try again next tick
@@ -90,6 +90,7 @@ def _hardware(fs, period: float):
 
 def run(args: argparse.Namespace) -> int:
     from flowscope import Client
+    from flowscope.sources.semantics import LIVE
     from flowscope.model import identifiers as ids
 
     cmd = list(args.argv)
@@ -102,7 +103,7 @@ def run(args: argparse.Namespace) -> int:
 
         _parse(args.trace)  # a bad pattern is refused here, not in the child
     fs = Client("embedded", store=args.store, serve=True, name=args.name or Path(cmd[0]).name,
-                command=shlex.join(cmd))
+                command=shlex.join(cmd), meta={"semantics": LIVE})
     facts_dir = tempfile.mkdtemp(prefix="flowscope-facts-")
     # every Python process the command starts loads sources/_boot/sitecustomize.py: the local schedulers'
     # capture once it imports dask, and the facts that explain a run with no tasks

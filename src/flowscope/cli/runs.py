@@ -10,8 +10,8 @@ import sys
 import pandas as pd
 
 from flowscope.cli.output import LOOKUP_STORE_HELP, STORE_HELP, console, fmt_ns, print_json, print_table
-from flowscope.store.catalog import default_store, interruption, list_runs, resolve_run, run_state
-from flowscope.store.run import open_run
+from flowscope.store.catalog import default_store, interruption, list_runs, run_state
+from flowscope.cli.semantics import add_semantics_option, open_for
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,11 +28,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store", default=None, help=LOOKUP_STORE_HELP)
     p.add_argument("--top", type=int, default=10, help="how many span names to list (default 10)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    add_semantics_option(p)
     p.set_defaults(func=cmd_show)
 
     p = sub.add_parser("sql", help="query a run with SQL (DuckDB)",
                        description="Run a SQL query over a run; each table (spans, transitions, dependencies, "
-                                   "transfers, io, metrics, logs, resources, data_states, mutations) is a view.")
+                                   "transfers, io, metrics, logs, resources, data_states, mutations) is a view, "
+                                   "and so are activity (spans with their category, role and group) and "
+                                   "executors (resources with executes and slots).")
     p.add_argument("run", help="run directory, run id in the store, or 'latest'")
     p.add_argument("query", help='e.g. "SELECT name, count(*) FROM spans GROUP BY name"')
     p.add_argument("--store", default=None, help=LOOKUP_STORE_HELP)
@@ -40,6 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     fmt.add_argument("--json", action="store_true", help="print JSON records")
     fmt.add_argument("--csv", action="store_true", help="print CSV")
     p.add_argument("--max-rows", type=int, default=100, help="rows to print as a table (default 100; JSON/CSV print all)")
+    add_semantics_option(p)
     p.set_defaults(func=cmd_sql)
 
 
@@ -82,7 +86,7 @@ def cmd_show(args: argparse.Namespace) -> int:
     from flowscope.analysis.nothing_observed import why_nothing_observed
     from flowscope.analysis.summary import summarize
 
-    run = open_run(resolve_run(args.run, args.store))
+    run = open_for(args)
     s = summarize(run, top=args.top)
     reasons = why_nothing_observed(run)
     if args.json:
@@ -108,7 +112,13 @@ def cmd_show(args: argparse.Namespace) -> int:
                       fmt_ns(r["max_ns"])] for r in s.top_spans])
     if s.logs_by_level:
         console.print("logs: " + ", ".join(f"{n} {k}" for k, n in s.logs_by_level.items()))
+    b = s.breakdown
+    if b is not None and b.categories:
+        console.print("breakdown (slot-time of the executing resources): "
+                      + ", ".join(f"{c} {fmt_ns(v * 1e9)}" for c, v in b.categories.items()))
     _print_paths_and_utilisation(s)
+    for f in s.findings:
+        console.print(f"finding: {f['message']}", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
@@ -132,12 +142,12 @@ def _print_paths_and_utilisation(s) -> None:
                       f"{len(set(mp['resources']))} resources; {mp['wait_states']} wait states: late sender "
                       f"{fmt_ns(w['late-sender'])}, late receiver {fmt_ns(w['late-receiver'])}")
     if u is not None:
-        console.print(f"utilisation: {100 * u.value:.1f} % of {u.slots} task slots over {fmt_ns(u.makespan_ns)}"
+        console.print(f"utilisation: {100 * u.value:.1f} % of {u.slots} slots over {fmt_ns(u.makespan_ns)}"
                       if u.value is not None else f"utilisation: unknown ({u.reason})")
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    run = open_run(resolve_run(args.run, args.store))
+    run = open_for(args)
     try:
         df = run.sql(args.query)
     except Exception as exc:  # DuckDB's own message says what is wrong with the query

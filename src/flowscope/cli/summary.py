@@ -47,10 +47,9 @@ def print_run_summary(run: Run, report: Path | None = None, top: int = 5) -> Non
                     [[g["group"], int(g["count"]), fmt_ns(g["total_s"] * 1e9), fmt_ns(g["mean_s"] * 1e9),
                       f"{g['cv']:.2f}"] for g in groups.to_dict("records")])
     if b.tasks:
-        from flowscope.analysis.critical_path import task_graph_paths
+        from flowscope.analysis.critical_path import task_graph_paths, work_units
 
-        spans = run.table("spans")
-        tp = task_graph_paths(spans[spans["kind"] == "task"], run.table("dependencies"), run.table("transfers"))
+        tp = task_graph_paths(work_units(run), run.table("dependencies"), run.table("transfers"))
         if tp.measured is None:
             console.print(f"  critical path {fmt_ns(tp.structural.length_ns)} through {len(tp.structural.ids)} tasks "
                           f"(structural: task times are derived, not measured)")

@@ -6,6 +6,8 @@ A format module (``flowscope.importers.<name>``) defines
 * ``sniff(path: Path, head: bytes) -> bool`` -- whether the file is in this format, judged from its
   content (``head``: up to :data:`HEAD_BYTES` of it, gunzipped when the file is gzip), the name only
   as a tie-breaker; cheap, never raises;
+* ``SEMANTICS`` -- what its spans and resources mean to the analyses (a mapping of
+  :mod:`flowscope.model.semantics`), added to run.json ``semantics`` by each import;
 * ``read(path: Path, sink: ImportSink) -> None`` -- read the file and hand canonical rows to the
   sink (see :mod:`flowscope.importers.sink`). Bad input raises :class:`TraceError` saying where
   (file and line, byte offset or record); what the importer can repair it reports through
@@ -356,6 +358,11 @@ def _import_files(collector, run_dir: Path, run_id: str, job: dict, todo: list[t
             imports.append({"path": str(path.resolve()), "format": f, "content": content, "segments": sink.token,
                             "rows": done.rows, "warnings": done.warnings, "meta": done.meta})
             fields: dict[str, Any] = {"imports": imports}
+            declared = getattr(format_module(f), "SEMANTICS", None)
+            if declared is not None:  # what this format's rows mean to the analyses (model/semantics.py)
+                from flowscope.model.semantics import with_declared
+
+                fields["semantics"] = with_declared(meta.get("semantics"), [declared])
             if created:
                 for k, v in sink.run_fields.items():
                     if k in ("start_ns", "end_ns") and meta.get(k) is not None and len(imports) > 1 and v is not None:

@@ -41,6 +41,29 @@ from flowscope.model.identifiers import call_key
 
 NAME = "chrome"
 
+#: what Chrome / Perfetto trace events mean (model/semantics.py): Kineto's GPU kernels are tasks (NCCL
+#: kernels communicate), its memcpy/memset move data, CUDA runtime and driver calls are the runtime's
+#: (synchronisations wait); any other complete event is a call that computes. A trace thread (a CPU
+#: thread, a GPU stream) executes.
+SEMANTICS = {
+    "source": "chrome",
+    "spans": [
+        {"when": {"attrs.cat": "kernel", "name": ["nccl*", "*Nccl*", "*nccl*"]}, "category": "communication",
+         "role": "task"},
+        {"when": {"attrs.cat": "kernel"}, "category": "compute", "role": "task"},
+        {"when": {"attrs.cat": ["gpu_memcpy", "gpu_memset", "Memcpy", "Memset"]}, "category": "communication",
+         "role": "task"},
+        {"when": {"attrs.cat": ["cuda_runtime", "cuda_driver"], "name": ["*Synchronize*", "*Wait*"]},
+         "category": "wait", "role": "call"},
+        {"when": {"attrs.cat": ["cuda_runtime", "cuda_driver"]}, "category": "runtime", "role": "call"},
+        {"when": {"attrs.cat": ["disk*", "io", "IO", "file*"]}, "category": "io", "role": "call"},
+    ],
+    "resources": [
+        {"when": {"kind": "thread"}, "executes": True, "slots": 1},
+        {"when": {"kind": "process"}, "executes": False},
+    ],
+}
+
 CHUNK = 1 << 20
 _WS = re.compile(r"[ \t\n\r]*")
 _SNIFF_OBJECT = re.compile(rb'^\s*\{.*"traceEvents"\s*:', re.S)

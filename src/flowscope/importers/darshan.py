@@ -24,6 +24,17 @@ from flowscope.importers.sink import ImportSink
 
 NAME = "darshan"
 
+#: what a Darshan log means (model/semantics.py): its rows are I/O records (the io table) and counters; a rank
+#: executes, the job and the log are containers
+SEMANTICS = {
+    "source": "darshan",
+    "spans": [],
+    "resources": [
+        {"when": {"kind": "rank", "resource_id": "darshan:*"}, "executes": True, "slots": 1},
+        {"when": {"kind": "container", "resource_id": "darshan:*"}, "executes": False},
+    ],
+}
+
 DARSHAN_MAGIC = 6567223  # DARSHAN_MAGIC_NR in darshan-log-format.h
 #: modules whose records are {base_rec, counters[], fcounters[]}, with the name darshan-util gives their counters
 GENERIC = {"POSIX": "POSIX", "MPI-IO": "MPI-IO", "STDIO": "STDIO", "H5F": "H5F", "H5D": "H5D",

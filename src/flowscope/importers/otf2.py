@@ -30,6 +30,32 @@ from flowscope.model.identifiers import call_key
 
 NAME = "otf2"
 
+#: what OTF2 regions mean (model/semantics.py), by the region's role and paradigm as Score-P records them: MPI
+#: I/O and file calls are I/O, waits and barriers wait, point-to-point, collective and one-sided calls
+#: communicate, the other MPI calls (Init, Finalize, Comm_rank, ...) are the runtime's, user and compiler
+#: regions compute; a location (a thread of a rank) executes
+SEMANTICS = {
+    "source": "otf2",
+    "spans": [
+        {"when": {"name": ["MPI_File_*", "MPI_Register_datarep*"]}, "category": "io", "role": "call"},
+        {"when": {"attrs.role": ["FILE_IO", "FILE_IO_METADATA"]}, "category": "io", "role": "call"},
+        {"when": {"name": ["MPI_Wait*", "MPI_Test*", "MPI_Barrier", "MPI_Ibarrier", "MPI_Probe", "MPI_Iprobe"]},
+         "category": "wait", "role": "call"},
+        {"when": {"attrs.role": ["BARRIER", "IMPLICIT_BARRIER", "TASK_WAIT"]}, "category": "wait", "role": "call"},
+        {"when": {"attrs.paradigm": "MPI", "attrs.role": ["POINT2POINT", "COLL_*", "RMA", "ATOMIC"]},
+         "category": "communication", "role": "call"},
+        {"when": {"attrs.paradigm": "MPI"}, "category": "runtime", "role": "call"},
+        {"when": {"attrs.paradigm": ["OPENMP", "PTHREAD", "CUDA", "OPENCL", "OPENACC", "HIP", "SHMEM"],
+                  "attrs.role": ["DATA_TRANSFER", "COLL_*", "POINT2POINT"]}, "category": "communication",
+         "role": "call"},
+        {"when": {"kind": "call"}, "category": "compute", "role": "call"},
+    ],
+    "resources": [
+        {"when": {"kind": "thread"}, "executes": True, "slots": 1},
+        {"when": {"kind": ["rank", "host", "container"]}, "executes": False},
+    ],
+}
+
 #: OTF2_UNDEFINED_TIMESTAMP: the archive has no realtime anchor for its clock
 UNDEFINED_TIMESTAMP = 2**64 - 1
 #: rows of one table gathered before they are handed to the sink

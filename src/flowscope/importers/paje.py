@@ -36,6 +36,32 @@ from flowscope.importers.sink import ImportSink
 from flowscope.model.schemas import schema
 
 NAME = "paje"
+
+#: what Paje states and containers mean (model/semantics.py): StarPU's worker states by value (a state named
+#: after a codelet that carries a JobId is a task's execution; the zero-length marker before it is not), its
+#: Worker containers execute; other Paje traces fall to the generic defaults (states as 'other')
+SEMANTICS = {
+    "source": "paje",
+    "spans": [
+        {"when": {"kind": "state", "name": ["Sleeping", "Idle"]}, "category": "idle", "role": "state"},
+        {"when": {"kind": "state", "name": ["FetchingInput", "PushingOutput"]}, "category": "communication",
+         "role": "state"},
+        {"when": {"kind": "state", "name": ["Waiting task", "Waiting all tasks", "Blocked*", "Waiting*"]},
+         "category": "wait", "role": "state"},
+        {"when": {"kind": "state", "name": ["Overhead", "Scheduling", "Progressing", "Initializing",
+                                            "Deinitializing", "Callback", "Building task", "Submitting task",
+                                            "Freeing", "Allocating*", "Reclaiming", "Executing"]},
+         "category": "runtime", "role": "state"},
+        {"when": {"kind": "state", "attrs.paje_type": "Worker State", "attrs.JobId": "*"}, "category": "compute",
+         "role": "task", "group": "name"},
+        {"when": {"kind": "state", "attrs.paje_type": "Worker State"}, "category": "compute", "role": "state"},
+    ],
+    "resources": [
+        {"when": {"kind": "Worker"}, "executes": True, "slots": 1},
+        {"when": {"kind": ["Thread", "User Thread", "Memory Node", "Memory Manager", "Scheduler State", "Program",
+                           "MPI Program", "root"]}, "executes": False},
+    ],
+}
 #: |origin + time| in ns must stay below this (int64 timestamps; times are checked as if in seconds)
 TIME_LIMIT = 9.2e18
 #: rows collected per table before they are spooled

@@ -27,6 +27,14 @@ from flowscope.importers.sink import ImportSink
 from flowscope.model.identifiers import host_id
 
 NAME = "wfcommons"
+
+#: what a WfCommons instance means (model/semantics.py): each task a unit of work grouped by its category,
+#: run on a machine that executes as many at once as it has cores
+SEMANTICS = {
+    "source": "wfcommons",
+    "spans": [{"when": {"kind": "task"}, "category": "compute", "role": "task", "group": "name"}],
+    "resources": [{"when": {"kind": "host"}, "executes": True, "slots": "attrs.cpu_cores"}],
+}
 SUPPORTED_VERSIONS = ("1.4", "1.5")
 TIME_SOURCE = "derived-asap"
 #: location of files no task of the instance produced (they existed before the run started)

@@ -151,7 +151,7 @@ def _kept_calls(run, anomalies: pd.DataFrame) -> pd.DataFrame:
         return window_calls(run.path).to_pandas()
     from flowscope.analysis.anomalies import calls_from_spans
 
-    c = calls_from_spans(run.arrow("spans"))
+    c = calls_from_spans(run.sql_arrow("SELECT * FROM activity"))
     pos = np.arange(len(c)) - c.resource_start()
     return pd.DataFrame({"resource_id": np.asarray(c.resources, object)[c.resource], "pos": pos,
                          "call_id": c.call_id, "function": np.asarray(c.functions, object)[c.func],

@@ -80,22 +80,28 @@ def _esc(text: str) -> str:
 # ---- breakdown --------------------------------------------------------------------------------------------
 
 def breakdown_chart(b: Breakdown) -> go.Figure | None:
-    """Seconds of computation, communication and I/O (summed over resources), one bar each."""
-    if not (b.compute_s or b.communication_s or b.io_s):
+    """Seconds of computation, communication and I/O (summed over resources), one bar each, then waiting,
+    runtime overhead and idle time when the run has them."""
+    if not (b.compute_s or b.communication_s or b.io_s or b.wait_s or b.runtime_s):
         return None
     cats = ["computation", "communication", "I/O" if b.io_s is not None else "I/O (time unknown)"]
     vals = [b.compute_s, b.communication_s, b.io_s or 0.0]
+    extra = [(n, v, c) for n, v, c in (("waiting", b.wait_s, "#d62728"), ("runtime overhead", b.runtime_s, "#9467bd"),
+                                       ("idle", b.idle_s, "#c7c7c7")) if v]
+    colors = ["#1f77b4", KIND_COLORS["transfer"], KIND_COLORS["disk-read"]]
+    cats += [n for n, _, _ in extra]
+    vals += [v for _, v, _ in extra]
+    colors += [c for _, _, c in extra]
     total = sum(vals) or 1.0
     text = [f"{v:.3f} s ({100 * v / total:.1f} %)" for v in vals]
     if b.io_s is None:
         text[2] = "unknown"
     fig = go.Figure(go.Bar(y=cats, x=vals, orientation="h", text=text, textposition="auto",
-                           marker_color=[OTHER_COLOR if v == 0 else c for v, c in
-                                         zip(vals, ["#1f77b4", KIND_COLORS["transfer"], KIND_COLORS["disk-read"]])],
+                           marker_color=[OTHER_COLOR if v == 0 else c for v, c in zip(vals, colors)],
                            hovertemplate="%{y}: %{x:.6f} s<extra></extra>"))
     fig.update_yaxes(autorange="reversed")
     fig.update_xaxes(title=dict(text="seconds, summed over threads and workers", standoff=6))
-    return _layout(fig, 220, showlegend=False, margin=dict(l=10, r=10, t=16, b=44))
+    return _layout(fig, 220 + 30 * len(extra), showlegend=False, margin=dict(l=10, r=10, t=16, b=44))
 
 
 # ---- task stream ------------------------------------------------------------------------------------------
@@ -112,17 +118,18 @@ def task_stream(ctx: Context) -> go.Figure | StreamFigure | None:
     have_transfers = ctx.counts.get("transfers", 0) > 0
     if not ctx.counts.get("spans") and not have_transfers:
         return None
-    span_filter = "kind <> 'transfer'" if have_transfers else "true"
-    n_spans = int(ctx.sql(f"SELECT count(*) AS n FROM spans WHERE {span_filter}")["n"].iloc[0]) \
+    # a communication span that is not a call (a Dask worker's fetch) is drawn as its transfer
+    span_filter = "NOT (category = 'communication' AND role = 'other')" if have_transfers else "true"
+    n_spans = int(ctx.sql(f"SELECT count(*) AS n FROM activity WHERE {span_filter}")["n"].iloc[0]) \
         if ctx.counts.get("spans") else 0
     n_total = n_spans + ctx.counts.get("transfers", 0)
     if n_total == 0:
         return None
     small = n_total <= HOVER_TEXT_UP_TO
     spans = ctx.sql_arrow(f"""
-        SELECT resource_id, CASE WHEN kind = 'task' THEN name ELSE kind END AS grp,
+        SELECT resource_id, CASE WHEN role = 'other' THEN kind ELSE "group" END AS grp,
                (start_ns - {t0}) // 1000 AS s, (end_ns - {t0}) // 1000 AS e{", task_key" if small else ""}
-        FROM spans WHERE {span_filter}""").to_pandas() if n_spans else None
+        FROM activity WHERE {span_filter}""").to_pandas() if n_spans else None
     xfers = ctx.sql_arrow(f"""
         SELECT dst_resource_id AS resource_id, (start_ns - {t0}) // 1000 AS s, (end_ns - {t0}) // 1000 AS e
                {", src_resource_id AS src, nbytes, len(keys) AS n_keys" if small else ""}
@@ -275,7 +282,7 @@ def task_start_histogram(ctx: Context, bins: int = 200) -> tuple[np.ndarray, np.
     """Task starts per second in ``bins`` equal time bins: (bin centres s, rate, bin width s)."""
     width_ns = max(1000, int(ctx.extent_s * 1e9 / bins) + 1)
     df = ctx.sql(f"""SELECT (start_ns - {ctx.t0}) // {width_ns} AS b, count(*) AS n
-                         FROM spans WHERE kind = 'task' GROUP BY b ORDER BY b""")
+                         FROM activity WHERE role = 'task' GROUP BY b ORDER BY b""")
     if df.empty:
         return None
     w = width_ns / 1e9

@@ -20,7 +20,8 @@ PALETTE = (
 KIND_COLORS = {"transfer": "#d62728", "disk-read": "#8c564b", "disk-write": "#5d3a2e", "io": "#6b6b6b"}
 OTHER_COLOR = "#c7c7c7"
 MAX_GROUPS = len(PALETTE)  # groups beyond these share one "other" colour
-REPORT_TABLES = ("spans", "transfers", "io", "metrics", "logs", "resources")  # what the report reads
+#: what the report reads: tables, and the semantic views over them (model/semantics.py)
+REPORT_TABLES = ("spans", "transfers", "io", "metrics", "logs", "resources", "activity", "executors")
 
 
 def natural_key(text: str) -> tuple:

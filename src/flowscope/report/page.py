@@ -16,7 +16,7 @@ from plotly.offline import get_plotlyjs
 import flowscope
 from flowscope.analysis.breakdown import IO_TIME_UNKNOWN, Breakdown, breakdown, task_groups
 from flowscope.analysis.nothing_observed import why_nothing_observed
-from flowscope.analysis.summary import Utilisation, utilisation
+from flowscope.analysis.summary import TASK_STEP, Utilisation, utilisation
 from flowscope.report import charts
 from flowscope.report.anomalies import anomaly_section
 from flowscope.report.context import Context
@@ -210,14 +210,18 @@ def summary_section(ctx: Context) -> str:
 
 
 def breakdown_section(ctx: Context, b: Breakdown, figs: _Figures) -> str:
-    help_text = ("Time spent computing (task spans), communicating (inter-worker transfers) and in timed I/O "
-                 "(spilling to disk and I/O records that carry a duration), each summed over the threads and "
-                 "workers it happened on, so the three can exceed the makespan. Bytes are what was moved. "
-                 "Utilisation: task time / (task slots x makespan), the slots being what ran tasks (a thread 1, "
-                 "a host its cores); over the run's recorded duration when the task times are derived, not "
-                 "measured.")
-    if not (b.tasks or b.transfers or b.io_s or b.io_read_bytes or b.io_write_bytes):
-        return _section("breakdown", _nodata("no task spans, transfers or I/O records in this run."), help_text)
+    help_text = ("Where the time of the resources that execute work (threads, MPI locations, StarPU workers, GPU "
+                 "streams, hosts' cores) went, by the category each source's spans map onto (docs/data-model.md, "
+                 "'Semantic vocabulary'): computing, communicating (the executors' communication calls, else "
+                 "the transfers' durations), timed I/O (I/O states, spilling to disk and I/O records that carry a "
+                 "duration), waiting, runtime overhead, idle. Each is slot-time summed over the executing "
+                 "resources (a nested call is counted once), so they can exceed the makespan. Bytes are what "
+                 "was moved. Utilisation: busy slot-time / (slots x makespan), per resource below; over the "
+                 "run's recorded duration when the task times are derived, not measured.")
+    if not (b.categories or b.transfers or b.io_s is None or b.io_read_bytes or b.io_write_bytes):
+        return _section("breakdown", _nodata("no spans on resources that execute work, no transfers and no I/O "
+                                             "records in this run: a source's spans become busy time once its "
+                                             "mapping says what they are (flowscope semantics)."), help_text)
     if b.io_s is None:
         io_time, io_note = "unknown", f'<p class="note">{_e(IO_TIME_UNKNOWN)}</p>'
     elif b.io_untimed:
@@ -226,25 +230,47 @@ def breakdown_section(ctx: Context, b: Breakdown, figs: _Figures) -> str:
                    f'{b.io_untimed:,} records carry bytes only. {_e(IO_TIME_UNKNOWN)}</p>')
     else:
         io_time, io_note = fmt_s(b.io_s), ""
-    threads = int(ctx.sql("SELECT count(DISTINCT resource_id) AS n FROM spans WHERE kind = 'task'")["n"].iloc[0])
+    threads = b.executors
     util = utilisation(ctx.run)
     rows = [
         ["computation", fmt_s(b.compute_s), "-", f"{b.tasks:,} tasks"],
         ["communication", fmt_s(b.communication_s), fmt_bytes(b.communication_bytes), f"{b.transfers:,} transfers"],
         ["I/O", io_time, f"{fmt_bytes(b.io_read_bytes)} read, {fmt_bytes(b.io_write_bytes)} written", ""],
     ]
+    rows += [[name, fmt_s(v), "-", ""] for name, v in (("waiting", b.wait_s), ("runtime overhead", b.runtime_s),
+                                                        ("other", b.other_s), ("idle", b.idle_s)) if v]
     table = _table(["category", "time", "bytes", "count"], rows)
-    facts = [("makespan (first task start to last task end)", fmt_s(b.makespan_s))]
+    facts = [("makespan (the executing resources' first to last activity)", fmt_s(b.makespan_s))]
     if threads:
-        facts.append(("resources that ran tasks", f"{threads:,}"))
+        facts.append(("resources that execute work", f"{threads:,}"))
     if util is not None:
         facts.extend(_utilisation_facts(util))
     dl = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts)
     fig = charts.breakdown_chart(b)
     chart = figs.html(fig, "breakdown") if fig is not None else ""
     body = (f'<div class="cols"><div>{table}{io_note}<dl class="facts">{dl}</dl></div>'
-            f'<div class="grow">{chart}</div></div>')
+            f'<div class="grow">{chart}</div></div>') + _utilisation_table(ctx)
     return _section("breakdown", body, help_text)
+
+
+def _utilisation_table(ctx: Context, limit: int = 50) -> str:
+    """Per executing resource: its slots, utilisation and the share of its slot-time in each category."""
+    from flowscope.analysis.timeline import BUSY_CATEGORIES, utilisation_by_resource
+
+    u = utilisation_by_resource(ctx.tables)
+    if u.empty:
+        return ""
+    u = u.sort_values("busy_ns", ascending=False)
+    cats = [c for c in (*BUSY_CATEGORIES, "idle") if u[f"{c}_ns"].sum() > 0]
+    rows = []
+    for r in u.head(limit).to_dict("records"):
+        cap = (r["slots"] or 0) * r["window_ns"]
+        shares = [f"{100 * r[f'{c}_ns'] / cap:.1f} %" if cap else fmt_s(r[f"{c}_ns"] / 1e9) for c in cats]
+        rows.append([ctx.rid_label(r["resource_id"]), r["slots"] if r["slots"] is not None else "?",
+                     f"{100 * r['utilisation']:.1f} %" if r["utilisation"] is not None else "unknown", *shares])
+    note = f'<p class="note">{len(u) - limit:,} more resources not shown.</p>' if len(u) > limit else ""
+    return ('<h3 id="utilisation-per-resource">Utilisation per executing resource</h3>'
+            + _table(["resource", "slots", "utilisation", *cats], rows, left=1) + note)
 
 
 def _utilisation_facts(u: Utilisation) -> list[tuple[str, str]]:
@@ -299,7 +325,7 @@ def _path_table(path, limit: int = 200) -> str:
 
 def critical_path_section(ctx: Context, figs: _Figures) -> str:
     """The task graph's measured and structural critical paths, and the data-state graph with its path."""
-    from flowscope.analysis.critical_path import data_state_path, task_graph_paths
+    from flowscope.analysis.critical_path import data_state_path, task_graph_paths, work_units
     from flowscope.analysis.dataflow import data_states_from_tasks
     from flowscope.report.critical_path import attribution_figure, graph_view
 
@@ -316,17 +342,16 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
                  "as states; recorded with the data-state API or derived from the tasks) with its critical path "
                  "in red.")
     body = []
-    tasks = ctx.sql("SELECT count(*) AS n FROM spans WHERE kind = 'task' AND task_key IS NOT NULL")["n"].iloc[0]
+    units = work_units(ctx.run)
+    tasks = int(units["task_key"].notna().sum())
 
     def failed(what: str, exc: Exception) -> str:
         return f'<p class="nodata">The {what} could not be computed: {_e(str(exc))}</p>'
 
     tp = None
     if tasks:
-        spans = ctx.run.table("spans")
         try:
-            tp = task_graph_paths(spans[spans["kind"] == "task"], ctx.run.table("dependencies"),
-                                  ctx.run.table("transfers"))
+            tp = task_graph_paths(units, ctx.run.table("dependencies"), ctx.run.table("transfers"))
         except ValueError as exc:  # a table that breaks the analysis' rules must not cost the whole report
             body.append(failed("task graph's critical path", exc))
     if tp is not None and tp.measured is None:
@@ -340,7 +365,7 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
     elif tp is not None:
         m, st = tp.measured, tp.structural
         body.append(f'<p>Measured critical path: <b>{fmt_s(m.length_ns / 1e9)}</b> through '
-                    f'{int((m.steps["kind"] == "task").sum()):,} tasks; structural (unlimited workers): '
+                    f'{int((m.steps["kind"] == TASK_STEP).sum()):,} tasks; structural (unlimited workers): '
                     f'<b>{fmt_s(st.length_ns / 1e9)}</b>; scheduling and contention cost '
                     f'<b>{fmt_s(tp.difference_ns / 1e9)}</b>.</p>')
         body.append(figs.html(attribution_figure(m), "critical-path-attribution"))
@@ -402,11 +427,12 @@ def _message_path_parts(ctx: Context, figs: _Figures, failed) -> list[str]:
 
 
 def groups_section(ctx: Context, groups: pd.DataFrame, limit: int = 60) -> str:
-    help_text = ("Task spans grouped by name (Dask's task prefix), largest total time first. "
+    help_text = ("Tasks grouped by their group (Dask's task prefix, a StarPU codelet, a WfCommons category; a run "
+                 "without tasks groups its calls, e.g. MPI functions, or else its states), largest total time first. "
                  "CV is the coefficient of variation of the durations (standard deviation / mean): "
                  "near 0 the tasks of a group take the same time, above 1 their durations vary widely.")
     if groups.empty:
-        return _section("task-groups", _nodata("no task spans in this run."), help_text)
+        return _section("task-groups", _nodata("no tasks, calls or states in this run."), help_text)
     rows = []
     for r in groups.head(limit).itertuples():
         sw = Markup(f'<span class="sw" style="background:{ctx.color(r.group)}"></span>{_e(r.group)}')

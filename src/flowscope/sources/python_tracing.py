@@ -34,6 +34,11 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from flowscope.sources import semantics as _semantics
+
+#: what this source's rows mean to the analyses (model/semantics.py)
+SEMANTICS = _semantics.PYTHON_TRACING
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 _parent: contextvars.ContextVar[int | None] = contextvars.ContextVar("flowscope_trace_parent", default=None)
@@ -50,7 +55,8 @@ def start(client=None):
         if client is None:
             from flowscope.client.client import Client
 
-            client = Client(name="python-trace") if not os.environ.get("FLOWSCOPE_ADDRESS") else Client()
+            client = Client(name="python-trace", meta={"semantics": [SEMANTICS]}) \
+                if not os.environ.get("FLOWSCOPE_ADDRESS") else Client(meta={"semantics": [SEMANTICS]})
             _state["owned"] = True
             atexit.register(stop)
             _warm_arrow()

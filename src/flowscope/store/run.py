@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import duckdb
 import pyarrow as pa
@@ -13,6 +13,7 @@ import pyarrow.parquet as pq
 
 from flowscope.model.conform import type_family
 from flowscope.model.schemas import DERIVED_TABLES, TABLES, schema
+from flowscope.model.semantics import activity_sql, declared, executors_sql, load_mappings, ordered, override_of
 from flowscope.store.layout import RUN_JSON, read_json, segment_files
 
 if TYPE_CHECKING:
@@ -74,10 +75,12 @@ class RunNotFound(FileNotFoundError):
 class Run:
     """A run directory, live or finished. Every read sees the segments complete at that moment."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, semantics: Any = None):
         self.path = Path(path)
         if not (self.path / RUN_JSON).is_file():
             raise RunNotFound(f"{self.path}: not a flowscope run (no {RUN_JSON})")
+        #: the caller's override of the run's semantic mappings (model/semantics.py), tried before all others
+        self.semantics: list[dict] = load_mappings(semantics) if semantics is not None else []
         self._con: duckdb.DuckDBPyConnection | None = None
         self._lock = threading.Lock()
 
@@ -160,7 +163,16 @@ class Run:
                 else:
                     cols = ", ".join(f'CAST(NULL AS {_duck_type(f.type)}) AS "{f.name}"' for f in target)
                     con.execute(f"CREATE OR REPLACE VIEW \"{name}\" AS SELECT {cols} WHERE false")
+            mappings = self.mappings()
+            con.execute(f"CREATE OR REPLACE VIEW activity AS {activity_sql(mappings)}")
+            con.execute(f"CREATE OR REPLACE VIEW executors AS {executors_sql(mappings)}")
             return con.cursor()
+
+    def mappings(self) -> list[dict]:
+        """The semantic mappings in the order their rules are tried: the caller's override, the override
+        stored with the run, the mappings its sources declared, the generic defaults."""
+        meta = self.meta
+        return ordered([*self.semantics, *override_of(meta)], declared(meta))
 
     def sql(self, query: str, params: list | None = None) -> pd.DataFrame:
         """Run ``query`` with one view per table (spans, transitions, ...) and return a DataFrame."""
@@ -189,6 +201,7 @@ class Run:
                 self._con = None
 
 
-def open_run(path: str | Path) -> Run:
-    """Open the run directory at ``path`` (live or finished)."""
-    return Run(path)
+def open_run(path: str | Path, semantics: Any = None) -> Run:
+    """Open the run directory at ``path`` (live or finished). ``semantics``: mappings that override the
+    run's own (a mapping, a list of them, JSON text or a JSON file's path; see :mod:`flowscope.model.semantics`)."""
+    return Run(path, semantics)

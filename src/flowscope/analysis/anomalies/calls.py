@@ -70,9 +70,11 @@ def _codes(arr: pa.ChunkedArray | pa.Array) -> tuple[list[str], np.ndarray]:
 
 
 def calls_from_spans(spans: pa.Table, kinds: tuple[str, ...] | None = ("task", "call", "state")) -> Calls:
-    """The function calls among ``spans`` (canonical spans schema), of the span ``kinds`` given (all if None)."""
+    """The function calls among ``spans`` of the ``kinds`` given (all if None): the rows' ``role`` when they
+    are ``activity`` rows (model/semantics.py), else their ``kind`` (a live source's own spans)."""
     if kinds is not None:
-        spans = spans.filter(pc.is_in(spans["kind"], value_set=pa.array(list(kinds), pa.string())))
+        column = "role" if "role" in spans.column_names else "kind"
+        spans = spans.filter(pc.is_in(spans[column], value_set=pa.array(list(kinds), pa.string())))
     spans = spans.sort_by([("resource_id", "ascending"), ("start_ns", "ascending"), ("end_ns", "descending"),
                            ("name", "ascending")]).combine_chunks()
     n = spans.num_rows

@@ -74,8 +74,8 @@ def detect(spans: pa.Table, config: AnomalyConfig | None = None, *, transfers: p
 
 def detect_run(run, config: AnomalyConfig | None = None) -> Detection:
     """``detect`` over a run on disk (``flowscope.open_run``)."""
-    return detect(run.arrow("spans"), config, transfers=run.arrow("transfers"), resources=run.arrow("resources"),
-                  meta=run.meta)
+    return detect(run.sql_arrow("SELECT * FROM activity"), config, transfers=run.arrow("transfers"),
+                  resources=run.arrow("resources"), meta=run.meta)
 
 
 def post_prune(rows: np.ndarray, codes: np.ndarray, values: np.ndarray, final: Scorer) -> np.ndarray:

@@ -171,6 +171,7 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
     with a scheduler in this process for its GIL; ``"embedded"`` runs it on threads of this process."""
     from flowscope.client.client import Client
     from flowscope.sources import process_facts
+    from flowscope.sources import semantics as _semantics
     from flowscope.store.catalog import default_store
 
     if anomalies and dask_client is None:
@@ -178,14 +179,17 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
     if collector not in ("process", "embedded"):
         raise ValueError(f"collector must be 'process' or 'embedded', not {collector!r}")
     store = Path(store) if store is not None else default_store()
+    # what the run's rows will mean (model/semantics.py): the plugins' mapping, or the local schedulers'
+    declared = [_semantics.DASK_DISTRIBUTED if dask_client is not None else _semantics.DASK_LOCAL]
     server = None
     if collector == "process":
         from flowscope.service.process import CollectorProcess
 
         server = CollectorProcess(store)
-        fs = Client(server.address, name=name or "dask", command=command)
+        fs = Client(server.address, name=name or "dask", command=command, meta={"semantics": declared})
     else:
-        fs = Client("embedded", store=store, serve=True, name=name or "dask", command=command)
+        fs = Client("embedded", store=store, serve=True, name=name or "dask", command=command,
+                    meta={"semantics": declared})
     capture = sampler = lease = None
     facts_before = process_facts.snapshot()
     try:

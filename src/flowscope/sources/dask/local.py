@@ -59,11 +59,15 @@ except ImportError:  # a Dask without task objects: every node of the graph is a
 
 from flowscope.model import identifiers as ids
 from flowscope.sources import process_facts
+from flowscope.sources import semantics as _semantics
 from flowscope.sources.thread_io import OpenAudit, ThreadIOReader, parse_raw, read_cost
 
 __all__ = ["LocalSchedulerCapture", "MeasuredTask", "install_from_env", "key_group"]
 
 _time_ns = time.time_ns
+
+#: what this source's rows mean to the analyses (model/semantics.py)
+SEMANTICS = _semantics.DASK_LOCAL
 _get_ident = threading.get_ident
 _READER = ThreadIOReader()
 _LABEL_BYTES = b"abcdefghijklmnopqrstuvwxyz_:"  # what /proc/<tid>/io holds besides digits and whitespace

@@ -31,9 +31,13 @@ from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from distributed.utils import key_split_group
 
 from flowscope.model import identifiers as ids
+from flowscope.sources import semantics as _semantics
 from flowscope.sources.thread_io import OpenAudit, ThreadIO, ThreadIOReader, thread_ids
 
 log = logging.getLogger("flowscope.dask")
+
+#: what this source's rows mean to the analyses (model/semantics.py)
+SEMANTICS = _semantics.DASK_DISTRIBUTED
 _time_ns = time.time_ns
 
 SCHEDULER_RESOURCE = "scheduler"
