@@ -257,7 +257,10 @@ def test_tasks_computed_before_the_run_do_not_leak_into_it(cluster, tmp_path):
         during = client.submit(inc, 10, key="during-10")
         assert during.result() == 11
         del before  # released (and forgotten) while the run records
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60
+        while any(client.run(lambda dask_worker: "before-1" in dask_worker.state.tasks).values()):
+            assert time.monotonic() < deadline, "the workers still hold before-1 after 60 s"
+            time.sleep(0.02)
     spans = obs.run.sql("SELECT task_key FROM spans WHERE kind = 'task'")
     assert spans["task_key"].tolist() == ["during-10"]
 
