@@ -320,15 +320,25 @@ _REAL_FAULTS = textwrap.dedent("""
     client = flowscope.Client(store=sys.argv[1])
     sampler = HardwareSampler(client, 0.1).start()
     marks = {}
-    def mark(what):
+    def change(what, cmd):
+        # a sample stamped after the command returned read the counters after the change (the stamp is taken
+        # before the reading); then wait for samples, not for time: a busy machine may starve the sampler
+        marks[what + "_start"] = time.time_ns()
+        sh(cmd)
         marks[what] = time.time_ns()
-    time.sleep(0.4)
-    mark("nic_added"); sh("ip link add fsv0 type veth peer name fsv1"); time.sleep(0.6)
-    mark("nic_deleted"); sh("ip link del fsv0"); time.sleep(0.6)
+        settle()
+    def settle(n=4):
+        want, deadline = sampler.samples + n, time.monotonic() + 60
+        while sampler.samples < want:
+            assert time.monotonic() < deadline, f"{sampler.samples} samples, {want} wanted"
+            time.sleep(0.01)
+    settle()
+    change("nic_added", "ip link add fsv0 type veth peer name fsv1")
+    change("nic_deleted", "ip link del fsv0")
     with open(sys.argv[2], "w") as f:
         f.write("this is not a diskstats line")
-    mark("disk_hidden"); sh(f"mount --bind {sys.argv[2]} /proc/diskstats"); time.sleep(0.6)
-    mark("disk_back"); sh("umount /proc/diskstats"); time.sleep(0.6)
+    change("disk_hidden", f"mount --bind {sys.argv[2]} /proc/diskstats")
+    change("disk_back", "umount /proc/diskstats")
     alive = sampler.running
     sampler.stop()
     client.close()
@@ -360,13 +370,15 @@ def test_a_vanishing_nic_and_unreadable_disk_counters_do_not_stop_the_sampler(tm
         return [set(s) for t, s in zip(ts, samples, strict=True) if a < t <= b]
 
     assert all("cpu.percent" in s for s in samples[:-1])  # sampling went on through everything
-    nic_window = names_between(out["nic_added"], out["nic_deleted"])
+    # windows between a change's command returning and the next one starting: each sample in them read its
+    # counters with the change made (the script waited for samples, not for time, after each change)
+    nic_window = names_between(out["nic_added"], out["nic_deleted_start"])
     assert any("net.fsv0.rx_bytes_per_s" in s for s in nic_window)  # the new NIC counted from its 2nd sample
-    after = names_between(out["nic_deleted"] + 2e8, out["disk_back"])
+    after = names_between(out["nic_deleted"], out["disk_back_start"])
     assert after and not any(n.startswith("net.fsv") for s in after for n in s)
-    hidden = names_between(out["disk_hidden"] + 2e8, out["disk_back"])
+    hidden = names_between(out["disk_hidden"], out["disk_back_start"])
     assert hidden and not any("disk.write_bytes_per_s" in s for s in hidden)
-    back = names_between(out["disk_back"] + 3e8, max(ts))
+    back = names_between(out["disk_back"], max(ts))[1:]  # the first one's previous reading had no disks
     assert back and all("disk.write_bytes_per_s" in s for s in back)
 
 
