@@ -266,7 +266,10 @@ def test_a_failing_part_is_left_out_and_sampling_goes_on(tmp_path, caplog):
     sampler._parts.insert(0, ("net.gone0", vanished_nic))
     with caplog.at_level(logging.WARNING, logger="flowscope.hardware"):
         sampler.start()
-        time.sleep(0.6)
+        deadline = time.monotonic() + 60
+        while sampler.samples < 3:
+            assert time.monotonic() < deadline, f"{sampler.samples} samples in 60 s"
+            time.sleep(0.01)
         assert sampler.running
         sampler.stop()
     client.close()
