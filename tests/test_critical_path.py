@@ -12,7 +12,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-import dask
 from distributed import Client as DaskClient
 from distributed import LocalCluster
 
@@ -417,8 +416,7 @@ def dask_run(tmp_path_factory):
     combines (so it finishes last and is on both paths by the graph, not by how fast the machine runs the other
     tasks), one task writing a file."""
     tmp = tmp_path_factory.mktemp("wcp")
-    with dask.config.set({"distributed.scheduler.work-stealing": False}), \
-            LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
                          worker_dashboard_address=None) as cluster, DaskClient(cluster) as client:
         with observe(client, store=tmp / "store", name="wcp-test") as obs:
             loads = [client.submit(load, i, key=f"load-{i}") for i in range(6)]
