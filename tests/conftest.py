@@ -71,6 +71,24 @@ def needs_tool(executable: str, package: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(missing, reason=f"{executable} (Debian package {package}) is not installed")
 
 
+class _StartWait:
+    """How long to wait for a child to start: until it has used ``cpu_s`` seconds of CPU time (a busy machine
+    can keep a child from running for far longer than that: starved is not stuck), or ``wall_s`` passed."""
+
+    def __init__(self, proc: subprocess.Popen, cpu_s: float, wall_s: float = 600.0):
+        self.proc, self.cpu_s, self.wall_deadline = proc, cpu_s, time.monotonic() + wall_s
+
+    def goes_on(self) -> bool:
+        import psutil
+
+        try:
+            t = psutil.Process(self.proc.pid).cpu_times()
+            used = t.user + t.system
+        except psutil.Error:
+            used = 0.0
+        return used <= self.cpu_s and time.monotonic() <= self.wall_deadline
+
+
 class CollectorProcess:
     """`flowscope serve` in a child process on 127.0.0.1. Its output goes to ``log_path`` (a file, not a
     pipe: a pipe nobody reads fills at 64 KiB and then freezes the collector's next write to it)."""
@@ -94,8 +112,8 @@ class CollectorProcess:
                "--address-file", str(addr_file), *self.extra]
         with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
             self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env})
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        waiting = _StartWait(self.proc, timeout)
+        while waiting.goes_on():
             if addr_file.exists() and addr_file.read_text().strip():
                 self.address = addr_file.read_text().split()[0]
                 self.port = int(self.address.rsplit(":", 1)[1])
@@ -107,7 +125,7 @@ class CollectorProcess:
             raise TimeoutError("collector did not start")
         import httpx
 
-        while time.monotonic() < deadline:  # the address is written just before uvicorn accepts
+        while waiting.goes_on():  # the address is written just before uvicorn accepts
             try:
                 httpx.get(f"{self.address}/v1/health", timeout=1).raise_for_status()
                 return self

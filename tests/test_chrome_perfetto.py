@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-import dask
 from dask import delayed
 from distributed import Client, LocalCluster
 
@@ -255,13 +254,12 @@ def _add(a, b):
 @pytest.fixture(scope="module")
 def dask_run(tmp_path_factory):
     store = tmp_path_factory.mktemp("dask")
-    with dask.config.set({"distributed.scheduler.work-stealing": False}):
-        with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
-                          worker_dashboard_address=None) as cl, Client(cl) as client:
-            xs = [delayed(_inc, pure=True)(i, dask_key_name=f"inc-{i}") for i in range(8)]
-            ys = [delayed(_add, pure=True)(xs[i], xs[(i + 3) % 8], dask_key_name=f"add-{i}") for i in range(8)]
-            with flowscope.observe(client, store=store, name="perfetto-rt") as obs:
-                assert client.compute(delayed(sum)(ys)).result() == 72
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
+                      worker_dashboard_address=None) as cl, Client(cl) as client:
+        xs = [delayed(_inc, pure=True)(i, dask_key_name=f"inc-{i}") for i in range(8)]
+        ys = [delayed(_add, pure=True)(xs[i], xs[(i + 3) % 8], dask_key_name=f"add-{i}") for i in range(8)]
+        with flowscope.observe(client, store=store, name="perfetto-rt") as obs:
+            assert client.compute(delayed(sum)(ys)).result() == 72
     return obs.run.path
 
 

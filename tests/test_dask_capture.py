@@ -257,7 +257,10 @@ def test_tasks_computed_before_the_run_do_not_leak_into_it(cluster, tmp_path):
         during = client.submit(inc, 10, key="during-10")
         assert during.result() == 11
         del before  # released (and forgotten) while the run records
-        time.sleep(0.5)
+        deadline = time.monotonic() + 60
+        while any(client.run(lambda dask_worker: "before-1" in dask_worker.state.tasks).values()):
+            assert time.monotonic() < deadline, "the workers still hold before-1 after 60 s"
+            time.sleep(0.02)
     spans = obs.run.sql("SELECT task_key FROM spans WHERE kind = 'task'")
     assert spans["task_key"].tolist() == ["during-10"]
 
@@ -540,3 +543,26 @@ def test_a_transition_asked_for_but_not_made_is_not_recorded(cluster, tmp_path):
                        f"AND observer = 'worker:{b}' ORDER BY ts_ns")
     assert list(zip(rows["from_state"], rows["to_state"], rows["stimulus_id"])) == made
     assert [(f, t) for f, t, _ in made] == [("released", "fetch"), ("fetch", "flight"), ("flight", "memory")]
+
+
+def _scheduler_plugin_counts(dask_scheduler) -> dict:
+    plugin = dask_scheduler.plugins["flowscope-scheduler"]
+    return {"errors": plugin.errors, "late_hooks": getattr(plugin, "late_hooks", None)}
+
+
+def test_scheduler_hooks_after_the_plugin_closed_are_counted_not_failed(cluster, tmp_path):
+    """The plugin is closed before Dask unregisters it; hooks firing in between (a graph, its transitions, a
+    client leaving) do nothing and are counted, instead of failing on the closed client."""
+    from flowscope.sources.dask import _close_scheduler_plugin
+
+    _, client = cluster
+    with observe(client, store=tmp_path) as obs:
+        assert client.submit(inc, 1, key="before-close").result() == 2
+        assert client.run_on_scheduler(_close_scheduler_plugin) == 0
+        assert client.submit(inc, 2, key="after-close").result() == 3
+        counts = client.run_on_scheduler(_scheduler_plugin_counts)
+    assert counts["errors"] == 0, counts
+    assert counts["late_hooks"] > 0  # update_graph and the transitions of "after-close" at least
+    assert obs.hook_errors["scheduler"] == 0
+    keys = set(obs.run.sql("SELECT DISTINCT task_key FROM transitions WHERE observer = 'scheduler'")["task_key"])
+    assert "before-close" in keys and "after-close" not in keys

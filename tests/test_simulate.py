@@ -8,7 +8,7 @@ import pytest
 from flowscope.analysis.critical_path import data_state_path
 from flowscope.cli.simulate import simulate
 from flowscope.sim.dag import layered_dag
-from flowscope.sim.patterns import PATTERNS, build
+from flowscope.sim.patterns import PATTERNS, build, execute
 from flowscope.store.run import open_run
 
 
@@ -43,6 +43,30 @@ def test_pattern_critical_path(pattern, tmp_path):
         kinds = run.table("mutations")["kind"].value_counts()
         assert kinds["DELETE"] == 3
         assert not any((tmp_path / "files" / f"tmp-{i}.dat").exists() for i in range(3))
+
+
+@pytest.mark.parametrize("pattern", ["crux-data-splits", "crux-create-delete"])
+def test_the_slowest_rank_gates_the_merge_even_when_a_sibling_is_delayed(pattern, tmp_path):
+    """On a busy machine a sibling rank's process may start or run late by more than any margin; the rank the
+    plan made slowest still delivers its output last, so the critical path is the planned one."""
+    from flowscope import Client
+
+    plan = build(pattern, ranks=3, seed=7, scale=0.4)
+    a = plan.slowest["mpi"]
+    jobs = {j.name: j for j in plan.jobs}
+    other = f"mpi-{(a + 1) % 3}"
+    jobs[other].sleep = jobs[f"mpi-{a}"].sleep + 1.0  # the machine delayed this rank beyond the plan's margin
+    client = Client("embedded", store=tmp_path / "store", serve=True, name=pattern)
+    try:
+        times = execute(plan, client, tmp_path / "files", size=1024)
+    finally:
+        client.close()
+    run = open_run(client.run_dir)
+    states = run.table("data_states").set_index("state_id")["ts_ns"]
+    outs = [f"mpi-out-{i}" for i in range(3)]
+    assert states[outs].idxmax() == f"mpi-out-{a}"
+    assert times[f"mpi-{a}"][1] > times[other][1]
+    assert data_state_path(run.table("data_states"), run.table("mutations")).ids == plan.expected
 
 
 def test_unknown_pattern_and_bad_ranks():

@@ -14,7 +14,10 @@ from pathlib import Path
 class CollectorProcess:
     """`flowscope serve` on 127.0.0.1 and a free port, writing to ``store``; ``stop()`` drains it."""
 
-    def __init__(self, store: str | Path, timeout: float = 30.0):
+    def __init__(self, store: str | Path, timeout: float = 30.0, wall_timeout: float = 600.0):
+        """Start it and wait until it answers. It is given up on once it has used ``timeout`` seconds of CPU
+        time without answering (a busy machine may keep it from running for far longer than that: starved is
+        not stuck), or after ``wall_timeout`` seconds whatever it did."""
         self.store = Path(store)
         self._dir = tempfile.TemporaryDirectory(prefix="flowscope-collector-")
         addr_file = Path(self._dir.name) / "address"
@@ -22,14 +25,19 @@ class CollectorProcess:
             [sys.executable, "-m", "flowscope", "serve", "--port", "0", "--store", str(self.store),
              "--address-file", str(addr_file)],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        deadline = time.monotonic() + timeout
+        wall_deadline = time.monotonic() + wall_timeout
+
+        def given_up() -> bool:
+            return self._cpu_seconds() > timeout or time.monotonic() > wall_deadline
+
         while not (addr_file.exists() and addr_file.read_text().strip()):
             if self.proc.poll() is not None:
                 raise RuntimeError(f"the collector process failed to start: "
                                    f"{self.proc.stderr.read().decode(errors='replace').strip()[-500:]}")
-            if time.monotonic() > deadline:
+            if given_up():
                 self.stop()
-                raise TimeoutError(f"the collector process did not start within {timeout:.0f} s")
+                raise TimeoutError(f"the collector process did not start (it used {self._cpu_seconds():.0f} s of "
+                                   f"CPU time, {timeout:.0f} s allowed, or {wall_timeout:.0f} s passed)")
             time.sleep(0.02)
         self.address = addr_file.read_text().split()[0]
         from flowscope.client.transport import HttpTransport, Unreachable
@@ -40,12 +48,22 @@ class CollectorProcess:
                 probe.health()
                 break
             except Unreachable:
-                if time.monotonic() > deadline:
+                if given_up():
                     self.stop()
                     raise TimeoutError("the collector process does not answer") from None
                 time.sleep(0.02)
             finally:
                 probe.close()
+
+    def _cpu_seconds(self) -> float:
+        """CPU time the child has used so far (0 once it is gone)."""
+        import psutil
+
+        try:
+            t = psutil.Process(self.proc.pid).cpu_times()
+        except psutil.Error:
+            return 0.0
+        return t.user + t.system
 
     def stop(self, timeout: float = 60.0) -> int | None:
         """Ask it to finish its queued writes and exit (SIGTERM); kill it if it does not within ``timeout``."""

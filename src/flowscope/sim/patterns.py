@@ -1,8 +1,9 @@
 """The Crux paper's five workflow patterns (section 5) as plans of jobs, each with its critical path known by
 construction, and the runner that executes a plan as real processes reporting to a collector.
 
-In every pattern one MPI rank per parallel phase is made the slowest by a margin, so which input gates each
-MERGE, and therefore the whole Workflow Critical Path, follows from the plan alone.
+In every pattern one MPI rank per parallel phase is made the slowest: it runs longest, and it writes its output
+only once the other ranks of its phase have finished, so which input gates each MERGE, and therefore the whole
+Workflow Critical Path, follows from the plan alone, however late a busy machine starts or runs any process.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class Job:
     after: list[str] = field(default_factory=list)  # jobs that must finish first besides the inputs' producers
     delete: bool = False
     then: list[Job] = field(default_factory=list)  # run next by the same process (no process-start delay)
+    finish_after: list[str] = field(default_factory=list)  # jobs that must be done before this one writes
 
     def all_outputs(self) -> list[str]:
         return self.outputs + [s for j in self.then for s in j.all_outputs()]
@@ -75,9 +77,16 @@ class _Builder:
         """Durations of one parallel phase, one rank slower than all others by a margin; and that rank."""
         d = [self.t(0.1, 0.4) for _ in range(self.ranks)]
         k = int(self.rng.integers(self.ranks))
-        d[k] = max(d) + 0.3 * self.scale + 0.25  # margin over process-start jitter on a busy machine
+        d[k] = max(d) + 0.3 * self.scale + 0.25
         self.slowest[name] = k
         return d, k
+
+    def hold_slowest(self, phase: str) -> None:
+        """The slowest rank of ``phase`` writes its output only after its siblings are done: it arrives last by
+        construction, not by a margin that a busy machine's process-start delays can exceed."""
+        k = self.slowest[phase]
+        job = next(j for j in self.jobs if j.name == f"{phase}-{k}")
+        job.finish_after = [f"{phase}-{i}" for i in range(self.ranks) if i != k]
 
     def job(self, name: str, app: str, kind: str, inputs: list[str], outputs: list[str], sleep: float,
             location: str, after: list[str] | None = None, delete: bool = False) -> None:
@@ -96,6 +105,7 @@ class _Builder:
         d, k = self.phase(phase)
         for i in range(self.ranks):
             self.job(f"{phase}-{i}", app, kind, inputs[i], [f"{phase}-out-{i}"], d[i], f"node{i}:memory")
+        self.hold_slowest(phase)
         return k
 
     def plan(self, sources: list[str], expected: list[str]) -> Plan:
@@ -123,6 +133,7 @@ def build(pattern: str, ranks: int = 4, seed: int = 0, scale: float = 1.0) -> Pl
         d[k] = max(d[k], slack - move[k] + 0.3 * b.scale + 0.25)  # the slowest rank is slowest end to end
         for i in r:
             b.job(f"mpi-{i}", "MPI", "CONVERT", [f"node-{i}"], [f"mpi-out-{i}"], d[i], f"node{i}:memory")
+        b.hold_slowest("mpi")
         b.job("postprocess", "Postprocess", "MERGE", [f"mpi-out-{i}" for i in r], ["post"], b.t(0.05, 0.1),
               "node0:disk")
         b.job("viz", "Viz", "CONVERT", ["post"], ["viz"], b.t(0.05, 0.1), "node0:disk")
@@ -156,7 +167,8 @@ def build(pattern: str, ranks: int = 4, seed: int = 0, scale: float = 1.0) -> Pl
     if pattern == "crux-create-delete":
         b.front()
         a = b.mpi("mpi", "MPI", [[f"part-{i}"] for i in r])
-        for i in r:  # each rank writes its temporary file right after its step, equally fast for all
+        for i in r:  # each rank writes its temporary file right after its step (the slowest rank's comes last, as
+            # that rank's step finishes after the other ranks' processes, temporary files included)
             b.jobs[-ranks + i].then.append(Job(f"filecreate-{i}", "Filecreate", "CONVERT", 0.02, [f"mpi-out-{i}"],
                                                [f"tmp-{i}"]))
             b.locations[f"tmp-{i}"] = f"node{i}:disk"
@@ -196,7 +208,7 @@ def execute(plan: Plan, client, workdir: str | Path, size: int = 65_536) -> dict
                 "inputs": [{"id": s, "path": path[s], "location": plan.locations[s]} for s in job.inputs],
                 "outputs": [{"id": s, "path": path[s], "size": size, "location": plan.locations[s]}
                             for s in job.outputs],
-                "then": [spec_of(j) for j in job.then]}
+                "then": [spec_of(j) for j in job.then], "hold": bool(job.finish_after)}
 
     def run(job: Job) -> None:
         try:
@@ -206,12 +218,16 @@ def execute(plan: Plan, client, workdir: str | Path, size: int = 65_536) -> dict
                 return
             spec = {"address": client.address, "run": client.run_id, **spec_of(job)}
             t0 = time.time_ns()
-            proc = subprocess.run([sys.executable, str(WORKER), json.dumps(spec)], capture_output=True, text=True)
+            proc = subprocess.Popen([sys.executable, str(WORKER), json.dumps(spec)], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            for d in job.finish_after:  # the job writes its outputs when told to go (a line on its stdin)
+                done[d].wait()
+            _, stderr = proc.communicate("go\n" if job.finish_after else None)
             t1 = time.time_ns()
             times[job.name] = (t0, t1)
             client.span(job.name, t0, t1, kind="step", attrs={"app": job.app, "exit_code": proc.returncode})
             if proc.returncode:
-                errors.append(f"job {job.name} exited with {proc.returncode}: {proc.stderr.strip()[-500:]}")
+                errors.append(f"job {job.name} exited with {proc.returncode}: {stderr.strip()[-500:]}")
         finally:
             done[job.name].set()
 

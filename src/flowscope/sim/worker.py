@@ -4,8 +4,9 @@ report the new data states and mutations to the collector's REST API.
 Standard library only and run by path (not as part of the package), like the paper's instrumented C codes:
 what it reports is plain JSON over HTTP. Usage: ``python worker.py JOB_JSON`` where the job has ``address``,
 ``run``, ``app``, ``kind``, ``sleep`` (seconds), ``inputs`` [{id, path}], ``outputs`` [{id, path, size,
-location}] and optionally ``delete`` (remove the inputs instead of writing outputs) and ``then`` (jobs this
-process runs next, each reported in turn).
+location}] and optionally ``delete`` (remove the inputs instead of writing outputs), ``hold`` (after the work,
+wait for a line on standard input before writing the outputs) and ``then`` (jobs this process runs next, each
+reported in turn).
 """
 
 import json
@@ -34,6 +35,8 @@ def main(job: dict) -> None:
             while f.read(1 << 20):
                 pass
     time.sleep(job["sleep"])
+    if job.get("hold"):
+        sys.stdin.readline()
     states, mutations = [], []
     if job.get("delete"):
         for inp in job["inputs"]:

@@ -47,6 +47,8 @@ _ids = itertools.count((secrets.randbits(23) << 40) | 1)
 _local = threading.local()
 _state: dict[str, Any] = {"client": None, "owned": False}
 _lock = threading.Lock()
+# where a traced call's start and end times come from (int ns since the epoch); read when a function is wrapped
+clock: Callable[[], int] = time.time_ns
 
 
 def start(client=None):
@@ -106,7 +108,7 @@ def trace(func: F | None = None, *, name: str | None = None) -> F:
     if getattr(func, "__flowscope_traced__", False):
         return func
     label = name or f"{func.__module__}.{func.__qualname__}"
-    time_ns, get_parent, set_parent, reset = time.time_ns, _parent.get, _parent.set, _parent.reset
+    time_ns, get_parent, set_parent, reset = clock, _parent.get, _parent.set, _parent.reset
 
     if inspect.iscoroutinefunction(func):
         @functools.wraps(func)

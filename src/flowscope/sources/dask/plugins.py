@@ -155,6 +155,9 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
         self.address = address
         self.run_id = run_id
         self.errors = 0
+        # hook calls after close() and before Dask removes the plugin (observe closes it first, to flush
+        # and count errors): nothing to record them into, so they do nothing and are counted here
+        self.late_hooks = 0
         self.fs = None
 
     async def start(self, scheduler) -> None:
@@ -182,6 +185,9 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
     def transition(self, key, start, finish, *args, stimulus_id=None, **kwargs) -> None:
         # the hottest hook (about 5 calls per task, on the scheduler's event loop): attribute lookups bound in
         # start(), worker ids cached per address
+        if self.fs is None:
+            self.late_hooks += 1
+            return
         try:
             ts = self._tasks_get(key)
             worker = kwargs.get("worker")
@@ -207,6 +213,9 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
             self._failed()
 
     def update_graph(self, scheduler, *, client=None, keys=None, tasks=None, stimulus_id=None, **kwargs) -> None:
+        if self.fs is None:
+            self.late_hooks += 1
+            return
         try:
             now = time.time_ns()
             emit = self.fs.row_writer("dependencies")
@@ -224,6 +233,9 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
             self._failed()
 
     def add_worker(self, scheduler, worker: str) -> None:
+        if self.fs is None:
+            self.late_hooks += 1
+            return
         try:
             ws = scheduler.workers.get(worker)
             # host and parent are left to the worker's own plugin, which knows its hostname and process
@@ -235,6 +247,9 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
             self._failed()
 
     def remove_worker(self, scheduler, worker: str, *, stimulus_id=None, **kwargs) -> None:
+        if self.fs is None:
+            self.late_hooks += 1
+            return
         try:
             now = time.time_ns()
             self.fs.emit("resources", resource_id=ids.worker_id(worker), kind="worker", end_ns=now)
@@ -244,6 +259,9 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
             self._failed()
 
     def add_client(self, scheduler, client: str) -> None:
+        if self.fs is None:
+            self.late_hooks += 1
+            return
         try:
             self.fs.resource("client", f"client:{client}", name=client, parent_id=SCHEDULER_RESOURCE)
             self.fs.log(f"client {client} connected", category="client-joined", resource_id=f"client:{client}")
@@ -251,6 +269,9 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
             self._failed()
 
     def remove_client(self, scheduler, client: str) -> None:
+        if self.fs is None:
+            self.late_hooks += 1
+            return
         try:
             self.fs.emit("resources", resource_id=f"client:{client}", kind="client", end_ns=time.time_ns())
             self.fs.log(f"client {client} left", category="client-left", resource_id=f"client:{client}")
