@@ -279,7 +279,7 @@ def test_to_hatchet_gives_a_graphframe_whose_own_inclusive_sums_agree(pingpong):
     df = gf.dataframe.reset_index()
     assert len(df) == len(tree.path) and set(df["resource_id"]) == set(tree.resources)
     ours = df["time (inc)"].to_numpy().copy()
-    gf.drop_index_levels(function=np.sum)  # hatchet's own inclusive time: exclusive summed over each subtree
+    gf.drop_index_levels(function="sum")  # hatchet's own inclusive time: exclusive summed over each subtree
     gf.dataframe["time (inc)"] = 0.0
     gf.update_inclusive_columns()
     assert np.allclose(np.sort(gf.dataframe["time (inc)"].to_numpy()),
@@ -341,3 +341,58 @@ def test_profile_of_a_missing_run_is_one_line_exit_1(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("flowscope profile: error:")
 
+
+
+# ---- the report's flame graph ------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("source", ["otf2/ping-pong-otf2/traces.otf2", "chrome/viztracer/multithread.json"])
+def test_the_report_draws_the_flame_graph_and_the_hottest_paths_in_chromium(shared_data, tmp_path, source):
+    if source.endswith(".otf2"):
+        require_module("otf2", "the otf2 Python package reads OTF2 archives: pip install -e '.[test]'")
+    from test_report import _errors, render
+
+    from flowscope.report import write_report
+    from flowscope.report.page import fmt_duration
+
+    run = open_run(import_paths([shared_data / source], tmp_path / "store").run_dir)
+    tree = run_call_tree(run)
+    res = render(write_report(run, tmp_path / "report.html"))
+    assert not _errors(res), _errors(res)
+    assert "profile" in res["sections"]
+    # one flame graph merged across resources, one per resource behind the menu
+    assert res["plots"]["fig-profile"] == 1 + len(tree.resources)
+    assert res["drawn"]["fig-profile"] > 0
+    text = res["text"]["profile"]
+    assert "No data" not in text
+    m = tree.merged()
+    hottest = int(np.argmax(m["exclusive_ns"]))
+    assert " > ".join(tree.call_path(hottest)) in text
+    assert fmt_duration(m["exclusive_ns"][hottest] / 1e9) in text
+
+
+def test_the_report_draws_every_call_path_as_a_box(pingpong, tmp_path):
+    from test_report import open_page
+
+    from flowscope.report import write_report
+
+    _, run = pingpong
+    tree = run_call_tree(run)
+    with open_page(write_report(run, tmp_path / "report.html")) as (page, _console, _errors):
+        page.wait_for_function("() => document.querySelector('#fig-profile .slice') !== null", timeout=30_000)
+        labels = page.evaluate("() => Array.from(document.querySelectorAll('#fig-profile .slice text'))"
+                               ".map(t => t.textContent)")
+        boxes = page.evaluate("() => document.querySelectorAll('#fig-profile .slice').length")
+    assert boxes == len(tree) + 1  # and the base box under the roots
+    assert "MPI_Init" in labels and any(lab.startswith("int main") for lab in labels)
+
+
+def test_the_report_of_a_run_without_spans_says_what_gives_a_profile(tmp_path):
+    from flowscope.report import build_report
+
+    with Client("embedded", store=tmp_path / "store", name="empty") as c:
+        c.metric("x", 1.0)
+        run_dir = c.run_dir
+    html = build_report(run_dir)
+    section = html[html.index('<section id="profile">'):]
+    section = section[:section.index("</section>")]
+    assert "No data: no spans in this run." in section and "@flowscope.trace" in section
