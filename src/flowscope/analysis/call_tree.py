@@ -8,9 +8,10 @@ is a root. A call path is the sequence of span names from a root down to a span;
 paths (``f > f``), so a path's inclusive time never counts the same interval twice.
 
 Merged statistics are taken over every resource of the profile, a resource that never reached a call path
-counting 0 for it (as Scalasca / CUBE do for processes). ``imbalance = (max - mean) / max`` (0 when max is
-0): the share of the slowest resource's time the others would save it if the work were spread evenly; it is
-CrayPat's "Imb. %" without its ``n / (n - 1)`` factor, and ``max / mean = 1 / (1 - imbalance)``.
+counting 0 for it (as a CUBE profile holds 0 for a process that did not visit a call path).
+``imbalance = (max - mean) / max`` (0 when max is 0): the share of the slowest resource's time that spreading
+the work evenly would save it; it is CrayPat's "Imb. Time %" without its ``n / (n - 1)`` factor, and
+``max / mean = 1 / (1 - imbalance)``.
 """
 
 from __future__ import annotations
