@@ -20,8 +20,9 @@ from conftest import needs_tool, require_module
 
 import flowscope
 from flowscope import Client, open_run
-from flowscope.analysis.call_tree import (NESTING_FLAT, NESTING_PARENT_ID, NESTING_TIME, CallTreeError,
-                                          call_tree, call_tree_table, query, run_call_tree, to_hatchet)
+from flowscope.analysis.call_tree import (NESTING_DERIVED, NESTING_FLAT, NESTING_PARENT_ID, NESTING_TIME,
+                                          CallTreeError, call_tree, call_tree_table, query, run_call_tree,
+                                          to_hatchet)
 from flowscope.cli.main import main as cli
 from flowscope.importers import import_paths
 from flowscope.model.schemas import TABLES
@@ -396,3 +397,14 @@ def test_the_report_of_a_run_without_spans_says_what_gives_a_profile(tmp_path):
     section = html[html.index('<section id="profile">'):]
     section = section[:section.index("</section>")]
     assert "No data: no spans in this run." in section and "@flowscope.trace" in section
+
+
+def test_tasks_whose_times_were_placed_by_a_rule_are_not_nested_by_time(shared_data, tmp_path):
+    # WfCommons instances have no start times: tasks are placed as soon as possible (time_source derived-asap),
+    # so tasks that start together on one machine would look nested in one another
+    path = shared_data / "wfinstances" / "blast-chameleon-small-001.json"
+    run = open_run(import_paths([path], tmp_path / "store").run_dir)
+    tree = run_call_tree(run)
+    assert set(tree.nesting.values()) == {NESTING_DERIVED}
+    assert int(tree.path_depth.max()) == 0
+    assert int(tree.calls.sum()) == run.counts()["spans"]

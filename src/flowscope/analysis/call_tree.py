@@ -3,8 +3,8 @@ and call counts per call path, and the same tree merged across resources (min / 
 
 A span's parent is the span its ``parent_id`` names, on a resource where spans carry ``parent_id``;
 elsewhere it is the innermost span of the same resource that encloses it in time. A resource whose spans
-overlap without nesting (work running side by side on one resource, not calls) is profiled flat: each span
-is a root. A call path is the sequence of span names from a root down to a span; recursion gives deeper
+overlap without nesting (work running side by side on one resource, not calls), or whose span times were
+placed by a rule rather than observed (attrs ``time_source``), is profiled flat: each span is a root. A call path is the sequence of span names from a root down to a span; recursion gives deeper
 paths (``f > f``), so a path's inclusive time never counts the same interval twice.
 
 Merged statistics are taken over every resource of the profile, a resource that never reached a call path
@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 NESTING_PARENT_ID = "parent_id"   # the resource's spans name their parent
 NESTING_TIME = "time"             # nested by time: the innermost enclosing span is the parent
 NESTING_FLAT = "flat"             # spans overlap without nesting: each is a root
+NESTING_DERIVED = "derived"       # span times placed by a rule (attrs time_source), not observed: each is a root
 
 #: the derived table ``call_tree`` (``table()``): one row per call path per resource, and one per call path
 #: merged across resources (``resource_id`` null)
@@ -169,17 +170,29 @@ def _parents_by_link(sid: np.ndarray, has_sid: np.ndarray, pid: np.ndarray, link
     return parent
 
 
+def _derived_times(spans: pa.Table) -> np.ndarray:
+    """Per span, whether its attrs say a rule placed its times (``time_source`` other than ``measured``)."""
+    if "attrs" not in spans.column_names:
+        return np.zeros(spans.num_rows, bool)
+    attrs = spans["attrs"]
+    tagged = pc.fill_null(pc.match_substring(attrs, '"time_source"'), False)
+    measured = pc.fill_null(pc.match_substring_regex(attrs, r'"time_source"\s*:\s*"measured"'), False)
+    return pc.and_(tagged, pc.invert(measured)).to_numpy(zero_copy_only=False)
+
+
 def _depths(parent: np.ndarray, call_id: np.ndarray) -> np.ndarray:
+    """Per row, the number of ancestors (work: the sum of the depths)."""
     depth = np.zeros(len(parent), np.int64)
-    cur = parent.copy()
+    live = np.flatnonzero(parent >= 0)
+    cur = parent[live]
     for _ in range(len(parent) + 1):
-        live = np.flatnonzero(cur >= 0)
         if not len(live):
             return depth
         depth[live] += 1
-        cur[live] = parent[cur[live]]
-    i = int(np.flatnonzero(cur >= 0)[0])
-    raise CallTreeError(f"spans: parent_id links form a cycle through span_id {int(call_id[i])}")
+        cur = parent[cur]
+        keep = cur >= 0
+        live, cur = live[keep], cur[keep]
+    raise CallTreeError(f"spans: parent_id links form a cycle through span_id {int(call_id[live[0]])}")
 
 
 def _nest_by_time(res: np.ndarray, start: np.ndarray, end: np.ndarray, rows: np.ndarray
@@ -205,16 +218,17 @@ def _nest_by_time(res: np.ndarray, start: np.ndarray, end: np.ndarray, rows: np.
     cz = np.r_[0, np.cumsum(e == s)]
     later = np.minimum(cz[grp_last + 1] - cz[grp_first], grp_last - idx + 1)
     depth = (idx - first) - (closed - later)
-    for d in range(1, int(depth.max()) + 1 if n else 0):
-        at = np.flatnonzero(depth == d)
-        above = np.flatnonzero(depth == d - 1)
-        if not len(at):
-            continue
+    bad = depth < 0  # cannot happen with nested spans; kept as a crossing rather than trusted
+    depth = np.maximum(depth, 0)
+    # the parent is the last row before me one level up: levels in row order, from one stable sort
+    order = np.argsort(depth, kind="stable")
+    bounds = np.searchsorted(depth[order], np.arange(int(depth.max()) + 2))
+    for d in range(1, int(depth.max()) + 1):
+        at, above = order[bounds[d]:bounds[d + 1]], order[bounds[d - 1]:bounds[d]]
         pos = np.searchsorted(above, at) - 1
         ok = pos >= 0
         parent[at[ok]] = above[pos[ok]]
-    bad = (parent >= 0) & ((e > e[np.maximum(parent, 0)]) | (r != r[np.maximum(parent, 0)]))
-    bad |= depth < 0
+    bad |= (parent >= 0) & ((e > e[np.maximum(parent, 0)]) | (r != r[np.maximum(parent, 0)]))
     if bad.any():
         crossed = np.isin(r, np.unique(r[bad]))
     return np.where(parent >= 0, rows[np.maximum(parent, 0)], -1), depth, crossed
@@ -244,12 +258,16 @@ def call_tree(spans: pa.Table, kinds: tuple[str, ...] | list[str] | None = None)
     linked_res = np.bincount(res, weights=has_pid, minlength=len(resources)) > 0
     linked = linked_res[res] if n else np.zeros(0, bool)
     parent = _parents_by_link(sid, has_sid, pid, linked & has_pid)
-    timed = np.flatnonzero(~linked)
+    # times a rule placed say nothing about nesting (tasks laid out as soon as possible overlap by construction)
+    derived = _derived_times(spans) if n else np.zeros(0, bool)
+    derived_res = (np.bincount(res, weights=derived, minlength=len(resources)) > 0) & ~linked_res
+    timed = np.flatnonzero(~linked & ~derived_res[res])
     tparent, _, crossed = _nest_by_time(res, start, end, timed)
     parent[timed] = np.where(crossed, -1, tparent)
     nesting = {}
     for code, rid in enumerate(resources):
-        nesting[rid] = NESTING_PARENT_ID if linked_res[code] else NESTING_TIME
+        nesting[rid] = NESTING_PARENT_ID if linked_res[code] else NESTING_DERIVED if derived_res[code] \
+            else NESTING_TIME
     for code in np.unique(res[timed[crossed]]):
         nesting[resources[int(code)]] = NESTING_FLAT
     depth = _depths(parent, np.where(has_sid, sid, np.arange(n)))
@@ -295,7 +313,7 @@ def call_tree(spans: pa.Table, kinds: tuple[str, ...] | list[str] | None = None)
 def run_call_tree(run: Run, kinds: tuple[str, ...] | list[str] | None = None) -> CallTree:
     """The profile of the spans of ``run``."""
     return call_tree(run.arrow("spans", ["span_id", "parent_id", "resource_id", "kind", "name", "start_ns",
-                                         "end_ns"]), kinds)
+                                         "end_ns", "attrs"]), kinds)
 
 
 def call_tree_table(run: Run, kinds: tuple[str, ...] | list[str] | None = None) -> pa.Table:

@@ -99,12 +99,16 @@ def run(args: argparse.Namespace) -> int:
                       f"resource come from OTF2 and Chrome traces, @flowscope.trace, or Client.span)")
         return 0
     flat = sorted(res for res, how in tree.nesting.items() if how == "flat")
+    derived = sorted(res for res, how in tree.nesting.items() if how == "derived")
     print(f"run {r.meta.get('run_id')}: {len(tree)} call paths on {len(tree.resources)} resource(s); nesting by "
           + ", ".join(f"{how} on {sum(v == how for v in tree.nesting.values())}"
                       for how in sorted(set(tree.nesting.values()))))
     if flat:
-        print(f"  spans overlap without nesting on {len(flat)} resource(s) (e.g. {flat[0]}): profiled "
-                      f"flat, each span a root")
+        print(f"  spans overlap without nesting on {len(flat)} resource(s) (e.g. {flat[0]}): profiled flat, "
+              f"each span a root")
+    if derived:
+        print(f"  span times were placed by a rule, not observed, on {len(derived)} resource(s) "
+              f"(e.g. {derived[0]}): profiled flat, each span a root")
     for res in sorted(shown, key=str):
         sel = shown[res]
         title = (f"merged across {len(tree.resources)} resource(s)" if merged else str(res)) + \

@@ -409,8 +409,11 @@ def profile_section(ctx: Context, figs: _Figures) -> str:
              fmt_duration(r["exclusive_mean_ns"] / 1e9), fmt_duration(r["exclusive_max_ns"] / 1e9),
              f"{100 * r['exclusive_imbalance']:.1f} %"] for r in hot_paths(tree)]
     flat = sum(v == "flat" for v in tree.nesting.values())
+    derived = sum(v == "derived" for v in tree.nesting.values())
     note = (f'<p class="note">{flat} resource(s) have spans that overlap without nesting; their spans are drawn '
             f"flat, each a root.</p>" if flat else "")
+    note += (f'<p class="note">On {derived} resource(s) the span times were placed by a rule, not observed; their '
+             f"spans are drawn flat, each a root.</p>" if derived else "")
     if not (tree.path_depth > 0).any():
         note += ('<p class="note">No span of this run nests in another: each is a root, and the graph is a flat '
                  "profile. Nested spans (OTF2 enter/leave regions, Chrome slices, <code>@flowscope.trace</code>) "
