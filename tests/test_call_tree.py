@@ -112,6 +112,13 @@ def test_parent_ids_are_followed_and_spans_that_overlap_without_nesting_are_flat
     assert prof == {("rank:0", ("main",)): [1, 100, 0], ("rank:0", ("main", "solve")): [1, 100, 0],
                     ("rank:0", ("main", "solve", "main")): [1, 100, 100],
                     ("host:a", ("task",)): [2, 20, 20], ("host:a", ("io",)): [1, 1, 1]}
+    # span ids repeat across two imports into one run: the parent on the span's own resource wins
+    dup = spans_table([{"resource_id": r, "name": f"{r}-main", "start_ns": 0, "end_ns": 10, "span_id": 1}
+                       for r in ("a", "b")] +
+                      [{"resource_id": r, "name": "leaf", "start_ns": 1, "end_ns": 2, "span_id": 2, "parent_id": 1}
+                       for r in ("a", "b")])
+    assert set(profile_of(call_tree(dup))) == {("a", ("a-main",)), ("a", ("a-main", "leaf")),
+                                              ("b", ("b-main",)), ("b", ("b-main", "leaf"))}
     cyc = spans_table([{"resource_id": "r", "name": "a", "start_ns": 0, "end_ns": 1, "span_id": 1, "parent_id": 2},
                        {"resource_id": "r", "name": "b", "start_ns": 0, "end_ns": 1, "span_id": 2, "parent_id": 1}])
     with pytest.raises(CallTreeError, match="cycle through span_id"):

@@ -153,19 +153,29 @@ def _codes(arr: pa.ChunkedArray | pa.Array) -> tuple[list[str], np.ndarray]:
     return enc.dictionary.to_pylist(), enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
 
 
-def _parents_by_link(sid: np.ndarray, has_sid: np.ndarray, pid: np.ndarray, linked: np.ndarray) -> np.ndarray:
-    """Per row, the row whose span_id is the row's parent_id (only for ``linked`` rows), else -1."""
+def _parents_by_link(res: np.ndarray, sid: np.ndarray, has_sid: np.ndarray, pid: np.ndarray,
+                     linked: np.ndarray) -> np.ndarray:
+    """Per row, the row whose span_id is the row's parent_id (only for ``linked`` rows), else -1. A parent on
+    the row's own resource wins: span ids from two imports into one run may repeat."""
     n = len(sid)
     parent = np.full(n, -1, np.int64)
     cand = np.flatnonzero(has_sid)
-    if not len(cand) or not linked.any():
-        return parent
-    order = cand[np.argsort(sid[cand], kind="stable")]
-    keys = sid[order]
     rows = np.flatnonzero(linked)
-    pos = np.minimum(np.searchsorted(keys, pid[rows]), len(keys) - 1)
-    hit = keys[pos] == pid[rows]
-    parent[rows[hit]] = order[pos[hit]]
+    if not len(cand) or not len(rows):
+        return parent
+    usid, first, code = np.unique(sid[cand], return_index=True, return_inverse=True)
+    pos = np.minimum(np.searchsorted(usid, pid[rows]), len(usid) - 1)
+    found = usid[pos] == pid[rows]
+    width = len(usid)
+    keys = res[cand] * width + code
+    order = np.argsort(keys, kind="stable")
+    keys = keys[order]
+    q = res[rows] * width + pos
+    at = np.minimum(np.searchsorted(keys, q), len(keys) - 1)
+    same = found & (keys[at] == q)
+    parent[rows[same]] = cand[order[at[same]]]
+    other = found & ~same  # a parent on another resource: the first span with that id
+    parent[rows[other]] = cand[first[pos[other]]]
     parent[parent == np.arange(n)] = -1  # a span naming itself has no parent
     return parent
 
@@ -257,7 +267,7 @@ def call_tree(spans: pa.Table, kinds: tuple[str, ...] | list[str] | None = None)
     # a resource is linked when any of its spans names a parent
     linked_res = np.bincount(res, weights=has_pid, minlength=len(resources)) > 0
     linked = linked_res[res] if n else np.zeros(0, bool)
-    parent = _parents_by_link(sid, has_sid, pid, linked & has_pid)
+    parent = _parents_by_link(res, sid, has_sid, pid, linked & has_pid)
     # times a rule placed say nothing about nesting (tasks laid out as soon as possible overlap by construction)
     derived = _derived_times(spans) if n else np.zeros(0, bool)
     derived_res = (np.bincount(res, weights=derived, minlength=len(resources)) > 0) & ~linked_res
