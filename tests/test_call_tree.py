@@ -4,6 +4,7 @@ over viztracer's JSON read with json.load, over random nested intervals, and thr
 
 from __future__ import annotations
 
+import html
 import json
 import random
 import re
@@ -364,7 +365,8 @@ def test_the_report_draws_the_flame_graph_and_the_hottest_paths_in_chromium(shar
 
     run = open_run(import_paths([shared_data / source], tmp_path / "store").run_dir)
     tree = run_call_tree(run)
-    res = render(write_report(run, tmp_path / "report.html"))
+    report = write_report(run, tmp_path / "report.html")
+    res = render(report)
     assert not _errors(res), _errors(res)
     assert "profile" in res["sections"]
     # one flame graph merged across resources, one per resource behind the menu
@@ -374,7 +376,9 @@ def test_the_report_draws_the_flame_graph_and_the_hottest_paths_in_chromium(shar
     assert "No data" not in text
     m = tree.merged()
     hottest = int(np.argmax(m["exclusive_ns"]))
-    assert " > ".join(tree.call_path(hottest)) in text
+    path = tree.call_path(hottest)
+    assert path[-1] in text and path[0] in text
+    assert f'title="{html.escape(" > ".join(path))}"' in report.read_text()  # the whole path in the tooltip
     assert fmt_duration(m["exclusive_ns"][hottest] / 1e9) in text
 
 

@@ -404,7 +404,12 @@ def profile_section(ctx: Context, figs: _Figures) -> str:
     lab = ctx.rows(tree.resources)
     labels = dict(zip(lab["resource_id"], lab["label"]))
     fig = flame_graph(tree, labels)
-    rows = [[Markup(" &gt; ".join(_e(n) for n in r["call_path"])), f"{r['calls']:,}",
+    def path_cell(names: list[str]) -> Markup:  # long paths elided in the middle, whole in the tooltip
+        shown = names if len(names) <= 3 else [names[0], "…", *names[-2:]]
+        return Markup(f'<span title="{_e(" > ".join(names))}">' + " &gt; ".join(_e(n) for n in shown[:-1])
+                      + (" &gt; " if len(shown) > 1 else "") + f"<b>{_e(shown[-1])}</b></span>")
+
+    rows = [[path_cell(r["call_path"]), len(r["call_path"]) - 1, f"{r['calls']:,}",
              fmt_duration(r["exclusive_ns"] / 1e9), fmt_duration(r["inclusive_ns"] / 1e9),
              fmt_duration(r["exclusive_mean_ns"] / 1e9), fmt_duration(r["exclusive_max_ns"] / 1e9),
              f"{100 * r['exclusive_imbalance']:.1f} %"] for r in hot_paths(tree)]
@@ -419,7 +424,7 @@ def profile_section(ctx: Context, figs: _Figures) -> str:
                  "profile. Nested spans (OTF2 enter/leave regions, Chrome slices, <code>@flowscope.trace</code>) "
                  "give call paths.</p>")
     table = ("<h3>Call paths with the most exclusive time</h3>"
-             + _table(["call path", "calls", "exclusive", "inclusive", "exclusive mean / resource",
+             + _table(["call path", "depth", "calls", "exclusive", "inclusive", "exclusive mean / resource",
                        "exclusive max / resource", "imbalance"], rows))
     return _section("profile", figs.html(fig, "profile") + note + table, help_text)
 
