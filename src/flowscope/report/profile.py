@@ -8,7 +8,8 @@ import plotly.graph_objects as go
 
 from flowscope.analysis.call_tree import CallTree
 
-MAX_PATHS = 3000        # call paths drawn per flame graph: those with the most inclusive time, with their callers
+MAX_PATHS = 3000        # call paths drawn in the merged flame graph: the most inclusive time, with their callers
+MAX_PATHS_RESOURCE = 1000  # in each per-resource flame graph
 MAX_RESOURCES = 24      # per-resource flame graphs offered beside the merged one
 
 
@@ -23,8 +24,9 @@ def _kept(parent: np.ndarray, inclusive: np.ndarray, limit: int) -> np.ndarray:
 
 
 def _icicle(tree: CallTree, inclusive: np.ndarray, exclusive: np.ndarray, calls: np.ndarray,
-            extra: list[np.ndarray] | None, present: np.ndarray, visible: bool, root_label: str) -> go.Icicle:
-    keep = present & _kept(tree.path_parent, np.where(present, inclusive, -1), MAX_PATHS)
+            extra: list[np.ndarray] | None, present: np.ndarray, visible: bool, root_label: str,
+            limit: int) -> go.Icicle:
+    keep = present & _kept(tree.path_parent, np.where(present, inclusive, -1), limit)
     ids = np.flatnonzero(keep)
     parents = tree.path_parent[ids]
     names = [tree.names[c] for c in tree.path_name[ids]]
@@ -58,7 +60,7 @@ def flame_graph(tree: CallTree, labels: dict[str, str] | None = None) -> go.Figu
     traces = [_icicle(tree, m["inclusive_ns"], m["exclusive_ns"], m["calls"],
                       [m["inclusive_min_ns"] / 1e9, m["inclusive_mean_ns"] / 1e9, m["inclusive_max_ns"] / 1e9,
                        m["inclusive_imbalance"]], np.ones(npaths, bool), True,
-                      f"all {len(tree.resources)} resources")]
+                      f"all {len(tree.resources)} resources", MAX_PATHS)]
     names = [f"merged across {len(tree.resources)} resources"]
     for code, rid in enumerate(tree.resources[:MAX_RESOURCES] if len(tree.resources) > 1 else []):
         rows = tree.res == code
@@ -67,7 +69,8 @@ def flame_graph(tree: CallTree, labels: dict[str, str] | None = None) -> go.Figu
         calls[tree.path[rows]] = tree.calls[rows]
         present = np.zeros(npaths, bool)
         present[tree.path[rows]] = True
-        traces.append(_icicle(tree, inc, exc, calls, None, present, False, labels.get(rid, rid)))
+        traces.append(_icicle(tree, inc, exc, calls, None, present, False, labels.get(rid, rid),
+                              MAX_PATHS_RESOURCE))
         names.append(labels.get(rid, rid))
     fig = go.Figure(traces)
     depth = int(tree.path_depth.max()) + 2
