@@ -23,7 +23,7 @@ def _store_options() -> dict[str, argparse.Action]:
 
 def test_every_store_option_names_the_default_store():
     options = _store_options()
-    assert {"run", "demo", "show", "sql", "report", "anomalies", "import", "export", "serve", "runs",
+    assert {"run", "demo", "show", "sql", "report", "profile", "anomalies", "import", "export", "serve", "runs",
             "ingest-spool", "simulate", "rm"} <= set(options)
     for command, action in options.items():
         assert "$FLOWSCOPE_STORE" in action.help and f"./{DEFAULT_STORE}" in action.help, (command, action.help)

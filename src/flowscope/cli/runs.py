@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import re
 import sys
 
 import pandas as pd
@@ -34,8 +35,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("sql", help="query a run with SQL (DuckDB)",
                        description="Run a SQL query over a run; each table (spans, transitions, dependencies, "
                                    "transfers, io, metrics, logs, resources, data_states, mutations) is a view, "
-                                   "and so are activity (spans with their category, role and group) and "
-                                   "executors (resources with executes and slots).")
+                                   "and so are activity (spans with their category, role and group), "
+                                   "executors (resources with executes and slots) and call_tree, the call-path "
+                                   "profile (flowscope profile).")
     p.add_argument("run", help="run directory, run id in the store, or 'latest'")
     p.add_argument("query", help='e.g. "SELECT name, count(*) FROM spans GROUP BY name"')
     p.add_argument("--store", default=None, help=LOOKUP_STORE_HELP)
@@ -149,7 +151,12 @@ def _print_paths_and_utilisation(s) -> None:
 def cmd_sql(args: argparse.Namespace) -> int:
     run = open_for(args)
     try:
-        df = run.sql(args.query)
+        if re.search(r"\bcall_tree\b", args.query, re.IGNORECASE):  # a derived view, computed when asked for
+            from flowscope.analysis.call_tree import query
+
+            df = query(run, args.query)
+        else:
+            df = run.sql(args.query)
     except Exception as exc:  # DuckDB's own message says what is wrong with the query
         raise ValueError(f"query failed: {exc}") from None
     if args.json:

@@ -1,6 +1,7 @@
 """The HTML report of a run: one self-contained file (plotly.js embedded once, no external resource) that
 opens offline. Sections: the run, the computation / communication / I/O breakdown, the task stream, CPU and
-memory per host, I/O per thread, communication time vs size, task groups, warnings over time.
+memory per host, I/O per thread, communication time vs size, task groups, the call profile (a flame graph of
+the call tree), the critical path, warnings over time.
 
     from flowscope.report import write_report
     path = write_report(run)            # <run dir>/report.html

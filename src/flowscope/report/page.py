@@ -20,6 +20,7 @@ from flowscope.analysis.summary import TASK_STEP, Utilisation, utilisation
 from flowscope.report import charts
 from flowscope.report.anomalies import anomaly_section
 from flowscope.report.context import Context
+from flowscope.report.profile import flame_graph, hot_paths
 from flowscope.report.stream import JS as STREAM_JS
 from flowscope.report.stream import StreamFigure
 
@@ -33,6 +34,7 @@ SECTIONS = (  # id, title
     ("io", "I/O per thread"),
     ("communication", "Communication: time vs size"),
     ("task-groups", "Task groups"),
+    ("profile", "Call profile"),
     ("critical-path", "Critical path"),
     ("warnings", "Warnings over time"),
 )
@@ -443,6 +445,52 @@ def groups_section(ctx: Context, groups: pd.DataFrame, limit: int = 60) -> str:
                     help_text)
 
 
+def profile_section(ctx: Context, figs: _Figures) -> str:
+    from flowscope.analysis.call_tree import run_call_tree
+
+    help_text = ("The call tree of the spans that nest (OTF2 regions, Chrome slices, traced Python functions, "
+                 "nested <code>Client.span</code>s) as a flame graph: each box is a call path, as wide as its "
+                 "inclusive time, its callers below it; boxes are merged across resources (hover for calls, "
+                 "exclusive time, the min / mean / max over resources and the imbalance (max - mean) / max), and "
+                 "the menu shows one resource instead. Click a box to zoom into it. <code>flowscope profile</code> "
+                 "prints the same tree; <code>call_tree</code> in <code>flowscope sql</code> holds its rows.")
+    if not ctx.counts.get("spans"):
+        return _section("profile", _nodata(
+            "no spans in this run. A call profile is built from spans that nest on a resource: OTF2 enter/leave "
+            "regions, Chrome / Perfetto slices, functions traced with <code>@flowscope.trace</code>, "
+            "<code>Client.span</code>s with <code>parent_id</code>."), help_text)
+    try:
+        tree = run_call_tree(ctx.run)
+    except ValueError as exc:  # parent links that are not a tree: say so, draw the rest of the report
+        return _section("profile", _nodata(f"the call tree cannot be built: {exc}"), help_text)
+    lab = ctx.rows(tree.resources)
+    labels = dict(zip(lab["resource_id"], lab["label"]))
+    fig = flame_graph(tree, labels)
+    def path_cell(names: list[str]) -> Markup:  # long paths elided in the middle, whole in the tooltip
+        shown = names if len(names) <= 3 else [names[0], "…", *names[-2:]]
+        return Markup(f'<span title="{_e(" > ".join(names))}">' + " &gt; ".join(_e(n) for n in shown[:-1])
+                      + (" &gt; " if len(shown) > 1 else "") + f"<b>{_e(shown[-1])}</b></span>")
+
+    rows = [[path_cell(r["call_path"]), len(r["call_path"]) - 1, f"{r['calls']:,}",
+             fmt_duration(r["exclusive_ns"] / 1e9), fmt_duration(r["inclusive_ns"] / 1e9),
+             fmt_duration(r["exclusive_mean_ns"] / 1e9), fmt_duration(r["exclusive_max_ns"] / 1e9),
+             f"{100 * r['exclusive_imbalance']:.1f} %"] for r in hot_paths(tree)]
+    flat = sum(v == "flat" for v in tree.nesting.values())
+    derived = sum(v == "derived" for v in tree.nesting.values())
+    note = (f'<p class="note">{flat} resource(s) have spans that overlap without nesting; their spans are drawn '
+            f"flat, each a root.</p>" if flat else "")
+    note += (f'<p class="note">On {derived} resource(s) the span times were placed by a rule, not observed; their '
+             f"spans are drawn flat, each a root.</p>" if derived else "")
+    if not (tree.path_depth > 0).any():
+        note += ('<p class="note">No span of this run nests in another: each is a root, and the graph is a flat '
+                 "profile. Nested spans (OTF2 enter/leave regions, Chrome slices, <code>@flowscope.trace</code>) "
+                 "give call paths.</p>")
+    table = ("<h3>Call paths with the most exclusive time</h3>"
+             + _table(["call path", "depth", "calls", "exclusive", "inclusive", "exclusive mean / resource",
+                       "exclusive max / resource", "imbalance"], rows))
+    return _section("profile", figs.html(fig, "profile") + note + table, help_text)
+
+
 def warnings_extra(ctx: Context) -> str:
     df = ctx.sql("""SELECT category, level, count(*) AS n, min(ts_ns) AS first, arg_min(message, ts_ns) AS msg
                         FROM logs WHERE level IN ('warning', 'error') GROUP BY category, level
@@ -458,8 +506,8 @@ def warnings_extra(ctx: Context) -> str:
 
 def build_html(ctx: Context, progress: Progress | None = None) -> str:
     """The whole report of ``ctx.run`` as one HTML string."""
-    steps = ["breakdown", "task stream", "hardware", "I/O", "communication", "task groups", "critical path",
-             "warnings"]
+    steps = ["breakdown", "task stream", "hardware", "I/O", "communication", "task groups", "call profile",
+             "critical path", "warnings"]
     total = len(steps) + 1
 
     def step(i: int, what: str) -> None:
@@ -507,9 +555,11 @@ def build_html(ctx: Context, progress: Progress | None = None) -> str:
         extra=communication_extra(ctx) if ctx.counts.get("transfers") else ""))
     step(5, "task groups")
     parts.append(groups_section(ctx, groups))
-    step(6, "critical path")
+    step(6, "call profile")
+    parts.append(profile_section(ctx, figs))
+    step(7, "critical path")
     parts.append(critical_path_section(ctx, figs))
-    step(7, "warnings")
+    step(8, "warnings")
     parts.append(figure_section(
         "warnings", charts.warnings(ctx), figs,
         "Warnings and errors the run logged (event loop unresponsive, long garbage collections, memory pauses, "
@@ -519,7 +569,7 @@ def build_html(ctx: Context, progress: Progress | None = None) -> str:
     if anomalies:
         parts.append(anomalies)
         figs.count += 1  # the section's figures need plotly.js
-    step(8, "writing")
+    step(9, "writing")
 
     meta = ctx.run.meta
     title = f"{meta.get('name') or 'run'} {meta.get('run_id', '')}".strip()
