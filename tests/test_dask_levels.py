@@ -89,11 +89,13 @@ def test_standard_level_records_spans_transfers_and_scheduler_transitions_with_n
     assert run.meta["capture_level"] == "standard"
 
     # every task: one execution span on a thread resource of the worker process that ran it
-    spans = run.sql("""SELECT s.task_key, s.start_ns, s.end_ns, s.attrs, r.kind AS rkind, r.tid, w.address
-                       FROM spans s JOIN resources r ON s.resource_id = r.resource_id
-                       JOIN resources w ON r.parent_id = w.resource_id WHERE s.kind = 'task'""")
+    spans = run.sql("""SELECT s.task_key, s.start_ns, s.end_ns, s.attrs, r.kind AS rkind, r.tid, r.pid,
+                              json_extract_string(s.attrs, '$.worker') AS address
+                       FROM spans s JOIN resources r ON s.resource_id = r.resource_id WHERE s.kind = 'task'""")
     assert Counter(spans["task_key"]) == Counter(done["keys"])
     assert set(spans["rkind"]) == {"thread"} and spans["tid"].notna().all()
+    pids = client.run(os.getpid)
+    assert all(pid == pids[address] for pid, address in zip(spans["pid"], spans["address"]))
     assert dict(zip(spans["task_key"], spans["address"]))["y"] == done["b"]
     assert (spans[spans["task_key"] != "y"]["address"] == done["a"]).all()
 
@@ -114,7 +116,7 @@ def test_standard_level_records_spans_transfers_and_scheduler_transitions_with_n
     attrs = {k: json.loads(a) for k, a in zip(spans["task_key"], spans["attrs"])}
     assert {a["io"] for a in attrs.values()} <= {"own", "next"}
     assert attrs["long"]["io"] == "own"
-    io = run.sql("""SELECT task_key, direction, bytes, attrs FROM io WHERE kind = 'proc-io' AND resource_id IN
+    io = run.sql("""SELECT task_key, op AS direction, nbytes AS bytes, attrs FROM io WHERE source = 'proc-io' AND resource_id IN
                     (SELECT resource_id FROM spans WHERE kind = 'task' AND task_key = 'long')""")
     writes = io[io["direction"] == "write"]
     assert writes["bytes"].sum() >= done["written"]
@@ -149,7 +151,7 @@ def test_full_level_keeps_every_worker_transition_and_per_task_io(one_thread_clu
     for key in done["keys"]:  # every task's execution, as its worker saw it
         assert ((trans["task_key"] == key) & (trans["to_state"] == "memory")).any(), key
     # each task's own I/O, short or long
-    io = run.sql("SELECT task_key, sum(bytes) AS b FROM io WHERE kind = 'proc-io' AND direction = 'write' "
+    io = run.sql("SELECT task_key, sum(nbytes) AS b FROM io WHERE source = 'proc-io' AND op = 'write' "
                  "GROUP BY task_key")
     got = dict(zip(io["task_key"], io["b"]))
     assert got["long"] >= LONG_BYTES and all(got[f"short-{i}"] >= SHORT_BYTES for i in range(SHORT_TASKS))

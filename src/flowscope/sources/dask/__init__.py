@@ -18,20 +18,37 @@ Worker plugins registered through a client are installed on workers that join la
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import threading
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["FlowscopeSchedulerPlugin", "FlowscopeWorkerPlugin", "NothingObservedWarning", "register", "unregister",
-           "observe", "dask_setup"]
+__all__ = ["FlowscopeSchedulerPlugin", "FlowscopeWorkerPlugin", "FlowscopeStandardWorkerPlugin", "LEVELS",
+           "NothingObservedWarning", "register", "unregister", "observe", "start_collector", "dask_setup"]
+
+#: Capture levels (docs/dask.md, "Capture levels"): ``standard`` (the default) records scheduler transitions,
+#: execution spans on threads, transfers, warnings, hardware and the I/O of calls of 1 ms or more (shorter calls'
+#: I/O charged to the next measured call on the thread), with no per-transition hook on the workers; ``full``
+#: adds every worker transition and each task's own I/O however short.
+LEVELS = ("standard", "full")
+DEFAULT_LEVEL = "standard"
+LEVEL_ENV = "FLOWSCOPE_LEVEL"
+
+
+def check_level(level: str) -> str:
+    """``level`` if it is a capture level, else ValueError naming it and the levels."""
+    if level not in LEVELS:
+        raise ValueError(f"capture level {level!r} is not one of {', '.join(repr(x) for x in LEVELS)}")
+    return level
 
 
 def __getattr__(name: str):
     # the plugins need dask.distributed, slow to import and not needed to observe the local schedulers
-    if name in ("FlowscopeSchedulerPlugin", "FlowscopeWorkerPlugin"):
+    if name in ("FlowscopeSchedulerPlugin", "FlowscopeWorkerPlugin", "FlowscopeStandardWorkerPlugin"):
         from flowscope.sources.dask import plugins
 
         return getattr(plugins, name)
@@ -42,12 +59,22 @@ class NothingObservedWarning(UserWarning):
     """An ``observe()`` block recorded no work; the message says why and what to do."""
 
 
-def register(dask_client, address: str, run_id: str) -> None:
-    """Install the scheduler and worker plugins on ``dask_client``'s cluster for run ``run_id``."""
-    from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin, FlowscopeWorkerPlugin
+def worker_plugin(address: str, run_id: str, level: str = DEFAULT_LEVEL, **kwargs):
+    """The worker plugin of capture level ``level`` for run ``run_id``."""
+    from flowscope.sources.dask.plugins import FlowscopeStandardWorkerPlugin, FlowscopeWorkerPlugin
 
+    cls = FlowscopeWorkerPlugin if check_level(level) == "full" else FlowscopeStandardWorkerPlugin
+    return cls(address, run_id, **kwargs)
+
+
+def register(dask_client, address: str, run_id: str, level: str = DEFAULT_LEVEL) -> None:
+    """Install the scheduler and worker plugins of capture level ``level`` on ``dask_client``'s cluster for run
+    ``run_id``."""
+    from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin
+
+    plugin = worker_plugin(address, run_id, level)
     dask_client.register_plugin(FlowscopeSchedulerPlugin(address, run_id), name=FlowscopeSchedulerPlugin.name)
-    dask_client.register_plugin(FlowscopeWorkerPlugin(address, run_id), name=FlowscopeWorkerPlugin.name)
+    dask_client.register_plugin(plugin, name=plugin.name)
 
 
 async def _close_scheduler_plugin(dask_scheduler) -> int:
@@ -88,6 +115,8 @@ class Observation:
     client: object
     run_id: str
     run_dir: Path
+    level: str = DEFAULT_LEVEL
+    collector_pid: int | None = None  # the collector process the run was recorded by (None: embedded)
     hook_errors: dict[str, int] = field(default_factory=dict)
     anomaly_stats: dict[str, dict] = field(default_factory=dict)  # per worker, with observe(anomalies=True)
     nothing_observed: list = field(default_factory=list)          # analysis.nothing_observed.Reason
@@ -97,6 +126,37 @@ class Observation:
         from flowscope.store.run import open_run
 
         return open_run(self.run_dir)
+
+
+_collectors: dict = {}  # store directory -> the CollectorProcess this Python process shares for it
+_collectors_lock = threading.Lock()
+
+
+def start_collector(store: str | Path | None = None):
+    """The collector process this Python process uses for ``store`` (default: the default store), started now if
+    it is not running. ``observe()`` starts it on its first use and keeps it for later blocks; call this before
+    creating a cluster so that the collector's start-up does not compete with it. Stopped at exit."""
+    from flowscope.service.process import CollectorProcess
+    from flowscope.store.catalog import default_store
+
+    path = Path(store if store is not None else default_store()).resolve()
+    with _collectors_lock:
+        server = _collectors.get(path)
+        if server is not None and server.proc.poll() is None:
+            return server
+        server = _collectors[path] = CollectorProcess(path)
+        if len(_collectors) == 1:
+            atexit.register(stop_collectors)
+        return server
+
+
+def stop_collectors() -> None:
+    """Stop the collector processes ``start_collector`` started (each finishes its queued writes first)."""
+    with _collectors_lock:
+        servers = list(_collectors.values())
+        _collectors.clear()
+    for server in servers:
+        server.stop()
 
 
 def _default_client_address(exclude=None) -> str | None:
@@ -152,7 +212,7 @@ def _explain_if_empty(obs: Observation) -> None:
 @contextmanager
 def observe(dask_client=None, *, store: str | Path | None = None, name: str | None = None,
             command: str | None = None, collector: str = "process", anomalies: bool | object = False,
-            hardware_period: float = 1.0, task_io: bool = True):
+            hardware_period: float = 1.0, task_io: bool = True, level: str = DEFAULT_LEVEL):
     """Record a Dask workflow into a new run while the block runs (like performance_report).
 
     With ``dask_client``: everything its cluster does. Without: every computation Dask's local schedulers
@@ -167,8 +227,14 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
     (``sources/dask/anomaly_plugin.py``); an ``AnomalyConfig`` sets its parameters, a dict the keyword
     arguments of ``register_anomalies`` (``config``, ``period``, ``mature``). It needs a distributed client.
 
+    ``level`` is the capture level of a distributed cluster (``LEVELS``; docs/dask.md, "Capture levels"):
+    ``"standard"`` (the default) or ``"full"``; it is kept in run.json as ``capture_level``. Dask's local
+    schedulers are recorded the same way at both levels.
+
     ``collector="process"`` (the default) runs the collector in a child process, so ingest never competes
-    with a scheduler in this process for its GIL; ``"embedded"`` runs it on threads of this process."""
+    with a scheduler in this process for its GIL; that process is started on the first ``observe()`` for a store
+    (or by :func:`start_collector`, before the cluster exists) and kept for the later ones. ``"embedded"`` runs
+    the collector on threads of this process."""
     from flowscope.client.client import Client
     from flowscope.sources import process_facts
     from flowscope.store.catalog import default_store
@@ -177,15 +243,15 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
         raise ValueError("observe(anomalies=...) needs a distributed client: the detector runs on its workers")
     if collector not in ("process", "embedded"):
         raise ValueError(f"collector must be 'process' or 'embedded', not {collector!r}")
+    check_level(level)
     store = Path(store) if store is not None else default_store()
     server = None
+    meta = {"capture_level": level}
     if collector == "process":
-        from flowscope.service.process import CollectorProcess
-
-        server = CollectorProcess(store)
-        fs = Client(server.address, name=name or "dask", command=command)
+        server = start_collector(store)
+        fs = Client(server.address, name=name or "dask", command=command, meta=meta)
     else:
-        fs = Client("embedded", store=store, serve=True, name=name or "dask", command=command)
+        fs = Client("embedded", store=store, serve=True, name=name or "dask", command=command, meta=meta)
     capture = sampler = lease = None
     facts_before = process_facts.snapshot()
     try:
@@ -201,7 +267,7 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
             capture = LocalSchedulerCapture(fs, io=task_io)
             capture.register()
         else:
-            register(dask_client, fs.address, fs.run_id)
+            register(dask_client, fs.address, fs.run_id, level)
             if anomalies:
                 from flowscope.sources.dask.anomaly_plugin import register_anomalies
 
@@ -216,10 +282,9 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
         if lease is not None:
             lease.release()
         fs.close(status="failed")
-        if server:
-            server.stop()
         raise
-    obs = Observation(fs, fs.run_id, store / fs.run_id)
+    obs = Observation(fs, fs.run_id, store / fs.run_id, level=level,
+                      collector_pid=server.proc.pid if server is not None else None)
     status = "failed"
     try:
         yield obs
@@ -243,11 +308,7 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
                 obs.hook_errors = unregister(dask_client)
             _record_observation(fs, facts_before, dask_client)
         finally:
-            try:
-                fs.close(status=status)
-            finally:
-                if server:
-                    server.stop()
+            fs.close(status=status)
     _explain_if_empty(obs)
 
 
@@ -265,13 +326,14 @@ async def dask_setup(server) -> None:
     if not address or not run_id:
         raise RuntimeError("flowscope.dask preload needs FLOWSCOPE_ADDRESS and FLOWSCOPE_RUN "
                            "(set by `flowscope run`, or Client.env())")
-    from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin, FlowscopeWorkerPlugin
+    from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin
 
     if isinstance(server, Scheduler):
         # preloads run before the scheduler starts its plugins, so this one is started with the others
         server.add_plugin(FlowscopeSchedulerPlugin(address, run_id), name=FlowscopeSchedulerPlugin.name)
     else:
-        await server.plugin_add(FlowscopeWorkerPlugin(address, run_id), name=FlowscopeWorkerPlugin.name)
+        plugin = worker_plugin(address, run_id, os.environ.get(LEVEL_ENV) or DEFAULT_LEVEL)
+        await server.plugin_add(plugin, name=plugin.name)
         if os.environ.get("FLOWSCOPE_ANOMALIES"):  # `flowscope run --anomalies`
             from flowscope.sources.dask.anomaly_plugin import NAME, AnomalyWorkerPlugin
 
