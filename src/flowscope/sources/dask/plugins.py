@@ -26,7 +26,6 @@ import threading
 import time
 from typing import Any
 
-import pyarrow as pa
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from distributed.utils import key_split_group
 
@@ -167,7 +166,6 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
         self._emit_transition = fs.row_writer("transitions")
         self._tasks_get = scheduler.tasks.get
         self._wids: dict[str, str] = {}
-        pa.array([0])  # pyarrow imports pandas on first use (~0.5 s of CPU): pay it now, not mid-workload
         for addr in list(scheduler.workers):
             self.add_worker(scheduler, addr)
 
@@ -380,7 +378,6 @@ class _WorkerCapture(WorkerPlugin):
         self._emit_transfer = fs.row_writer("transfers")
         self._emit_io = fs.row_writer("io")
         self._worker_json = json.dumps(worker.address)
-        pa.array([0])  # pyarrow imports pandas on first use (~0.5 s of CPU): pay it now, not mid-workload
         self._hostname, self._pid = ids.hostname(), os.getpid()
         self._logs = _LogCapture(fs, self.rid)
         self._logs.attach()
