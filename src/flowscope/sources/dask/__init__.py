@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["FlowscopeSchedulerPlugin", "FlowscopeWorkerPlugin", "FlowscopeStandardWorkerPlugin", "LEVELS",
-           "NothingObservedWarning", "register", "unregister", "observe", "start_collector", "dask_setup"]
+           "NothingObservedWarning", "register", "unregister", "observe", "start_collector", "stop_collector", "dask_setup"]
 
 #: Capture levels (docs/dask.md, "Capture levels"): ``standard`` (the default) records scheduler transitions,
 #: execution spans on threads, transfers, warnings, hardware and the I/O of calls of 1 ms or more (shorter calls'
@@ -77,15 +77,15 @@ def register(dask_client, address: str, run_id: str, level: str = DEFAULT_LEVEL)
     dask_client.register_plugin(plugin, name=plugin.name)
 
 
-async def _close_scheduler_plugin(dask_scheduler) -> int:
+async def _close_scheduler_plugin(dask_scheduler) -> tuple[int, int]:
     from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin
 
     plugin = dask_scheduler.plugins.get(FlowscopeSchedulerPlugin.name)
     if plugin is None:
-        return 0
-    errors = plugin.errors
+        return 0, 0
+    errors, finished = plugin.errors, plugin.finished
     await plugin.close()
-    return errors
+    return errors, finished
 
 
 def _worker_errors(dask_worker) -> int:
@@ -95,11 +95,15 @@ def _worker_errors(dask_worker) -> int:
     return plugin.errors if plugin is not None else 0
 
 
-def unregister(dask_client) -> dict[str, int]:
-    """Flush and remove the plugins; returns how many hook calls failed on the scheduler and on each worker."""
+def unregister(dask_client, seen: dict | None = None) -> dict[str, int]:
+    """Flush and remove the plugins; returns how many hook calls failed on the scheduler and on each worker.
+    ``seen``, if given, receives ``finished``: how many tasks the scheduler plugin saw leave ``processing``."""
     from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin, FlowscopeWorkerPlugin
 
-    errors = {"scheduler": dask_client.run_on_scheduler(_close_scheduler_plugin)}
+    sched_errors, finished = dask_client.run_on_scheduler(_close_scheduler_plugin)
+    if seen is not None:
+        seen["finished"] = finished
+    errors = {"scheduler": sched_errors}
     errors.update(dask_client.run(_worker_errors))
     dask_client.unregister_worker_plugin(FlowscopeWorkerPlugin.name)  # teardown flushes and closes
     dask_client.unregister_scheduler_plugin(FlowscopeSchedulerPlugin.name)
@@ -128,34 +132,41 @@ class Observation:
         return open_run(self.run_dir)
 
 
-_collectors: dict = {}  # store directory -> the CollectorProcess this Python process shares for it
-_collectors_lock = threading.Lock()
+_collector = None  # the CollectorProcess this Python process shares between its observe() blocks
+_collector_lock = threading.Lock()
 
 
 def start_collector(store: str | Path | None = None):
-    """The collector process this Python process uses for ``store`` (default: the default store), started now if
-    it is not running. ``observe()`` starts it on its first use and keeps it for later blocks; call this before
-    creating a cluster so that the collector's start-up does not compete with it. Stopped at exit."""
+    """The collector process this Python process uses, serving ``store`` (default: the default store), started now
+    if it is not running. There is one per Python process: ``observe()`` starts it on its first use and keeps it
+    for the later blocks; a block for another store replaces it. Call this before creating a cluster so that the
+    collector's start-up does not compete with it. Stopped at exit."""
+    global _collector
     from flowscope.service.process import CollectorProcess
     from flowscope.store.catalog import default_store
 
     path = Path(store if store is not None else default_store()).resolve()
-    with _collectors_lock:
-        server = _collectors.get(path)
-        if server is not None and server.proc.poll() is None:
-            return server
-        server = _collectors[path] = CollectorProcess(path)
-        if len(_collectors) == 1:
-            atexit.register(stop_collectors)
-        return server
+    with _collector_lock:
+        old = _collector
+        if old is not None and old.owner != os.getpid():  # inherited through a fork: the parent's, not ours
+            old = _collector = None
+        if old is not None and old.proc.poll() is None and old.store == path:
+            return old
+        if old is not None:
+            old.stop()  # it finishes its queued writes first
+        else:
+            atexit.register(stop_collector)
+        _collector = CollectorProcess(path)
+        _collector.owner = os.getpid()
+        return _collector
 
 
-def stop_collectors() -> None:
-    """Stop the collector processes ``start_collector`` started (each finishes its queued writes first)."""
-    with _collectors_lock:
-        servers = list(_collectors.values())
-        _collectors.clear()
-    for server in servers:
+def stop_collector() -> None:
+    """Stop the collector process ``start_collector`` started, if any (it finishes its queued writes first)."""
+    global _collector
+    with _collector_lock:
+        server, _collector = _collector, None
+    if server is not None and server.owner == os.getpid():
         server.stop()
 
 
@@ -178,8 +189,9 @@ def _default_client_address(exclude=None) -> str | None:
         return None
 
 
-def _record_observation(fs, facts_before: dict, dask_client) -> None:
-    """The block's own facts as an ``observation`` log row (what ``analysis.nothing_observed`` reads)."""
+def _record_observation(fs, facts_before: dict, dask_client) -> dict:
+    """The block's own facts as an ``observation`` log row (what ``analysis.nothing_observed`` reads); returns
+    them."""
     from flowscope.sources import process_facts
 
     now = process_facts.snapshot()
@@ -195,9 +207,14 @@ def _record_observation(fs, facts_before: dict, dask_client) -> None:
         facts["observed_cluster"] = getattr(getattr(dask_client, "scheduler", None), "address", None) or "?"
     fs.log(process_facts.message(facts), category=process_facts.CATEGORY, resource_id=fs.process_resource(),
            attrs=facts)
+    return facts
 
 
-def _explain_if_empty(obs: Observation) -> None:
+def _explain_if_empty(obs: Observation, work_seen: bool) -> None:
+    """Explain a block that recorded no work. ``work_seen``: the capture itself saw tasks run, so the run holds
+    work and the store need not be read (a query of the run costs more than the rest of the teardown)."""
+    if work_seen:
+        return
     from flowscope.analysis.nothing_observed import why_nothing_observed
 
     try:
@@ -286,6 +303,8 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
     obs = Observation(fs, fs.run_id, store / fs.run_id, level=level,
                       collector_pid=server.proc.pid if server is not None else None)
     status = "failed"
+    seen: dict = {}
+    facts: dict = {}
     try:
         yield obs
         status = "finished"
@@ -303,13 +322,13 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
                 try:
                     obs.anomaly_stats = finish_anomalies(dask_client)
                 finally:
-                    obs.hook_errors = unregister(dask_client)
+                    obs.hook_errors = unregister(dask_client, seen)
             else:
-                obs.hook_errors = unregister(dask_client)
-            _record_observation(fs, facts_before, dask_client)
+                obs.hook_errors = unregister(dask_client, seen)
+            facts = _record_observation(fs, facts_before, dask_client)
         finally:
             fs.close(status=status)
-    _explain_if_empty(obs)
+    _explain_if_empty(obs, bool(seen.get("finished") or facts.get("local_tasks")))
 
 
 async def dask_setup(server) -> None:

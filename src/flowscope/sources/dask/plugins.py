@@ -151,6 +151,7 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
         self.address = address
         self.run_id = run_id
         self.errors = 0
+        self.finished = 0  # transitions out of processing: tasks this run saw run (or fail, or move)
         self.fs = None
 
     async def start(self, scheduler) -> None:
@@ -193,7 +194,10 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
             else:
                 self._emit_transition(_time_ns(), key if key.__class__ is str else str(key), None, None, start,
                                       finish, "scheduler", wid, stimulus_id, None)
-            if finish == "erred" and start == "processing":
+            if start == "processing":
+                self.finished += 1
+                if finish != "erred":
+                    return
                 etype = exception_type(kwargs.get("exception_text"))
                 self.fs.log(f"task failed with {etype or 'an exception'}", level="error", category="task-error",
                             resource_id=wid or SCHEDULER_RESOURCE, task_key=key_str(key),
