@@ -1,9 +1,11 @@
-"""Overhead of Dask capture: wall time of Dask workloads with no instrumentation, with Dask's own
-TaskStreamPlugin, and with flowscope's full capture (``flowscope.sources.dask.observe``).
+"""Overhead of Dask capture at each capture level: wall time and CPU time of Dask workloads with no
+instrumentation and inside ``observe(client, level=...)``, observe()'s setup and teardown included.
 
 Two workloads, each run in every mode on a fresh ``LocalCluster(n_workers=2, threads_per_worker=2,
 processes=True, dashboard_address=None)`` (whose scheduler lives in this process, with the client;
-``observe()`` starts its collector as a child process, whose CPU is counted too):
+``observe()``'s collector is a child process of this one, started once before any cluster exists with
+``flowscope.dask.start_collector`` and shared by every ``observe()``, as a user's process would; its CPU
+is counted too):
 
 * ``demo`` (the headline) -- the project's image-processing workflow
   (``flowscope.workflows.image_pipeline.run_pipeline``, what ``flowscope demo`` runs), 48 images of
@@ -14,23 +16,29 @@ processes=True, dashboard_address=None)`` (whose scheduler lives in this process
 * ``tiny`` -- a DAG of 20,000 tiny tasks (``inc``, then layers of ``add`` of two neighbours of the
   layer before, then one ``sum``), timed from ``client.get`` to its result.
 
-Modes (in each repetition every workload runs in every mode, in an order that rotates; medians):
+Modes (in each repetition every workload runs in every mode, in an order that rotates; medians of
+``--repeat`` repetitions, 7 by default, with a 95 % bootstrap interval over the repetitions, paired):
 
-* ``none``       -- no plugins beyond Dask's defaults;
-* ``taskstream`` -- ``distributed.diagnostics.task_stream.TaskStreamPlugin`` added on the scheduler
-  (what the dashboard's task stream and ``get_task_stream`` use);
-* ``flowscope``  -- the workload inside ``with observe(client, store=TMP):``. The main figure times
-  the workload inside the block; the block's setup and teardown (which flushes every record to disk)
-  are timed separately and reported as the "including setup" ratio. Every run is checked: no hook
-  failed and the run holds exactly one task span per task.
+* ``none``      -- no plugins beyond Dask's defaults: the workload alone;
+* ``standard``  -- the workload inside ``with observe(client, store=..., level="standard"):`` (the
+  default level), timed from entering the block to leaving it: setup (``__enter__``) + workload +
+  teardown (``__exit__``, which returns once every record is on disk). The three are also reported
+  apart. Every run is checked: no hook failed and the run holds exactly one task span per task;
+* ``full``      -- the same at ``level="full"`` (every worker transition, each task's own I/O);
+* ``taskstream`` (only with ``--modes``) -- ``distributed.diagnostics.task_stream.TaskStreamPlugin`` added
+  on the scheduler (what the dashboard's task stream and ``get_task_stream`` use);
 * ``recorder`` (only with ``--modes``) -- a minimal plugin pair that appends one tuple per transition
   to a list: the floor for any Python plugin that records every transition;
-* ``flowscope-variant`` (only with ``--modes``) -- flowscope with a part of the capture switched off on
-  the plugin instances (``--variant``: X1 per-task I/O, X2 worker transition rows), to price that part;
-* ``flowscope-embedded`` (only with ``--modes``) -- ``observe(..., collector="embedded")``: the collector
-  on threads of this process (the scheduler's), as observe() did before it got a collector process.
+* ``full-variant`` (only with ``--modes``) -- level full with a part of the capture switched off on the
+  plugin instances (``--variant``: X1 per-task I/O, X2 worker transition rows), to price that part;
+* ``standard-embedded`` (only with ``--modes``) -- ``observe(..., collector="embedded")``: the collector
+  on threads of this process (the scheduler's).
 
-Besides wall time: the hooks time themselves (``perf_counter_ns`` around each call of the plugins'
+The ratio of a level is median(setup + workload + teardown) / median(workload with no instrumentation);
+the CPU ratio is the same for the CPU time of every process (this one, the workers, the collector) over
+the same span, which moves less than wall time when other programs take the cores.
+
+With ``--hook-timers`` the hooks time themselves (``perf_counter_ns`` around each call of the plugins'
 ``transition`` and ``update_graph``, and of the callables the worker plugin hands to the open audit
 hook and the per-task I/O reader, wrapped on the plugin instances, in this benchmark only), and the
 CPU time of every process is accounted per thread group (psutil), which unlike wall time does not
@@ -51,14 +59,15 @@ each record every task Dask ran. Then ``--local-micro N`` no-op tasks on the syn
 (one thread, so the hooks' cost is not blurred by thread hand-offs), timed by the calling thread's CPU
 clock: the cost of the capture per task, with and without per-task I/O, beside the Profiler's.
 
-Writes ``bench/results/overhead.json`` (format: DESIGN.md, "Benchmarks"; ``value`` is the median wall
-time of the demo workflow with flowscope divided by the median without instrumentation, or of the local
-tiny graph when no cluster workload runs) and prints one summary line last.
+Writes ``bench/results/overhead.json`` (format: bench/README.md; ``levels.<level>.<workload>`` holds
+``ratio`` with ``ratio_ci95``, ``cpu_ratio`` with ``cpu_ratio_ci95``, ``setup_s``, ``teardown_s`` and the
+target; ``value`` is ``levels.standard.demo.ratio``, or the local tiny graph's ratio when no cluster
+workload runs) and prints one summary line last.
 
-    python bench/overhead.py                  # 20,000 tiny tasks, 48 images, 3 repetitions (~5 minutes)
+    python bench/overhead.py                  # 20,000 tiny tasks, 48 images, 7 repetitions (~15 minutes)
     python bench/overhead.py --quick          # smoke run: 2,000 tasks, 12 images, 1 repetition (~1 minute)
     python bench/overhead.py --profile DIR    # and profile one flowscope run per workload (py-spy into DIR)
-    python bench/overhead.py --workloads tiny --modes none,flowscope,flowscope-variant --variant X1
+    python bench/overhead.py --workloads tiny --modes none,full,full-variant --variant X1
     python bench/overhead.py --workloads local-tiny,local-array   # the local threaded scheduler only
 """
 
