@@ -1140,9 +1140,11 @@ def main(argv: list[str] | None = None) -> int:
                         extra = ""
                         if mode in LEVEL_MODES:
                             extra = f" + setup {res['setup_s']:.2f} s + teardown {res['teardown_s']:.2f} s"
+                        cpu = sum(res["cpu_s"][r]["process"] for r in ("bench", "workers", "collector"))
                         progress.console.print(f"rep {rep + 1} {w:<5} {mode:<15} {res['wall_s']:7.3f} s "
-                                               f"{res['wall_s'] / res['tasks'] * 1e3:7.3f} ms/task{extra}",
-                                               soft_wrap=True)
+                                               f"{res['wall_s'] / res['tasks'] * 1e3:7.3f} ms/task{extra} = "
+                                               f"{res['total_s']:.3f} s, CPU {cpu:.2f} s, "
+                                               f"load {res['load_avg_1m']:.1f}", soft_wrap=True)
                         progress.advance(steps)
             if args.profile:
                 for w in cluster_w:

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import datetime as _dt
-import math
 import functools
+import math
 import os
 import platform
 import re

@@ -17,13 +17,13 @@ from __future__ import annotations
 import gc
 import json
 import logging
-from collections import deque
-from concurrent.futures import Executor
 import os
 import re
 import sys
 import threading
 import time
+from collections import deque
+from concurrent.futures import Executor
 from typing import Any
 
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
@@ -717,7 +717,11 @@ class FlowscopeStandardWorkerPlugin(_WorkerCapture):
     MIN_CALL_S = 0.001
 
     def _install(self, worker) -> None:
-        from distributed.worker_state_machine import ExecuteFailureEvent, ExecuteSuccessEvent, GatherDepDoneEvent
+        from distributed.worker_state_machine import (
+            ExecuteFailureEvent,
+            ExecuteSuccessEvent,
+            GatherDepDoneEvent,
+        )
 
         self._executor = ShortCallsDeferringThreadPoolExecutor(worker.executors["default"], self._io_reader,
                                                                self.MIN_CALL_S)
