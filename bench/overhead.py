@@ -480,6 +480,16 @@ def _collector_cpu(pids: list[int]) -> float:
     return total
 
 
+def _all_cpu(client, collectors: list[int]) -> float:
+    """CPU seconds so far of this process, the workers and the collector process, together."""
+    return _sum_cpu({"bench": _cpu_snapshot(), "workers": client.run(_cpu_snapshot),
+                     "collector": _collector_cpu(collectors)})
+
+
+def _sum_cpu(snap: dict) -> float:
+    return snap["bench"]["process"] + sum(w["process"] for w in snap["workers"].values()) + snap["collector"]
+
+
 def _cpu_delta(before: dict, after: dict) -> dict:
     groups: dict[str, float] = defaultdict(float)
     for tid, (name, t1) in after["threads"].items():
@@ -634,9 +644,11 @@ def measure(workload: Workload, mode: str, args: argparse.Namespace, base: Path,
                     raise BenchError(f"{mode}: a scheduler plugin to time is missing: {sched_hooks}")
                 if worker_hooks and not all(all(v) for v in client.run(_worker_install, worker_hooks, detail).values()):
                     raise BenchError(f"{mode}: a worker plugin to time is missing: {worker_hooks}")
+                cpu_a = _all_cpu(client, collectors)  # untimed: between the setup and the workload (every mode)
                 t0 = time.perf_counter()
                 tasks = workload.run(client, workdir)
                 res["wall_s"] = time.perf_counter() - t0
+                cpu_b = _all_cpu(client, collectors)
                 if timers:
                     _wait_forgotten(client)  # the release transitions of the last results, so hook counts are whole
                     if sched_hooks:
@@ -659,6 +671,8 @@ def measure(workload: Workload, mode: str, args: argparse.Namespace, base: Path,
                 res["py_spy"] = _stop_py_spy(spies)
         res["tasks"] = tasks
         res["total_s"] = res["setup_s"] + res["wall_s"] + res["teardown_s"]
+        cpu_0, cpu_1 = _sum_cpu(cpu0), _sum_cpu(cpu1)
+        res["setup_cpu_s"], res["teardown_cpu_s"] = cpu_a - cpu_0, cpu_1 - cpu_b
         res["cpu_s"] = {"bench": _cpu_delta(cpu0["bench"], cpu1["bench"]),
                         "workers": _merge_cpu([_cpu_delta(cpu0["workers"][w], cpu1["workers"][w])
                                                for w in cpu1["workers"]]),
@@ -1222,6 +1236,8 @@ def main(argv: list[str] | None = None) -> int:
                 info.setdefault("teardown_s", {})[m] = _r(_med(s["teardown_s"] for s in samples[w][m]))
                 info.setdefault("setup_teardown_s", {})[m] = _r(_med(s["setup_s"] + s["teardown_s"]
                                                                      for s in samples[w][m]))
+                info.setdefault("setup_cpu_s", {})[m] = _r(_med(s["setup_cpu_s"] for s in samples[w][m]))
+                info.setdefault("teardown_cpu_s", {})[m] = _r(_med(s["teardown_cpu_s"] for s in samples[w][m]))
         if "full-variant" in args.modes:
             info["variant_applied"] = samples[w]["full-variant"][0].get("variant_applied")
         workloads[w] = info
@@ -1244,6 +1260,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ratio_workload_only": info["ratio_workload_only"][level],
                 "setup_s": info["setup_s"][level], "teardown_s": info["teardown_s"][level],
                 "setup_teardown_s": info["setup_teardown_s"][level],
+                "setup_cpu_s": info["setup_cpu_s"][level], "teardown_cpu_s": info["teardown_cpu_s"][level],
                 "target": TARGETS.get((level, w)),
                 "meets_target": (info["ratio_vs_none"][level] <= TARGETS[(level, w)]) if (level, w) in TARGETS else None,
             }
