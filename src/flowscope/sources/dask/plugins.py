@@ -792,10 +792,10 @@ class FlowscopeStandardWorkerPlugin(_WorkerCapture):
                  f'"io": "{"own" if reading is not None else "next"}"{extra}}}')
         self._emit_span(None, None, self._thread_resource(ident), "task", prefix, int(start * 1e9), int(stop * 1e9),
                         k, attrs)
-        if reading is not None:
-            c0, c1, tid, before, now, calls = reading
-            self._record_task_io(k, ident, tid, int(c0 * 1e9), int(c1 * 1e9), now - before - _own_read(before),
-                                 calls)
+        if reading is not None:  # over the task's compute interval on this process's clock, as at level full
+            t0, t1 = int(start * 1e9), int(stop * 1e9)
+            tid, before, now, calls = reading[2:]
+            self._record_task_io(k, ident, tid, t0 - off, t1 - off, now - before - _own_read(before), calls)
 
     def _uninstall(self, worker) -> None:
         """What calls too short to be read on their own did since their thread's last reading, as rows of no task."""
