@@ -1,9 +1,11 @@
-"""Overhead of Dask capture: wall time of Dask workloads with no instrumentation, with Dask's own
-TaskStreamPlugin, and with flowscope's full capture (``flowscope.sources.dask.observe``).
+"""Overhead of Dask capture at each capture level: wall time and CPU time of Dask workloads with no
+instrumentation and inside ``observe(client, level=...)``, observe()'s setup and teardown included.
 
 Two workloads, each run in every mode on a fresh ``LocalCluster(n_workers=2, threads_per_worker=2,
 processes=True, dashboard_address=None)`` (whose scheduler lives in this process, with the client;
-``observe()`` starts its collector as a child process, whose CPU is counted too):
+``observe()``'s collector is a child process of this one, started once before any cluster exists with
+``flowscope.dask.start_collector`` and shared by every ``observe()``, as a user's process would; its CPU
+is counted too):
 
 * ``demo`` (the headline) -- the project's image-processing workflow
   (``flowscope.workflows.image_pipeline.run_pipeline``, what ``flowscope demo`` runs), 48 images of
@@ -14,23 +16,29 @@ processes=True, dashboard_address=None)`` (whose scheduler lives in this process
 * ``tiny`` -- a DAG of 20,000 tiny tasks (``inc``, then layers of ``add`` of two neighbours of the
   layer before, then one ``sum``), timed from ``client.get`` to its result.
 
-Modes (in each repetition every workload runs in every mode, in an order that rotates; medians):
+Modes (in each repetition every workload runs in every mode, in an order that rotates; medians of
+``--repeat`` repetitions, 7 by default, with a 95 % bootstrap interval over the repetitions, paired):
 
-* ``none``       -- no plugins beyond Dask's defaults;
-* ``taskstream`` -- ``distributed.diagnostics.task_stream.TaskStreamPlugin`` added on the scheduler
-  (what the dashboard's task stream and ``get_task_stream`` use);
-* ``flowscope``  -- the workload inside ``with observe(client, store=TMP):``. The main figure times
-  the workload inside the block; the block's setup and teardown (which flushes every record to disk)
-  are timed separately and reported as the "including setup" ratio. Every run is checked: no hook
-  failed and the run holds exactly one task span per task.
+* ``none``      -- no plugins beyond Dask's defaults: the workload alone;
+* ``standard``  -- the workload inside ``with observe(client, store=..., level="standard"):`` (the
+  default level), timed from entering the block to leaving it: setup (``__enter__``) + workload +
+  teardown (``__exit__``, which returns once every record is on disk). The three are also reported
+  apart. Every run is checked: no hook failed and the run holds exactly one task span per task;
+* ``full``      -- the same at ``level="full"`` (every worker transition, each task's own I/O);
+* ``taskstream`` (only with ``--modes``) -- ``distributed.diagnostics.task_stream.TaskStreamPlugin`` added
+  on the scheduler (what the dashboard's task stream and ``get_task_stream`` use);
 * ``recorder`` (only with ``--modes``) -- a minimal plugin pair that appends one tuple per transition
   to a list: the floor for any Python plugin that records every transition;
-* ``flowscope-variant`` (only with ``--modes``) -- flowscope with a part of the capture switched off on
-  the plugin instances (``--variant``: X1 per-task I/O, X2 worker transition rows), to price that part;
-* ``flowscope-embedded`` (only with ``--modes``) -- ``observe(..., collector="embedded")``: the collector
-  on threads of this process (the scheduler's), as observe() did before it got a collector process.
+* ``full-variant`` (only with ``--modes``) -- level full with a part of the capture switched off on the
+  plugin instances (``--variant``: X1 per-task I/O, X2 worker transition rows), to price that part;
+* ``standard-embedded`` (only with ``--modes``) -- ``observe(..., collector="embedded")``: the collector
+  on threads of this process (the scheduler's).
 
-Besides wall time: the hooks time themselves (``perf_counter_ns`` around each call of the plugins'
+The ratio of a level is median(setup + workload + teardown) / median(workload with no instrumentation);
+the CPU ratio is the same for the CPU time of every process (this one, the workers, the collector) over
+the same span, which moves less than wall time when other programs take the cores.
+
+With ``--hook-timers`` the hooks time themselves (``perf_counter_ns`` around each call of the plugins'
 ``transition`` and ``update_graph``, and of the callables the worker plugin hands to the open audit
 hook and the per-task I/O reader, wrapped on the plugin instances, in this benchmark only), and the
 CPU time of every process is accounted per thread group (psutil), which unlike wall time does not
@@ -51,14 +59,15 @@ each record every task Dask ran. Then ``--local-micro N`` no-op tasks on the syn
 (one thread, so the hooks' cost is not blurred by thread hand-offs), timed by the calling thread's CPU
 clock: the cost of the capture per task, with and without per-task I/O, beside the Profiler's.
 
-Writes ``bench/results/overhead.json`` (format: DESIGN.md, "Benchmarks"; ``value`` is the median wall
-time of the demo workflow with flowscope divided by the median without instrumentation, or of the local
-tiny graph when no cluster workload runs) and prints one summary line last.
+Writes ``bench/results/overhead.json`` (format: bench/README.md; ``levels.<level>.<workload>`` holds
+``ratio`` with ``ratio_ci95``, ``cpu_ratio`` with ``cpu_ratio_ci95``, ``setup_s``, ``teardown_s`` and the
+target; ``value`` is ``levels.standard.demo.ratio``, or the local tiny graph's ratio when no cluster
+workload runs) and prints one summary line last.
 
-    python bench/overhead.py                  # 20,000 tiny tasks, 48 images, 3 repetitions (~5 minutes)
+    python bench/overhead.py                  # 20,000 tiny tasks, 48 images, 7 repetitions (~15 minutes)
     python bench/overhead.py --quick          # smoke run: 2,000 tasks, 12 images, 1 repetition (~1 minute)
     python bench/overhead.py --profile DIR    # and profile one flowscope run per workload (py-spy into DIR)
-    python bench/overhead.py --workloads tiny --modes none,flowscope,flowscope-variant --variant X1
+    python bench/overhead.py --workloads tiny --modes none,full,full-variant --variant X1
     python bench/overhead.py --workloads local-tiny,local-array   # the local threaded scheduler only
 """
 
@@ -88,15 +97,21 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn
 
 import flowscope
 from _machine import cpu_model, git_commit, write_result
-from flowscope.sources.dask import FlowscopeSchedulerPlugin, FlowscopeWorkerPlugin, observe
+from flowscope.sources.dask import FlowscopeSchedulerPlugin, FlowscopeWorkerPlugin, observe, start_collector
 
 BENCH = "overhead"
-TARGET = 1.03          # flowscope / none, demo workflow
-TARGET_TINY = 1.05     # flowscope / none, tiny-task graph
+# (level, workload) -> target of (setup + workload + teardown) / workload alone, medians
+TARGETS = {("standard", "tiny"): 1.05, ("standard", "demo"): 1.03, ("full", "tiny"): 1.10}
+TARGET = TARGETS[("standard", "demo")]
+TARGET_TINY = TARGETS[("standard", "tiny")]
+TARGET_SETUP_TEARDOWN_S = 0.3  # observe()'s setup + teardown together, median, worst level
 TARGET_HOOK_US = 30.0  # scheduler-side hook time per task
 MAIN_PEER = "none"
-MODES = ("none", "taskstream", "flowscope")
-EXTRA_MODES = ("recorder", "flowscope-variant", "flowscope-embedded")
+LEVELS = ("standard", "full")
+MODES = ("none", "standard", "full")
+EXTRA_MODES = ("taskstream", "recorder", "full-variant", "standard-embedded")
+# the modes that run the workload inside observe(): mode -> capture level
+LEVEL_MODES = {"standard": "standard", "full": "full", "full-variant": "full", "standard-embedded": "standard"}
 WORKLOADS = ("demo", "tiny")
 LOCAL_WORKLOADS = ("local-tiny", "local-array")  # Dask's threaded scheduler, observed through its callbacks
 LOCAL_MODES = ("none", "profiler", "flowscope")
@@ -465,6 +480,16 @@ def _collector_cpu(pids: list[int]) -> float:
     return total
 
 
+def _all_cpu(client, collectors: list[int]) -> float:
+    """CPU seconds so far of this process, the workers and the collector process, together."""
+    return _sum_cpu({"bench": _cpu_snapshot(), "workers": client.run(_cpu_snapshot),
+                     "collector": _collector_cpu(collectors)})
+
+
+def _sum_cpu(snap: dict) -> float:
+    return snap["bench"]["process"] + sum(w["process"] for w in snap["workers"].values()) + snap["collector"]
+
+
 def _cpu_delta(before: dict, after: dict) -> dict:
     groups: dict[str, float] = defaultdict(float)
     for tid, (name, t1) in after["threads"].items():
@@ -501,7 +526,7 @@ def _variant_worker(want: tuple, dask_worker=None) -> list[str]:
     if "X1" in want and executor is not None and dask_worker.executors.get("default") is executor:
         dask_worker.executors["default"] = executor.inner  # teardown checks identity before restoring
         applied.append("X1")
-    if "X2" in want and hasattr(plugin, "_emit_transition"):
+    if "X2" in want and hasattr(plugin, "_emit_transition") and plugin.level == "full":
         plugin._emit_transition = lambda *row: None
         applied.append("X2")
     return applied
@@ -532,13 +557,18 @@ class Workload:
 
 def _timed_hooks(mode: str, detail: bool) -> tuple[list, list]:
     """(scheduler [(plugin name, hooks, instance attrs)], worker [...]) to time in ``mode``."""
-    if mode.startswith("flowscope"):
+    if mode in LEVEL_MODES:
         sched = [(FlowscopeSchedulerPlugin.name, ("transition", "update_graph"),
                   ("_emit_transition",) if detail else ())]
-        work = [(FlowscopeWorkerPlugin.name, ("transition",),
-                 ("_audit.emit", "_io_reader.read") + (("_emit_transition", "_record_startstops", "_drain_transfers",
-                                                        "_emit_span", "_thread_resource", "_record_task_io")
-                                                       if detail else ()))]
+        if LEVEL_MODES[mode] == "full":
+            work = [(FlowscopeWorkerPlugin.name, ("transition",),
+                     ("_audit.emit", "_io_reader.read") + (("_emit_transition", "_record_startstops",
+                                                            "_drain_transfers", "_emit_span", "_thread_resource",
+                                                            "_record_task_io") if detail else ()))]
+        else:  # no transition hook: what the handle_stimulus wrapper calls per execution and per fetch
+            work = [(FlowscopeWorkerPlugin.name, ("_executed", "_drain_transfers"),
+                     ("_audit.emit", "_io_reader.read") + (("_emit_span", "_thread_resource", "_record_task_io")
+                                                           if detail else ()))]
         return sched, work
     if mode == "taskstream":
         return [("task-stream", ("transition",), ())], []
@@ -577,73 +607,88 @@ def _sum_worker_timers(per_worker: dict) -> dict:
 
 def measure(workload: Workload, mode: str, args: argparse.Namespace, base: Path, tag: str, *,
             detail: bool = False, spy_dir: Path | None = None) -> dict:
-    """One fresh cluster, one run of ``workload`` in ``mode``. ``detail``: timers inside the hooks too,
-    with thread CPU time (a profile run); ``spy_dir``: py-spy on the scheduler's and workers' processes."""
+    """One fresh cluster, one run of ``workload`` in ``mode``. For the modes inside ``observe()``, the setup
+    (``__enter__``), the workload and the teardown (``__exit__``) are timed one after the other, and the CPU of
+    every process is taken over the three. ``detail``: timers inside the hooks too, with thread CPU time (a
+    profile run); ``spy_dir``: py-spy on the scheduler's and workers' processes."""
     workdir = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=base))
-    res: dict = {"mode": mode, "workload": workload.kind, "load_avg_1m": round(os.getloadavg()[0], 2)}
+    res: dict = {"mode": mode, "workload": workload.kind, "load_avg_1m": round(os.getloadavg()[0], 2),
+                 "setup_s": 0.0, "teardown_s": 0.0}
+    timers = detail or args.hook_timers
     gc.collect()
     with LocalCluster(**CLUSTER) as cluster, Client(cluster) as client:
         worker_pids = client.run(_warm_worker)
-        sched_hooks, worker_hooks = _timed_hooks(mode, detail)
+        sched_hooks, worker_hooks = _timed_hooks(mode, detail) if timers else ([], [])
         cm = obs = None
         if mode == "taskstream":
             client.run_on_scheduler(_add_taskstream)
         elif mode == "recorder":
             client.register_plugin(RecorderSchedulerPlugin())
             client.register_plugin(RecorderWorkerPlugin())
-        elif mode.startswith("flowscope"):
-            extra = {"collector": "embedded"} if mode == "flowscope-embedded" else {}
-            cm = observe(client, store=workdir / "store", name=f"bench-overhead-{tag}", **extra)
-            t0 = time.perf_counter()
-            obs = cm.__enter__()
-            if mode == "flowscope-variant":
-                res["variant_applied"] = apply_variant(client, args.variant)
-            res["setup_s"] = time.perf_counter() - t0
+        collectors = _collector_pids()
+        spies = _start_py_spy(spy_dir, tag, worker_pids, collectors) if spy_dir else []
         try:
-            if sched_hooks and not all(client.run_on_scheduler(_sched_install, sched_hooks, detail)):
-                raise BenchError(f"{mode}: a scheduler plugin to time is missing: {sched_hooks}")
-            if worker_hooks and not all(all(v) for v in client.run(_worker_install, worker_hooks, detail).values()):
-                raise BenchError(f"{mode}: a worker plugin to time is missing: {worker_hooks}")
-            collectors = _collector_pids()
-            spies = _start_py_spy(spy_dir, tag, worker_pids, collectors) if spy_dir else []
+            cpu0 = {"bench": _cpu_snapshot(), "workers": client.run(_cpu_snapshot),
+                    "collector": _collector_cpu(collectors)}
+            if mode in LEVEL_MODES:
+                extra = {"collector": "embedded"} if mode == "standard-embedded" else {}
+                t0 = time.perf_counter()
+                cm = observe(client, store=args.store, name=f"bench-overhead-{tag}", level=LEVEL_MODES[mode],
+                             **extra)
+                obs = cm.__enter__()
+                if mode == "full-variant":
+                    res["variant_applied"] = apply_variant(client, args.variant)
+                res["setup_s"] = time.perf_counter() - t0
             try:
-                cpu0 = {"bench": _cpu_snapshot(), "workers": client.run(_cpu_snapshot),
-                        "collector": _collector_cpu(collectors)}
+                if sched_hooks and not all(client.run_on_scheduler(_sched_install, sched_hooks, detail)):
+                    raise BenchError(f"{mode}: a scheduler plugin to time is missing: {sched_hooks}")
+                if worker_hooks and not all(all(v) for v in client.run(_worker_install, worker_hooks, detail).values()):
+                    raise BenchError(f"{mode}: a worker plugin to time is missing: {worker_hooks}")
+                cpu_a = _all_cpu(client, collectors)  # untimed: between the setup and the workload (every mode)
                 t0 = time.perf_counter()
                 tasks = workload.run(client, workdir)
                 res["wall_s"] = time.perf_counter() - t0
-                cpu1 = {"bench": _cpu_snapshot(), "workers": client.run(_cpu_snapshot),
-                        "collector": _collector_cpu(collectors)}
-            finally:
-                if spies:
-                    res["py_spy"] = _stop_py_spy(spies)
-            _wait_forgotten(client)  # the release transitions of the last results, so hook counts are whole
-            res["tasks"] = tasks
-            res["cpu_s"] = {"bench": _cpu_delta(cpu0["bench"], cpu1["bench"]),
-                            "workers": _merge_cpu([_cpu_delta(cpu0["workers"][w], cpu1["workers"][w])
-                                                   for w in cpu1["workers"]]),
-                            "collector": {"process": cpu1["collector"] - cpu0["collector"], "groups": {}}}
-            if sched_hooks:
-                res["sched_timers"] = client.run_on_scheduler(_sched_read, [n for n, _, _ in sched_hooks])
-            if worker_hooks:
-                res["worker_timers"] = _sum_worker_timers(client.run(_worker_read, [n for n, _, _ in worker_hooks]))
-        except BaseException:
+                cpu_b = _all_cpu(client, collectors)
+                if timers:
+                    _wait_forgotten(client)  # the release transitions of the last results, so hook counts are whole
+                    if sched_hooks:
+                        res["sched_timers"] = client.run_on_scheduler(_sched_read, [n for n, _, _ in sched_hooks])
+                    if worker_hooks:
+                        res["worker_timers"] = _sum_worker_timers(client.run(_worker_read,
+                                                                             [n for n, _, _ in worker_hooks]))
+            except BaseException:
+                if cm is not None:
+                    cm.__exit__(*sys.exc_info())
+                raise
             if cm is not None:
-                cm.__exit__(*sys.exc_info())
-            raise
+                t0 = time.perf_counter()
+                cm.__exit__(None, None, None)
+                res["teardown_s"] = time.perf_counter() - t0
+            cpu1 = {"bench": _cpu_snapshot(), "workers": client.run(_cpu_snapshot),
+                    "collector": _collector_cpu(collectors)}
+        finally:
+            if spies:
+                res["py_spy"] = _stop_py_spy(spies)
+        res["tasks"] = tasks
+        res["total_s"] = res["setup_s"] + res["wall_s"] + res["teardown_s"]
+        cpu_0, cpu_1 = _sum_cpu(cpu0), _sum_cpu(cpu1)
+        res["setup_cpu_s"], res["teardown_cpu_s"] = cpu_a - cpu_0, cpu_1 - cpu_b
+        res["cpu_s"] = {"bench": _cpu_delta(cpu0["bench"], cpu1["bench"]),
+                        "workers": _merge_cpu([_cpu_delta(cpu0["workers"][w], cpu1["workers"][w])
+                                               for w in cpu1["workers"]]),
+                        "collector": {"process": cpu1["collector"] - cpu0["collector"], "groups": {}}}
         if cm is not None:
-            t0 = time.perf_counter()
-            cm.__exit__(None, None, None)
-            res["teardown_s"] = time.perf_counter() - t0
             res["hook_errors"] = obs.hook_errors
             if any(obs.hook_errors.values()):
                 raise BenchError(f"flowscope hooks failed: {obs.hook_errors}")
+            res["collector_pid"] = obs.collector_pid
             counts = obs.run.counts()
             spans = int(obs.run.sql("SELECT count(*) AS n FROM spans WHERE kind = 'task'")["n"][0])
             res["records"] = {"task_spans": spans, **{k: counts[k] for k in ("transitions", "spans", "dependencies", "io")
                                                      if k in counts}}
             if spans != res["tasks"]:
                 raise BenchError(f"{workload.kind}: {res['tasks']} tasks ran but the run holds {spans} task spans")
+            shutil.rmtree(obs.run_dir, ignore_errors=True)
     shutil.rmtree(workdir, ignore_errors=True)
     return res
 
@@ -773,7 +818,7 @@ class LocalWorkload:
             raise BenchError(f"dask.array workload returned {value}, expected {self.expected}")
 
 
-def measure_local(workload: LocalWorkload, mode: str, base: Path, tag: str) -> dict:
+def measure_local(workload: LocalWorkload, mode: str, base: Path, tag: str, store: Path) -> dict:
     """One run of ``workload`` on the threaded scheduler in ``mode``; checks that the mode recorded every task."""
     from dask.diagnostics import Profiler
 
@@ -783,7 +828,7 @@ def measure_local(workload: LocalWorkload, mode: str, base: Path, tag: str) -> d
     cm = prof = None
     if mode == "flowscope":
         t0 = time.perf_counter()
-        cm = observe(store=workdir / "store", name=f"bench-overhead-{tag}")
+        cm = observe(store=store, name=f"bench-overhead-{tag}")
         obs = cm.__enter__()
         res["setup_s"] = time.perf_counter() - t0
     elif mode == "profiler":
@@ -817,11 +862,12 @@ def measure_local(workload: LocalWorkload, mode: str, base: Path, tag: str) -> d
         res["tasks"] = int(row["spans"])
         counts = obs.run.counts()
         res["records"] = {k: counts[k] for k in ("spans", "dependencies", "io", "metrics") if k in counts}
+        shutil.rmtree(obs.run_dir, ignore_errors=True)
     shutil.rmtree(workdir, ignore_errors=True)
     return res
 
 
-def local_micro(n: int, repeat: int) -> dict:
+def local_micro(n: int, repeat: int, store: Path) -> dict:
     """Per-task cost of each local instrumentation on ``n`` no-op tasks, synchronous scheduler, calling
     thread's CPU time: median µs per task per mode and the difference to no instrumentation."""
     from dask.diagnostics import Profiler
@@ -839,21 +885,18 @@ def local_micro(n: int, repeat: int) -> dict:
         get_sync(dict(dsk), keys)
         return time.thread_time() - t0
 
-    store = Path(tempfile.mkdtemp(prefix="flowscope-bench-micro-"))
     out: dict = defaultdict(list)
-    try:
-        for _ in range(repeat):
-            out["none"].append(timed())
-            with Profiler():
-                out["profiler"].append(timed())
-            for mode, io in (("flowscope", True), ("flowscope-no-task-io", False)):
-                with observe(store=store, hardware_period=0, task_io=io) as obs:
-                    out[mode].append(timed())
-                spans = int(obs.run.sql("SELECT count(*) AS n FROM spans WHERE kind = 'task'")["n"][0])
-                if spans != n:
-                    raise BenchError(f"micro-benchmark: {n} tasks, {spans} task spans")
-    finally:
-        shutil.rmtree(store, ignore_errors=True)
+    for _ in range(repeat):
+        out["none"].append(timed())
+        with Profiler():
+            out["profiler"].append(timed())
+        for mode, io in (("flowscope", True), ("flowscope-no-task-io", False)):
+            with observe(store=store, hardware_period=0, task_io=io) as obs:
+                out[mode].append(timed())
+            spans = int(obs.run.sql("SELECT count(*) AS n FROM spans WHERE kind = 'task'")["n"][0])
+            if spans != n:
+                raise BenchError(f"micro-benchmark: {n} tasks, {spans} task spans")
+            shutil.rmtree(obs.run_dir, ignore_errors=True)
     none = _med(out["none"]) / n * 1e6
     return {"tasks": n, "repeat": repeat, "clock": "thread_time of the calling thread (synchronous scheduler)",
             "us_per_task": {m: _r(_med(v) / n * 1e6, 2) for m, v in out.items()},
@@ -895,7 +938,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--demo", choices=("project", "builtin"), default="project",
                    help="demo workflow: the project's (flowscope.workflows.image_pipeline, default) or this "
                         "script's stand-in (demo_like_workflow)")
-    p.add_argument("--repeat", type=int, default=None, help="repetitions; figures are medians (default 3)")
+    p.add_argument("--repeat", type=int, default=None, help="repetitions; figures are medians (default 7)")
     p.add_argument("--modes", default=",".join(MODES),
                    help=f"comma-separated modes (default {','.join(MODES)}; also: {','.join(EXTRA_MODES)})")
     p.add_argument("--workloads", default=",".join(WORKLOADS + LOCAL_WORKLOADS),
@@ -908,8 +951,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--profile", type=Path, default=None, metavar="DIR",
                    help="after the timed runs, one untimed flowscope run per workload under py-spy, with finer "
                         "timers inside the hooks; raw profiles go to DIR, a summary into the results")
+    p.add_argument("--hook-timers", action="store_true",
+                   help="time the plugins' hooks in every run (perf_counter_ns wrappers on the plugin instances, about "
+                        "0.3 us a call, inside the timed runs); off by default, so that the timed runs are unmodified")
     p.add_argument("--variant", default="X1",
-                   help="what mode flowscope-variant leaves out: X1 = per-task I/O, X2 = worker transition rows "
+                   help="what mode full-variant leaves out: X1 = per-task I/O, X2 = worker transition rows "
                         "(comma-separated; default X1)")
     p.add_argument("--quick", action="store_true",
                    help="smoke run: 2,000 tasks, 12 images, 1 repetition (unless given explicitly)")
@@ -917,7 +963,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     args.tasks = args.tasks if args.tasks is not None else (2_000 if args.quick else 20_000)
     args.images = args.images if args.images is not None else (12 if args.quick else 48)
-    args.repeat = args.repeat if args.repeat is not None else (1 if args.quick else 3)
+    args.repeat = args.repeat if args.repeat is not None else (1 if args.quick else 7)
     args.array_size = args.array_size if args.array_size is not None else (1_000 if args.quick else 2_000)
     args.local_micro = args.local_micro if args.local_micro is not None else (20_000 if args.quick else 100_000)
     args.modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
@@ -932,8 +978,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.tasks < 4:
         p.error("--tasks must be at least 4")
     bad = set(args.modes) - set(MODES + EXTRA_MODES)
-    if bad or MAIN_PEER not in args.modes or "flowscope" not in args.modes or len(set(args.modes)) != len(args.modes):
-        p.error(f"--modes must include none and flowscope, from {MODES + EXTRA_MODES}")
+    if bad or MAIN_PEER not in args.modes or not set(LEVELS) & set(args.modes) or len(set(args.modes)) != len(args.modes):
+        p.error(f"--modes must include none and a level ({', '.join(LEVELS)}), from {MODES + EXTRA_MODES}")
     if set(args.workloads) - set(WORKLOADS + LOCAL_WORKLOADS) or not args.workloads:
         p.error(f"--workloads must be from {WORKLOADS + LOCAL_WORKLOADS}")
     if args.array_size < 250:
@@ -1071,6 +1117,11 @@ def main(argv: list[str] | None = None) -> int:
     wall0 = time.perf_counter()
     load_before = os.getloadavg()[0]
     base = Path(tempfile.mkdtemp(prefix="flowscope-bench-overhead-"))
+    # one store and one collector process for every observe() of this process, started before any cluster exists
+    args.store = base / "store"
+    t0 = time.perf_counter()
+    start_collector(args.store)
+    collector_start_s = time.perf_counter() - t0
     cluster_w = tuple(w for w in args.workloads if w in WORKLOADS)
     local_w = tuple(w for w in args.workloads if w in LOCAL_WORKLOADS)
     samples: dict = {w: {m: [] for m in args.modes} for w in cluster_w}
@@ -1088,7 +1139,9 @@ def main(argv: list[str] | None = None) -> int:
             work = {w: Workload(w, args) for w in cluster_w}
             warm_args = argparse.Namespace(**{**vars(args), "tasks": min(args.tasks, 1_000), "images": 4})
             for w in cluster_w:  # imports, first cluster start, collector start: not timed
-                measure(Workload(w, warm_args), "flowscope", warm_args, base, f"warmup-{w}")
+                for level in LEVELS:
+                    if level in args.modes:
+                        measure(Workload(w, warm_args), level, warm_args, base, f"warmup-{w}-{level}")
             progress.advance(steps)
             for rep in range(args.repeat):
                 order = list(args.modes[rep % len(args.modes):] + args.modes[:rep % len(args.modes)])
@@ -1099,21 +1152,23 @@ def main(argv: list[str] | None = None) -> int:
                         res = measure(work[w], mode, args, base, f"r{rep}-{w}-{mode}")
                         samples[w][mode].append(res)
                         extra = ""
-                        if mode.startswith("flowscope"):
+                        if mode in LEVEL_MODES:
                             extra = f" + setup {res['setup_s']:.2f} s + teardown {res['teardown_s']:.2f} s"
+                        cpu = sum(res["cpu_s"][r]["process"] for r in ("bench", "workers", "collector"))
                         progress.console.print(f"rep {rep + 1} {w:<5} {mode:<15} {res['wall_s']:7.3f} s "
-                                               f"{res['wall_s'] / res['tasks'] * 1e3:7.3f} ms/task{extra}",
-                                               soft_wrap=True)
+                                               f"{res['wall_s'] / res['tasks'] * 1e3:7.3f} ms/task{extra} = "
+                                               f"{res['total_s']:.3f} s, CPU {cpu:.2f} s, "
+                                               f"load {res['load_avg_1m']:.1f}", soft_wrap=True)
                         progress.advance(steps)
             if args.profile:
                 for w in cluster_w:
                     progress.update(steps, description=f"profiling {w} / flowscope: timers inside the hooks")
-                    res = measure(work[w], "flowscope", args, base, f"detail-{w}", detail=True)
+                    res = measure(work[w], "full", args, base, f"detail-{w}", detail=True)
                     profiles[w] = {"detail_run": {"wall_s": _r(res["wall_s"]), "tasks": res["tasks"],
                                                   "hooks": hook_costs([res]), "cpu": cpu_costs([res])}}
                     progress.advance(steps)
                     progress.update(steps, description=f"profiling {w} / flowscope under py-spy")
-                    res = measure(work[w], "flowscope", args, base, f"py-spy-{w}", spy_dir=args.profile)
+                    res = measure(work[w], "standard", args, base, f"py-spy-{w}", spy_dir=args.profile)
                     spy = {"wall_s": _r(res["wall_s"]), "files": str(args.profile)}
                     for role, info in res.get("py_spy", {}).items():
                         spy[role] = summarise_profile(Path(info["file"]))
@@ -1122,13 +1177,13 @@ def main(argv: list[str] | None = None) -> int:
             if local_w:  # Dask's threaded scheduler in this process: no cluster
                 local_work = {w: LocalWorkload(w, args) for w in local_w}
                 for w in local_w:  # imports, the collector process's first start: not timed
-                    measure_local(local_work[w], "flowscope", base, f"warmup-{w}")
+                    measure_local(local_work[w], "flowscope", base, f"warmup-{w}", args.store)
                 for rep in range(args.repeat):
                     order = list(LOCAL_MODES[rep % len(LOCAL_MODES):] + LOCAL_MODES[:rep % len(LOCAL_MODES)])
                     for w in local_w:
                         for mode in order:
                             progress.update(steps, description=f"rep {rep + 1}/{args.repeat}: {w} / {mode}")
-                            res = measure_local(local_work[w], mode, base, f"r{rep}-{w}-{mode}")
+                            res = measure_local(local_work[w], mode, base, f"r{rep}-{w}-{mode}", args.store)
                             local_samples[w][mode].append(res)
                             extra = (f" + setup {res['setup_s']:.2f} s + teardown {res['teardown_s']:.2f} s"
                                      if mode == "flowscope" else "")
@@ -1137,44 +1192,54 @@ def main(argv: list[str] | None = None) -> int:
                             progress.advance(steps)
                 if args.local_micro:
                     progress.update(steps, description=f"local micro-benchmark: {args.local_micro:,} no-op tasks")
-                    micro = local_micro(args.local_micro, max(3, args.repeat))
+                    micro = local_micro(args.local_micro, max(3, args.repeat), args.store)
                     progress.console.print(f"local per-task cost (µs, thread CPU): {micro['us_per_task']}")
                     progress.advance(steps)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
-    med: dict = {w: {m: _med(s["wall_s"] for s in samples[w][m]) for m in args.modes} for w in cluster_w}
     workloads: dict = {}
     for w in cluster_w:
-        fs = samples[w]["flowscope"]
-        none_med = med[w]["none"]
-        incl = _med(s["setup_s"] + s["wall_s"] + s["teardown_s"] for s in fs)
-        paired = [f["wall_s"] / n["wall_s"] for f, n in zip(fs, samples[w]["none"])]
+        none = samples[w]["none"]
+        none_med = _med(s["wall_s"] for s in none)
+        tasks = none[0]["tasks"]
+        # CPU of every process involved (this one: scheduler and client; the workers; observe()'s collector
+        # process), over setup + workload + teardown: unlike wall time it does not grow when other programs take
+        # the cores
+        cpu = {m: [sum(s["cpu_s"][r]["process"] for r in ("bench", "workers", "collector")) for s in samples[w][m]]
+               for m in args.modes}
         info = {
-            "tasks": samples[w]["none"][0]["tasks"],
-            "wall_s": {m: _r(med[w][m]) for m in args.modes},
-            "samples_wall_s": {m: [_r(s["wall_s"]) for s in samples[w][m]] for m in args.modes},
-            "ratio_vs_none": {m: _r(med[w][m] / none_med) for m in args.modes if m != "none"},
-            "ratio_flowscope_including_setup": _r(incl / none_med),
-            "median_paired_ratio_flowscope": _r(_med(paired)),
-            "flowscope_setup_s": _r(_med(s["setup_s"] for s in fs)),
-            "flowscope_teardown_s": _r(_med(s["teardown_s"] for s in fs)),
-            "ms_per_task_none": _r(none_med / samples[w]["none"][0]["tasks"] * 1e3),
-            "records": {m: samples[w][m][0].get("records") for m in args.modes if m.startswith("flowscope")},
-            "hooks": {m: hook_costs(samples[w][m]) for m in args.modes if m != "none"},
+            "tasks": tasks,
+            "wall_s": {m: _r(_med(s["wall_s"] for s in samples[w][m])) for m in args.modes},
+            "total_s": {m: _r(_med(s["total_s"] for s in samples[w][m])) for m in args.modes},
+            "samples_total_s": {m: [_r(s["total_s"]) for s in samples[w][m]] for m in args.modes},
+            "ratio_vs_none": {}, "ratio_ci95": {}, "cpu_ratio_vs_none": {}, "cpu_ratio_ci95": {},
+            "ratio_workload_only": {},
+            "cpu_us_per_task_all_processes": {m: _r(_med(v) * 1e6 / tasks, 1) for m, v in cpu.items()},
+            "ms_per_task_none": _r(none_med / tasks * 1e3),
+            "records": {m: samples[w][m][0].get("records") for m in args.modes if m in LEVEL_MODES},
+            "hooks": {m: hook_costs(samples[w][m]) for m in args.modes if m != "none"} if args.hook_timers else None,
             "cpu": {m: cpu_costs(samples[w][m]) for m in args.modes},
             "load_avg_1m": {m: [s["load_avg_1m"] for s in samples[w][m]] for m in args.modes},
         }
-        # CPU of every process involved (this one: scheduler and client; the workers; observe()'s collector
-        # process) per task: unlike wall time it does not grow when other programs take the cores
-        cpu_total = {m: _med(sum(s["cpu_s"][r]["process"] for r in ("bench", "workers", "collector")) * 1e6 / s["tasks"]
-                             for s in samples[w][m]) for m in args.modes}
-        info["cpu_us_per_task_all_processes"] = {m: _r(v, 1) for m, v in cpu_total.items()}
-        info["cpu_ratio_vs_none"] = {m: _r(v / cpu_total["none"]) for m, v in cpu_total.items() if m != "none"}
-        if "flowscope-variant" in args.modes:
-            variant = samples[w]["flowscope-variant"]
-            info["variant_applied"] = variant[0].get("variant_applied")
-            info["flowscope_variant_setup_s"] = _r(_med(s["setup_s"] for s in variant))
+        for m in args.modes:
+            if m == "none":
+                continue
+            totals = [s["total_s"] for s in samples[w][m]]
+            ratio, lo, hi = ratio_with_interval(totals, [s["wall_s"] for s in none])
+            info["ratio_vs_none"][m], info["ratio_ci95"][m] = ratio, [lo, hi]
+            cratio, clo, chi = ratio_with_interval(cpu[m], cpu["none"])
+            info["cpu_ratio_vs_none"][m], info["cpu_ratio_ci95"][m] = cratio, [clo, chi]
+            info["ratio_workload_only"][m] = _r(_med(s["wall_s"] for s in samples[w][m]) / none_med)
+            if m in LEVEL_MODES:
+                info.setdefault("setup_s", {})[m] = _r(_med(s["setup_s"] for s in samples[w][m]))
+                info.setdefault("teardown_s", {})[m] = _r(_med(s["teardown_s"] for s in samples[w][m]))
+                info.setdefault("setup_teardown_s", {})[m] = _r(_med(s["setup_s"] + s["teardown_s"]
+                                                                     for s in samples[w][m]))
+                info.setdefault("setup_cpu_s", {})[m] = _r(_med(s["setup_cpu_s"] for s in samples[w][m]))
+                info.setdefault("teardown_cpu_s", {})[m] = _r(_med(s["teardown_cpu_s"] for s in samples[w][m]))
+        if "full-variant" in args.modes:
+            info["variant_applied"] = samples[w]["full-variant"][0].get("variant_applied")
         workloads[w] = info
 
     local = local_summary(local_samples) if local_w else {}
@@ -1184,18 +1249,41 @@ def main(argv: list[str] | None = None) -> int:
     if not cluster_w:  # --workloads local-*: the local tiny graph (or the array workload) is the headline
         return _local_only_result(args, local, local_ratio, wall0, load_before)
 
-    # the headline is the demo workflow; a run without it (--workloads tiny) reports the tiny graph against its
-    # own target instead
+    levels: dict = {}
+    for level in LEVELS:
+        if level not in args.modes:
+            continue
+        for w, info in workloads.items():
+            levels.setdefault(level, {})[w] = {
+                "ratio": info["ratio_vs_none"][level], "ratio_ci95": info["ratio_ci95"][level],
+                "cpu_ratio": info["cpu_ratio_vs_none"][level], "cpu_ratio_ci95": info["cpu_ratio_ci95"][level],
+                "ratio_workload_only": info["ratio_workload_only"][level],
+                "setup_s": info["setup_s"][level], "teardown_s": info["teardown_s"][level],
+                "setup_teardown_s": info["setup_teardown_s"][level],
+                "setup_cpu_s": info["setup_cpu_s"][level], "teardown_cpu_s": info["teardown_cpu_s"][level],
+                "target": TARGETS.get((level, w)),
+                "meets_target": (info["ratio_vs_none"][level] <= TARGETS[(level, w)]) if (level, w) in TARGETS else None,
+            }
+    head_level = "standard" if "standard" in levels else next(iter(levels))
     demo_w = "demo" if "demo" in workloads else cluster_w[0]
-    main_target = TARGET if demo_w == "demo" else TARGET_TINY
-    value = workloads[demo_w]["ratio_vs_none"]["flowscope"]
-    tiny_ratio = workloads["tiny"]["ratio_vs_none"]["flowscope"] if "tiny" in workloads else None
-    hook_sched = {w: workloads[w]["hooks"]["flowscope"].get("scheduler", {}).get(FlowscopeSchedulerPlugin.name, {})
-                  .get("hooks_us_per_task") for w in workloads}
-    hook_sched_max = max((v or 0.0) for v in hook_sched.values())
-    hook_worker = {w: workloads[w]["hooks"]["flowscope"].get("workers", {}).get(FlowscopeWorkerPlugin.name, {})
-                   .get("hooks_us_per_task") for w in workloads}
-    peers = {m: {"value": _r(med[demo_w][m]), "unit": "s"} for m in args.modes if m != "flowscope"}
+    value = levels[head_level][demo_w]["ratio"]
+    main_target = TARGETS.get((head_level, demo_w), TARGET)
+    setup_teardown = max(v["setup_teardown_s"] for lv in levels.values() for v in lv.values())
+    targets = {f"{level}_{w}_ratio": {"target": t, "value": levels[level][w]["ratio"],
+                                      "meets": levels[level][w]["ratio"] <= t}
+               for (level, w), t in TARGETS.items() if level in levels and w in levels[level]}
+    targets["setup_teardown_s"] = {"target": TARGET_SETUP_TEARDOWN_S, "value": setup_teardown,
+                                   "meets": setup_teardown <= TARGET_SETUP_TEARDOWN_S,
+                                   "note": "median of each level and workload, the worst of them"}
+    targets.update({f"{w.replace('-', '_')}_ratio": {"target": TARGET_LOCAL, "value": v, "meets": v <= TARGET_LOCAL}
+                    for w, v in local_ratio.items()})
+    hook_sched = hook_worker = None
+    if args.hook_timers:
+        hook_sched = {m: {w: workloads[w]["hooks"][m].get("scheduler", {}).get(FlowscopeSchedulerPlugin.name, {})
+                          .get("hooks_us_per_task") for w in workloads} for m in args.modes if m in LEVEL_MODES}
+        hook_worker = {m: {w: workloads[w]["hooks"][m].get("workers", {}).get(FlowscopeWorkerPlugin.name, {})
+                           .get("hooks_us_per_task") for w in workloads} for m in args.modes if m in LEVEL_MODES}
+    peers = {m: {"value": workloads[demo_w]["total_s"][m], "unit": "s"} for m in args.modes if m != head_level}
     result = {
         "benchmark": BENCH,
         "metric": "wall_time_ratio",
@@ -1205,29 +1293,25 @@ def main(argv: list[str] | None = None) -> int:
         "meets_target": value <= main_target,
         "peers": peers,
         "ratio_vs_peer": value,
+        "levels": levels,
         "params": {
-            "value_is": f"median wall time of the {demo_w} workload inside `with observe(client, store=TMP)` "
-                        "divided by the median with no instrumentation (fresh LocalCluster each)",
+            "value_is": f"median wall time of the {demo_w} workload at capture level {head_level}, observe()'s setup "
+                        "and teardown included (`with observe(client, store=..., level=...)` entered before and "
+                        "left after the workload), divided by the median wall time of the workload with no "
+                        "instrumentation; fresh LocalCluster each; the interval is a 95 % bootstrap interval over "
+                        "the repetitions (paired)",
             "main_peer": MAIN_PEER,
-            "flowscope_wall_s": _r(med[demo_w]["flowscope"]),
             "tasks": args.tasks, "images": args.images, "size": args.size, "repeat": args.repeat,
             "quick": args.quick, "modes": list(args.modes), "orders": orders,
-            "variant_requested": list(args.variant) if "flowscope-variant" in args.modes else None,
+            "variant_requested": list(args.variant) if "full-variant" in args.modes else None,
             "cluster": "LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None); "
                        "the scheduler runs in the bench process, with the client; observe()'s collector is a child "
-                       "process (CPU role 'collector')",
+                       "process of the bench process (CPU role 'collector'), started once before any cluster and "
+                       "shared by every observe()",
+            "collector_start_s": _r(collector_start_s),
             "demo_workflow": ("flowscope.workflows.image_pipeline.run_pipeline(client, workdir, images, size, "
                               "batch=4)" if args.demo == "project" else "bench/overhead.py demo_like_workflow()"),
-            "targets": {
-                "demo_ratio": {"target": TARGET, "value": value, "meets": value <= TARGET},
-                "tiny_ratio": {"target": TARGET_TINY, "value": tiny_ratio,
-                               "meets": tiny_ratio is not None and tiny_ratio <= TARGET_TINY},
-                "scheduler_hook_us_per_task": {"target": TARGET_HOOK_US, "value": _r(hook_sched_max, 2),
-                                               "meets": hook_sched_max <= TARGET_HOOK_US,
-                                               "note": "worst of the workloads"},
-                **{f"{w.replace('-', '_')}_ratio": {"target": TARGET_LOCAL, "value": v, "meets": v <= TARGET_LOCAL}
-                   for w, v in local_ratio.items()},
-            },
+            "targets": targets,
             "local": local or None,
             "scheduler_hook_us_per_task": hook_sched,
             "worker_hook_us_per_task": hook_worker,
@@ -1246,31 +1330,41 @@ def main(argv: list[str] | None = None) -> int:
     }
     write_result(result, args.output)
     console.print(f"wrote {args.output}")
-    def verdict(ok: bool) -> str:
-        return "meets" if ok else "misses"
+
+    def verdict(ok: bool | None) -> str:
+        return "" if ok is None else " meets" if ok else " MISSES"
 
     parts = []
-    if "demo" in workloads:
-        dw = workloads["demo"]
-        parts.append(f"demo workflow ({dw['tasks']:,} tasks) flowscope/none {value:.3f}x wall "
-                     f"({verdict(value <= TARGET)} {TARGET}), {dw['ratio_flowscope_including_setup']:.3f}x with "
-                     f"observe() setup+teardown, {dw['cpu_ratio_vs_none']['flowscope']:.3f}x CPU"
-                     + (f"; taskstream {dw['ratio_vs_none']['taskstream']:.3f}x" if "taskstream" in args.modes else ""))
-    if tiny_ratio is not None:
-        tw = workloads["tiny"]
-        parts.append(f"tiny graph ({tw['tasks']:,} tasks) {tiny_ratio:.3f}x wall ({verdict(tiny_ratio <= TARGET_TINY)} "
-                     f"{TARGET_TINY}), {tw['ratio_flowscope_including_setup']:.3f}x with observe() setup+teardown, "
-                     f"{tw['cpu_ratio_vs_none']['flowscope']:.3f}x CPU"
-                     + (f"; taskstream {tw['ratio_vs_none']['taskstream']:.3f}x" if "taskstream" in args.modes else ""))
+    for level, by_w in levels.items():
+        for w, v in by_w.items():
+            t = f" (target {v['target']}:{verdict(v['meets_target'])})" if v["target"] else ""
+            parts.append(f"{level} {w} ({workloads[w]['tasks']:,} tasks) {v['ratio']:.3f}x wall "
+                         f"[95% {v['ratio_ci95'][0]:.3f}-{v['ratio_ci95'][1]:.3f}]{t}, {v['cpu_ratio']:.3f}x CPU, "
+                         f"setup+teardown {v['setup_teardown_s']:.2f} s")
+    if "taskstream" in args.modes:
+        parts += [f"taskstream {w} {workloads[w]['ratio_vs_none']['taskstream']:.3f}x" for w in workloads]
+    parts.append(f"setup+teardown worst {setup_teardown:.2f} s (target {TARGET_SETUP_TEARDOWN_S}:"
+                 f"{verdict(setup_teardown <= TARGET_SETUP_TEARDOWN_S)})")
     parts += _local_parts(local, local_ratio)
-    parts.append(f"scheduler hooks {hook_sched_max:.1f} us/task ({verdict(hook_sched_max <= TARGET_HOOK_US)} "
-                 f"{TARGET_HOOK_US:.0f}), worker hooks "
-                 + ", ".join(f"{v:.0f} ({w})" for w, v in hook_worker.items() if v is not None) + " us/task")
     loads = [x for w in [*workloads.values(), *(local[w] for w in local_w)] for v in w["load_avg_1m"].values()
              for x in v]
-    print(f"overhead: {'; '.join(parts)} [median of {args.repeat}, fresh cluster each, "
+    print(f"overhead: {'; '.join(parts)} [median of {args.repeat}, setup and teardown included, fresh cluster each, "
           f"load avg {min(loads):.1f}-{max(loads):.1f}]", flush=True)
     return 0
+
+
+def ratio_with_interval(xs: list[float], base: list[float], n: int = 10_000, seed: int = 0) -> tuple:
+    """median(xs) / median(base) and its 95 % bootstrap interval, resampling the repetitions in pairs (xs[i] and
+    base[i] were measured in the same repetition)."""
+    x, b = np.asarray(xs, dtype=float), np.asarray(base, dtype=float)
+    ratio = float(np.median(x) / np.median(b))
+    k = min(len(x), len(b))
+    if k < 2:
+        return _r(ratio), _r(ratio), _r(ratio)
+    idx = np.random.default_rng(seed).integers(0, k, size=(n, k))
+    boot = np.median(x[:k][idx], axis=1) / np.median(b[:k][idx], axis=1)
+    lo, hi = np.percentile(boot, [2.5, 97.5])
+    return _r(ratio), _r(float(lo)), _r(float(hi))
 
 
 if __name__ == "__main__":

@@ -1,5 +1,7 @@
 """Observing a real Dask LocalCluster (2 worker processes, 2 threads each) with Dask's default configuration:
-every task counted exactly once, retries, a task that errs, a worker killed while it holds and runs tasks."""
+every task counted exactly once, retries, a task that errs, a worker killed while it holds and runs tasks. The tests
+of worker transitions and of each task's own I/O run at capture level ``full``, which records them; the others at
+the default level (tests/test_dask_levels.py compares the two)."""
 
 from __future__ import annotations
 
@@ -133,7 +135,7 @@ def test_worker_transitions_carry_the_group_and_the_stimulus_that_caused_them(cl
     cl, client = cluster
     total = _graph()
     blocks = [delayed(inc, pure=True)(i, dask_key_name=("blk-7f3a", i)) for i in range(4)]  # group "blk-7f3a"
-    with observe(client, store=tmp_path) as obs:
+    with observe(client, store=tmp_path, level="full") as obs:
         assert client.compute(total).result() == sum(range(1, 17)) * 2
         assert client.gather(client.compute(blocks)) == [1, 2, 3, 4]
     dask_logs = client.run(_worker_transition_log)  # after the block: no transition recorded is missing from it
@@ -205,7 +207,7 @@ def read_file(path: str, _written: int) -> int:
 def test_per_task_bytes_match_the_files_the_tasks_wrote(cluster, tmp_path):
     _, client = cluster
     sizes = {f"write-{i}": (i + 1) * 300_000 for i in range(6)}
-    with observe(client, store=tmp_path / "store") as obs:
+    with observe(client, store=tmp_path / "store", level="full") as obs:
         written = {k: client.submit(write_file, str(tmp_path / f"{k}.bin"), n, key=k) for k, n in sizes.items()}
         reads = [client.submit(read_file, str(tmp_path / f"{k}.bin"), fut, key=f"read-{k}")
                  for k, fut in written.items()]
@@ -286,7 +288,7 @@ def test_no_transition_is_lost_when_a_burst_outgrows_dasks_own_logs(cluster, tmp
     n = 3000
     limits = {"scheduler": client.run_on_scheduler(_scheduler_log_length), **client.run(_worker_log_length)}
     assert set(limits.values()) == {1000}
-    with observe(client, store=tmp_path) as obs:
+    with observe(client, store=tmp_path, level="full") as obs:
         assert sum(client.gather(client.map(_noop, range(n), key=[f"noop-{i}" for i in range(n)]))) == \
             n * (n - 1) // 2
     assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors
@@ -353,7 +355,7 @@ def flaky(folder: str) -> int:
 def test_a_retried_task_has_one_span_and_one_set_of_transitions_per_attempt(cluster, tmp_path):
     _, client = cluster
     (tmp_path / "attempts").mkdir()
-    with observe(client, store=tmp_path / "store") as obs:
+    with observe(client, store=tmp_path / "store", level="full") as obs:
         assert client.submit(flaky, str(tmp_path / "attempts"), key="flaky-1", retries=2).result() == 2
     assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors
     run = obs.run
@@ -389,7 +391,7 @@ def test_a_task_that_errs_and_its_dependent(cluster, tmp_path):
     _, client = cluster
     failing = delayed(fail, pure=True)(7, dask_key_name="fail-7")
     after = delayed(inc, pure=True)(failing, dask_key_name="after-7")  # one graph: both known before either runs
-    with observe(client, store=tmp_path) as obs, pytest.raises(ZeroDivisionError):
+    with observe(client, store=tmp_path, level="full") as obs, pytest.raises(ZeroDivisionError):
         client.compute(after).result()
     assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors
     run = obs.run
@@ -442,7 +444,7 @@ def test_a_worker_killed_while_it_holds_and_runs_tasks(tmp_path):
     (tmp_path / "hold").mkdir()
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0",
                       worker_dashboard_address=None) as cl, Client(cl) as client, \
-            observe(client, store=tmp_path / "store") as obs:
+            observe(client, store=tmp_path / "store", level="full") as obs:
         [w] = client.scheduler_info()["workers"]
         xs = [client.submit(inc, i, key=f"in-{i}") for i in range(4)]
         client.gather(xs)
@@ -526,7 +528,7 @@ def test_a_transition_asked_for_but_not_made_is_not_recorded(cluster, tmp_path):
     _, client = cluster
     a, b = sorted(client.scheduler_info()["workers"])
     gate = str(tmp_path / "open")
-    with observe(client, store=tmp_path / "store") as obs:
+    with observe(client, store=tmp_path / "store", level="full") as obs:
         x = client.submit(make_gate, gate, key="x", workers=[a])
         _wait_for(lambda: client.run(_state, "x", workers=[a])[a] == "memory", "x in memory on A")
         d1 = client.submit(use, x, 1, key="d-1", workers=[b])

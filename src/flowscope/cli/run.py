@@ -34,6 +34,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--anomalies", action="store_true",
                    help="run an anomaly detector on every Dask worker (flags anomalous tasks online, Chimbuko's "
                         "design; docs/anomalies.md)")
+    p.add_argument("--level", default="standard", choices=("standard", "full"),
+                   help="Dask capture level (default standard: scheduler transitions, execution spans, transfers, "
+                        "warnings, hardware, the I/O of calls of 1 ms or more; full: also every worker transition "
+                        "and each task's own I/O; docs/dask.md)")
     p.add_argument("--trace", action="append", default=[], metavar="PATTERN",
                    help="trace the Python functions PATTERN names ('module_glob[:function_glob]', repeatable) in "
                         "every Python process the command starts, as nested call spans")
@@ -102,8 +106,9 @@ def run(args: argparse.Namespace) -> int:
         from flowscope.sources.python_tracing import _parse
 
         _parse(args.trace)  # a bad pattern is refused here, not in the child
+    level = getattr(args, "level", None) or "standard"
     fs = Client("embedded", store=args.store, serve=True, name=args.name or Path(cmd[0]).name,
-                command=shlex.join(cmd), meta={"semantics": LIVE})
+                command=shlex.join(cmd), meta={"semantics": LIVE, "capture_level": level})
     facts_dir = tempfile.mkdtemp(prefix="flowscope-facts-")
     # every Python process the command starts loads sources/_boot/sitecustomize.py: the local schedulers'
     # capture once it imports dask, and the facts that explain a run with no tasks
@@ -114,7 +119,8 @@ def run(args: argparse.Namespace) -> int:
            # every Dask scheduler and worker the command starts loads the plugins (clients note their scheduler:
            # set by sources/process_facts.py, only in processes that can import flowscope)
            "DASK_DISTRIBUTED__SCHEDULER__PRELOAD": "['flowscope.dask']",
-           "DASK_DISTRIBUTED__WORKER__PRELOAD": "['flowscope.dask']"}
+           "DASK_DISTRIBUTED__WORKER__PRELOAD": "['flowscope.dask']",
+           "FLOWSCOPE_LEVEL": level}
     if getattr(args, "anomalies", False):
         env["FLOWSCOPE_ANOMALIES"] = "1"
     if getattr(args, "trace", None):

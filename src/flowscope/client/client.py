@@ -132,8 +132,10 @@ class Client:
         self._control_lock = threading.Lock()
         self._known_resources: set[str] = set()
 
+        # only a client that opens the run sends its metadata (a joining one, such as a Dask plugin's, skips the cost)
         self._meta = {"run_id": self.run_id, "name": name, "command": command, "start_ns": now_ns(),
-                      "provenance": collect_provenance(), **(meta or {})}
+                      **({"provenance": collect_provenance()} if self.owns_run or self._collector is not None else {}),
+                      **(meta or {})}
         if not (self.owns_run or self._collector is not None):
             self._opened.set()  # joining a run that exists: nothing to open
         self._builder = threading.Thread(target=self._build_loop, name="flowscope-builder", daemon=True)

@@ -41,6 +41,41 @@ def _to_json(value: Any) -> str:
     return json.dumps(value, default=str)
 
 
+# Arrays are built from buffers and with pyarrow's builders, never with pa.array(): its first call in a process
+# imports pandas (0.3 s of CPU), which a process that records need not pay (a Dask worker, a traced program).
+def _fixed(t: pa.DataType, values: np.ndarray, nulls: np.ndarray | None = None) -> pa.Array:
+    """A fixed-width array of type ``t`` over ``values`` (a contiguous numpy array of its width); ``nulls``: where
+    the values are null."""
+    if nulls is None:
+        return pa.Array.from_buffers(t, len(values), [None, pa.py_buffer(values)], null_count=0)
+    valid = np.packbits(~nulls, bitorder="little")
+    return pa.Array.from_buffers(t, len(values), [pa.py_buffer(valid), pa.py_buffer(values)],
+                                 null_count=int(nulls.sum()))
+
+
+def _strings(values: list) -> pa.Array:
+    """A string array of ``values`` (str or None)."""
+    b = pa.lib.StringBuilder()
+    b.append_values(values)
+    return b.finish()
+
+
+def _from_objects(values: list, t: pa.DataType) -> pa.Array:
+    """A column kept as Python objects: strings (None for null) or, for a list<string> column, lists of strings."""
+    if pa.types.is_string(t):
+        return _strings(values)
+    if pa.types.is_list(t) and pa.types.is_string(t.value_type):
+        lengths = np.fromiter((len(v) if v is not None else 0 for v in values), dtype=np.int32, count=len(values))
+        offsets = np.zeros(len(values) + 1, dtype=np.int32)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = [x for v in values if v is not None for x in v]
+        nulls = np.fromiter((v is None for v in values), dtype=bool, count=len(values))
+        valid = pa.py_buffer(np.packbits(~nulls, bitorder="little")) if nulls.any() else None
+        return pa.ListArray.from_buffers(t, len(values), [valid, pa.py_buffer(offsets)],
+                                         null_count=int(nulls.sum()), children=[_strings(flat)])
+    return pa.array(values, type=t)  # no such column in today's tables
+
+
 class Packer:
     """Packer for one table. ``add(*values)`` takes the columns in schema order and returns the bytes
     held; ``take()`` may run on another thread. The client gives each producing thread its own."""
@@ -219,28 +254,30 @@ class Packer:
             for o in self._objects:
                 o.clear()
         rows = np.frombuffer(data, dtype=self._dtype)
+        n = len(rows)
         arrays = []
         str_j = obj_j = 0
         for i, field in enumerate(self.schema):
             k = self.kinds[i]
             if k in ("obj", "plain"):
-                arrays.append(pa.array(objects[obj_j], type=field.type))
+                arrays.append(_from_objects(objects[obj_j], field.type))
                 obj_j += 1
                 continue
             col = np.ascontiguousarray(rows[field.name])
             if k == "int":
                 mask = (col == NULL_INT) if field.nullable else None
-                arrays.append(pa.array(col, type=field.type, mask=mask if mask is not None and mask.any() else None))
+                arrays.append(_fixed(field.type, col, mask if mask is not None and mask.any() else None))
             elif k == "float":
-                arrays.append(pa.array(col, type=field.type))
+                arrays.append(_fixed(field.type, col))
             else:
-                dictionary = pa.array(values[str_j], type=pa.string())
+                dictionary = _strings(values[str_j])
                 str_j += 1
                 nulls = col < 0
                 if not nulls.any():
-                    arrays.append(dictionary.take(pa.array(col)))
+                    arrays.append(dictionary.take(_fixed(pa.int32(), col)))
                 elif len(dictionary):
-                    arrays.append(dictionary.take(pa.array(np.where(nulls, 0, col), mask=nulls)))
+                    arrays.append(dictionary.take(_fixed(pa.int32(), np.where(nulls, 0, col).astype(np.int32),
+                                                         nulls)))
                 else:
-                    arrays.append(pa.nulls(len(col), pa.string()))
+                    arrays.append(pa.nulls(n, pa.string()))
         return pa.Table.from_arrays(arrays, schema=self.schema)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import functools
 import math
 import os
 import platform
@@ -199,7 +200,9 @@ def _gpus() -> list[dict]:
     return []
 
 
+@functools.lru_cache(maxsize=1)
 def _versions() -> dict[str, str]:
+    """Versions of KEY_PACKAGES (read once per process: each is a search of the installed packages' metadata)."""
     out = {}
     for name in KEY_PACKAGES:
         try:
@@ -224,7 +227,7 @@ def collect_provenance() -> dict:
         "gpus": _gpus(),
         "python": sys.version.split()[0],
         "python_executable": sys.executable,
-        "packages": _versions(),
+        "packages": dict(_versions()),
         "environment": {k: v for k, v in os.environ.items() if k.startswith(JOB_ENV_PREFIXES)},
         "pid": os.getpid(),
         "cwd": os.getcwd(),

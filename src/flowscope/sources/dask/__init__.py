@@ -18,20 +18,37 @@ Worker plugins registered through a client are installed on workers that join la
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import threading
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["FlowscopeSchedulerPlugin", "FlowscopeWorkerPlugin", "NothingObservedWarning", "register", "unregister",
-           "observe", "dask_setup"]
+__all__ = ["FlowscopeSchedulerPlugin", "FlowscopeWorkerPlugin", "FlowscopeStandardWorkerPlugin", "LEVELS",
+           "NothingObservedWarning", "register", "unregister", "observe", "start_collector", "stop_collector", "dask_setup"]
+
+#: Capture levels (docs/dask.md, "Capture levels"): ``standard`` (the default) records scheduler transitions,
+#: execution spans on threads, transfers, warnings, hardware and the I/O of calls of 1 ms or more (shorter calls'
+#: I/O charged to the next measured call on the thread), with no per-transition hook on the workers; ``full``
+#: adds every worker transition and each task's own I/O however short.
+LEVELS = ("standard", "full")
+DEFAULT_LEVEL = "standard"
+LEVEL_ENV = "FLOWSCOPE_LEVEL"
+
+
+def check_level(level: str) -> str:
+    """``level`` if it is a capture level, else ValueError naming it and the levels."""
+    if level not in LEVELS:
+        raise ValueError(f"capture level {level!r} is not one of {', '.join(repr(x) for x in LEVELS)}")
+    return level
 
 
 def __getattr__(name: str):
     # the plugins need dask.distributed, slow to import and not needed to observe the local schedulers
-    if name in ("FlowscopeSchedulerPlugin", "FlowscopeWorkerPlugin"):
+    if name in ("FlowscopeSchedulerPlugin", "FlowscopeWorkerPlugin", "FlowscopeStandardWorkerPlugin"):
         from flowscope.sources.dask import plugins
 
         return getattr(plugins, name)
@@ -42,23 +59,33 @@ class NothingObservedWarning(UserWarning):
     """An ``observe()`` block recorded no work; the message says why and what to do."""
 
 
-def register(dask_client, address: str, run_id: str) -> None:
-    """Install the scheduler and worker plugins on ``dask_client``'s cluster for run ``run_id``."""
-    from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin, FlowscopeWorkerPlugin
+def worker_plugin(address: str, run_id: str, level: str = DEFAULT_LEVEL, **kwargs):
+    """The worker plugin of capture level ``level`` for run ``run_id``."""
+    from flowscope.sources.dask.plugins import FlowscopeStandardWorkerPlugin, FlowscopeWorkerPlugin
 
+    cls = FlowscopeWorkerPlugin if check_level(level) == "full" else FlowscopeStandardWorkerPlugin
+    return cls(address, run_id, **kwargs)
+
+
+def register(dask_client, address: str, run_id: str, level: str = DEFAULT_LEVEL) -> None:
+    """Install the scheduler and worker plugins of capture level ``level`` on ``dask_client``'s cluster for run
+    ``run_id``."""
+    from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin
+
+    plugin = worker_plugin(address, run_id, level)
     dask_client.register_plugin(FlowscopeSchedulerPlugin(address, run_id), name=FlowscopeSchedulerPlugin.name)
-    dask_client.register_plugin(FlowscopeWorkerPlugin(address, run_id), name=FlowscopeWorkerPlugin.name)
+    dask_client.register_plugin(plugin, name=plugin.name)
 
 
-async def _close_scheduler_plugin(dask_scheduler) -> int:
+async def _close_scheduler_plugin(dask_scheduler) -> tuple[int, int]:
     from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin
 
     plugin = dask_scheduler.plugins.get(FlowscopeSchedulerPlugin.name)
     if plugin is None:
-        return 0
-    errors = plugin.errors
+        return 0, 0
+    errors, finished = plugin.errors, plugin.finished
     await plugin.close()
-    return errors
+    return errors, finished
 
 
 def _worker_errors(dask_worker) -> int:
@@ -68,11 +95,15 @@ def _worker_errors(dask_worker) -> int:
     return plugin.errors if plugin is not None else 0
 
 
-def unregister(dask_client) -> dict[str, int]:
-    """Flush and remove the plugins; returns how many hook calls failed on the scheduler and on each worker."""
+def unregister(dask_client, seen: dict | None = None) -> dict[str, int]:
+    """Flush and remove the plugins; returns how many hook calls failed on the scheduler and on each worker.
+    ``seen``, if given, receives ``finished``: how many tasks the scheduler plugin saw leave ``processing``."""
     from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin, FlowscopeWorkerPlugin
 
-    errors = {"scheduler": dask_client.run_on_scheduler(_close_scheduler_plugin)}
+    sched_errors, finished = dask_client.run_on_scheduler(_close_scheduler_plugin)
+    if seen is not None:
+        seen["finished"] = finished
+    errors = {"scheduler": sched_errors}
     errors.update(dask_client.run(_worker_errors))
     dask_client.unregister_worker_plugin(FlowscopeWorkerPlugin.name)  # teardown flushes and closes
     dask_client.unregister_scheduler_plugin(FlowscopeSchedulerPlugin.name)
@@ -88,6 +119,8 @@ class Observation:
     client: object
     run_id: str
     run_dir: Path
+    level: str = DEFAULT_LEVEL
+    collector_pid: int | None = None  # the collector process the run was recorded by (None: embedded)
     hook_errors: dict[str, int] = field(default_factory=dict)
     anomaly_stats: dict[str, dict] = field(default_factory=dict)  # per worker, with observe(anomalies=True)
     nothing_observed: list = field(default_factory=list)          # analysis.nothing_observed.Reason
@@ -97,6 +130,44 @@ class Observation:
         from flowscope.store.run import open_run
 
         return open_run(self.run_dir)
+
+
+_collector = None  # the CollectorProcess this Python process shares between its observe() blocks
+_collector_lock = threading.Lock()
+
+
+def start_collector(store: str | Path | None = None):
+    """The collector process this Python process uses, serving ``store`` (default: the default store), started now
+    if it is not running. There is one per Python process: ``observe()`` starts it on its first use and keeps it
+    for the later blocks; a block for another store replaces it. Call this before creating a cluster so that the
+    collector's start-up does not compete with it. Stopped at exit."""
+    global _collector
+    from flowscope.service.process import CollectorProcess
+    from flowscope.store.catalog import default_store
+
+    path = Path(store if store is not None else default_store()).resolve()
+    with _collector_lock:
+        old = _collector
+        if old is not None and old.owner != os.getpid():  # inherited through a fork: the parent's, not ours
+            old = _collector = None
+        if old is not None and old.proc.poll() is None and old.store == path:
+            return old
+        if old is not None:
+            old.stop()  # it finishes its queued writes first
+        else:
+            atexit.register(stop_collector)
+        _collector = CollectorProcess(path)
+        _collector.owner = os.getpid()
+        return _collector
+
+
+def stop_collector() -> None:
+    """Stop the collector process ``start_collector`` started, if any (it finishes its queued writes first)."""
+    global _collector
+    with _collector_lock:
+        server, _collector = _collector, None
+    if server is not None and server.owner == os.getpid():
+        server.stop()
 
 
 def _default_client_address(exclude=None) -> str | None:
@@ -118,8 +189,9 @@ def _default_client_address(exclude=None) -> str | None:
         return None
 
 
-def _record_observation(fs, facts_before: dict, dask_client) -> None:
-    """The block's own facts as an ``observation`` log row (what ``analysis.nothing_observed`` reads)."""
+def _record_observation(fs, facts_before: dict, dask_client) -> dict:
+    """The block's own facts as an ``observation`` log row (what ``analysis.nothing_observed`` reads); returns
+    them."""
     from flowscope.sources import process_facts
 
     now = process_facts.snapshot()
@@ -135,9 +207,14 @@ def _record_observation(fs, facts_before: dict, dask_client) -> None:
         facts["observed_cluster"] = getattr(getattr(dask_client, "scheduler", None), "address", None) or "?"
     fs.log(process_facts.message(facts), category=process_facts.CATEGORY, resource_id=fs.process_resource(),
            attrs=facts)
+    return facts
 
 
-def _explain_if_empty(obs: Observation) -> None:
+def _explain_if_empty(obs: Observation, work_seen: bool) -> None:
+    """Explain a block that recorded no work. ``work_seen``: the capture itself saw tasks run, so the run holds
+    work and the store need not be read (a query of the run costs more than the rest of the teardown)."""
+    if work_seen:
+        return
     from flowscope.analysis.nothing_observed import why_nothing_observed
 
     try:
@@ -152,7 +229,7 @@ def _explain_if_empty(obs: Observation) -> None:
 @contextmanager
 def observe(dask_client=None, *, store: str | Path | None = None, name: str | None = None,
             command: str | None = None, collector: str = "process", anomalies: bool | object = False,
-            hardware_period: float = 1.0, task_io: bool = True):
+            hardware_period: float = 1.0, task_io: bool = True, level: str = DEFAULT_LEVEL):
     """Record a Dask workflow into a new run while the block runs (like performance_report).
 
     With ``dask_client``: everything its cluster does. Without: every computation Dask's local schedulers
@@ -167,8 +244,14 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
     (``sources/dask/anomaly_plugin.py``); an ``AnomalyConfig`` sets its parameters, a dict the keyword
     arguments of ``register_anomalies`` (``config``, ``period``, ``mature``). It needs a distributed client.
 
+    ``level`` is the capture level of a distributed cluster (``LEVELS``; docs/dask.md, "Capture levels"):
+    ``"standard"`` (the default) or ``"full"``; it is kept in run.json as ``capture_level``. Dask's local
+    schedulers are recorded the same way at both levels.
+
     ``collector="process"`` (the default) runs the collector in a child process, so ingest never competes
-    with a scheduler in this process for its GIL; ``"embedded"`` runs it on threads of this process."""
+    with a scheduler in this process for its GIL; that process is started on the first ``observe()`` for a store
+    (or by :func:`start_collector`, before the cluster exists) and kept for the later ones. ``"embedded"`` runs
+    the collector on threads of this process."""
     from flowscope.client.client import Client
     from flowscope.sources import process_facts
     from flowscope.sources import semantics as _semantics
@@ -178,18 +261,17 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
         raise ValueError("observe(anomalies=...) needs a distributed client: the detector runs on its workers")
     if collector not in ("process", "embedded"):
         raise ValueError(f"collector must be 'process' or 'embedded', not {collector!r}")
+    check_level(level)
     store = Path(store) if store is not None else default_store()
     # what the run's rows will mean (model/semantics.py): the plugins' mapping, or the local schedulers'
     declared = [_semantics.DASK_DISTRIBUTED if dask_client is not None else _semantics.DASK_LOCAL]
     server = None
+    meta = {"capture_level": level, "semantics": declared}
     if collector == "process":
-        from flowscope.service.process import CollectorProcess
-
-        server = CollectorProcess(store)
-        fs = Client(server.address, name=name or "dask", command=command, meta={"semantics": declared})
+        server = start_collector(store)
+        fs = Client(server.address, name=name or "dask", command=command, meta=meta)
     else:
-        fs = Client("embedded", store=store, serve=True, name=name or "dask", command=command,
-                    meta={"semantics": declared})
+        fs = Client("embedded", store=store, serve=True, name=name or "dask", command=command, meta=meta)
     capture = sampler = lease = None
     facts_before = process_facts.snapshot()
     try:
@@ -205,7 +287,7 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
             capture = LocalSchedulerCapture(fs, io=task_io)
             capture.register()
         else:
-            register(dask_client, fs.address, fs.run_id)
+            register(dask_client, fs.address, fs.run_id, level)
             if anomalies:
                 from flowscope.sources.dask.anomaly_plugin import register_anomalies
 
@@ -220,11 +302,12 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
         if lease is not None:
             lease.release()
         fs.close(status="failed")
-        if server:
-            server.stop()
         raise
-    obs = Observation(fs, fs.run_id, store / fs.run_id)
+    obs = Observation(fs, fs.run_id, store / fs.run_id, level=level,
+                      collector_pid=server.proc.pid if server is not None else None)
     status = "failed"
+    seen: dict = {}
+    facts: dict = {}
     try:
         yield obs
         status = "finished"
@@ -242,17 +325,13 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
                 try:
                     obs.anomaly_stats = finish_anomalies(dask_client)
                 finally:
-                    obs.hook_errors = unregister(dask_client)
+                    obs.hook_errors = unregister(dask_client, seen)
             else:
-                obs.hook_errors = unregister(dask_client)
-            _record_observation(fs, facts_before, dask_client)
+                obs.hook_errors = unregister(dask_client, seen)
+            facts = _record_observation(fs, facts_before, dask_client)
         finally:
-            try:
-                fs.close(status=status)
-            finally:
-                if server:
-                    server.stop()
-    _explain_if_empty(obs)
+            fs.close(status=status)
+    _explain_if_empty(obs, bool(seen.get("finished") or facts.get("local_tasks")))
 
 
 async def dask_setup(server) -> None:
@@ -269,13 +348,14 @@ async def dask_setup(server) -> None:
     if not address or not run_id:
         raise RuntimeError("flowscope.dask preload needs FLOWSCOPE_ADDRESS and FLOWSCOPE_RUN "
                            "(set by `flowscope run`, or Client.env())")
-    from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin, FlowscopeWorkerPlugin
+    from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin
 
     if isinstance(server, Scheduler):
         # preloads run before the scheduler starts its plugins, so this one is started with the others
         server.add_plugin(FlowscopeSchedulerPlugin(address, run_id), name=FlowscopeSchedulerPlugin.name)
     else:
-        await server.plugin_add(FlowscopeWorkerPlugin(address, run_id), name=FlowscopeWorkerPlugin.name)
+        plugin = worker_plugin(address, run_id, os.environ.get(LEVEL_ENV) or DEFAULT_LEVEL)
+        await server.plugin_add(plugin, name=plugin.name)
         if os.environ.get("FLOWSCOPE_ANOMALIES"):  # `flowscope run --anomalies`
             from flowscope.sources.dask.anomaly_plugin import NAME, AnomalyWorkerPlugin
 

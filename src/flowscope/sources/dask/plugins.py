@@ -17,16 +17,15 @@ from __future__ import annotations
 import gc
 import json
 import logging
-from collections import deque
-from concurrent.futures import Executor
 import os
 import re
 import sys
 import threading
 import time
+from collections import deque
+from concurrent.futures import Executor
 from typing import Any
 
-import pyarrow as pa
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from distributed.utils import key_split_group
 
@@ -39,6 +38,7 @@ log = logging.getLogger("flowscope.dask")
 #: what this source's rows mean to the analyses (model/semantics.py)
 SEMANTICS = _semantics.DASK_DISTRIBUTED
 _time_ns = time.time_ns
+_time = time.time
 
 SCHEDULER_RESOURCE = "scheduler"
 _EXC_TYPE = re.compile(r"^\s*([A-Za-z_][\w.]*)")
@@ -158,6 +158,7 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
         # hook calls after close() and before Dask removes the plugin (observe closes it first, to flush
         # and count errors): nothing to record them into, so they do nothing and are counted here
         self.late_hooks = 0
+        self.finished = 0  # transitions out of processing: tasks this run saw run (or fail, or move)
         self.fs = None
 
     async def start(self, scheduler) -> None:
@@ -173,7 +174,6 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
         self._emit_transition = fs.row_writer("transitions")
         self._tasks_get = scheduler.tasks.get
         self._wids: dict[str, str] = {}
-        pa.array([0])  # pyarrow imports pandas on first use (~0.5 s of CPU): pay it now, not mid-workload
         for addr in list(scheduler.workers):
             self.add_worker(scheduler, addr)
 
@@ -204,7 +204,10 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
             else:
                 self._emit_transition(_time_ns(), key if key.__class__ is str else str(key), None, None, start,
                                       finish, "scheduler", wid, stimulus_id, None)
-            if finish == "erred" and start == "processing":
+            if start == "processing":
+                self.finished += 1
+                if finish != "erred":
+                    return
                 etype = exception_type(kwargs.get("exception_text"))
                 self.fs.log(f"task failed with {etype or 'an exception'}", level="error", category="task-error",
                             resource_id=wid or SCHEDULER_RESOURCE, task_key=key_str(key),
@@ -369,11 +372,13 @@ class MeasuringThreadPoolExecutor(Executor):
         return getattr(self.inner, name)
 
 
-class FlowscopeWorkerPlugin(WorkerPlugin):
-    """Records worker-side provenance: transitions, execution spans on OS threads, transfers, warnings,
-    per-task I/O; and, in one worker process per host, the host's hardware every ``hardware_period`` s."""
+class _WorkerCapture(WorkerPlugin):
+    """What both capture levels record on a worker: its resource and threads, warnings (Dask's logs, long GC
+    pauses), opened files, and, in one worker process per host, the host's hardware every ``hardware_period``
+    s. The level's own part is installed by ``_install`` and removed by ``_uninstall``."""
 
     name = "flowscope-worker"
+    level = "?"
 
     def __init__(self, address: str, run_id: str, hardware_period: float = 1.0):
         self.address = address
@@ -402,28 +407,21 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
         self._emit_transfer = fs.row_writer("transfers")
         self._emit_io = fs.row_writer("io")
         self._worker_json = json.dumps(worker.address)
-        pa.array([0])  # pyarrow imports pandas on first use (~0.5 s of CPU): pay it now, not mid-workload
         self._hostname, self._pid = ids.hostname(), os.getpid()
         self._logs = _LogCapture(fs, self.rid)
         self._logs.attach()
         self._gc = _GCWatch(fs, self.rid)
         self._gc.attach()
         # Per-task I/O is read on the thread that runs the task: the worker's executor is wrapped so that
-        # every call it runs reads its own thread's counters before and after. Reading them from the event
-        # loop instead is racy: Dask may start the next task on a thread before it has handled the
-        # completion of that thread's previous one.
+        # the calls it runs read their own thread's counters. Reading them from the event loop instead is
+        # racy: Dask may start the next task on a thread before it has handled the completion of that
+        # thread's previous one.
         self._io_reader = ThreadIOReader()
         self._native: dict[int, int] = {}
-        self._executor = MeasuringThreadPoolExecutor(worker.executors["default"], self._io_reader)
-        worker.executors["default"] = self._executor
-        # Dask calls a worker plugin's transition hook without the stimulus id. Every stimulus reaches the
-        # worker's state machine through worker.handle_stimulus, which is wrapped to note the stimulus being
-        # handled; the state machine's own stimulus log covers a call with several stimuli (it logs each
-        # before handling it, except find-missing, which Dask always sends alone).
-        self._stimulus_id: str | None = None
-        self._stimulus_log = worker.state.stimulus_log
+        # worker.handle_stimulus is wrapped by both levels (full: to note the stimulus id; standard: to record
+        # each execution and fetch as Dask reports it done)
         self._handle_stimulus = worker.__dict__.get("handle_stimulus")  # another wrapper already there, if any
-        worker.handle_stimulus = self._stimulus_wrapper = self._noting_stimulus(worker.handle_stimulus)
+        self._install(worker)
         self._audit = OpenAudit(self._record_open, exclude=[sys.prefix, sys.base_prefix, *sys.path[1:2]])
         self._audit.enable()
         self._sampler = self._lease = self._lease_retry = None
@@ -434,21 +432,6 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
             if self._sampler is None:  # another process samples this host; take over if it goes away
                 self._lease_retry = PeriodicCallback(self._try_lease, self.hardware_period * 1000)
                 self._lease_retry.start()
-
-    def _noting_stimulus(self, handle_stimulus):
-        def noting(*stims):
-            self._stimulus_id = stims[0].stimulus_id if len(stims) == 1 else None
-            return handle_stimulus(*stims)
-
-        noting.__wrapped__ = handle_stimulus
-        return noting
-
-    def _logged_stimulus(self) -> str | None:
-        """The stimulus the state machine logged last: the one being handled when a call carried several."""
-        try:
-            return self._stimulus_log[-1].stimulus_id
-        except (IndexError, AttributeError):
-            return None
 
     def _try_lease(self) -> None:
         """Become this host's hardware sampler for the run if no other process is."""
@@ -484,6 +467,119 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
             tid = self._native[ident] = thread_ids().get(ident)
         return tid
 
+    def _record_task_io(self, k: str | None, ident: int | None, tid: int, t0: int, t1: int, delta: ThreadIO,
+                        calls: int | None = None) -> None:
+        """The task's I/O rows, over its call [t0, t1] in this process's clock (as every io row). ``calls``: how many
+        executor calls the delta covers (level standard, where shorter calls are charged to the next measured one)."""
+        rid = self._threads.get(ident) or ids.thread_id(tid)
+        tasks = f', "tasks": {calls}' if calls is not None else ""
+        if delta.rchar or delta.syscr or delta.read_bytes:
+            self._emit_io(rid, self._hostname, self._pid, tid, ident, None, "proc-io", "read", None, None,
+                          delta.rchar, t0, t1, k,
+                          f'{{"syscr": {delta.syscr}, "read_bytes": {delta.read_bytes}{tasks}}}')
+        if delta.wchar or delta.syscw or delta.write_bytes or delta.cancelled_write_bytes:
+            self._emit_io(rid, self._hostname, self._pid, tid, ident, None, "proc-io", "write", None, None,
+                          delta.wchar, t0, t1, k,
+                          f'{{"syscw": {delta.syscw}, "write_bytes": {delta.write_bytes}, '
+                          f'"cancelled_write_bytes": {delta.cancelled_write_bytes}{tasks}}}')
+
+    def _thread_resource(self, ident: int | None) -> str:
+        rid = self._threads.get(ident)
+        if rid is None:
+            native = next((t.native_id for t in threading.enumerate() if t.ident == ident), None)
+            name = next((t.name for t in threading.enumerate() if t.ident == ident), None)
+            rid = ids.thread_id(native if native is not None else ident)
+            self.fs.resource("thread", rid, name=name, parent_id=self.rid, host=ids.hostname(), pid=os.getpid(),
+                             tid=native, thread_ident=ident)
+            self._threads[ident] = rid
+        return rid
+
+    def _drain_transfers(self) -> None:
+        """Record the worker's incoming transfers logged since the last call (one row per fetch message).
+
+        The log is a bounded deque; it is drained on every transition out of ``flight``, which follows
+        each fetch, so no entry ages out unseen."""
+        log = self.worker.transfer_incoming_log
+        new = []
+        for entry in reversed(log):
+            if entry is self._last_transfer:
+                break
+            new.append(entry)
+        if not new:
+            return
+        self._last_transfer = new[0]
+        for e in reversed(new):
+            who = e.get("who")
+            src_host = who.split("://")[-1].rsplit(":", 1)[0] if who else None
+            self._emit_transfer(None, "dask-fetch", ids.worker_id(who) if who else "unknown", self.rid,
+                                int(e.get("total") or 0), int(e["start"] * 1e9), int(e["stop"] * 1e9),
+                                [key_str(k) for k in e.get("keys", ())],
+                                {"inter_host": src_host != self._host, "bandwidth_bytes_per_s": e.get("bandwidth"),
+                                 "nbytes_per_key": {key_str(k): v for k, v in e.get("keys", {}).items()}})
+
+    def flush(self, timeout: float = 30.0) -> bool:
+        return self.fs.flush(timeout) if self.fs else True
+
+    def teardown(self, worker) -> None:
+        if self.fs is None:
+            return
+        self._audit.disable()
+        if worker.__dict__.get("handle_stimulus") is self._stimulus_wrapper:  # not if wrapped again since
+            if self._handle_stimulus is not None:
+                worker.handle_stimulus = self._handle_stimulus
+            else:
+                del worker.handle_stimulus
+        if worker.executors.get("default") is self._executor:
+            worker.executors["default"] = self._executor.inner
+        try:
+            self._uninstall(worker)
+        except Exception:
+            self._failed()
+        self._io_reader.close()
+        if self._lease_retry is not None:
+            self._lease_retry.stop()
+        if self._sampler is not None:
+            self._sampler.stop()
+            self._lease.release()
+        _stop_recording(self, "worker")
+
+
+class FlowscopeWorkerPlugin(_WorkerCapture):
+    """Level ``full``: every worker transition as a row (through Dask's per-transition hook), execution spans
+    on OS threads (with result size), the other startstops (transfer, disk-read, disk-write) as spans of their
+    own kind, inter-worker transfers, and each task's own I/O, however short the task."""
+
+    level = "full"
+
+    def _install(self, worker) -> None:
+        self._executor = MeasuringThreadPoolExecutor(worker.executors["default"], self._io_reader)
+        worker.executors["default"] = self._executor
+        # Dask calls a worker plugin's transition hook without the stimulus id. Every stimulus reaches the
+        # worker's state machine through worker.handle_stimulus, which is wrapped to note the stimulus being
+        # handled; the state machine's own stimulus log covers a call with several stimuli (it logs each
+        # before handling it, except find-missing, which Dask always sends alone).
+        self._stimulus_id: str | None = None
+        self._stimulus_log = worker.state.stimulus_log
+        worker.handle_stimulus = self._stimulus_wrapper = self._noting_stimulus(worker.handle_stimulus)
+
+    def _uninstall(self, worker) -> None:
+        pass
+
+    def _noting_stimulus(self, handle_stimulus):
+        def noting(*stims):
+            self._stimulus_id = stims[0].stimulus_id if len(stims) == 1 else None
+            return handle_stimulus(*stims)
+
+        noting.__wrapped__ = handle_stimulus
+        return noting
+
+    def _logged_stimulus(self) -> str | None:
+        """The stimulus the state machine logged last: the one being handled when a call carried several."""
+        try:
+            return self._stimulus_log[-1].stimulus_id
+        except (IndexError, AttributeError):
+            return None
+
     def _task_call(self, ident: int | None, submitted: float | None, start: float,
                    stop: float) -> tuple[float, ThreadIO | None]:
         """The offset Dask added to this process's clock in a task's compute times [start, stop], and the I/O
@@ -502,29 +598,6 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
         if lo <= hi:
             shift = min(max(shift, lo), hi)
         return shift, delta
-
-    def _record_task_io(self, k: str, ident: int | None, tid: int, t0: int, t1: int, delta: ThreadIO) -> None:
-        """The task's I/O rows, over its compute interval [t0, t1] in this process's clock (as every io row)."""
-        rid = self._threads.get(ident) or ids.thread_id(tid)
-        if delta.rchar or delta.syscr or delta.read_bytes:
-            self._emit_io(rid, self._hostname, self._pid, tid, ident, None, "proc-io", "read", None, None,
-                          delta.rchar, t0, t1, k, f'{{"syscr": {delta.syscr}, "read_bytes": {delta.read_bytes}}}')
-        if delta.wchar or delta.syscw or delta.write_bytes or delta.cancelled_write_bytes:
-            self._emit_io(rid, self._hostname, self._pid, tid, ident, None, "proc-io", "write", None, None,
-                          delta.wchar, t0, t1, k,
-                          f'{{"syscw": {delta.syscw}, "write_bytes": {delta.write_bytes}, '
-                          f'"cancelled_write_bytes": {delta.cancelled_write_bytes}}}')
-
-    def _thread_resource(self, ident: int | None) -> str:
-        rid = self._threads.get(ident)
-        if rid is None:
-            native = next((t.native_id for t in threading.enumerate() if t.ident == ident), None)
-            name = next((t.name for t in threading.enumerate() if t.ident == ident), None)
-            rid = ids.thread_id(native if native is not None else ident)
-            self.fs.resource("thread", rid, name=name, parent_id=self.rid, host=ids.hostname(), pid=os.getpid(),
-                             tid=native, thread_ident=ident)
-            self._threads[ident] = rid
-        return rid
 
     def transition(self, key, start, finish, **kwargs) -> None:
         try:
@@ -549,29 +622,6 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
                 self._startstops_done.pop(key, None)
         except Exception:
             self._failed()
-
-    def _drain_transfers(self) -> None:
-        """Record the worker's incoming transfers logged since the last call (one row per fetch message).
-
-        The log is a bounded deque; it is drained on every transition out of ``flight``, which follows
-        each fetch, so no entry ages out unseen."""
-        log = self.worker.transfer_incoming_log
-        new = []
-        for entry in reversed(log):
-            if entry is self._last_transfer:
-                break
-            new.append(entry)
-        if not new:
-            return
-        self._last_transfer = new[0]
-        for e in reversed(new):
-            who = e.get("who")
-            src_host = who.split("://")[-1].rsplit(":", 1)[0] if who else None
-            self._emit_transfer(None, "dask-fetch", ids.worker_id(who) if who else "unknown", self.rid,
-                                int(e.get("total") or 0), int(e["start"] * 1e9), int(e["stop"] * 1e9),
-                                [key_str(k) for k in e.get("keys", ())],
-                                {"inter_host": src_host != self._host, "bandwidth_bytes_per_s": e.get("bandwidth"),
-                                 "nbytes_per_key": {key_str(k): v for k, v in e.get("keys", {}).items()}})
 
     def _record_startstops(self, key, k: str, ts, start: str, finish: str) -> None:
         done = self._startstops_done.get(key, 0)
@@ -605,24 +655,175 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
             else:  # disk-read, disk-write (spilling) and whatever Dask adds later
                 self._emit_span(None, None, self.rid, str(action), ts.prefix, t0, t1, k, {"nbytes": ts.nbytes})
 
-    def flush(self, timeout: float = 30.0) -> bool:
-        return self.fs.flush(timeout) if self.fs else True
 
-    def teardown(self, worker) -> None:
-        if self.fs is None:
+class ShortCallsDeferringThreadPoolExecutor(Executor):
+    """Delegates to the worker's executor; reads the calling thread's I/O counters at the end of each call that
+    took ``min_call_s`` or more (level ``standard``).
+
+    A shorter call is only counted: its I/O is in the next reading on that thread, which carries the number of
+    calls it covers. A reading is kept under the ``start`` of the task's result (the value Dask reports in the
+    task's ExecuteSuccessEvent / ExecuteFailureEvent), so the event loop finds it by that key when Dask reports
+    the task done. The name matters: see MeasuringThreadPoolExecutor."""
+
+    MAX_KEPT = 65_536  # readings never claimed (a task Dask dropped): the oldest go
+
+    def __init__(self, inner: Executor, reader: ThreadIOReader, min_call_s: float = 0.001):
+        self.inner = inner
+        self._reader = reader
+        self._min = min_call_s
+        self._last: dict[int, ThreadIO] = {}    # native tid -> the last reading on that thread
+        self._last_t: dict[int, float] = {}     # native tid -> when it was taken
+        self._pending: dict[int, int] = {}      # native tid -> calls since that reading
+        self.readings: dict[float, tuple] = {}  # result start -> (call start, call end, tid, before, now, calls)
+
+    def submit(self, fn, /, *args, **kwargs):
+        return self.inner.submit(self._measured, fn, args, kwargs)
+
+    def _measured(self, fn, args, kwargs):
+        tid = threading.get_native_id()
+        if tid not in self._last:
+            first = self._reader.read(tid)
+            if first is not None:
+                self._last[tid] = first
+                self._last_t[tid] = _time()
+        t0 = _time()
+        result = fn(*args, **kwargs)
+        t1 = _time()
+        if t1 - t0 < self._min:
+            self._pending[tid] = self._pending.get(tid, 0) + 1
+            return result
+        now = self._reader.read(tid)
+        before = self._last.get(tid)
+        calls = self._pending.pop(tid, 0) + 1
+        if now is not None:
+            self._last[tid] = now
+            self._last_t[tid] = t1
+            if before is not None and result.__class__ is dict:
+                readings = self.readings
+                if len(readings) >= self.MAX_KEPT:
+                    del readings[next(iter(readings))]
+                readings[result.get("start")] = (t0, t1, tid, before, now, calls)
+        return result
+
+    def pending_readings(self) -> list[tuple[int, int, float, ThreadIO, ThreadIO]]:
+        """(tid, calls, time of the last reading, last reading, reading now) of every thread with calls not yet
+        charged to a reading."""
+        out = []
+        for tid, calls in list(self._pending.items()):
+            before, now = self._last.get(tid), self._reader.read(tid)
+            if calls and before is not None and now is not None:
+                out.append((tid, calls, self._last_t[tid], before, now))
+        self._pending.clear()
+        return out
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.inner.shutdown(wait=wait, cancel_futures=cancel_futures)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+def _own_read(before: ThreadIO) -> ThreadIO:
+    """What the read that gave ``before`` itself added to the counters of its thread: one read call and the text it
+    returned, whose length follows from the values it showed."""
+    return ThreadIO(rchar=_PROC_IO_LABELS + sum(len(str(v)) for v in before), syscr=1)
+
+
+class FlowscopeStandardWorkerPlugin(_WorkerCapture):
+    """Level ``standard`` (the default): no per-transition hook. Each execution is recorded when Dask reports it
+    done (its ExecuteSuccessEvent / ExecuteFailureEvent, through worker.handle_stimulus) as a span on the OS thread
+    that ran it, with the I/O of its call when the call took 1 ms or more (shorter calls' I/O is charged to the
+    next measured call on the thread: the span says ``"io": "next"``, and the io rows of the call that carries it
+    say how many calls they cover, ``"tasks"``); each fetch as transfers rows when Dask reports it done
+    (GatherDep*Event). Worker transitions are not recorded: the scheduler's transitions give each task's
+    lifecycle, with the worker that ran it."""
+
+    level = "standard"
+    MIN_CALL_S = 0.001
+
+    def _install(self, worker) -> None:
+        from distributed.worker_state_machine import (
+            ExecuteFailureEvent,
+            ExecuteSuccessEvent,
+            GatherDepDoneEvent,
+        )
+
+        self._executor = ShortCallsDeferringThreadPoolExecutor(worker.executors["default"], self._io_reader,
+                                                               self.MIN_CALL_S)
+        worker.executors["default"] = self._executor
+        self._success, self._failure, self._gathered = ExecuteSuccessEvent, ExecuteFailureEvent, GatherDepDoneEvent
+        self._tasks = worker.state.tasks
+        self._readings = self._executor.readings
+        worker.handle_stimulus = self._stimulus_wrapper = self._recording(worker.handle_stimulus)
+
+    def _recording(self, handle_stimulus):
+        success, failure, gathered = self._success, self._failure, self._gathered
+        tasks = self._tasks
+
+        def recording(*stims):
+            done = None
+            for ev in stims:
+                cls = ev.__class__
+                if cls is success or cls is failure or isinstance(ev, gathered):
+                    if done is None:
+                        done = []
+                    # the task as it is before Dask handles the event, which may forget it
+                    done.append((ev, tasks.get(ev.key) if cls is not gathered and not isinstance(ev, gathered)
+                                 else None))
+            out = handle_stimulus(*stims)
+            if done is not None:
+                for ev, ts in done:
+                    try:
+                        if isinstance(ev, gathered):
+                            self._drain_transfers()
+                        else:
+                            self._executed(ev, ts)
+                    except Exception:
+                        self._failed()
+            return out
+
+        recording.__wrapped__ = handle_stimulus
+        return recording
+
+    def _executed(self, ev, ts) -> None:
+        """The execution Dask reports done in ``ev`` as a task span, and its call's I/O when it was measured."""
+        start, stop = ev.start, ev.stop
+        reading = self._readings.pop(start, None)
+        if start is None or stop is None:  # failed before it ran: no execution to record
             return
-        self._audit.disable()
-        if worker.__dict__.get("handle_stimulus") is self._stimulus_wrapper:  # not if wrapped again since
-            if self._handle_stimulus is not None:
-                worker.handle_stimulus = self._handle_stimulus
-            else:
-                del worker.handle_stimulus
-        if worker.executors.get("default") is self._executor:
-            worker.executors["default"] = self._executor.inner
-        self._io_reader.close()
-        if self._lease_retry is not None:
-            self._lease_retry.stop()
-        if self._sampler is not None:
-            self._sampler.stop()
-            self._lease.release()
-        _stop_recording(self, "worker")
+        key = ev.key
+        k = key if key.__class__ is str else str(key)
+        ident = self.worker.state.threads.get(key)
+        shift = self.worker.scheduler_delay
+        if reading is not None:  # Dask's times are in the scheduler's clock: the offset lies in this range
+            lo, hi = stop - reading[1], start - reading[0]
+            if lo <= hi:
+                shift = min(max(shift, lo), hi)
+        off = round(shift * 1e9)
+        failed = ev.__class__ is self._failure
+        nbytes = None if failed else ev.nbytes
+        prefix = ts.prefix if ts is not None else key_split_group(key)
+        if ts is not None and len(ts.startstops) >= 1 + (not failed):
+            ss = ts.startstops[-1 - (not failed)]  # Dask's read of spilled inputs, just before the compute
+            if ss.get("action") == "disk-read":
+                self._emit_span(None, None, self.rid, "disk-read", prefix, int(ss["start"] * 1e9),
+                                int(ss["stop"] * 1e9), k, {"nbytes": ts.nbytes})
+        extra = f', "exception_type": {json.dumps(exception_type(ev.exception_text))}' if failed else ""
+        run_id = ev.run_id
+        attrs = (f'{{"nbytes": {nbytes if nbytes.__class__ is int else json.dumps(nbytes)}, '
+                 f'"thread_ident": {ident if ident.__class__ is int else "null"}, '
+                 f'"worker": {self._worker_json}, "state": "{"error" if failed else "memory"}", '
+                 f'"clock_offset_ns": {off}, "attempt_id": {run_id if run_id.__class__ is int else "null"}, '
+                 f'"io": "{"own" if reading is not None else "next"}"{extra}}}')
+        self._emit_span(None, None, self._thread_resource(ident), "task", prefix, int(start * 1e9), int(stop * 1e9),
+                        k, attrs)
+        if reading is not None:  # over the task's compute interval on this process's clock, as at level full
+            t0, t1 = int(start * 1e9), int(stop * 1e9)
+            tid, before, now, calls = reading[2:]
+            self._record_task_io(k, ident, tid, t0 - off, t1 - off, now - before - _own_read(before), calls)
+
+    def _uninstall(self, worker) -> None:
+        """What calls too short to be read on their own did since their thread's last reading, as rows of no task."""
+        now_ns = time.time_ns()
+        for tid, calls, since, before, now in self._executor.pending_readings():
+            self._record_task_io(None, None, tid, int(since * 1e9), now_ns, now - before - _own_read(before), calls)
