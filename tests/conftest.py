@@ -29,6 +29,38 @@ def shared_data() -> Path:
     return d
 
 
+# ---- optional dependencies: a user without one is told and skipped; CI fails --------------------------------
+# (FLOWSCOPE_REQUIRE_SHARED_DATA=1 is set by .ci/run, whose scripts/test.sh installs every test dependency:
+# there a missing one is a broken set-up, not a reason to skip.)
+import importlib
+from types import ModuleType
+from typing import NoReturn
+
+
+def dependencies_required() -> bool:
+    """True under CI (FLOWSCOPE_REQUIRE_SHARED_DATA=1): a missing test dependency fails instead of skipping."""
+    return os.environ.get("FLOWSCOPE_REQUIRE_SHARED_DATA") == "1"
+
+
+def missing_dependency(why: str) -> NoReturn:
+    """Skip the calling test (or test module, at import time) because ``why``; fail under CI."""
+    if dependencies_required():
+        pytest.fail(f"{why}, and FLOWSCOPE_REQUIRE_SHARED_DATA=1 requires it", pytrace=False)
+    pytest.skip(why, allow_module_level=True)
+
+
+def require_module(name: str, purpose: str) -> ModuleType:
+    """Import the optional module ``name`` (``purpose``: what it is for, and how to install it) and return it.
+    Use this, not ``pytest.importorskip``, wherever a test needs an optional dependency: where it cannot be
+    imported the test is skipped with the reason, except under CI, where it fails."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        missing_dependency(f"{name} cannot be imported ({purpose}): {exc}")
+
+# ---- end of optional dependencies ----------------------------------------------------------------------------
+
+
 def needs_tool(executable: str, package: str) -> pytest.MarkDecorator:
     """Skip a test when a reference tool from a Debian package is missing, except in CI
     (FLOWSCOPE_REQUIRE_SHARED_DATA=1, set by .ci/run, whose scripts/test.sh installs it): there the

@@ -18,6 +18,12 @@ from flowscope.model.conform import SchemaError
 from test_ingest_collector import _check_exactly_once
 
 
+def collector_health(address: str) -> dict:
+    import httpx
+
+    return httpx.get(f"{address}/v1/health", timeout=30).json()
+
+
 def _flowscope(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "flowscope", *args], capture_output=True, text=True, timeout=120)
 
@@ -55,6 +61,8 @@ def test_sigkill_mid_send_then_restart_loses_and_duplicates_nothing(collector, t
     run = flowscope.open_run(collector.store / client.run_id)
     _check_exactly_once(run, n)
     assert run.meta["status"] == "finished"
+    while collector_health(collector.address)["dead_temps_removed"] is None:  # its sweep at start is done
+        time.sleep(0.02)
     assert not list(run.path.glob("*/.*.tmp"))  # a restarted collector cleans up temp files of the killed one
 
 

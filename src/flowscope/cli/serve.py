@@ -7,6 +7,7 @@ import os
 import sys
 
 from flowscope.service.collector import MiB, Collector
+from flowscope.cli.output import STORE_HELP
 from flowscope.store.catalog import default_store
 
 #: For tests only: the collector kills itself (SIGKILL) right after renaming its N-th segment into place,
@@ -21,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--host", default="127.0.0.1",
                    help="address to bind (default 127.0.0.1); any other than loopback requires a token")
     p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
-    p.add_argument("--store", default=None, help="run store directory (default $FLOWSCOPE_STORE or ./flowscope-runs)")
+    p.add_argument("--store", default=None, help=STORE_HELP)
     p.add_argument("--address-file", default=None,
                    help="append this instance's address to FILE (clients spread over the listed instances)")
     p.add_argument("--queue-mb", type=float, default=256,

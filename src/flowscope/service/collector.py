@@ -26,8 +26,8 @@ from flowscope.model.conform import conform
 from flowscope.model.provenance import (CLOSE_FIELDS, RUN_FIELDS, check_close_request, check_open_request,
                                        check_run_id, collect_provenance, new_run_id, now_ns)
 from flowscope.model.schemas import INT64_MAX, schema
-from flowscope.store.layout import (RUN_JSON, check_segment_id, read_json, remove_stale_temps,
-                                    segment_path, write_json_atomic, write_segment)
+from flowscope.store.layout import (RUN_JSON, check_segment_id, read_json, remove_dead_temps, segment_path,
+                                    write_json_atomic, write_segment)
 
 log = logging.getLogger("flowscope.collector")
 
@@ -60,6 +60,11 @@ class Collector:
                  kill_after_segments: int = 0):
         self.store = Path(store)
         self.store.mkdir(parents=True, exist_ok=True)
+        # Other processes may be writing this store right now: only the leftovers of dead writers go. In the
+        # background: a large store on a parallel file system takes a while to walk, and nothing waits for it.
+        self.removed_temps: int | None = None
+        self.temps_swept = threading.Event()
+        threading.Thread(target=self._sweep_temps, name="flowscope-temp-sweep", daemon=True).start()
         self.queue_bytes = int(queue_bytes)
         self.max_request_bytes = int(max_request_bytes)
         self.writer_delay = float(writer_delay)
@@ -84,6 +89,14 @@ class Collector:
                          for i in range(max(1, writers))]
         for t in self._writers:
             t.start()
+
+    def _sweep_temps(self) -> None:
+        try:
+            self.removed_temps = remove_dead_temps(self.store)
+        except OSError:
+            log.exception("removing dead writers' temp files from %s failed", self.store)
+        finally:
+            self.temps_swept.set()
 
     # ---- run lifecycle -------------------------------------------------------------------
     def run_dir(self, run_id: str) -> Path:
@@ -111,7 +124,6 @@ class Collector:
             path = d / RUN_JSON
             if path.is_file():
                 existing = read_json(path)
-                remove_stale_temps(d)
                 self._known_runs.add(run_id)
                 return existing
             d.mkdir(parents=True, exist_ok=True)
@@ -155,14 +167,16 @@ class Collector:
             write_json_atomic(path, doc)
             return doc
 
-    def update_run(self, run_id: str, fields: dict) -> dict:
-        """Merge ``fields`` into run.json."""
+    def update_run(self, run_id: str, fields: dict, drop: tuple[str, ...] = ()) -> dict:
+        """Merge ``fields`` into run.json, and remove the keys named in ``drop``."""
         with self._run_lock:
             path = self.run_dir(run_id) / RUN_JSON
             if not path.is_file():
                 raise UnknownRun(f"unknown run {run_id!r}")
             doc = read_json(path)
             doc.update(fields)
+            for key in drop:
+                doc.pop(key, None)
             write_json_atomic(path, doc)
             return doc
 
@@ -296,6 +310,7 @@ class Collector:
                 "queued_batches": self._queue.qsize(),
                 "decoding_batches": self._decoding,
                 "uptime_s": (now_ns() - self.started_ns) / 1e9,
+                "dead_temps_removed": self.removed_temps,  # None until the sweep at start is done
                 **self.stats,
             }
 
