@@ -399,7 +399,9 @@ def contender_json_batched(args, parts: list[Part]) -> dict:
             post(conn, path, json.dumps(batch).encode())
         conn.close()
 
+    control.close()  # idle while the producers run: the collector would close it (keep-alive timeout)
     t0, t_emitted = _run_threads(parts, produce)
+    control = http.client.HTTPConnection(host, int(port), timeout=120)
     post(control, f"/v1/runs/{run_id}/close", json.dumps({"status": "finished"}).encode())
     t_end = time.perf_counter()
     control.close()
