@@ -33,7 +33,8 @@ span name, and for flowscope's store and the Parquet file also the sum of durati
 distinct task keys. The figures are medians over ``--repeat`` repetitions, with min and max. Per
 contender: ``records_per_s`` over the in-process clock (first span to everything stored), the process's
 wall time (from spawn to exit) with and without building its input, its CPU time (user + system, from
-``wait4``), the collector's CPU time for the contenders that use it, and the process's peak RSS.
+``wait4``) and its CPU time over the clocked part alone, the collector's CPU time for the contenders that use it,
+and the process's peak RSS (VmHWM).
 
 Writes ``bench/results/ingest.json`` (DESIGN.md, "Benchmarks") and prints one summary line last.
 
@@ -281,6 +282,9 @@ def post_one_by_one(collector: Collector, name: str, posts: Iterable[tuple[str, 
 
 
 # ---- the contenders: each runs in its own process (``--contender NAME``) ------------------------------
+_CPU: dict[str, float] = {}  # process CPU time (all threads) where a contender's clock starts and stops
+
+
 def _run_threads(parts: list[Part], produce) -> tuple[float, float]:
     """Start one thread per part running ``produce(part)``, release them together; returns (t0, t_joined)."""
     start = threading.Barrier(len(parts) + 1)
@@ -298,6 +302,7 @@ def _run_threads(parts: list[Part], produce) -> tuple[float, float]:
         t.start()
     start.wait()
     t0 = time.perf_counter()
+    _CPU["start"] = time.process_time()
     for t in threads:
         t.join()
     t1 = time.perf_counter()
@@ -325,6 +330,7 @@ def contender_per_record_api(args, parts: list[Part]) -> dict:
     t0, t_emitted = _run_threads(parts, produce)
     client.close()
     t_end = time.perf_counter()
+    _CPU["end"] = time.process_time()
     return {"seconds": t_end - t0, "emit_seconds": t_emitted - t0, "run_id": client.run_id,
             "batches": client.stats["batches_sent"], "busy_retries": client.stats["busy_retries"]}
 
@@ -357,11 +363,13 @@ def contender_batch_api(args, parts: list[Part]) -> dict:
 
     client = flowscope.Client(args.address, name=f"bench-ingest-batch-{args.tag}", spool_dir=args.workdir / "spool")
     t0 = time.perf_counter()
+    _CPU["start"] = time.process_time()
     table = _arrow_table(parts)
     for off in range(0, table.num_rows, 65_536):
         client.write("spans", table.slice(off, 65_536))
     client.close()
     t_end = time.perf_counter()
+    _CPU["end"] = time.process_time()
     return {"seconds": t_end - t0, "run_id": client.run_id, "batches": client.stats["batches_sent"],
             "busy_retries": client.stats["busy_retries"]}
 
@@ -404,6 +412,7 @@ def contender_json_batched(args, parts: list[Part]) -> dict:
     control = http.client.HTTPConnection(host, int(port), timeout=120)
     post(control, f"/v1/runs/{run_id}/close", json.dumps({"status": "finished"}).encode())
     t_end = time.perf_counter()
+    _CPU["end"] = time.process_time()
     control.close()
     return {"seconds": t_end - t0, "emit_seconds": t_emitted - t0, "run_id": run_id}
 
@@ -445,6 +454,7 @@ def contender_otel_sdk(args, parts: list[Part]) -> dict:
     if not provider.force_flush(timeout_millis=600_000):
         raise BenchError("OpenTelemetry's force_flush timed out")
     t_end = time.perf_counter()
+    _CPU["end"] = time.process_time()
     provider.shutdown()
     counts = Counter(exporter.names)
     return {"seconds": t_end - t0, "emit_seconds": t_emitted - t0,
@@ -458,10 +468,12 @@ def contender_parquet_ceiling(args, parts: list[Part]) -> dict:
     pa.table({"x": [1]})  # pyarrow imports pandas on first use (about 0.5 s): a one-time cost, not the format's
     path = args.workdir / f"ceiling-{args.tag}-{os.getpid()}.parquet"
     t0 = time.perf_counter()
+    _CPU["start"] = time.process_time()
     table = _arrow_table(parts)
     t_built = time.perf_counter()
     pq.write_table(table, path, compression="zstd", use_dictionary=SPAN_SCHEMA_DICTIONARY, write_statistics=True)
     t_end = time.perf_counter()
+    _CPU["end"] = time.process_time()
     summary = summary_of_table(pq.read_table(path))
     path.unlink()
     return {"seconds": t_end - t0, "build_seconds": t_built - t0, "summary": summary}
@@ -474,6 +486,11 @@ def run_contender(args) -> None:
     input_seconds = time.perf_counter() - t
     res = globals()[f"contender_{args.contender}"](args, parts)
     res["input_seconds"] = input_seconds
+    res["clocked_cpu_seconds"] = _CPU["end"] - _CPU["start"]
+    # the peak RSS of this process image: VmHWM starts afresh at exec, unlike ru_maxrss, which a child
+    # inherits from the process that forked it (the driver)
+    status = Path("/proc/self/status").read_text()
+    res["peak_rss_mb"] = int(status.split("VmHWM:", 1)[1].split()[0]) / 1024
     Path(args.result).write_text(json.dumps(res))
 
 
@@ -501,8 +518,7 @@ def run_process(args, contender: str, shape: str, tag: str, collector: Collector
     res = json.loads(result.read_text())
     result.unlink()
     res["collector_cpu_seconds"] = (collector.cpu_seconds() - cpu0) if contender in USES_COLLECTOR else None
-    res.update(process_wall_seconds=wall, process_cpu_seconds=usage.ru_utime + usage.ru_stime,
-               peak_rss_mb=usage.ru_maxrss / 1024)
+    res.update(process_wall_seconds=wall, process_cpu_seconds=usage.ru_utime + usage.ru_stime)
     return res
 
 
@@ -528,6 +544,7 @@ def aggregate(samples: list[dict], records: int) -> dict:
            "process_wall_minus_input_s": spread([s["process_wall_seconds"] - s["input_seconds"] for s in samples]),
            "input_s": spread([s["input_seconds"] for s in samples]),
            "process_cpu_s": spread([s["process_cpu_seconds"] for s in samples]),
+           "clocked_cpu_s": spread([s["clocked_cpu_seconds"] for s in samples]),
            "peak_rss_mb": spread([s["peak_rss_mb"] for s in samples])}
     if samples[0].get("collector_cpu_seconds") is not None:
         out["collector_cpu_s"] = spread([s["collector_cpu_seconds"] for s in samples])
@@ -634,6 +651,8 @@ def main(argv: list[str] | None = None) -> int:
                 peer["process_wall_s"]["median"] / mine["process_wall_s"]["median"], 2)
             mine_cpu = mine["process_cpu_s"]["median"] + mine.get("collector_cpu_s", {}).get("median", 0.0)
             out["ratio_vs_peer_cpu"] = round(peer["process_cpu_s"]["median"] / mine_cpu, 2)
+            mine_clocked = mine["clocked_cpu_s"]["median"] + mine.get("collector_cpu_s", {}).get("median", 0.0)
+            out["ratio_vs_peer_clocked_cpu"] = round(peer["clocked_cpu_s"]["median"] / mine_clocked, 2)
         shapes_out[shape] = out
     head = shapes_out.get("dask", shapes_out[args.shapes[0]])["contenders"]
     value = head[MAIN]["records_per_s"]["median"] if MAIN in head else None
@@ -659,7 +678,9 @@ def main(argv: list[str] | None = None) -> int:
                         "median over repetitions, each in a fresh process",
             "ratios": "ratio_vs_peer: records/s over each side's in-process clock; ratio_vs_peer_process_wall: "
                       "the peer's process wall time / ours; ratio_vs_peer_cpu: the peer's process CPU / ours "
-                      "including the collector's CPU",
+                      "including the collector's CPU; ratio_vs_peer_clocked_cpu: the same over the clocked part only "
+                      "(the process's CPU, all threads, from the first record to the clock's end; no imports, no "
+                      "input building), steadier than wall time on a shared machine",
             "otel": "opentelemetry-sdk TracerProvider + BatchSpanProcessor(max_queue_size=records) with an "
                     "exporter that keeps names and drops spans; start_span(start_time, attributes) + "
                     "end(end_time); force_flush() ends the clock",
