@@ -420,7 +420,11 @@ def contender_json_batched(args, parts: list[Part]) -> dict:
 def contender_otel_sdk(args, parts: list[Part]) -> dict:
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+    from opentelemetry.sdk.trace.export import (
+        BatchSpanProcessor,
+        SpanExporter,
+        SpanExportResult,
+    )
 
     class NamesOnly(SpanExporter):
         """The cheapest exporter: keeps each span's name (for the check), drops the span."""
