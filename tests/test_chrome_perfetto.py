@@ -347,6 +347,17 @@ def test_export_gzip_and_cli(dask_run, tmp_path):
 FLOW_Q = "SELECT src_resource_id, dst_resource_id, start_ns, end_ns, attrs FROM transfers ORDER BY ALL"
 
 
+def _flows_by_slice(run, query: str):
+    """``query``'s transfers with the slices a flow binds (src_call / dst_call, named by span ids, which follow
+    the file's order) given as name@start instead, so that two imports of the same events compare equal."""
+    t = run.sql(query)
+    slice_of = {k: f"{n}@{s}" for k, n, s in run.sql(
+        "SELECT task_key, name, start_ns FROM spans WHERE task_key IS NOT NULL").itertuples(index=False)}
+    t["attrs"] = [json.dumps({k: slice_of.get(v, v) if k in ("src_call", "dst_call") else v
+                              for k, v in json.loads(a).items()}) for a in t["attrs"]]
+    return t
+
+
 def test_flows_match_whatever_the_file_order_of_equal_timestamps(shared_data, tmp_path):
     """The format does not order events: the same flows come out of catapult's flow.json with its events reversed,
     which puts each f that shares its timestamp with an s of the same id before that s in the file."""
@@ -364,7 +375,7 @@ def test_flows_match_whatever_the_file_order_of_equal_timestamps(shared_data, tm
     tables = []
     for f, store in ((src, "a"), (reversed_file, "b")):
         run, _ = _import(f, tmp_path / store)
-        t = run.sql(FLOW_Q)
+        t = _flows_by_slice(run, FLOW_Q)
         for col in ("src_resource_id", "dst_resource_id"):
             t[col] = t[col].str.replace(f.name, "flow.json", regex=False)
         tables.append(t.sort_values(list(t.columns)).reset_index(drop=True))
@@ -451,5 +462,57 @@ def test_pytorch_profiler_flows_all_pair_up_in_any_file_order(pytorch_trace, tmp
     shuffled = dict(doc, traceEvents=doc["traceEvents"][::-1])
     (tmp_path / "reversed.json").write_text(json.dumps(shuffled))
     back, _ = _import(tmp_path / "reversed.json", tmp_path / "b")
-    q = "SELECT start_ns, end_ns, attrs FROM transfers ORDER BY ALL"
-    assert run.sql(q).equals(back.sql(q))
+    q = "SELECT start_ns, end_ns, attrs FROM transfers"
+    a, b = _flows_by_slice(run, q), _flows_by_slice(back, q)
+    a, b = (x.sort_values(list(x.columns)).reset_index(drop=True) for x in (a, b))
+    assert a.equals(b)
+    # each flow links its forward op to the backward op it feeds: a dependency between those two slices
+    deps = run.sql("""SELECT a.name AS fwd, b.name AS bwd FROM dependencies d
+                      JOIN spans a ON a.task_key = d.depends_on JOIN spans b ON b.task_key = d.task_key""")
+    assert len(deps) == len(starts)
+    assert all("Backward" in b or "backward" in b for b in deps["bwd"]), deps.head()
+
+
+# ---- flows as dependencies between the slices they bind ----------------------------------------------------
+
+def test_flows_bind_their_slices_and_become_dependencies(imported, shared_data):
+    """A flow start binds to the slice enclosing it on its thread, a flow end to the next slice that begins on
+    its thread (trace-event format; catapult's flow_simple.json: SenderA -> SomeSlice, SenderB -> Blergh). The
+    end's slice depends on the start's (``dependencies``), and the transfer names both (src_call / dst_call)."""
+    run, _ = imported[shared_data / "chrome" / "catapult" / "flow_simple.json"]
+    deps = run.sql("""SELECT a.name AS src, b.name AS dst FROM dependencies d
+                      JOIN spans a ON a.task_key = d.depends_on JOIN spans b ON b.task_key = d.task_key""")
+    assert sorted(zip(deps["src"], deps["dst"])) == [("SenderA", "SomeSlice"), ("SenderB", "Blergh")]
+    tr = run.sql("""SELECT a.name AS src, b.name AS dst FROM transfers t
+                    JOIN spans a ON a.task_key = json_extract_string(t.attrs, '$.src_call')
+                    JOIN spans b ON b.task_key = json_extract_string(t.attrs, '$.dst_call')""")
+    assert sorted(zip(tr["src"], tr["dst"])) == sorted(zip(deps["src"], deps["dst"]))
+
+
+def test_every_flow_of_a_real_trace_binds_by_the_format_rules(imported, shared_data):
+    """catapult's flow.json (593 flows, ids reused): for every transfer, its src_call slice is the innermost
+    slice on the start's thread enclosing the start, and its dst_call slice the first slice on the end's thread
+    beginning at or after the end; every dependency is one of them."""
+    run, _ = imported[shared_data / "chrome" / "catapult" / "flow.json"]
+    spans = run.sql("SELECT * FROM spans WHERE kind = 'call'")
+    tr = run.table("transfers")
+    by_key = spans.dropna(subset=["task_key"]).set_index("task_key")
+    linked = 0
+    for t in tr.itertuples():
+        a = json.loads(t.attrs)
+        on_src = spans[(spans["resource_id"] == t.src_resource_id) & (spans["start_ns"] <= t.start_ns)
+                       & (spans["end_ns"] >= t.start_ns)]
+        want_src = on_src.sort_values(["start_ns", "end_ns"], ascending=[True, False]).iloc[-1] if len(on_src) else None
+        if want_src is None:
+            assert "src_call" not in a
+        else:
+            assert by_key.loc[a["src_call"], "span_id"] == want_src["span_id"]
+        after = spans[(spans["resource_id"] == t.dst_resource_id) & (spans["start_ns"] >= t.end_ns)]
+        want_dst = after.sort_values(["start_ns", "end_ns"], ascending=[True, False]).iloc[0] if len(after) else None
+        if want_dst is None:
+            assert "dst_call" not in a
+        else:
+            assert by_key.loc[a["dst_call"], "span_id"] == want_dst["span_id"]
+        linked += "src_call" in a and "dst_call" in a and a["src_call"] != a["dst_call"]
+    deps = run.table("dependencies")
+    assert len(deps) == linked > 0 and (deps["graph_id"] == "flows").all()

@@ -114,6 +114,46 @@ def test_messages_pair_sends_with_receives_between_ranks(archive, imported):
     assert res.loc["otf2:loc:1", "parent_id"] == "rank:1"
 
 
+@needs_otf2_print
+def test_each_message_links_the_call_it_was_sent_in_to_the_call_it_was_received_in(archive, imported):
+    """Per message: the transfer's send and receive times are otf2-print's MPI_SEND / MPI_RECV timestamps, its
+    src_call / dst_call are the call spans open around those events (otf2-print's last ENTER on the location),
+    and `dependencies` holds receive call -> send call."""
+    _, run = imported
+    defs = subprocess.run([OTF2_PRINT, "-G", str(archive)], capture_output=True, text=True, check=True).stdout
+    m = re.search(r"Ticks per Seconds: (\d+), Global Offset: (\d+)", defs)
+    res, off = int(m.group(1)), int(m.group(2))
+
+    def ns(t: int) -> int:
+        return (t - off) * 10**9 // res
+
+    open_call: dict[int, list[tuple[str, int]]] = {}
+    sends, recvs = [], []
+    for e, loc, t, rest in otf2_print_events(archive):
+        if e == "ENTER":
+            open_call.setdefault(loc, []).append((re.search(r'Region: "(.*)"', rest).group(1), t))
+        elif e == "LEAVE":
+            open_call[loc].pop()
+        elif e in ("MPI_SEND", "MPI_RECV"):
+            name, enter = open_call[loc][-1]
+            (sends if e == "MPI_SEND" else recvs).append((loc, ns(t), name, ns(enter)))
+    spans = run.table("spans").dropna(subset=["task_key"]).set_index("task_key")
+    tr = run.table("transfers")
+    got_sends, got_recvs = [], []
+    for _, x in tr.iterrows():
+        a = json.loads(x["attrs"])
+        sc, dc = spans.loc[a["src_call"]], spans.loc[a["dst_call"]]
+        got_sends.append((int(x["src_resource_id"].split(":")[1]), int(x["start_ns"]), sc["name"], int(sc["start_ns"])))
+        got_recvs.append((int(x["dst_resource_id"].split(":")[1]), int(x["end_ns"]), dc["name"], int(dc["start_ns"])))
+        assert sc["start_ns"] <= x["start_ns"] <= sc["end_ns"] and dc["start_ns"] <= x["end_ns"] <= dc["end_ns"]
+        assert a["src_blocking"] is True  # MPI_Send, not MPI_Isend
+    assert sorted(got_sends) == sorted(sends) and sorted(got_recvs) == sorted(recvs)
+    deps = run.table("dependencies")
+    want = {(json.loads(a)["dst_call"], json.loads(a)["src_call"]) for a in tr["attrs"]}
+    assert set(zip(deps["task_key"], deps["depends_on"])) == want and len(deps) == len(tr)
+    assert (deps["graph_id"] == "messages").all()
+
+
 def test_run_metadata_names_the_program_and_the_clock(imported):
     res, run = imported
     clock = res.files[0].meta["clock"]

@@ -105,7 +105,9 @@ class RunSummary:
     top_spans: list[dict] = field(default_factory=list)   # name, kind, count, total_ns, mean_ns, max_ns
     logs_by_level: dict[str, int] = field(default_factory=dict)
     #: task_times ("measured" or "derived"), measured_ns and measured_tasks (None when derived),
-    #: structural_ns, structural_ids; None without task spans
+    #: structural_ns, structural_ids (with task spans); messages: the path through messages (length_ns,
+    #: resources, messages, wait_ns per late-sender / late-receiver, wait_states, steps) where transfers link
+    #: calls; None with neither
     critical_path: dict | None = None
     utilisation: Utilisation | None = None
 
@@ -122,8 +124,36 @@ class RunSummary:
         return d
 
 
+def messages_critical_path(run: Run) -> dict | None:
+    """The critical path through the run's messages and their wait states in brief
+    (:meth:`~flowscope.analysis.message_path.MessagePath.to_dict`); None when no transfer links two calls."""
+    from flowscope.analysis.message_path import message_path
+
+    transfers = run.sql("SELECT * FROM transfers WHERE attrs LIKE '%\"dst_call\"%'")
+    if not len(transfers):
+        return None
+    spans = run.sql("SELECT * FROM spans WHERE resource_id IN (SELECT resource_id FROM spans WHERE task_key IN "
+                    "(SELECT json_extract_string(attrs, '$.dst_call') FROM transfers UNION "
+                    "SELECT json_extract_string(attrs, '$.src_call') FROM transfers))")
+    try:
+        mp = message_path(spans, transfers)
+    except ValueError as exc:
+        return {"error": str(exc)}
+    return mp.to_dict() if mp is not None else None
+
+
 def task_critical_path(run: Run) -> dict | None:
-    """The task graph's critical paths in brief (see :attr:`RunSummary.critical_path`); None without tasks."""
+    """The critical paths in brief (see :attr:`RunSummary.critical_path`): the task graph's, and under
+    ``messages`` the path through messages where transfers link calls; None with neither."""
+    messages = messages_critical_path(run)
+    out = _task_graph_path(run)
+    if messages is not None:
+        out = dict(out or {})
+        out["messages"] = messages
+    return out
+
+
+def _task_graph_path(run: Run) -> dict | None:
     from flowscope.analysis.critical_path import task_graph_paths
 
     spans = run.sql("SELECT * FROM spans WHERE kind = 'task'")

@@ -116,12 +116,21 @@ def _print_paths_and_utilisation(s) -> None:
     cp, u = s.critical_path, s.utilisation
     if cp and cp.get("error"):
         console.print(f"critical path: not computed ({cp['error']})")
-    elif cp and cp["measured_ns"] is None:
+    elif cp and "structural_ns" in cp and cp["measured_ns"] is None:
         console.print(f"critical path: {fmt_ns(cp['structural_ns'])} through {len(cp['structural_ids'])} tasks "
                       f"(structural: the task times are derived, not measured)")
-    elif cp:
+    elif cp and "structural_ns" in cp:
         console.print(f"critical path: {fmt_ns(cp['measured_ns'])} measured through {cp['measured_tasks']} tasks, "
                       f"{fmt_ns(cp['structural_ns'])} structural (unlimited workers)")
+    mp = (cp or {}).get("messages")
+    if mp and mp.get("error"):
+        console.print(f"critical path through messages: not computed ({mp['error']})")
+    elif mp:
+        w = mp["wait_ns"]
+        console.print(f"critical path through messages: {fmt_ns(mp['length_ns'])} through "
+                      f"{len(mp['resources']) - 1} of the {mp['messages']} messages between "
+                      f"{len(set(mp['resources']))} resources; {mp['wait_states']} wait states: late sender "
+                      f"{fmt_ns(w['late-sender'])}, late receiver {fmt_ns(w['late-receiver'])}")
     if u is not None:
         console.print(f"utilisation: {100 * u.value:.1f} % of {u.slots} task slots over {fmt_ns(u.makespan_ns)}"
                       if u.value is not None else f"utilisation: unknown ({u.reason})")

@@ -37,6 +37,7 @@ except ImportError:  # optional: without it every event goes through the stdlib 
     orjson = None
 
 from flowscope.importers.sink import ImportSink, _column
+from flowscope.model.identifiers import call_key
 
 NAME = "chrome"
 
@@ -55,6 +56,8 @@ UNMAPPED = {"N", "O", "D", "P", "V", "v", "c", "(", ")", "=", "M"}
 
 #: how many rows go to the sink at a time
 BATCH = 200_000
+#: ``dependencies.graph_id`` of the edges from a flow's start slice to its end slice
+FLOW_GRAPH = "flows"
 #: characters of text decoded per window on the fast path (whole events, parsed in one call)
 WINDOW = 4 << 20
 #: X slices per Arrow record batch of their text columns
@@ -460,11 +463,12 @@ class _XSlices:
             self.batches, self.mem_bytes = [], 0
 
     def read(self):
-        """Every batch, in file order (the spilled ones first)."""
+        """Every batch, in file order (the spilled ones first); may be called again."""
         self.seal()
         if self._writer is not None:
             self._writer.close()
             self._writer = None
+        if self._tmp is not None:
             with pa.memory_map(str(Path(self._tmp.name) / "x.arrows")) as src:
                 yield from pa.ipc.open_stream(src)
         yield from self.batches
@@ -762,8 +766,9 @@ class _Reader:
         end_us = self.t_max if self.t_max is not None else 0
         spans = self._slices(end_us)
         spans += self._async_spans(end_us)
-        self._emit_spans(spans)
-        self._transfers()
+        flows = self._flows()
+        self._emit_spans(spans, flows)
+        self._transfers(flows)
         self._resources()
         meta: dict[str, Any] = {"form": ev.form, "events": int(sum(self.phases.values())),
                                 "events_by_phase": {str(k): v for k, v in sorted(self.phases.items(), key=str)}}
@@ -912,11 +917,16 @@ class _Reader:
             extra["scope"] = key[1]
         return (self.threads((pid, None)), t0, t1, name, cat, args, unclosed, -1, extra)
 
-    def _emit_spans(self, rows: list[tuple]) -> None:
+    def _emit_spans(self, rows: list[tuple], flows: dict[str, list] | None = None) -> None:
         """Write the X slices (from their column store) then ``rows`` (B/E and async spans), with
-        parents and depths from one nesting pass over all of them."""
+        parents and depths from one nesting pass over all of them; the slices ``flows`` bind to get a
+        task key (theirs, or :func:`~flowscope.model.identifiers.call_key`), kept in ``flows`` as
+        ``src_call`` / ``dst_call``."""
         nx = len(self.xs)
         n = nx + len(rows)
+        if flows is not None:
+            flows["src_call"] = [None] * len(flows["src"])
+            flows["dst_call"] = [None] * len(flows["src"])
         if n == 0:
             return
         thread = np.empty(n, dtype=np.int64)
@@ -938,14 +948,77 @@ class _Reader:
         parent, depth = _nest(thread, start, end, is_async)
         base = (zlib.crc32(self.sink.token.encode()) & 0x7FFFFFFF) << 32
         rid_table = _column([self.resource_id(k) for k in self.threads.values], pa.string(), "spans", "resource_id")
+        bound = self._bind_flows(flows, thread, start, end, parent, is_async) if flows else {}
+        keys: dict[int, str] = {}
+        if bound:
+            marked = self._marked_keys(rows, nx, set(bound))
+            keys = {i: marked.get(i) or call_key(base + i) for i in bound}
+            for end_name, col in (("src", "src_call"), ("dst", "dst_call")):
+                for j, i in enumerate(flows[f"{end_name}_slice"]):
+                    if i >= 0:
+                        flows[col][j] = keys[i]
         if nx:
-            self._emit_x(base, thread, start, end, parent, depth, rid_table)
+            self._emit_x(base, thread, start, end, parent, depth, rid_table, keys)
         if rows:
-            self._emit_rows(rows, base, thread, start, end, parent, depth, is_async, rid_table, nx)
+            self._emit_rows(rows, base, thread, start, end, parent, depth, is_async, rid_table, nx, keys)
         self._thread_span_times = (thread, start, end)
 
+    def _bind_flows(self, flows: dict[str, list], thread: np.ndarray, start: np.ndarray, end: np.ndarray,
+                    parent: np.ndarray, is_async: np.ndarray) -> set[int]:
+        """The slice each flow's start and end binds to, as the trace-event format says: a start to the
+        innermost slice enclosing it on its thread; an end to the next slice that begins on its thread at or
+        after it, or with ``"bp": "e"`` (and in flow v2) to the slice enclosing it. Sets ``src_slice`` /
+        ``dst_slice`` (-1: none) in ``flows``; returns the slices bound."""
+        sl = np.flatnonzero(~is_async)
+        order = sl[np.lexsort((-end[sl], start[sl], thread[sl]))]
+        th_s, st_s = thread[order], start[order]
+
+        def enclosing(th: int, t: int) -> int:
+            k = int(np.searchsorted(th_s, th, side="right"))
+            lo = int(np.searchsorted(th_s, th, side="left"))
+            k = lo + int(np.searchsorted(st_s[lo:k], t, side="right")) - 1
+            if k < lo:
+                return -1
+            i = int(order[k])
+            while i >= 0 and end[i] < t:
+                i = int(parent[i])
+            return i
+
+        def following(th: int, t: int) -> int:
+            lo = int(np.searchsorted(th_s, th, side="left"))
+            hi = int(np.searchsorted(th_s, th, side="right"))
+            k = lo + int(np.searchsorted(st_s[lo:hi], t, side="left"))
+            return int(order[k]) if k < hi else -1
+
+        t0 = _us_to_ns(flows["t0"]) if flows["t0"] else np.zeros(0, dtype=np.int64)
+        t1 = _us_to_ns(flows["t1"]) if flows["t1"] else np.zeros(0, dtype=np.int64)
+        flows["src_slice"] = [enclosing(a, int(t)) for a, t in zip(flows["src"], t0)]
+        flows["dst_slice"] = [following(b, int(t)) if nxt else enclosing(b, int(t))
+                              for b, t, nxt in zip(flows["dst"], t1, flows["bind_next"])]
+        return {i for i in flows["src_slice"] + flows["dst_slice"] if i >= 0}
+
+    def _marked_keys(self, rows: list[tuple], nx: int, want: set[int]) -> dict[int, str]:
+        """The task keys flowscope's exporter wrote on the slices ``want`` (slice index -> key)."""
+        out: dict[int, str] = {}
+        lo = 0
+        if nx and any(i < nx for i in want):
+            for b in self.xs.read():
+                hi = lo + b.num_rows
+                tk = b.column("task_key")
+                for i in (i for i in want if lo <= i < hi):
+                    v = tk[i - lo].as_py()
+                    if v:
+                        out[i] = v
+                lo = hi
+        for i in (i for i in want if i >= nx):
+            args = rows[i - nx][5]
+            fs = args.get("flowscope") if isinstance(args, dict) else None
+            if isinstance(fs, dict) and fs.get("task_key"):
+                out[i] = fs["task_key"]
+        return out
+
     def _emit_x(self, base: int, thread: np.ndarray, start: np.ndarray, end: np.ndarray, parent: np.ndarray,
-                depth: np.ndarray, rid_table: pa.Array) -> None:
+                depth: np.ndarray, rid_table: pa.Array, keys: dict[int, str] | None = None) -> None:
         names = _column([v if v is None or isinstance(v, str) else str(v) for v in self.names.values],
                         pa.string(), "spans", "name")
         kinds = _column(["call"] + [str(v) for v in self.kinds.values], pa.string(), "spans", "kind")
@@ -968,14 +1041,24 @@ class _Reader:
                 "resource_id": rid_table.take(th), "kind": kinds.take(pc.add(kind, 1)),
                 "name": names.take(b.column("name")),
                 "start_ns": pa.array(start[lo:hi] + self.origin_ns), "end_ns": pa.array(end[lo:hi] + self.origin_ns),
-                "task_key": b.column("task_key"),
+                "task_key": self._with_keys(b.column("task_key"), keys, lo, hi),
                 "attrs": pc.if_else(marked, b.column("text"), built)})
             lo = hi
         self.xs.close()
 
+    @staticmethod
+    def _with_keys(col: pa.Array, keys: dict[int, str] | None, lo: int, hi: int) -> pa.Array:
+        here = [i for i in keys if lo <= i < hi] if keys else []
+        if not here:
+            return col
+        values = col.to_pylist()
+        for i in here:
+            values[i - lo] = keys[i]
+        return pa.array(values, pa.string())
+
     def _emit_rows(self, rows: list[tuple], base: int, thread: np.ndarray, start: np.ndarray, end: np.ndarray,
                    parent: np.ndarray, depth: np.ndarray, is_async: np.ndarray, rid_table: pa.Array,
-                   nx: int) -> None:
+                   nx: int, keys: dict[int, str] | None = None) -> None:
         kinds, names, task_keys, attrs = [], [], [], []
         cat_json: dict[Any, str] = {}
         for j, r in enumerate(rows):
@@ -1006,6 +1089,9 @@ class _Reader:
             if args:
                 a["args"] = args
             attrs.append(_args_json(a))
+        for i, k in (keys or {}).items():
+            if i >= nx:
+                task_keys[i - nx] = k
         n = len(rows)
         for lo in range(0, n, BATCH):
             hi = min(n, lo + BATCH)
@@ -1019,10 +1105,14 @@ class _Reader:
                                     "task_key": task_keys[lo:hi], "attrs": attrs[lo:hi]})
 
     # ---- flows -----------------------------------------------------------------------------
-    def _transfers(self) -> None:
-        rows: dict[str, list] = {k: [] for k in ("src", "dst", "t0", "t1", "kind", "attrs", "nbytes", "keys")}
+    def _flows(self) -> dict[str, list]:
+        """Flow starts matched with their steps and ends (and flow v2's bound slices), as transfer rows by
+        thread code and µs; ``bind_next`` says which ends bind to the next slice rather than the enclosing."""
+        rows: dict[str, list] = {k: [] for k in ("src", "dst", "t0", "t1", "kind", "attrs", "nbytes", "keys",
+                                                 "bind_next")}
         unmatched = 0
         open_f: dict[tuple, list] = {}
+        bps: dict[tuple, Any] = {}
 
         def step_or_finish(key, ph, ts, th) -> bool:
             b = open_f.get(key)
@@ -1033,6 +1123,7 @@ class _Reader:
             else:
                 del open_f[key]
                 self._transfer_row(rows, b[1], th, b[0], ts, b[2], b[3], b[4], b[5], key[1])
+                rows["bind_next"].append(bps.get((key, ts)) != "e")
             return True
 
         flows = sorted(self.flows, key=lambda r: (r[2], r[7]))
@@ -1045,6 +1136,8 @@ class _Reader:
             # begun earlier first, then the starts, then steps and finishes of the flows that start here
             later = []
             for key, ph, ts, th, _name, _cat, _args, _order, _bp in flows[i:j]:
+                if ph == "f":
+                    bps[(key, ts)] = _bp
                 if ph != "s" and not (key in open_f and open_f[key][0] < ts and step_or_finish(key, ph, ts, th)):
                     later.append((key, ph, ts, th))
             for key, ph, ts, th, name, cat, args, _order, _bp in flows[i:j]:
@@ -1062,11 +1155,34 @@ class _Reader:
                 if fin and key in outs:
                     name0, th0, t0 = outs.pop(key)
                     self._transfer_row(rows, th0, th, t0, ts, self.names.values[name0], key[0], None, [], key[1])
+                    rows["bind_next"].append(False)
                 if fout:
                     outs[key] = (name, th, ts)
             unmatched += len(outs)
         if unmatched:
             self.sink.warn(f"{unmatched} flow events have no matching start or finish: ignored")
+        return rows
+
+    def _transfers(self, rows: dict[str, list]) -> None:
+        """The matched flows as transfers (with the task keys of the slices they bind, ``src_call`` /
+        ``dst_call`` in attrs) and as dependencies of the end's slice on the start's."""
+        calls = rows.get("src_call") or [None] * len(rows["src"])
+        dcalls = rows.get("dst_call") or [None] * len(rows["src"])
+        if any(c is not None for c in calls + dcalls):
+            attrs = []
+            for a, sc, dc in zip(rows["attrs"], calls, dcalls):
+                d = json.loads(a) if a else {}
+                if sc is not None:
+                    d["src_call"] = sc
+                if dc is not None:
+                    d["dst_call"] = dc
+                attrs.append(_args_json(d))
+            rows["attrs"] = attrs
+            linked = [(dc, sc) for sc, dc in zip(calls, dcalls) if sc is not None and dc is not None and sc != dc]
+            if linked:
+                self.sink.add("dependencies", {"graph_id": [FLOW_GRAPH] * len(linked),
+                                               "task_key": [d for d, _ in linked],
+                                               "depends_on": [s_ for _, s_ in linked]})
         if rows["src"]:
             self.sink.add("transfers", {
                 "kind": rows["kind"], "src_resource_id": self._rids(np.asarray(rows["src"])),

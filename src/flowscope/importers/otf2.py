@@ -3,7 +3,8 @@
 Mapping (docs/formats/otf2.md): system-tree nodes, location groups (MPI ranks) and locations become
 resources; ENTER/LEAVE pairs become nested ``call`` spans (``span_id``/``parent_id``, depth in attrs);
 MPI point-to-point events (SEND/ISEND+ISEND_COMPLETE with RECV/IRECV_REQUEST+IRECV) are matched
-into ``mpi`` transfers between rank resources; METRIC events become metrics. Timestamps are ticks
+into ``mpi`` transfers between rank resources, and each receive call depends (``dependencies``) on the
+send call of its message; METRIC events become metrics. Timestamps are ticks
 converted to int64 ns with the archive's clock properties.
 """
 
@@ -25,6 +26,7 @@ import numpy as np
 
 from flowscope.importers import TraceError
 from flowscope.importers.sink import ImportSink
+from flowscope.model.identifiers import call_key
 
 NAME = "otf2"
 
@@ -32,6 +34,9 @@ NAME = "otf2"
 UNDEFINED_TIMESTAMP = 2**64 - 1
 #: rows of one table gathered before they are handed to the sink
 BATCH = 200_000
+#: ``dependencies.graph_id`` of the edges from a message's send call to its receive call
+MESSAGE_GRAPH = "messages"
+
 
 
 def sniff(path: Path, head: bytes) -> bool:
@@ -212,13 +217,14 @@ class _Reader:
         self.stacks: dict[int, list[tuple[int, int, int]]] = defaultdict(list)  # loc -> [(span_id, region, start)]
         self.next_span = 1
         self.sp: dict[str, list] = {k: [] for k in ("span_id", "parent_id", "resource_id", "name", "start",
-                                                  "end", "attrs")}
+                                                  "end", "task_key", "attrs")}
         self.last_time: dict[int, int] = {}
         # messages
-        self.sends: list[tuple] = []      # (src_rank, dst_rank, comm, tag, seq_time, nbytes, mode, loc, req)
+        self.sends: list[tuple] = []      # (src loc, dst loc, comm, tag, time, nbytes, mode, req, call span id)
         self.recvs: list[tuple] = []
         self.isend_done: dict[tuple[int, int], int] = {}
         self.irecv_req: dict[tuple[int, int], int] = {}
+        self.message_calls: set[int] = set()  # span ids of the calls a message was sent or received in
         # metrics
         self.mt: dict[str, list] = {"ts": [], "resource_id": [], "name": [], "value": []}
         self.metric_names: dict[int, list[str]] = {}  # metric ref -> its members' metric names
@@ -412,6 +418,7 @@ class _Reader:
         sp["name"].append(self.region_name.get(region, f"region {region}"))
         sp["start"].append(start)
         sp["end"].append(time)
+        sp["task_key"].append(call_key(span_id) if span_id in self.message_calls else None)
         extra = ', "unclosed": true' if unclosed else ""
         sp["attrs"].append(f'{{"depth": {len(stack)}{extra}, {self.region_attrs.get(region, "}")}')
         if len(sp["span_id"]) >= BATCH:
@@ -424,7 +431,8 @@ class _Reader:
         self.sink.add("spans", {
             "span_id": np.asarray(sp["span_id"], dtype=np.int64), "parent_id": sp["parent_id"],
             "resource_id": sp["resource_id"], "kind": ["call"] * len(sp["span_id"]), "name": sp["name"],
-            "start_ns": self.clock.ns(sp["start"]), "end_ns": self.clock.ns(sp["end"]), "attrs": sp["attrs"]})
+            "start_ns": self.clock.ns(sp["start"]), "end_ns": self.clock.ns(sp["end"]), "task_key": sp["task_key"],
+            "attrs": sp["attrs"]})
         for v in sp.values():
             v.clear()
 
@@ -434,13 +442,21 @@ class _Reader:
             return None
         return members[rank]
 
+    def _call(self, loc: int) -> int | None:
+        """The span id of the innermost region open on ``loc`` (the call an event happens in)."""
+        stack = self.stacks.get(loc)
+        if not stack:
+            return None
+        self.message_calls.add(stack[-1][0])
+        return stack[-1][0]
+
     def _send(self, loc, time, receiver, comm, tag, length, mode, req) -> None:
         peer = self._peer(comm, receiver)
         if peer is None:
             self.sink.warn(f"{self.path}: location {loc}: {mode.upper()} at tick {time} to rank {receiver} of "
                            f"communicator {comm}, which has no such member; message skipped")
             return
-        self.sends.append((loc, peer, comm, tag, time, length, mode, req))
+        self.sends.append((loc, peer, comm, tag, time, length, mode, req, self._call(loc)))
 
     def _recv(self, loc, time, sender, comm, tag, length, mode, req) -> None:
         peer = self._peer(comm, sender)
@@ -448,7 +464,7 @@ class _Reader:
             self.sink.warn(f"{self.path}: location {loc}: {mode.upper()} at tick {time} from rank {sender} of "
                            f"communicator {comm}, which has no such member; message skipped")
             return
-        self.recvs.append((peer, loc, comm, tag, time, length, mode, req))
+        self.recvs.append((peer, loc, comm, tag, time, length, mode, req, self._call(loc)))
 
     def _metric(self, loc: int, time: int, args: tuple) -> None:
         metric_ref, values = args
@@ -512,7 +528,7 @@ class _Reader:
         (communicator, tag) the n-th receive at B from A on the same (communicator, tag)."""
         import pandas as pd
 
-        cols = ["src", "dst", "comm", "tag", "time", "nbytes", "mode", "req"]
+        cols = ["src", "dst", "comm", "tag", "time", "nbytes", "mode", "req", "call"]
         s = pd.DataFrame(self.sends, columns=cols)
         r = pd.DataFrame(self.recvs, columns=cols)
         if s.empty or r.empty:
@@ -531,10 +547,16 @@ class _Reader:
                     for a, b in zip(m["dst"], m["req_r"])]
         attrs = []
         comm_name = {c._ref: c.name for c in self.tr.definitions.comms}
-        for tag, comm, ms, mr, nr, sd, rq in zip(m["tag"], m["comm"], m["mode_s"], m["mode_r"], m["nbytes_r"],
-                                                 send_done, recv_req):
+        src_call = [call_key(c) if pd.notna(c) else None for c in m["call_s"]]
+        dst_call = [call_key(c) if pd.notna(c) else None for c in m["call_r"]]
+        for tag, comm, ms, mr, nr, sd, rq, sc, dc in zip(m["tag"], m["comm"], m["mode_s"], m["mode_r"],
+                                                         m["nbytes_r"], send_done, recv_req, src_call, dst_call):
             a = {"tag": int(tag), "comm": comm_name.get(comm, str(comm)), "send": ms, "recv": mr,
-                 "recv_nbytes": int(nr)}
+                 "recv_nbytes": int(nr), "src_blocking": ms == "send"}
+            if sc is not None:
+                a["src_call"] = sc
+            if dc is not None:
+                a["dst_call"] = dc
             if sd is not None:
                 a["send_complete_ns"] = self.clock.one(sd)
             if rq is not None:
@@ -548,6 +570,13 @@ class _Reader:
             "start_ns": self.clock.ns(m["time_s"].to_numpy(np.uint64)),
             "end_ns": self.clock.ns(m["time_r"].to_numpy(np.uint64)),
             "attrs": attrs})
+        # the call that received a message depends on the call that sent it
+        linked = [(dc, sc, t) for sc, dc, t in zip(src_call, dst_call, m["time_r"]) if sc and dc]
+        if linked:
+            self.sink.add("dependencies", {
+                "graph_id": [MESSAGE_GRAPH] * len(linked), "task_key": [d for d, _, _ in linked],
+                "depends_on": [s_ for _, s_, _ in linked],
+                "ts_ns": self.clock.ns(np.asarray([t for _, _, t in linked], dtype=np.uint64))})
         return len(m), len(s) - len(m), len(r) - len(m)
 
 

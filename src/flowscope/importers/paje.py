@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyarrow import ipc
 
 from flowscope.importers import TraceError
@@ -187,7 +188,9 @@ class _Spool:
             self.files[table] = (path, sinkf, ipc.new_file(sinkf, target))
         self.files[table][2].write_batch(batch)
 
-    def replay(self, sink: ImportSink) -> None:
+    def replay(self, sink: ImportSink, whole: dict[str, Any] | None = None) -> None:
+        """Hand every spooled row to ``sink``; ``whole`` maps a table to a function that gets all its rows
+        at once and returns them (changed) before they go."""
         for table in list(self.cols):
             self._spill(table)
         for table, (path, f, writer) in self.files.items():
@@ -195,6 +198,9 @@ class _Spool:
             f.close()
             with pa.memory_map(path) as src:
                 reader = ipc.open_file(src)
+                if whole and table in whole:
+                    sink.add(table, whole[table](reader.read_all()))
+                    continue
                 for i in range(reader.num_record_batches):
                     sink.add(table, reader.get_batch(i))
 
@@ -701,8 +707,37 @@ class _ExternalSort:
         yield from heapq.merge(*(self._read(p) for p in self.runs), key=lambda r: (r[0], r[1]))
 
 
+def _starpu_beside(path: Path, reader: _Reader, sink: ImportSink):
+    """When StarPU's tasks.rec sits beside the trace: a function that turns the states showing its tasks into
+    task spans (and adds the DAG's dependencies to ``sink``); None otherwise."""
+    from flowscope.importers import starpu
+
+    if reader.flowscope:
+        return None
+    rec = starpu.records_beside(path)
+    if rec is None:
+        return None
+    origin = reader.origin_ns
+
+    def to_ns(ms: float) -> int:  # tasks.rec is in milliseconds whatever unit the trace was read in
+        return origin + round(ms * 1e6)
+
+    def spans(table: pa.Table) -> pa.Table:
+        table, deps = starpu.annotate(table, rec, to_ns, sink.warn)
+        if len(deps):
+            sink.add("dependencies", pa.Table.from_pandas(deps, preserve_index=False))
+        n_tasks = pc.sum(pc.equal(table.column("kind"), "task")).as_py() or 0
+        sink.set_meta(starpu={"tasks_rec": rec.tasks_path.name, "dag": rec.dag_path.name if rec.dag_path else None,
+                              "edges_from": rec.edges_from, "tasks": len(rec.tasks), "tasks_matched": n_tasks,
+                              "dependencies": len(deps)})
+        return table
+
+    return spans
+
+
 def read(path: Path, sink: ImportSink) -> None:
-    """Read the Paje trace at ``path`` (and the files it includes) into ``sink``."""
+    """Read the Paje trace at ``path`` (and the files it includes) into ``sink``; StarPU's tasks.rec and
+    dag.dot beside it, when there, give its tasks and their dependencies (:mod:`flowscope.importers.starpu`)."""
     path = Path(path)
     with tempfile.TemporaryDirectory(prefix="flowscope-paje-") as tmp:
         fast = None
@@ -736,7 +771,8 @@ def read(path: Path, sink: ImportSink) -> None:
                 spool = _Spool(tempfile.mkdtemp(dir=tmp))
                 reader = _Reader(path, sink, spool, sorted_mode=True)
                 reader.run()
-        spool.replay(sink)
+        starpu = _starpu_beside(path, reader, sink)
+        spool.replay(sink, {"spans": starpu} if starpu else None)
         spool.close()
     sink.advance(path.stat().st_size)
     sink.set_meta(time_unit="ms" if reader.unit_ns == 1e6 else "s", time_unit_reason=reader.unit_reason,

@@ -30,3 +30,9 @@ def thread_id(tid: int | None = None, pid: int | None = None, host: str | None =
 def worker_id(address: str) -> str:
     """A Dask worker (or any addressable service) by its address, e.g. worker:tcp://10.0.0.3:4242."""
     return f"worker:{address}"
+
+
+def call_key(span_id: int) -> str:
+    """The ``task_key`` given to a call span that a dependency or a transfer names (a message's send or
+    receive call, a flow's ends) when the call belongs to no task: ``call:<span_id>``."""
+    return f"call:{int(span_id)}"

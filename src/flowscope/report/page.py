@@ -310,6 +310,8 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
                  "transfer times, i.e. the makespan with unlimited workers; the difference is what scheduling and "
                  "contention for workers cost. A run whose task times were derived (placed by a rule from "
                  "durations and dependencies, not observed) has no measured path, only the structural one. "
+                 "<b>Through messages</b> (runs whose transfers link a send call to a receive call, e.g. MPI): "
+                 "the chain of work and messages that bounds the run, and the wait states messages caused. "
                  "Below, the data-state graph (task outputs, transfers and files "
                  "as states; recorded with the data-state API or derived from the tasks) with its critical path "
                  "in red.")
@@ -360,9 +362,43 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
         if not tasks:
             body.append(figs.html(attribution_figure(path), "critical-path-attribution"))
             body.append(_path_table(path))
+    body.extend(_message_path_parts(ctx, figs, failed))
     if not body:
-        return _section("critical-path", _nodata("no task spans and no data states in this run."), help_text)
+        return _section("critical-path", _nodata("no task spans, no messages between calls and no data states in "
+                                                 "this run."), help_text)
     return _section("critical-path", "\n".join(body), help_text)
+
+
+def _message_path_parts(ctx: Context, figs: _Figures, failed) -> list[str]:
+    """The critical path through messages and the wait states (late sender / late receiver), where transfers
+    link the calls they were sent and received in."""
+    from flowscope.analysis.message_path import LATE_RECEIVER, LATE_SENDER, message_path
+    from flowscope.report.critical_path import attribution_figure
+
+    transfers = ctx.sql("SELECT * FROM transfers WHERE attrs LIKE '%\"dst_call\"%'")
+    if not len(transfers):
+        return []
+    try:
+        mp = message_path(ctx.run.table("spans"), transfers)
+    except ValueError as exc:
+        return [failed("critical path through messages", exc)]
+    if mp is None:
+        return []
+    w = mp.wait_totals()
+    out = [(f'<p id="message-path">Critical path through messages: <b>{fmt_s(mp.path.length_ns / 1e9)}</b>, '
+           f'through {len(mp.path.ids) - 1:,} of the {mp.messages:,} messages between '
+           f'{len(set(mp.path.ids)):,} resources (walked back from the resource that finished last: at each wait it '
+           f'suffered, on to the resource it waited for). Wait states (Scalasca\'s definitions): '
+           f'<b>{len(mp.waits):,}</b>, late sender <b>{fmt_s(w[LATE_SENDER] / 1e9)}</b> (a receive entered before '
+           f'its send), late receiver <b>{fmt_s(w[LATE_RECEIVER] / 1e9)}</b> (a blocking send still running when '
+           f'its receive was entered).</p>'),
+           figs.html(attribution_figure(mp.path), "message-path-attribution"), _path_table(mp.path)]
+    by = mp.waits_by_resource()
+    if len(by):
+        out.append(_table(["waiting resource", "wait state", "count", "time waited"],
+                          [[r.resource_id, r.kind, f"{int(r.count):,}", fmt_duration(r.wait_ns / 1e9)]
+                           for r in by.head(50).itertuples(index=False)], left=2))
+    return out
 
 
 def groups_section(ctx: Context, groups: pd.DataFrame, limit: int = 60) -> str:
