@@ -7,7 +7,7 @@ import threading
 import pyarrow as pa
 import pytest
 
-from flowscope.client.packer import NULL_INT, Packer
+from flowscope.client.packer import Packer
 from flowscope.model.conform import SchemaError
 from flowscope.model.schemas import TABLES
 
@@ -109,12 +109,6 @@ def test_list_columns_are_checked():
         p.add(None, "k", "a", "b", None, 1, 2, "abc", None)
 
 
-def test_null_sentinel_is_int64_min():
-    p = Packer("spans")
-    p.add(NULL_INT + 1, None, "r", "c", "f", 1, 2, None, None)
-    assert p.take().column("span_id").to_pylist() == [NULL_INT + 1]
-
-
 def test_take_while_another_thread_adds_loses_nothing():
     p = Packer("spans")
     n = 200_000
@@ -175,3 +169,35 @@ def test_a_process_that_records_imports_neither_pandas_nor_duckdb(collector, tmp
     assert counts["spans"] == 100 and counts["transfers"] == 1 and counts["io"] == 1 and counts["metrics"] == 1
     keys = open_run(run_dir).sql("SELECT keys FROM transfers")["keys"][0]
     assert list(keys) == ["a", "b"]
+
+
+def test_int64_extremes_round_trip_and_only_none_is_null():
+    lo, hi = -(2**63), 2**63 - 1
+    p = Packer("spans")
+    p.add(lo, hi, "r", "c", "f", lo, hi, None, None)
+    p.add(None, None, "r", "c", "f", 0, 0, None, None)
+    got = p.take()
+    assert got.column("span_id").to_pylist() == [lo, None]
+    assert got.column("parent_id").to_pylist() == [hi, None]
+    assert got.column("start_ns").to_pylist() == [lo, 0] and got.column("end_ns").to_pylist() == [hi, 0]
+
+
+@pytest.mark.parametrize("values, message", [
+    ((None, None, "r", "call", ["f"], 1, 2, None, None), "spans.name: expected a string, got list ['f']"),
+    ((None, None, {"r": 1}, "call", "f", 1, 2, None, None), "spans.resource_id: expected a string, got dict"),
+    ((None, None, "r", "call", "f", 1, 2, ["k"], None), "spans.task_key: expected a string, got list"),
+])
+def test_an_unhashable_value_for_a_string_column_is_named(values, message):
+    p = Packer("spans")
+    with pytest.raises(SchemaError) as err:
+        p.add(*values)
+    assert message in str(err.value)
+    assert p.take() is None
+
+
+def test_a_number_too_large_for_a_float_column_is_named():
+    p = Packer("metrics")
+    with pytest.raises(SchemaError, match=r"metrics\.value: expected a float, got int"):
+        p.add(1, "r", "ns", "x", 2**1100)
+    p.add(1, "r", "ns", "x", 3)  # an int that fits is a float
+    assert p.take().column("value").to_pylist() == [3.0]

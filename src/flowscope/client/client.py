@@ -28,7 +28,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from flowscope.client.packer import Packer
+from flowscope.client.packer import Packer, recorder
 from flowscope.client.spool import Spool, default_spool_dir, replay
 from flowscope.client.transport import (TOKEN_ENV, Busy, EmbeddedTransport, HttpTransport, Rejected, Unreachable,
                                        pick_collector)
@@ -178,24 +178,35 @@ class Client:
         with self._packers_lock:
             self._packers.append(p)
         local.packers[table] = p
-        setattr(local, table, p)  # span(), metric() and log() read it as an attribute: the fastest lookup
+        setattr(local, table, p)  # metric() and log() read it as an attribute: the fastest lookup
+        setattr(local, f"{table}_state", p.state())  # what the generated span() unpacks
         return p
 
-    def _full(self, p: Packer, nbytes: int) -> None:
+    def _state(self, table: str) -> tuple:
+        """The calling thread's buffers for ``table`` as the generated recorders unpack them (first record)."""
+        return self._packer(table).state()
+
+    def _full(self, p: Packer) -> None:
         """A thread's batch reached the flush size: that thread turns it into Arrow and queues it.
 
         Doing it here rather than waking the builder means one call per batch instead of one per
         record until the builder runs; queueing blocks while the send queue is full, which is what
         slows a producer down when the collector cannot keep up (memory stays bounded)."""
-        data = p.take()
+        data = p.take(reset=True)
         if data is not None:
             self._enqueue(p.table, data)
 
     def row_writer(self, table: str):
         """A function recording one row of ``table`` from positional values in column order (see
         ``flowscope.TABLES[table].names``): the fastest way to record from a hot path. It writes
-        to the calling thread's buffer; values are checked as they are recorded."""
-        return self._packer(table).add
+        to the buffer of the thread that calls it; values are checked as they are recorded."""
+        p = self._packer(table)
+        p.keep = True  # the function may outlive its thread: the builder keeps the buffer it writes to
+
+        def elsewhere(*values: Any) -> None:
+            self._packer(table).add(*values)
+
+        return p.writer(elsewhere)
 
     def emit(self, table: str, **fields: Any) -> None:
         """Append one record to ``table``; fields are the table's columns (docs/data-model.md).
@@ -208,15 +219,17 @@ class Client:
             raise SchemaError(table, f"unknown column(s) {bad}; columns are {', '.join(p.columns)}", bad[0])
         p.add(*map(fields.get, p.columns))
 
-    def span(self, name: str, start_ns: int, end_ns: int, *, kind: str = "call", resource_id: str | None = None,
-             task_key: str | None = None, attrs: dict | str | None = None, span_id: int | None = None,
-             parent_id: int | None = None) -> None:
-        """Record an interval [start_ns, end_ns] on a resource (default: the calling thread)."""
-        try:
-            p = self._local.spans
-        except AttributeError:
-            p = self._packer("spans")
-        p.add(span_id, parent_id, resource_id or p.rid, kind, name, start_ns, end_ns, task_key, attrs)
+    # Client.span is the per-record hot path: generated from the spans schema like Packer.add, it checks and
+    # buffers the values itself instead of calling the thread's Packer.add (one call less per record).
+    span = recorder(
+        "spans", "name: str, start_ns: int, end_ns: int, *, kind: str = 'call', resource_id: str | None = None, "
+                 "task_key: str | None = None, attrs: dict | str | None = None, span_id: int | None = None, "
+                 "parent_id: int | None = None",
+        {c: c for c in ("span_id", "parent_id", "resource_id", "kind", "name", "start_ns", "end_ns", "task_key",
+                        "attrs")},
+        ["    resource_id = resource_id or rid"],
+        doc="Record an interval [start_ns, end_ns] on a resource (default: the calling thread).",
+        state_attr="spans_state", first="_state")
 
     @contextmanager
     def timed(self, name: str, *, kind: str = "call", **kw: Any):
@@ -352,7 +365,7 @@ class Client:
             return False
         if not p.since:
             p.since = now
-        return force or n * p.row_bytes >= p.flush_bytes or now - p.since >= self.flush_interval
+        return force or n >= p.flush_rows or now - p.since >= self.flush_interval
 
     def _build_loop(self) -> None:
         tick = min(0.1, self.flush_interval / 4)
@@ -376,7 +389,7 @@ class Client:
                     p.since = 0.0
                     if data is not None:
                         due.setdefault(p.table, []).append(data)
-                if not len(p) and p.owner is not None and not p.owner.is_alive():
+                if not len(p) and p.owner is not None and not p.keep and not p.owner.is_alive():
                     with self._packers_lock:  # the thread is gone and so is its data
                         self._packers.remove(p)
             # one batch per table, not per thread: fewer, larger segments for a run with many threads
