@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from flowscope.analysis.io_summary import IO_TOTALS_SQL
 from flowscope.store.run import Run
-
 
 # Said wherever I/O time is unknown (``Breakdown.io_s is None``).
 IO_TIME_UNKNOWN = ("I/O time unknown: the run's I/O records carry bytes and file names, not durations (the "
@@ -47,8 +47,10 @@ class Breakdown:
 
 def breakdown(run: Run) -> Breakdown:
     """Computation (task spans), communication (transfers) and I/O (spill spans, io records) of ``run``; the
-    I/O time is None when the run has I/O records but none with a duration (bytes only)."""
-    row = run.sql("""
+    I/O time is None when the run has I/O records but none with a duration (bytes only). I/O counts each byte
+    once: rows that other rows already count (``attrs.in_totals = false``) are left out, and an aggregate row
+    counts the time its operations took (``attrs.busy_ns``), not its window (``io_summary.IO_TOTALS_SQL``)."""
+    row = run.sql(f"""
         WITH t AS (SELECT count(*) AS n, coalesce(sum(end_ns - start_ns), 0) AS d,
                           min(start_ns) AS t0, max(end_ns) AS t1 FROM spans WHERE kind = 'task'),
              x AS (SELECT count(*) AS n, coalesce(sum(end_ns - start_ns), 0) AS d,
@@ -64,7 +66,7 @@ def breakdown(run: Run) -> Breakdown:
                                            OR source = 'proc-io')) AS untimed,
                           coalesce(sum(CASE WHEN op IN ('read', 'write') AND end_ns IS NOT NULL
                                             AND source <> 'proc-io' THEN end_ns - start_ns END), 0) AS d
-                   FROM io)
+                   FROM ({IO_TOTALS_SQL}))
         SELECT t.n AS tasks, t.d AS compute_ns, t.t0, t.t1, x.n AS transfers, x.d AS comm_ns, x.b AS comm_bytes,
                s.d + i.d AS io_ns, s.n + i.timed AS io_timed, i.n AS io_records, i.untimed, i.r AS read_bytes,
                i.w AS write_bytes

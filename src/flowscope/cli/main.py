@@ -7,10 +7,10 @@ import os
 import sys
 
 from flowscope import __version__
-from flowscope.cli import (anomalies, demo, export, importing, remove, report, run, runs, serve, simulate, spool,
-                           step)
+from flowscope.cli import (anomalies, demo, export, importing, io, remove, report, run, runs, serve, simulate,
+                           spool, step)
 
-GROUPS = (demo, run, step, simulate, serve, runs, report, anomalies, importing, export, spool, remove)
+GROUPS = (demo, run, step, simulate, serve, runs, report, anomalies, io, importing, export, spool, remove)
 
 
 class UserError(Exception):

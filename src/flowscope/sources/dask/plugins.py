@@ -31,6 +31,7 @@ from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from distributed.utils import key_split_group
 
 from flowscope.model import identifiers as ids
+from flowscope.sources.thread_io import AGGREGATE_JSON as AGG
 from flowscope.sources.thread_io import OpenAudit, ThreadIO, ThreadIOReader, thread_ids
 
 log = logging.getLogger("flowscope.dask")
@@ -483,12 +484,12 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
         rid = self._threads.get(ident) or ids.thread_id(tid)
         if delta.rchar or delta.syscr or delta.read_bytes:
             self._emit_io(rid, self._hostname, self._pid, tid, ident, None, "proc-io", "read", None, None,
-                          delta.rchar, t0, t1, k, f'{{"syscr": {delta.syscr}, "read_bytes": {delta.read_bytes}}}')
+                          delta.rchar, t0, t1, k, f'{{"syscr": {delta.syscr}, "read_bytes": {delta.read_bytes}, {AGG}"ops": {delta.syscr}}}')
         if delta.wchar or delta.syscw or delta.write_bytes or delta.cancelled_write_bytes:
             self._emit_io(rid, self._hostname, self._pid, tid, ident, None, "proc-io", "write", None, None,
                           delta.wchar, t0, t1, k,
                           f'{{"syscw": {delta.syscw}, "write_bytes": {delta.write_bytes}, '
-                          f'"cancelled_write_bytes": {delta.cancelled_write_bytes}}}')
+                          f'"cancelled_write_bytes": {delta.cancelled_write_bytes}, {AGG}"ops": {delta.syscw}}}')
 
     def _thread_resource(self, ident: int | None) -> str:
         rid = self._threads.get(ident)
