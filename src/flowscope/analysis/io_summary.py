@@ -41,15 +41,32 @@ IO_TOTALS_SQL = """
                            ELSE end_ns END AS end_ns)
     FROM io WHERE coalesce(TRY_CAST(json_extract_string(attrs, '$.in_totals') AS BOOLEAN), true)"""
 
-_ROWS_SQL = """
+_FIELDS = """
     SELECT coalesce(json_extract_string(attrs, '$.interface'), source) AS interface, source, op, path, rank,
-           resource_id, nbytes, start_ns, end_ns,
+           nbytes, start_ns, end_ns,
            coalesce(TRY_CAST(json_extract_string(attrs, '$.aggregate') AS BOOLEAN), false) AS aggregate,
            coalesce(TRY_CAST(json_extract_string(attrs, '$.in_totals') AS BOOLEAN), true) AS in_totals,
            TRY_CAST(json_extract_string(attrs, '$.ops') AS BIGINT) AS agg_ops,
            TRY_CAST(json_extract_string(attrs, '$.busy_ns') AS BIGINT) AS agg_busy_ns,
-           json_extract_string(attrs, '$.sizes') AS sizes
+           json_extract_string(attrs, '$.sizes') AS agg_sizes
     FROM io"""
+
+# one row per kind of I/O (interface, op, file, rank, ...), operations summed in DuckDB: a DXT trace of a million
+# segments becomes a row per rank, file, direction and size bucket
+_ROWS_SQL = f"""
+    WITH f AS ({_FIELDS}),
+    r AS (SELECT interface, source, op, path, rank, aggregate, in_totals, nbytes,
+                 CASE WHEN aggregate THEN coalesce(agg_ops, 0) ELSE 1 END AS ops,
+                 CASE WHEN aggregate THEN agg_busy_ns ELSE end_ns - start_ns END AS busy_ns,
+                 CASE WHEN aggregate THEN agg_sizes END AS sizes,
+                 CASE WHEN aggregate OR op NOT IN ('read', 'write') OR nbytes IS NULL THEN NULL
+                      {" ".join(f"WHEN nbytes <= {int(e)} THEN {k}" for k, e in enumerate(SIZE_EDGES))}
+                      ELSE {len(SIZE_EDGES)} END AS bucket
+          FROM f)
+    SELECT interface, source, op, path, rank, aggregate, in_totals, sizes, bucket,
+           count(*) AS records, sum(ops) AS ops, sum(nbytes) AS nbytes, sum(busy_ns) AS busy_ns,
+           count(*) FILTER (WHERE busy_ns IS NULL AND (aggregate OR op IN ('read', 'write'))) AS untimed
+    FROM r GROUP BY ALL"""
 
 
 @dataclass
@@ -104,17 +121,18 @@ def _plain(v: Any) -> Any:
 
 
 def io_rows(run: Run) -> pd.DataFrame:
-    """The run's ``io`` rows with the columns the summary reads: interface, aggregate, in_totals, ops (1 for an
-    operation), busy_ns (the time in the operations; null when unknown), sizes (JSON, aggregates only)."""
+    """The run's ``io`` rows grouped by what the summary tells apart (interface, source, op, path, rank,
+    aggregate, in_totals, sizes, size bucket), with records, ops (operations), nbytes and busy_ns (the time in
+    the operations; NaN when some of them carry bytes but no duration) summed."""
     df = run.sql(_ROWS_SQL)
-    agg = df["aggregate"].astype(bool)
-    df["aggregate"] = agg
+    for c in ("interface", "source", "op", "path", "sizes"):  # all-null string columns come back as float
+        df[c] = df[c].astype(object).where(df[c].notna(), None)
+    df["aggregate"] = df["aggregate"].astype(bool)
     df["in_totals"] = df["in_totals"].astype(bool)
-    df["ops"] = np.where(agg, df["agg_ops"].fillna(0), 1).astype(np.int64)
-    single = (df["end_ns"] - df["start_ns"]).astype("Float64")
-    df["busy_ns"] = pd.array(np.where(agg, df["agg_busy_ns"].astype("Float64"), single), dtype="Float64")
-    df["nbytes"] = df["nbytes"].astype("Float64")
-    return df.drop(columns=["agg_ops", "agg_busy_ns"])
+    df["ops"] = df["ops"].fillna(0).astype(np.int64)
+    df["nbytes"] = df["nbytes"].astype(float)
+    df["busy_ns"] = df["busy_ns"].astype(float).where(df["untimed"].fillna(0) == 0, np.nan)
+    return df
 
 
 def _used(df: pd.DataFrame) -> pd.Series:
@@ -138,7 +156,7 @@ def _op_frame(df: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
         "meta_s": np.where(is_m, busy, 0.0) / 1e9,
         # a data row with no duration makes its direction's time unknown (per-task byte counters)
         "r_untimed": is_r & df["busy_ns"].isna(), "w_untimed": is_w & df["busy_ns"].isna(),
-        "m_untimed": is_m & df["busy_ns"].isna() & df["aggregate"],
+        "m_untimed": is_m & df["busy_ns"].isna(),
     })
     g = x.groupby(keys, sort=True, dropna=False).sum()
     for t, u in (("read_s", "r_untimed"), ("write_s", "w_untimed"), ("meta_s", "m_untimed")):
@@ -161,12 +179,12 @@ def _sizes(df: pd.DataFrame) -> pd.DataFrame:
         h["interface"], h["op"] = agg["interface"].to_numpy(), agg["op"].to_numpy()
         out.append(h.groupby(["interface", "op"]).sum().reset_index().melt(
             id_vars=["interface", "op"], var_name="bucket", value_name="count"))
-    ops = data[~data["aggregate"] & data["nbytes"].notna()]
+    ops = data[~data["aggregate"] & data["bucket"].notna()]
     if len(ops):
-        b = np.searchsorted(SIZE_EDGES, ops["nbytes"].astype(np.int64).to_numpy(), side="left")
         h = pd.DataFrame({"interface": ops["interface"].to_numpy(), "op": ops["op"].to_numpy(),
-                          "bucket": np.array(SIZE_BUCKETS, dtype=object)[b]})
-        out.append(h.groupby(["interface", "op", "bucket"]).size().rename("count").reset_index())
+                          "bucket": np.array(SIZE_BUCKETS, dtype=object)[ops["bucket"].astype(np.int64)],
+                          "count": ops["ops"].to_numpy()})
+        out.append(h.groupby(["interface", "op", "bucket"])["count"].sum().reset_index())
     if not out:
         return pd.DataFrame(columns=["interface", "op", "bucket", "count"])
     res = pd.concat(out, ignore_index=True)
@@ -262,7 +280,7 @@ def io_summary(run: Run, top: int = 10) -> IOSummary:
     top_files = files.reset_index().sort_values(["bytes", "path"], ascending=[False, True]).head(top)
     top_files = top_files[["path", "bytes", "read_bytes", "write_bytes", "interfaces"]].reset_index(drop=True)
     ranks, unattributed = _ranks(df)
-    timed_ops = df[~df["aggregate"] & df["op"].isin(DATA_OPS) & df["end_ns"].notna()]
+    timed_ops = df[~df["aggregate"] & df["op"].isin(DATA_OPS) & df["busy_ns"].notna()]
     totals = {"read_bytes": int(t["read_bytes"]) if t is not None else 0,
               "write_bytes": int(t["write_bytes"]) if t is not None else 0,
               "reads": int(t["reads"]) if t is not None else 0, "writes": int(t["writes"]) if t is not None else 0,
@@ -271,7 +289,7 @@ def io_summary(run: Run, top: int = 10) -> IOSummary:
               "meta_s": float(t["meta_s"]) if t is not None else 0.0}
     totals["timed"] = totals["data_s"] is not None and not np.isnan(totals["data_s"])
     return IOSummary(
-        rows=len(df), sources=sorted(df["source"].unique()), by_interface=by_if.reset_index(drop=True),
+        rows=int(df["records"].sum()), sources=sorted(df["source"].unique()), by_interface=by_if.reset_index(drop=True),
         by_file=per_file.reset_index(drop=True), top_files=top_files, sizes=_sizes(used), ranks=ranks,
         imbalance=_imbalance(ranks, unattributed), totals=totals,
         timeline_interfaces=sorted(timed_ops["interface"].unique()))
@@ -284,10 +302,10 @@ def io_timeline(run: Run, bins: int = 100, interface: str | None = None, start_n
     bytes are spread over the bins its interval overlaps, in proportion to the overlap (an instantaneous one
     falls in the bin of its start). Columns: interface, rank, op, bin, start_ns, nbytes, ops (operations that
     start in the bin)."""
-    df = io_rows(run)
-    df = df[~df["aggregate"] & df["op"].isin(DATA_OPS) & df["end_ns"].notna() & df["nbytes"].notna()]
-    if interface is not None:
-        df = df[df["interface"] == interface]
+    where = "" if interface is None else "AND interface = ?"
+    df = run.sql(f"""SELECT interface, rank, op, nbytes, start_ns, end_ns FROM ({_FIELDS})
+                     WHERE NOT aggregate AND op IN ('read', 'write') AND end_ns IS NOT NULL AND nbytes IS NOT NULL
+                     {where}""", [interface] if interface is not None else None)
     cols = ["interface", "rank", "op", "bin", "start_ns", "nbytes", "ops"]
     if not len(df) or bins < 1:
         return pd.DataFrame(columns=cols)

@@ -42,7 +42,7 @@ def _cost_figure(s: IOSummary) -> go.Figure:
     for col, name, color in (("read_s", "read", "#1f77b4"), ("write_s", "write", "#ff7f0e"),
                              ("meta_s", "metadata", "#7f7f7f")):
         fig.add_bar(x=df["interface"], y=df[col].astype(float).fillna(0), name=name, marker_color=color)
-    fig.update_layout(barmode="stack", height=300, margin=dict(l=60, r=20, t=30, b=40),
+    fig.update_layout(barmode="stack", height=300, margin={"l": 60, "r": 20, "t": 30, "b": 40},
                       title="time per interface (s, summed over ranks)", yaxis_title="seconds")
     return fig
 
@@ -52,7 +52,7 @@ def _sizes_figure(s: IOSummary) -> go.Figure:
     for (iface, op), g in s.sizes.groupby(["interface", "op"], sort=True):
         g = g.set_index("bucket").reindex(list(SIZE_BUCKETS))["count"].fillna(0)
         fig.add_bar(x=list(SIZE_BUCKETS), y=g.to_numpy(), name=f"{iface} {op}")
-    fig.update_layout(barmode="group", height=300, margin=dict(l=60, r=20, t=30, b=40),
+    fig.update_layout(barmode="group", height=300, margin={"l": 60, "r": 20, "t": 30, "b": 40},
                       title="access sizes (operations per size bucket, bytes)", yaxis_title="operations")
     return fig
 
@@ -64,7 +64,7 @@ def _ranks_figure(s: IOSummary) -> go.Figure:
     fig.add_bar(x=r["rank"], y=r["write_bytes"], name="written", marker_color="#ff7f0e")
     if s.imbalance["mean_bytes"]:
         fig.add_hline(y=s.imbalance["mean_bytes"], line_dash="dot", annotation_text="mean")
-    fig.update_layout(barmode="stack", height=300, margin=dict(l=60, r=20, t=30, b=40),
+    fig.update_layout(barmode="stack", height=300, margin={"l": 60, "r": 20, "t": 30, "b": 40},
                       title="bytes per rank", xaxis_title="rank", yaxis_title="bytes")
     return fig
 
@@ -77,9 +77,9 @@ def _timeline_figure(run, interface: str, t0_ns: int) -> go.Figure | None:
     grid = tl.pivot_table(index="rank", columns="start_ns", values="nbytes", aggfunc="sum", fill_value=0.0)
     x = (grid.columns.to_numpy(dtype=np.int64) - t0_ns) / 1e9
     fig = go.Figure(go.Heatmap(z=grid.to_numpy(), x=x, y=[str(r) if r >= 0 else "no rank" for r in grid.index],
-                               colorscale="Blues", colorbar=dict(title="bytes"),
+                               colorscale="Blues", colorbar={"title": "bytes"},
                                hovertemplate="t=%{x:.3f} s rank %{y}: %{z:.3s} B<extra></extra>"))
-    fig.update_layout(height=min(120 + 14 * len(grid.index), 600), margin=dict(l=60, r=20, t=30, b=40),
+    fig.update_layout(height=min(120 + 14 * len(grid.index), 600), margin={"l": 60, "r": 20, "t": 30, "b": 40},
                       title=f"{interface}: bytes per rank over time (each operation spread over the time it took)",
                       xaxis_title="seconds since the run's first event", yaxis_title="rank")
     return fig
@@ -97,17 +97,19 @@ def io_summary_section(ctx, figs, section, table, nodata) -> str:
              ("files", f"{t['files']:,}"),
              ("data time (read + write)", _fmt_s(t["data_s"])), ("metadata time", _fmt_s(t["meta_s"]))]
     if im["ranks"]:
-        facts.append(("per rank", f"{im['ranks']} ranks, mean {_fmt_bytes(im['mean_bytes'])}, max "
+        facts.append(("per rank", (f"{im['ranks']} ranks, mean {_fmt_bytes(im['mean_bytes'])}, max "
                                    f"{_fmt_bytes(im['max_bytes'])} (rank {im['max_rank']}), max / mean "
-                                   f"{im['max_over_mean']:.2f}, imbalance {100 * im['imbalance']:.1f} %"))
+                                   f"{im['max_over_mean']:.2f}, imbalance {100 * im['imbalance']:.1f} %")))
     if im["unattributed_bytes"]:
-        facts.append(("not tied to a rank", f"{_fmt_bytes(im['unattributed_bytes'])} (records shared by all ranks, "
-                                            "no per-operation trace to split them)"))
-    body = ['<dl class="facts io-totals">' + "".join(f"<dt>{k}</dt><dd>{v}</dd>" for k, v in facts) + "</dl>"]
+        facts.append(("not tied to a rank", (f"{_fmt_bytes(im['unattributed_bytes'])} (records shared by all "
+                                             "ranks, no per-operation trace to split them)")))
+    body = ['<dl class="facts io-totals">' + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>"
+                                                     for k, v in facts) + "</dl>"]
     rows = [[i["interface"], f"{int(i['files']):,}", _fmt_bytes(i["read_bytes"]), _fmt_bytes(i["write_bytes"]),
              f"{int(i['reads']):,}", f"{int(i['writes']):,}", _fmt_s(i["read_s"]), _fmt_s(i["write_s"]),
-             _fmt_s(i["meta_s"]), f"{int(i['read_only_files'])} / {int(i['write_only_files'])} / "
-                                  f"{int(i['read_write_files'])}", "yes" if i["in_totals"] else "no"]
+             _fmt_s(i["meta_s"]),
+             f"{int(i['read_only_files'])} / {int(i['write_only_files'])} / {int(i['read_write_files'])}",
+             "yes" if i["in_totals"] else "no"]
             for i in s.by_interface.to_dict("records")]
     body.append(table(["interface", "files", "read", "written", "reads", "writes", "read time", "write time",
                        "metadata time", "read-only / write-only / both", "in totals"], rows))
