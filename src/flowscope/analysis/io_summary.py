@@ -257,9 +257,10 @@ def io_summary(run: Run, top: int = 10) -> IOSummary:
     by_if = _op_frame(used, ["interface"])
     # files and how each was accessed (by bytes moved), per interface
     per_file = _op_frame(used, ["interface", "path"])
-    per_file = per_file[per_file["path"].notna()]
+    per_file = per_file[per_file["path"].notna()].astype({"path": object})  # no path at all: float NaN
     ranks_per_file = used[used["path"].notna()].groupby(["interface", "path"])["rank"].nunique()
-    per_file = per_file.merge(ranks_per_file.rename("ranks").reset_index(), on=["interface", "path"], how="left")
+    per_file = per_file.merge(ranks_per_file.rename("ranks").reset_index().astype({"path": object}),
+                              on=["interface", "path"], how="left")
     r, w = per_file["read_bytes"] > 0, per_file["write_bytes"] > 0
     cats = pd.DataFrame({"interface": per_file["interface"], "files": 1, "read_only_files": r & ~w,
                          "write_only_files": w & ~r, "read_write_files": r & w}).groupby("interface").sum()
