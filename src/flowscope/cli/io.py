@@ -78,8 +78,9 @@ def run(args: argparse.Namespace) -> int:
                       f"(rank {im['max_rank']}), max / mean {im['max_over_mean']:.2f}, imbalance "
                       f"{100 * im['imbalance']:.1f} %", markup=False, highlight=False)
     if im["unattributed_bytes"]:
-        console.print(f"{_bytes(im['unattributed_bytes'])} of the totals are in records shared by all ranks with no "
-                      f"per-operation trace to split them by rank", markup=False, highlight=False)
+        console.print(f"{_bytes(im['unattributed_bytes'])} of the totals are in rows that name no rank (a file "
+                      f"Darshan shared over all ranks with no DXT trace to split it, or a source with no ranks)",
+                      markup=False, highlight=False)
     if s.timeline_interfaces:
         console.print("per-operation timeline (the report draws it): " + ", ".join(s.timeline_interfaces),
                       markup=False, highlight=False)

@@ -101,8 +101,9 @@ def io_summary_section(ctx, figs, section, table, nodata) -> str:
                                    f"{_fmt_bytes(im['max_bytes'])} (rank {im['max_rank']}), max / mean "
                                    f"{im['max_over_mean']:.2f}, imbalance {100 * im['imbalance']:.1f} %")))
     if im["unattributed_bytes"]:
-        facts.append(("not tied to a rank", (f"{_fmt_bytes(im['unattributed_bytes'])} (records shared by all "
-                                             "ranks, no per-operation trace to split them)")))
+        facts.append(("not tied to a rank", (f"{_fmt_bytes(im['unattributed_bytes'])} (rows that name no rank: "
+                                             "a file Darshan shared over all ranks with no DXT trace to split "
+                                             "it, or a source that has no ranks)")))
     body = ['<dl class="facts io-totals">' + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>"
                                                      for k, v in facts) + "</dl>"]
     rows = [[i["interface"], f"{int(i['files']):,}", _fmt_bytes(i["read_bytes"]), _fmt_bytes(i["write_bytes"]),
