@@ -276,7 +276,9 @@ def test_io_rows_fit_the_io_table():
     w = rows[1]
     assert w["nbytes"] == 3 * MiB and w["source"] == "proc-io" and w["task_key"] == "x-1"
     assert w["tid"] == 123 and w["thread_ident"] == 456 and w["pid"] == os.getpid()
-    assert json.loads(w["attrs"]) == {"syscw": 1, "write_bytes": 3 * MiB + 4096, "cancelled_write_bytes": 0}
+    # one row totals the task's write calls (ops), with no time of their own (docs/data-model.md)
+    assert json.loads(w["attrs"]) == {"syscw": 1, "write_bytes": 3 * MiB + 4096, "cancelled_write_bytes": 0,
+                                      "interface": "syscalls", "aggregate": True, "ops": 1}
     assert io_rows(ThreadIO(), tid=1, start_ns=1, end_ns=2) == []
     assert len(io_rows(ThreadIO(), tid=1, start_ns=1, end_ns=2, skip_empty=False)) == 2
     conform("io", pa.Table.from_pylist(rows))  # raises if a column does not fit

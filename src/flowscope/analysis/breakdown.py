@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 
 from flowscope.analysis.timeline import BUSY_CATEGORIES, resource_states, utilisation_by_resource
+from flowscope.analysis.io_summary import IO_TOTALS_SQL
 from flowscope.store.run import Run
-
 
 # Said wherever I/O time is unknown (``Breakdown.io_s is None``).
 IO_TIME_UNKNOWN = ("I/O time unknown: the run's I/O records carry bytes and file names, not durations (the "
@@ -70,12 +70,15 @@ class Breakdown:
 
 
 def breakdown(run: Run) -> Breakdown:
-    """Compute, communication, I/O, wait, runtime overhead and idle time of ``run`` (see :class:`Breakdown`)."""
+    """Compute, communication, I/O, wait, runtime overhead and idle time of ``run`` (see :class:`Breakdown`). I/O
+    counts each byte once: rows that other rows already count (``attrs.in_totals = false``) are left out, and an
+    aggregate row counts the time its operations took (``attrs.busy_ns``), not its window
+    (``io_summary.IO_TOTALS_SQL``)."""
     states = resource_states(run)
     util = utilisation_by_resource(run, states)
     slot_ns = {c: int(util[f"{c}_ns"].sum()) if len(util) else 0 for c in (*BUSY_CATEGORIES, "idle")}
     window_ns = int(states["end_ns"].max() - states["start_ns"].min()) if len(states) else 0
-    row = run.sql("""
+    row = run.sql(f"""
         WITH t AS (SELECT count(*) AS n FROM activity WHERE role = 'task'),
              x AS (SELECT count(*) AS n, coalesce(sum(end_ns - start_ns), 0) AS d,
                           coalesce(sum(nbytes), 0) AS b FROM transfers),
@@ -91,7 +94,7 @@ def breakdown(run: Run) -> Breakdown:
                                            OR source = 'proc-io')) AS untimed,
                           coalesce(sum(CASE WHEN op IN ('read', 'write') AND end_ns IS NOT NULL
                                             AND source <> 'proc-io' THEN end_ns - start_ns END), 0) AS d
-                   FROM io)
+                   FROM ({IO_TOTALS_SQL}))
         SELECT t.n AS tasks, x.n AS transfers, x.d AS comm_ns, x.b AS comm_bytes,
                s.d + i.d AS io_ns, s.n + i.timed AS io_timed, i.n AS io_records, i.untimed, i.r AS read_bytes,
                i.w AS write_bytes

@@ -7,10 +7,10 @@ import os
 import sys
 
 from flowscope import __version__
-from flowscope.cli import (anomalies, demo, export, importing, profile, remove, report, run, runs, semantics, serve,
-                           simulate, spool, step)
+from flowscope.cli import (anomalies, demo, export, importing, io, profile, remove, report, run, runs, semantics,
+                           serve, simulate, spool, step)
 
-GROUPS = (demo, run, step, simulate, serve, runs, report, profile, anomalies, semantics, importing, export, spool,
+GROUPS = (demo, run, step, simulate, serve, runs, report, profile, anomalies, io, semantics, importing, export, spool,
           remove)
 
 

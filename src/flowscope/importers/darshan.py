@@ -41,6 +41,7 @@ GENERIC = {"POSIX": "POSIX", "MPI-IO": "MPI-IO", "STDIO": "STDIO", "H5F": "H5F",
            "PNETCDF_FILE": "PNETCDF_FILE", "PNETCDF_VAR": "PNETCDF_VAR", "BG/Q": "BGQ", "DFS": "DFS",
            "DAOS": "DAOS"}
 DXT = ("DXT_POSIX", "DXT_MPIIO")
+DXT_INTERFACE = {"DXT_POSIX": "POSIX", "DXT_MPIIO": "MPI-IO"}  # the module whose calls each one traces
 _SEGMENT = np.dtype([("offset", "<i8"), ("length", "<i8"), ("start", "<f8"), ("end", "<f8")])
 
 
@@ -254,9 +255,10 @@ def _names(log: _Log) -> dict[int, str]:
 
 
 def _dxt(log: _Log, module: str, idx: int, names: dict[int, str], t0: int,
-         prefix: str) -> tuple[dict[str, Any], dict[int, str]]:
+         prefix: str, in_totals: bool) -> tuple[dict[str, Any], dict[int, str]]:
     """One module's DXT segments as io columns (on the ranks of the log whose resource is ``prefix``), and the
-    host of each rank that has segments."""
+    host of each rank that has segments. ``in_totals`` is False when other rows of the log (the module's
+    counters, a lower layer) count the same bytes."""
     ffi = log.ffi
     head = ffi.sizeof("struct dxt_file_record")
     parts: list[np.ndarray] = []
@@ -282,7 +284,8 @@ def _dxt(log: _Log, module: str, idx: int, names: dict[int, str], t0: int,
     host = np.repeat(np.array([m[2] for m in meta], dtype=object), counts)
     path = np.repeat(np.array([names.get(m[0], f"<record {m[0]:#x}>") for m in meta], dtype=object), counts)
     rid = np.where(rank >= 0, np.char.add(f"{prefix}:rank:", rank.astype(str)), f"{prefix}:shared").astype(object)
-    attrs = np.repeat(np.array([json.dumps({"module": module, "record_id": f"{m[0]:#x}"}) for m in meta],
+    extra = {"interface": DXT_INTERFACE[module]} | ({} if in_totals else {"in_totals": False})
+    attrs = np.repeat(np.array([json.dumps({"module": module, "record_id": f"{m[0]:#x}", **extra}) for m in meta],
                                dtype=object), counts)
     cols = {"resource_id": rid, "host": host, "rank": np.where(rank >= 0, rank, -1),
             "source": np.full(len(seg), "darshan-dxt", dtype=object), "op": ops, "path": path,
@@ -293,9 +296,10 @@ def _dxt(log: _Log, module: str, idx: int, names: dict[int, str], t0: int,
     return cols, hosts
 
 
-def _counters(log: _Log, module: str, idx: int, names: dict[int, str], ts: int,
-              prefix: str) -> dict[str, Any] | None:
-    """One module's per-file counters as metrics columns (None when darshan-util has no names for them)."""
+def _counters(log: _Log, module: str, idx: int, names: dict[int, str], ts: int, t0: int,
+              prefix: str) -> tuple[dict[str, Any], dict[str, Any]] | None:
+    """One module's per-file counters as metrics columns and as aggregate io columns (None when darshan-util
+    has no names for them)."""
     be, ffi = log.be, log.ffi
     key = GENERIC[module]
     c_names = be.counter_names(key)
@@ -310,15 +314,106 @@ def _counters(log: _Log, module: str, idx: int, names: dict[int, str], ts: int,
         ids.append(int(rec[0].base_rec.id))
         ranks.append(int(rec[0].base_rec.rank))
     if not rows:
-        return {}
+        return {}, {}
     counter = np.array([f"darshan.{module}.{n}" for n in c_names + f_names], dtype=object)
     values = np.vstack(rows)
     n_rec, n_cnt = values.shape
     files = np.array([":" + names.get(i, f"<record {i:#x}>") for i in ids], dtype=object)
     rids = np.array([f"{prefix}:rank:{r}" if r >= 0 else f"{prefix}:shared" for r in ranks], dtype=object)
-    return {"ts_ns": np.full(n_rec * n_cnt, ts, dtype=np.int64),
-            "resource_id": np.repeat(rids, n_cnt), "namespace": np.full(n_rec * n_cnt, "performance", dtype=object),
-            "name": np.tile(counter, n_rec) + np.repeat(files, n_cnt), "value": values.ravel()}
+    metrics = {"ts_ns": np.full(n_rec * n_cnt, ts, dtype=np.int64),
+               "resource_id": np.repeat(rids, n_cnt),
+               "namespace": np.full(n_rec * n_cnt, "performance", dtype=object),
+               "name": np.tile(counter, n_rec) + np.repeat(files, n_cnt), "value": values.ravel()}
+    col = {n: values[:, i] for i, n in enumerate(c_names + f_names)}
+    paths = np.array([names.get(i, f"<record {i:#x}>") for i in ids], dtype=object)
+    return metrics, _aggregates(module, col, ids, np.array(ranks, dtype=np.int64), paths, rids, t0)
+
+
+#: per module: the prefix of its counter names, the counters that count reads, writes and opens, and whether its
+#: access-size histogram is ``SIZE_<OP>_`` or ``SIZE_<OP>_AGG_`` (darshan-log-format's names)
+IO_COUNTERS = {
+    "POSIX": ("POSIX", ["READS"], ["WRITES"], ["OPENS"], "SIZE_{}_"),
+    "MPI-IO": ("MPIIO", ["INDEP_READS", "COLL_READS", "SPLIT_READS", "NB_READS"],
+               ["INDEP_WRITES", "COLL_WRITES", "SPLIT_WRITES", "NB_WRITES"], ["INDEP_OPENS", "COLL_OPENS"],
+               "SIZE_{}_AGG_"),
+    "STDIO": ("STDIO", ["READS"], ["WRITES"], ["OPENS", "FDOPENS"], None),
+    "H5F": ("H5F", [], [], ["OPENS"], None),
+    "H5D": ("H5D", ["READS"], ["WRITES"], ["OPENS"], "SIZE_{}_AGG_"),
+    "PNETCDF_FILE": ("PNETCDF_FILE", [], [], ["OPENS", "CREATES"], None),
+    "PNETCDF_VAR": ("PNETCDF_VAR", ["INDEP_READS", "COLL_READS", "NB_READS"],
+                    ["INDEP_WRITES", "COLL_WRITES", "NB_WRITES"], ["OPENS"], "SIZE_{}_AGG_"),
+    "DFS": ("DFS", ["READS"], ["WRITES"], ["OPENS", "GLOBAL_OPENS"], "SIZE_{}_"),
+    "DAOS": ("DAOS", ["ARRAY_READS"], ["ARRAY_WRITES"], ["OBJ_OPENS", "ARRAY_OPENS", "KV_OPENS"], "SIZE_{}_"),
+}
+#: modules whose bytes a lower module of the same log counts again (MPI-IO and HDF5 call POSIX, DFS calls DAOS)
+LAYERED = frozenset({"MPI-IO", "H5F", "H5D", "PNETCDF_FILE", "PNETCDF_VAR", "DFS"})
+SIZE_SUFFIXES = ("0_100", "100_1K", "1K_10K", "10K_100K", "100K_1M", "1M_4M", "4M_10M", "10M_100M", "100M_1G",
+                 "1G_PLUS")
+
+
+def _aggregates(module: str, col: dict[str, np.ndarray], ids: list[int], ranks: np.ndarray, paths: np.ndarray,
+                rids: np.ndarray, t0: int) -> dict[str, Any]:
+    """One module's per-file counters as aggregate ``io`` rows (docs/data-model.md): per record, a ``read`` and a
+    ``write`` row where it read or wrote, and a ``metadata`` row, each over the window between the first and the
+    last such operation, with ``attrs`` ops, busy_ns, sizes (access-size histogram) and in_totals."""
+    if module not in IO_COUNTERS:
+        return {}
+    p, reads, writes, opens, hist = IO_COUNTERS[module]
+    n = len(ids)
+    zero = np.zeros(n)
+
+    def get(name: str) -> np.ndarray:
+        return col.get(f"{p}_{name}", zero)
+
+    def count(names: list[str]) -> np.ndarray:
+        return np.sum([np.clip(get(c), 0, None) for c in names], axis=0) if names else zero
+
+    def window(start: str, end: str) -> tuple[np.ndarray, np.ndarray]:
+        s, e = np.clip(get(start), 0, None), np.clip(get(end), 0, None)
+        return (t0 + np.round(s * 1e9).astype(np.int64), t0 + np.round(np.maximum(e, s) * 1e9).astype(np.int64))
+
+    parts = []
+    negative: list[str] = []
+    busy_name = {"read": "F_READ_TIME", "write": "F_WRITE_TIME", "metadata": "F_META_TIME"}
+    for op, ops, nbytes, when, busy in (
+            ("read", count(reads), get("BYTES_READ"), ("F_READ_START_TIMESTAMP", "F_READ_END_TIMESTAMP"),
+             get("F_READ_TIME")),
+            ("write", count(writes), get("BYTES_WRITTEN"), ("F_WRITE_START_TIMESTAMP", "F_WRITE_END_TIMESTAMP"),
+             get("F_WRITE_TIME")),
+            ("metadata", count(opens), None, ("F_OPEN_START_TIMESTAMP", "F_CLOSE_END_TIMESTAMP"),
+             get("F_META_TIME"))):
+        keep = np.ones(n, bool) if nbytes is None else (ops > 0) | (nbytes > 0)
+        if not keep.any():
+            continue
+        start, end = window(*when)
+        sizes = None
+        if hist and op != "metadata" and f"{p}_{hist.format(op.upper())}0_100" in col:
+            sizes = np.stack([get(hist.format(op.upper()) + sfx) for sfx in SIZE_SUFFIXES], axis=1).astype(np.int64)
+        attrs = []
+        for i in np.flatnonzero(keep):
+            a = {"interface": module, "aggregate": True, "ops": int(ops[i]), "record_id": f"{ids[i]:#x}"}
+            if busy[i] >= 0:  # some logs hold negative times (e.g. -221 s in a 3.1.5 ppc64 log): unknown
+                a["busy_ns"] = int(round(float(busy[i]) * 1e9))
+            else:
+                negative.append(f"{p}_{busy_name[op]}")
+            if sizes is not None:
+                a["sizes"] = sizes[i].tolist()
+            if module in LAYERED:
+                a["in_totals"] = False
+            attrs.append(json.dumps(a))
+        parts.append({"resource_id": rids[keep], "rank": np.where(ranks[keep] >= 0, ranks[keep], -1),
+                      "op": np.full(int(keep.sum()), op, dtype=object), "path": paths[keep],
+                      "offset": np.full(int(keep.sum()), None, dtype=object),
+                      "nbytes": (np.full(int(keep.sum()), None, dtype=object) if nbytes is None
+                                 else nbytes[keep].astype(np.int64)),
+                      "start_ns": start[keep], "end_ns": end[keep], "attrs": np.array(attrs, dtype=object)})
+    if not parts:
+        return {}
+    out = {k: np.concatenate([pt[k] for pt in parts]) for k in parts[0]}
+    out["source"] = np.full(len(out["op"]), "darshan-counters", dtype=object)
+    out["host"] = np.full(len(out["op"]), None, dtype=object)
+    out["negative_times"] = negative  # taken out by the caller, which warns
+    return out
 
 
 def _lustre(log: _Log, idx: int, names: dict[int, str], ts: int, prefix: str) -> dict[str, list]:
@@ -401,12 +496,15 @@ def _read(log: _Log, path: Path, sink: ImportSink) -> None:
     io_parts: list[dict[str, Any]] = []
     hosts: dict[int, str] = {}
     metric_parts: list[dict[str, Any]] = []
+    agg_parts: list[dict[str, Any]] = []
     skipped: list[str] = []
     dxt_counts: dict[str, dict[str, int]] = {}
     for module, info in modules.items():
         idx = info["idx"]
         if module in DXT:
-            cols, h = _dxt(log, module, idx, names, t0, prefix)
+            # the module's counters count these bytes too, and MPI-IO's are POSIX's again
+            in_totals = module == "DXT_POSIX" and "POSIX" not in modules
+            cols, h = _dxt(log, module, idx, names, t0, prefix, in_totals)
             for r, host in h.items():
                 hosts.setdefault(r, host)
             if cols:
@@ -414,11 +512,18 @@ def _read(log: _Log, path: Path, sink: ImportSink) -> None:
             dxt_counts[module] = {"segments": len(cols.get("op", ())),
                                   "bytes": int(np.sum(cols["nbytes"])) if cols else 0}
         elif module in GENERIC:
-            cols = _counters(log, module, idx, names, t1, prefix)
-            if cols is None:
+            got = _counters(log, module, idx, names, t1, t0, prefix)
+            if got is None:
                 skipped.append(module)
-            elif cols:
-                metric_parts.append(cols)
+            else:
+                if got[0]:
+                    metric_parts.append(got[0])
+                if got[1]:
+                    negative = got[1].pop("negative_times")
+                    if negative:
+                        sink.warn(f"{path}: module {module}: {len(negative)} records hold a negative time "
+                                  f"({', '.join(sorted(set(negative)))}); their I/O time is imported as unknown")
+                    agg_parts.append(got[1])
         elif module == "LUSTRE":
             cols = _lustre(log, idx, names, t1, prefix)
             if cols["name"]:
@@ -450,18 +555,33 @@ def _read(log: _Log, path: Path, sink: ImportSink) -> None:
 
     for part in metric_parts:
         sink.add("metrics", part)
-    if io_parts:
+    if io_parts or agg_parts:
         import pandas as pd
 
-        io = pd.concat([pd.DataFrame(p) for p in io_parts], ignore_index=True)
-        io["host"] = [hosts.get(r, h) if h in (None, "") else h for r, h in zip(io["rank"], io["host"])]
-        io["rank"] = io["rank"].where(io["rank"] >= 0, None)
-        io["task_key"] = None
-        attributed = _attribute(sink, io)
-        if attributed is not None:
-            sink.set_meta(attributed_to_tasks=attributed)
-        sink.add("io", {c: io[c].to_numpy() if c not in ("rank",) else pd.array(io[c], dtype="Int64")
-                        for c in io.columns})
+        def frame(parts: list[dict[str, Any]]) -> pd.DataFrame:
+            io = pd.concat([pd.DataFrame(p) for p in parts], ignore_index=True)
+            io["host"] = [hosts.get(r, h) if h in (None, "") else h for r, h in zip(io["rank"], io["host"])]
+            io["rank"] = io["rank"].where(io["rank"] >= 0, None)
+            io["task_key"] = None
+            return io
+
+        def add(io: pd.DataFrame) -> None:
+            def column(c: str):
+                if c in ("rank", "offset", "nbytes"):
+                    return pd.array(io[c], dtype="Int64")
+                if c in ("host", "path", "task_key"):  # all-null columns come out of concat as float NaN
+                    return io[c].astype(object).where(io[c].notna(), None).to_numpy()
+                return io[c].to_numpy()
+            sink.add("io", {c: column(c) for c in io.columns})
+
+        if io_parts:
+            io = frame(io_parts)
+            attributed = _attribute(sink, io)  # per operation only: a counter's window spans many tasks
+            if attributed is not None:
+                sink.set_meta(attributed_to_tasks=attributed)
+            add(io)
+        if agg_parts:
+            add(frame(agg_parts))
 
     sink.set_meta(log_resource=prefix,
                   job={k: job[k] for k in ("jobid", "uid", "nprocs", "start_ns", "end_ns", "run_time_s",

@@ -21,6 +21,7 @@ from flowscope.report import charts
 from flowscope.report.anomalies import anomaly_section
 from flowscope.report.context import Context
 from flowscope.report.profile import flame_graph, hot_paths
+from flowscope.report.io_summary import io_summary_section
 from flowscope.report.stream import JS as STREAM_JS
 from flowscope.report.stream import StreamFigure
 
@@ -32,6 +33,7 @@ SECTIONS = (  # id, title
     ("task-stream", "Task stream"),
     ("hardware", "CPU and memory per host"),
     ("io", "I/O per thread"),
+    ("io-summary", "I/O summary"),
     ("communication", "Communication: time vs size"),
     ("task-groups", "Task groups"),
     ("profile", "Call profile"),
@@ -545,6 +547,7 @@ def build_html(ctx: Context, progress: Progress | None = None) -> str:
         "Grey dots are files opened. Rows are the threads of the task stream. With more than 10,000 records, "
         "one mark per thread, operation and time bin (600 over the run) carries the bin's count and bytes.",
         "no I/O records in this run.", extra=io_extra(ctx) if ctx.counts.get("io") else ""))
+    parts.append(io_summary_section(ctx, figs, _section, _table, _nodata))
     step(4, "communication")
     parts.append(figure_section(
         "communication", charts.communication(ctx), figs,

@@ -330,6 +330,12 @@ def thread_ids() -> dict[int, int]:
     return out
 
 
+#: what a proc-io row says about itself (docs/data-model.md, "I/O rows that total many operations"): it totals
+#: ``ops`` read or write system calls of one task; the time they took is not known
+AGGREGATE = {"interface": "syscalls", "aggregate": True}
+AGGREGATE_JSON = '"interface": "syscalls", "aggregate": true, '  # the same, spliced into hand-written JSON
+
+
 def io_rows(delta: ThreadIO, *, tid: int, start_ns: int, end_ns: int, thread_ident: int | None = None,
             task_key: str | None = None, pid: int | None = None, host: str | None = None,
             skip_empty: bool = True, attrs: dict | None = None) -> list[dict[str, Any]]:
@@ -345,12 +351,13 @@ def io_rows(delta: ThreadIO, *, tid: int, start_ns: int, end_ns: int, thread_ide
     rows = []
     if not skip_empty or delta.rchar or delta.syscr or delta.read_bytes:
         rows.append({**common, "op": "read", "nbytes": delta.rchar,
-                     "attrs": json.dumps({"syscr": delta.syscr, "read_bytes": delta.read_bytes, **(attrs or {})})})
+                     "attrs": json.dumps({"syscr": delta.syscr, "read_bytes": delta.read_bytes, **AGGREGATE,
+                                          "ops": delta.syscr, **(attrs or {})})})
     if not skip_empty or delta.wchar or delta.syscw or delta.write_bytes or delta.cancelled_write_bytes:
         rows.append({**common, "op": "write", "nbytes": delta.wchar,
                      "attrs": json.dumps({"syscw": delta.syscw, "write_bytes": delta.write_bytes,
-                                          "cancelled_write_bytes": delta.cancelled_write_bytes,
-                                          **(attrs or {})})})
+                                          "cancelled_write_bytes": delta.cancelled_write_bytes, **AGGREGATE,
+                                          "ops": delta.syscw, **(attrs or {})})})
     return rows
 
 

@@ -60,6 +60,7 @@ except ImportError:  # a Dask without task objects: every node of the graph is a
 from flowscope.model import identifiers as ids
 from flowscope.sources import process_facts
 from flowscope.sources import semantics as _semantics
+from flowscope.sources.thread_io import AGGREGATE_JSON as AGG
 from flowscope.sources.thread_io import OpenAudit, ThreadIOReader, parse_raw, read_cost
 
 __all__ = ["LocalSchedulerCapture", "MeasuredTask", "install_from_env", "key_group"]
@@ -567,10 +568,11 @@ class LocalSchedulerCapture(Callback):
         emit = self.fs.row_writer("io")
         if rchar or syscr or read_bytes:
             emit(rid, host, pid, tid, ident, None, "proc-io", "read", None, None, rchar, t0, t1, k,
-                 f'{{"syscr": {syscr}, "read_bytes": {read_bytes}}}')
+                 f'{{"syscr": {syscr}, "read_bytes": {read_bytes}, {AGG}"ops": {syscr}}}')
         if wchar or syscw or write_bytes or cancelled:
             emit(rid, host, pid, tid, ident, None, "proc-io", "write", None, None, wchar, t0, t1, k,
-                 f'{{"syscw": {syscw}, "write_bytes": {write_bytes}, "cancelled_write_bytes": {cancelled}}}')
+                 f'{{"syscw": {syscw}, "write_bytes": {write_bytes}, "cancelled_write_bytes": {cancelled}, '
+                 f'{AGG}"ops": {syscw}}}')
 
     def _local_io(self, rows: list[tuple]) -> None:
         """Per-task counter deltas of tasks run in this process, parsed in bulk: (MeasuredTask, thread resource,

@@ -31,6 +31,7 @@ from distributed.utils import key_split_group
 
 from flowscope.model import identifiers as ids
 from flowscope.sources import semantics as _semantics
+from flowscope.sources.thread_io import AGGREGATE_JSON as AGG
 from flowscope.sources.thread_io import OpenAudit, ThreadIO, ThreadIOReader, thread_ids
 
 log = logging.getLogger("flowscope.dask")
@@ -476,12 +477,12 @@ class _WorkerCapture(WorkerPlugin):
         if delta.rchar or delta.syscr or delta.read_bytes:
             self._emit_io(rid, self._hostname, self._pid, tid, ident, None, "proc-io", "read", None, None,
                           delta.rchar, t0, t1, k,
-                          f'{{"syscr": {delta.syscr}, "read_bytes": {delta.read_bytes}{tasks}}}')
+                          f'{{"syscr": {delta.syscr}, "read_bytes": {delta.read_bytes}, {AGG}"ops": {delta.syscr}{tasks}}}')
         if delta.wchar or delta.syscw or delta.write_bytes or delta.cancelled_write_bytes:
             self._emit_io(rid, self._hostname, self._pid, tid, ident, None, "proc-io", "write", None, None,
                           delta.wchar, t0, t1, k,
                           f'{{"syscw": {delta.syscw}, "write_bytes": {delta.write_bytes}, '
-                          f'"cancelled_write_bytes": {delta.cancelled_write_bytes}{tasks}}}')
+                          f'"cancelled_write_bytes": {delta.cancelled_write_bytes}, {AGG}"ops": {delta.syscw}{tasks}}}')
 
     def _thread_resource(self, ident: int | None) -> str:
         rid = self._threads.get(ident)
