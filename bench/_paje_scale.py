@@ -167,8 +167,12 @@ def scale(src: Path, out: Path, target_bytes: int, copies: int = 64, sorted_out:
     i_idx = np.tile(np.arange(len(body)), copies)
     order = np.lexsort((i_idx, k_idx, run[i_idx] + k_idx * jitter))
     pairs = list(zip(k_idx[order].tolist(), i_idx[order].tolist()))
-    body_bytes = sum(len("".join(p if isinstance(p, str) else str(p[1]) for p in ln.parts)) + 1 for ln in body)
-    repeats = max(1, round((target_bytes - len(header)) / max(1, body_bytes * copies * 1.05)))
+    # bytes of one copy of the timed lines (placeholders as printed: names get "@k", times their decimals)
+    once = sum(len(ln.parts[0]) + 1 for ln in body if ln.cls == "untimed")
+    per_copy = sum(sum(len(p) if isinstance(p, str) else len(str(p[1])) + (3 if p[0] == "c" else 6 if p[0] == "k"
+                                                                          else max(0, out_dec - max(p[2], 0)))
+                       for p in ln.parts) + 1 for ln in body if ln.cls != "untimed")
+    repeats = max(1, round((target_bytes - len(header) - once) / max(1, per_copy * copies)))
     untimed_done = False
     n_lines = 0
     n_bytes = 0

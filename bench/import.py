@@ -279,7 +279,7 @@ def paje_cases(args: argparse.Namespace, scratch: Path) -> list[Case]:
     cases = []
     for shape in args.paje_shapes:
         src = args.data / PAJE_SHAPES[shape]
-        d = args.cache / f"paje2-{shape}-{args.size_mb}mb-k{args.copies}"
+        d = args.cache / f"paje3-{shape}-{args.size_mb}mb-k{args.copies}"
         path, sorted_path, info_p = d / "trace.paje", d / "sorted.paje", d / "info.json"
         if not info_p.is_file():
             shutil.rmtree(d, ignore_errors=True)
