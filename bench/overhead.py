@@ -38,14 +38,28 @@ grow when other programs take the cores. ``--profile DIR`` adds, per workload, o
 run with timers inside the hooks that also take the thread's CPU time, and one under ``py-spy
 record`` (this process and the workers), summarised in the results.
 
+Dask's local threaded scheduler (no cluster; ``observe()`` with no client, through Dask's callbacks):
+
+* ``local-tiny`` -- the same tiny-task DAG, run by ``dask.threaded.get``;
+* ``local-array`` -- a dask.array workload, ``(x @ x.T).mean().compute(scheduler="threads")`` for a
+  random ``--array-size`` square matrix in 250 x 250 chunks;
+
+each in modes ``none``, ``profiler`` (``with dask.diagnostics.Profiler():``, Dask's own local profiler:
+the peer) and ``flowscope`` (``with observe(store=TMP):``, every task as a span with its I/O, the
+hardware sampled every second; setup and teardown timed apart). Checked: the Profiler and flowscope
+each record every task Dask ran. Then ``--local-micro N`` no-op tasks on the synchronous scheduler
+(one thread, so the hooks' cost is not blurred by thread hand-offs), timed by the calling thread's CPU
+clock: the cost of the capture per task, with and without per-task I/O, beside the Profiler's.
+
 Writes ``bench/results/overhead.json`` (format: DESIGN.md, "Benchmarks"; ``value`` is the median wall
-time of the demo workflow with flowscope divided by the median without instrumentation) and prints
-one summary line last.
+time of the demo workflow with flowscope divided by the median without instrumentation, or of the local
+tiny graph when no cluster workload runs) and prints one summary line last.
 
     python bench/overhead.py                  # 20,000 tiny tasks, 48 images, 3 repetitions (~5 minutes)
     python bench/overhead.py --quick          # smoke run: 2,000 tasks, 12 images, 1 repetition (~1 minute)
     python bench/overhead.py --profile DIR    # and profile one flowscope run per workload (py-spy into DIR)
     python bench/overhead.py --workloads tiny --modes none,flowscope,flowscope-variant --variant X1
+    python bench/overhead.py --workloads local-tiny,local-array   # the local threaded scheduler only
 """
 
 from __future__ import annotations
@@ -84,6 +98,9 @@ MAIN_PEER = "none"
 MODES = ("none", "taskstream", "flowscope")
 EXTRA_MODES = ("recorder", "flowscope-variant", "flowscope-embedded")
 WORKLOADS = ("demo", "tiny")
+LOCAL_WORKLOADS = ("local-tiny", "local-array")  # Dask's threaded scheduler, observed through its callbacks
+LOCAL_MODES = ("none", "profiler", "flowscope")
+TARGET_LOCAL = 1.05    # flowscope / none, local threaded scheduler
 RESULTS = Path(__file__).resolve().parent / "results" / f"{BENCH}.json"
 CLUSTER = {"n_workers": 2, "threads_per_worker": 2, "processes": True, "dashboard_address": None}
 
@@ -725,6 +742,149 @@ def _short(frame: str) -> str:
     return f"{func} ({'/'.join(parts[-2:])})" if loc else func
 
 
+# ---- Dask's local threaded scheduler ---------------------------------------------------------------
+class LocalWorkload:
+    """A workload for Dask's threaded scheduler, in this process."""
+
+    def __init__(self, kind: str, args: argparse.Namespace):
+        self.kind = kind
+        if kind == "local-tiny":
+            self.dsk, self.key, self.tasks, self.expected = tiny_graph(args.tasks)
+        else:
+            import dask.array as da
+
+            n = args.array_size
+            x = da.random.RandomState(42).random_sample((n, n), chunks=(250, 250))
+            self.y = (x @ x.T).mean()
+            self.expected = None
+
+    def run(self) -> None:
+        from dask.threaded import get
+
+        if self.kind == "local-tiny":
+            got = get(dict(self.dsk), self.key)
+            if got != self.expected:
+                raise BenchError(f"local tiny graph returned {got}, expected {self.expected}")
+            return
+        value = float(self.y.compute(scheduler="threads"))
+        if self.expected is None:
+            self.expected = value
+        elif abs(value - self.expected) > 1e-9 * abs(self.expected):
+            raise BenchError(f"dask.array workload returned {value}, expected {self.expected}")
+
+
+def measure_local(workload: LocalWorkload, mode: str, base: Path, tag: str) -> dict:
+    """One run of ``workload`` on the threaded scheduler in ``mode``; checks that the mode recorded every task."""
+    from dask.diagnostics import Profiler
+
+    workdir = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=base))
+    res: dict = {"mode": mode, "workload": workload.kind, "load_avg_1m": round(os.getloadavg()[0], 2)}
+    gc.collect()
+    cm = prof = None
+    if mode == "flowscope":
+        t0 = time.perf_counter()
+        cm = observe(store=workdir / "store", name=f"bench-overhead-{tag}")
+        obs = cm.__enter__()
+        res["setup_s"] = time.perf_counter() - t0
+    elif mode == "profiler":
+        prof = Profiler().__enter__()
+    collectors = _collector_pids()
+    try:
+        cpu0, coll0 = time.process_time(), _collector_cpu(collectors)
+        t0 = time.perf_counter()
+        workload.run()
+        res["wall_s"] = time.perf_counter() - t0
+        res["cpu_s"] = {"bench": time.process_time() - cpu0, "collector": _collector_cpu(collectors) - coll0}
+    except BaseException:
+        if cm is not None:
+            cm.__exit__(*sys.exc_info())
+        raise
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        res["tasks"] = len(prof.results)
+    if cm is not None:
+        t0 = time.perf_counter()
+        cm.__exit__(None, None, None)
+        res["teardown_s"] = time.perf_counter() - t0
+        if obs.hook_errors != {"local": 0}:
+            raise BenchError(f"flowscope local hooks failed: {obs.hook_errors}")
+        row = obs.run.sql("""SELECT (SELECT count(*) FROM spans WHERE kind = 'task') AS spans,
+                                    (SELECT sum(CAST(json_extract(attrs, '$.tasks') AS BIGINT)) FROM logs
+                                     WHERE category = 'graph-submitted') AS announced""").iloc[0]
+        if int(row["spans"]) != int(row["announced"]):
+            raise BenchError(f"{workload.kind}: Dask ran {int(row['announced'])} tasks, the run holds "
+                             f"{int(row['spans'])} task spans")
+        res["tasks"] = int(row["spans"])
+        counts = obs.run.counts()
+        res["records"] = {k: counts[k] for k in ("spans", "dependencies", "io", "metrics") if k in counts}
+    shutil.rmtree(workdir, ignore_errors=True)
+    return res
+
+
+def local_micro(n: int, repeat: int) -> dict:
+    """Per-task cost of each local instrumentation on ``n`` no-op tasks, synchronous scheduler, calling
+    thread's CPU time: median µs per task per mode and the difference to no instrumentation."""
+    from dask.diagnostics import Profiler
+    from dask.local import get_sync
+
+    def noop(i):
+        return i
+
+    dsk = {("noop", i): (noop, i) for i in range(n)}
+    keys = list(dsk)
+
+    def timed() -> float:
+        gc.collect()
+        t0 = time.thread_time()
+        get_sync(dict(dsk), keys)
+        return time.thread_time() - t0
+
+    store = Path(tempfile.mkdtemp(prefix="flowscope-bench-micro-"))
+    out: dict = defaultdict(list)
+    try:
+        for _ in range(repeat):
+            out["none"].append(timed())
+            with Profiler():
+                out["profiler"].append(timed())
+            for mode, io in (("flowscope", True), ("flowscope-no-task-io", False)):
+                with observe(store=store, hardware_period=0, task_io=io) as obs:
+                    out[mode].append(timed())
+                spans = int(obs.run.sql("SELECT count(*) AS n FROM spans WHERE kind = 'task'")["n"][0])
+                if spans != n:
+                    raise BenchError(f"micro-benchmark: {n} tasks, {spans} task spans")
+    finally:
+        shutil.rmtree(store, ignore_errors=True)
+    none = _med(out["none"]) / n * 1e6
+    return {"tasks": n, "repeat": repeat, "clock": "thread_time of the calling thread (synchronous scheduler)",
+            "us_per_task": {m: _r(_med(v) / n * 1e6, 2) for m, v in out.items()},
+            "added_us_per_task": {m: _r(_med(v) / n * 1e6 - none, 2) for m, v in out.items() if m != "none"}}
+
+
+def local_summary(samples: dict) -> dict:
+    """Medians per local workload and mode."""
+    out = {}
+    for w, by_mode in samples.items():
+        med = {m: _med(s["wall_s"] for s in v) for m, v in by_mode.items()}
+        cpu = {m: _med(s["cpu_s"]["bench"] + s["cpu_s"]["collector"] for s in v) for m, v in by_mode.items()}
+        fs = by_mode["flowscope"]
+        tasks = fs[0]["tasks"]
+        out[w] = {
+            "tasks": tasks,
+            "wall_s": {m: _r(v) for m, v in med.items()},
+            "samples_wall_s": {m: [_r(s["wall_s"]) for s in v] for m, v in by_mode.items()},
+            "ratio_vs_none": {m: _r(med[m] / med["none"]) for m in med if m != "none"},
+            "ratio_flowscope_vs_profiler": _r(med["flowscope"] / med["profiler"]),
+            "median_paired_ratio_flowscope": _r(_med(f["wall_s"] / n["wall_s"] for f, n in zip(fs, by_mode["none"]))),
+            "us_per_task": {m: _r(v / tasks * 1e6, 2) for m, v in med.items()},
+            "cpu_us_per_task": {m: _r(v / tasks * 1e6, 2) for m, v in cpu.items()},
+            "flowscope_setup_s": _r(_med(s["setup_s"] for s in fs)),
+            "flowscope_teardown_s": _r(_med(s["teardown_s"] for s in fs)),
+            "records": fs[0].get("records"),
+            "load_avg_1m": {m: [s["load_avg_1m"] for s in v] for m, v in by_mode.items()},
+        }
+    return out
+
+
 # ---- driver ---------------------------------------------------------------------------------------
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
@@ -738,7 +898,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeat", type=int, default=None, help="repetitions; figures are medians (default 3)")
     p.add_argument("--modes", default=",".join(MODES),
                    help=f"comma-separated modes (default {','.join(MODES)}; also: {','.join(EXTRA_MODES)})")
-    p.add_argument("--workloads", default=",".join(WORKLOADS), help="comma-separated (default demo,tiny)")
+    p.add_argument("--workloads", default=",".join(WORKLOADS + LOCAL_WORKLOADS),
+                   help=f"comma-separated (default {','.join(WORKLOADS + LOCAL_WORKLOADS)})")
+    p.add_argument("--array-size", type=int, default=None,
+                   help="side of the local-array workload's matrix (default 2,000; --quick 1,000)")
+    p.add_argument("--local-micro", type=int, default=None, metavar="N",
+                   help="no-op tasks in the per-task cost micro-benchmark of the local capture (default 100,000; "
+                        "--quick 20,000; 0 skips it)")
     p.add_argument("--profile", type=Path, default=None, metavar="DIR",
                    help="after the timed runs, one untimed flowscope run per workload under py-spy, with finer "
                         "timers inside the hooks; raw profiles go to DIR, a summary into the results")
@@ -752,6 +918,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.tasks = args.tasks if args.tasks is not None else (2_000 if args.quick else 20_000)
     args.images = args.images if args.images is not None else (12 if args.quick else 48)
     args.repeat = args.repeat if args.repeat is not None else (1 if args.quick else 3)
+    args.array_size = args.array_size if args.array_size is not None else (1_000 if args.quick else 2_000)
+    args.local_micro = args.local_micro if args.local_micro is not None else (20_000 if args.quick else 100_000)
     args.modes = tuple(m.strip() for m in args.modes.split(",") if m.strip())
     args.workloads = tuple(w.strip() for w in args.workloads.split(",") if w.strip())
     args.demo = demo_available(args.demo)
@@ -766,8 +934,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     bad = set(args.modes) - set(MODES + EXTRA_MODES)
     if bad or MAIN_PEER not in args.modes or "flowscope" not in args.modes or len(set(args.modes)) != len(args.modes):
         p.error(f"--modes must include none and flowscope, from {MODES + EXTRA_MODES}")
-    if set(args.workloads) - set(WORKLOADS) or not args.workloads:
-        p.error(f"--workloads must be from {WORKLOADS}")
+    if set(args.workloads) - set(WORKLOADS + LOCAL_WORKLOADS) or not args.workloads:
+        p.error(f"--workloads must be from {WORKLOADS + LOCAL_WORKLOADS}")
+    if args.array_size < 250:
+        p.error("--array-size must be at least 250 (one chunk)")
     return args
 
 
@@ -852,29 +1022,78 @@ def cpu_costs(samples: list[dict]) -> dict:
     return out
 
 
+def _local_parts(local: dict, local_ratio: dict) -> list[str]:
+    parts = []
+    for w, v in local_ratio.items():
+        lw = local[w]
+        parts.append(f"{w} ({lw['tasks']:,} tasks, threads) {v:.3f}x wall "
+                     f"({'meets' if v <= TARGET_LOCAL else 'misses'} {TARGET_LOCAL}), Profiler "
+                     f"{lw['ratio_vs_none']['profiler']:.3f}x")
+    if "micro" in local:
+        added = local["micro"]["added_us_per_task"]
+        parts.append(f"local capture +{added['flowscope']:.1f} us/task ({added['flowscope-no-task-io']:.1f} without "
+                     f"per-task I/O; Profiler +{added['profiler']:.1f})")
+    return parts
+
+
+def _local_only_result(args, local: dict, local_ratio: dict, wall0: float, load_before: float) -> int:
+    """Result and summary line of a run of the local workloads only."""
+    head = "local-tiny" if "local-tiny" in local_ratio else next(iter(local_ratio))
+    value = local_ratio[head]
+    result = {
+        "benchmark": BENCH, "metric": "wall_time_ratio", "value": value, "unit": "x", "target": TARGET_LOCAL,
+        "meets_target": value <= TARGET_LOCAL,
+        "peers": {m: {"value": local[head]["wall_s"][m], "unit": "s"} for m in LOCAL_MODES if m != "flowscope"},
+        "ratio_vs_peer": value,
+        "params": {
+            "value_is": f"median wall time of {head} on Dask's threaded scheduler inside `with observe(store=TMP)` "
+                        "divided by the median with no instrumentation",
+            "main_peer": MAIN_PEER, "tasks": args.tasks, "array_size": args.array_size, "repeat": args.repeat,
+            "quick": args.quick, "local": local,
+            "targets": {f"{w.replace('-', '_')}_ratio": {"target": TARGET_LOCAL, "value": v, "meets": v <= TARGET_LOCAL}
+                        for w, v in local_ratio.items()},
+            "flowscope_commit": git_commit(), "load_avg_1m_before": round(load_before, 2),
+            "load_avg_1m_after": round(os.getloadavg()[0], 2), "cpu_model": cpu_model(),
+            "platform": platform.platform(), "dask": dask.__version__, "flowscope": flowscope.__version__,
+            "wall_s": round(time.perf_counter() - wall0, 1),
+        },
+    }
+    write_result(result, args.output)
+    console.print(f"wrote {args.output}")
+    loads = [x for w in local_ratio for v in local[w]["load_avg_1m"].values() for x in v]
+    print(f"overhead: {'; '.join(_local_parts(local, local_ratio))} [median of {args.repeat}, "
+          f"load avg {min(loads):.1f}-{max(loads):.1f}]", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     wall0 = time.perf_counter()
     load_before = os.getloadavg()[0]
     base = Path(tempfile.mkdtemp(prefix="flowscope-bench-overhead-"))
-    samples: dict = {w: {m: [] for m in args.modes} for w in args.workloads}
+    cluster_w = tuple(w for w in args.workloads if w in WORKLOADS)
+    local_w = tuple(w for w in args.workloads if w in LOCAL_WORKLOADS)
+    samples: dict = {w: {m: [] for m in args.modes} for w in cluster_w}
+    local_samples: dict = {w: {m: [] for m in LOCAL_MODES} for w in local_w}
+    micro = None
     orders = []
     profiles: dict = {}
     columns = [SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(),
                MofNCompleteColumn(), TimeElapsedColumn()]
-    n_steps = 1 + args.repeat * len(args.workloads) * len(args.modes) + (2 * len(args.workloads) if args.profile else 0)
+    n_steps = (1 + args.repeat * len(cluster_w) * len(args.modes) + (2 * len(cluster_w) if args.profile else 0)
+               + args.repeat * len(local_w) * len(LOCAL_MODES) + (1 if local_w and args.local_micro else 0))
     try:
         with Progress(*columns, console=console, transient=False) as progress:
             steps = progress.add_task("warming up", total=n_steps)
-            work = {w: Workload(w, args) for w in args.workloads}
+            work = {w: Workload(w, args) for w in cluster_w}
             warm_args = argparse.Namespace(**{**vars(args), "tasks": min(args.tasks, 1_000), "images": 4})
-            for w in args.workloads:  # imports, first cluster start, collector start: not timed
+            for w in cluster_w:  # imports, first cluster start, collector start: not timed
                 measure(Workload(w, warm_args), "flowscope", warm_args, base, f"warmup-{w}")
             progress.advance(steps)
             for rep in range(args.repeat):
                 order = list(args.modes[rep % len(args.modes):] + args.modes[:rep % len(args.modes)])
                 orders.append(order)
-                for w in args.workloads:
+                for w in cluster_w:
                     for mode in order:
                         progress.update(steps, description=f"rep {rep + 1}/{args.repeat}: {w} / {mode}")
                         res = measure(work[w], mode, args, base, f"r{rep}-{w}-{mode}")
@@ -887,7 +1106,7 @@ def main(argv: list[str] | None = None) -> int:
                                                soft_wrap=True)
                         progress.advance(steps)
             if args.profile:
-                for w in args.workloads:
+                for w in cluster_w:
                     progress.update(steps, description=f"profiling {w} / flowscope: timers inside the hooks")
                     res = measure(work[w], "flowscope", args, base, f"detail-{w}", detail=True)
                     profiles[w] = {"detail_run": {"wall_s": _r(res["wall_s"]), "tasks": res["tasks"],
@@ -900,12 +1119,33 @@ def main(argv: list[str] | None = None) -> int:
                         spy[role] = summarise_profile(Path(info["file"]))
                     profiles[w]["py_spy_run"] = spy
                     progress.advance(steps)
+            if local_w:  # Dask's threaded scheduler in this process: no cluster
+                local_work = {w: LocalWorkload(w, args) for w in local_w}
+                for w in local_w:  # imports, the collector process's first start: not timed
+                    measure_local(local_work[w], "flowscope", base, f"warmup-{w}")
+                for rep in range(args.repeat):
+                    order = list(LOCAL_MODES[rep % len(LOCAL_MODES):] + LOCAL_MODES[:rep % len(LOCAL_MODES)])
+                    for w in local_w:
+                        for mode in order:
+                            progress.update(steps, description=f"rep {rep + 1}/{args.repeat}: {w} / {mode}")
+                            res = measure_local(local_work[w], mode, base, f"r{rep}-{w}-{mode}")
+                            local_samples[w][mode].append(res)
+                            extra = (f" + setup {res['setup_s']:.2f} s + teardown {res['teardown_s']:.2f} s"
+                                     if mode == "flowscope" else "")
+                            progress.console.print(f"rep {rep + 1} {w:<11} {mode:<10} {res['wall_s']:7.3f} s{extra}",
+                                                   soft_wrap=True)
+                            progress.advance(steps)
+                if args.local_micro:
+                    progress.update(steps, description=f"local micro-benchmark: {args.local_micro:,} no-op tasks")
+                    micro = local_micro(args.local_micro, max(3, args.repeat))
+                    progress.console.print(f"local per-task cost (µs, thread CPU): {micro['us_per_task']}")
+                    progress.advance(steps)
     finally:
         shutil.rmtree(base, ignore_errors=True)
 
-    med: dict = {w: {m: _med(s["wall_s"] for s in samples[w][m]) for m in args.modes} for w in args.workloads}
+    med: dict = {w: {m: _med(s["wall_s"] for s in samples[w][m]) for m in args.modes} for w in cluster_w}
     workloads: dict = {}
-    for w in args.workloads:
+    for w in cluster_w:
         fs = samples[w]["flowscope"]
         none_med = med[w]["none"]
         incl = _med(s["setup_s"] + s["wall_s"] + s["teardown_s"] for s in fs)
@@ -937,9 +1177,16 @@ def main(argv: list[str] | None = None) -> int:
             info["flowscope_variant_setup_s"] = _r(_med(s["setup_s"] for s in variant))
         workloads[w] = info
 
+    local = local_summary(local_samples) if local_w else {}
+    if micro is not None:
+        local["micro"] = micro
+    local_ratio = {w: local[w]["ratio_vs_none"]["flowscope"] for w in local_w}
+    if not cluster_w:  # --workloads local-*: the local tiny graph (or the array workload) is the headline
+        return _local_only_result(args, local, local_ratio, wall0, load_before)
+
     # the headline is the demo workflow; a run without it (--workloads tiny) reports the tiny graph against its
     # own target instead
-    demo_w = "demo" if "demo" in workloads else args.workloads[0]
+    demo_w = "demo" if "demo" in workloads else cluster_w[0]
     main_target = TARGET if demo_w == "demo" else TARGET_TINY
     value = workloads[demo_w]["ratio_vs_none"]["flowscope"]
     tiny_ratio = workloads["tiny"]["ratio_vs_none"]["flowscope"] if "tiny" in workloads else None
@@ -978,7 +1225,10 @@ def main(argv: list[str] | None = None) -> int:
                 "scheduler_hook_us_per_task": {"target": TARGET_HOOK_US, "value": _r(hook_sched_max, 2),
                                                "meets": hook_sched_max <= TARGET_HOOK_US,
                                                "note": "worst of the workloads"},
+                **{f"{w.replace('-', '_')}_ratio": {"target": TARGET_LOCAL, "value": v, "meets": v <= TARGET_LOCAL}
+                   for w, v in local_ratio.items()},
             },
+            "local": local or None,
             "scheduler_hook_us_per_task": hook_sched,
             "worker_hook_us_per_task": hook_worker,
             "workloads": workloads,
@@ -1012,10 +1262,12 @@ def main(argv: list[str] | None = None) -> int:
                      f"{TARGET_TINY}), {tw['ratio_flowscope_including_setup']:.3f}x with observe() setup+teardown, "
                      f"{tw['cpu_ratio_vs_none']['flowscope']:.3f}x CPU"
                      + (f"; taskstream {tw['ratio_vs_none']['taskstream']:.3f}x" if "taskstream" in args.modes else ""))
+    parts += _local_parts(local, local_ratio)
     parts.append(f"scheduler hooks {hook_sched_max:.1f} us/task ({verdict(hook_sched_max <= TARGET_HOOK_US)} "
                  f"{TARGET_HOOK_US:.0f}), worker hooks "
                  + ", ".join(f"{v:.0f} ({w})" for w, v in hook_worker.items() if v is not None) + " us/task")
-    loads = [x for w in workloads.values() for v in w["load_avg_1m"].values() for x in v]
+    loads = [x for w in [*workloads.values(), *(local[w] for w in local_w)] for v in w["load_avg_1m"].values()
+             for x in v]
     print(f"overhead: {'; '.join(parts)} [median of {args.repeat}, fresh cluster each, "
           f"load avg {min(loads):.1f}-{max(loads):.1f}]", flush=True)
     return 0

@@ -14,7 +14,11 @@ with ``flowscope.sources.dask.observe`` and flowscope's hardware sampler (1 s), 
 Measured (the run itself happens once; the cluster stays up after it):
 
 * flowscope -- ``flowscope.report.write_report(open_run(run_dir), path)``: the run read from its Parquet
-  files through DuckDB, every chart and table built, the file written. A fresh ``Run`` every time.
+  files through DuckDB, every chart and table built, the file written. A fresh ``Run`` every time. This is
+  the in-process figure (``value``), what ``flowscope run`` / ``observe`` do at the end of a run, and the one
+  timed the same way as the peer (both inside a running Python process).
+* ``flowscope report RUN -o OUT`` -- the same, as a user runs it afterwards: a new Python process, start-up
+  and imports included (``params.flowscope_cli_seconds``).
 * each peer -- its ``__exit__``, which is where performance_report does all its work (the scheduler
   builds the Bokeh document from its in-memory task stream, profiles and bandwidth records, and the
   file is written). The first ``__exit__`` closes the real block around the computation; the repetitions
@@ -26,7 +30,7 @@ are the files' sizes on disk. With ``--render`` (default when Chromium and Playw
 time headless Chromium takes to load flowscope's report and draw every chart is measured too (once).
 Writes ``bench/results/report.json`` (format: DESIGN.md, "Benchmarks") and prints one summary line last.
 
-    python bench/report.py                   # 100,000 tasks, 3 repetitions (2-3 minutes)
+    python bench/report.py                   # 100,000 tasks, 5 repetitions (a few minutes)
     python bench/report.py --quick           # smoke run: 5,000 tasks, 1 repetition
 """
 
@@ -116,6 +120,19 @@ def build_flowscope(run_dir: Path, out: Path) -> dict:
     return {"seconds": took, "bytes": path.stat().st_size}
 
 
+def build_flowscope_cli(run_dir: Path, out: Path) -> dict:
+    """``flowscope report RUN -o OUT`` in a new process: whole-process wall time."""
+    import subprocess
+
+    t0 = time.perf_counter()
+    proc = subprocess.run([sys.executable, "-m", "flowscope", "report", str(run_dir), "-o", str(out)],
+                          capture_output=True, text=True, check=False)
+    took = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise BenchError(f"flowscope report exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
+    return {"seconds": took, "bytes": out.stat().st_size}
+
+
 def exit_peer(report, filename: Path) -> dict:
     report.filename = str(filename)
     t0 = time.perf_counter()
@@ -157,7 +174,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tasks", type=int, default=None, help="tasks in the run (default 100,000)")
-    p.add_argument("--repeat", type=int, default=None, help="report builds of each kind; medians (default 3)")
+    p.add_argument("--repeat", type=int, default=None, help="report builds of each kind; medians (default 5)")
     p.add_argument("--workers", type=int, default=2, help="LocalCluster workers (default 2)")
     p.add_argument("--threads", type=int, default=2, help="threads per worker (default 2)")
     p.add_argument("--render", choices=("auto", "yes", "no"), default="auto",
@@ -168,7 +185,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--output", type=Path, default=RESULTS, help=f"result file (default {RESULTS})")
     args = p.parse_args(argv)
     args.tasks = args.tasks if args.tasks is not None else (5_000 if args.quick else 100_000)
-    args.repeat = args.repeat if args.repeat is not None else (1 if args.quick else 3)
+    args.repeat = args.repeat if args.repeat is not None else (1 if args.quick else 5)
     for name in ("tasks", "repeat", "workers", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1")
@@ -257,14 +274,14 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]
     workdir = args.keep or Path(tempfile.mkdtemp(prefix="flowscope-bench-report-"))
     workdir.mkdir(parents=True, exist_ok=True)
-    samples: dict[str, list[dict]] = {"flowscope": [], MAIN_PEER: [], INLINE_PEER: []}
+    samples: dict[str, list[dict]] = {"flowscope": [], "flowscope_cli": [], MAIN_PEER: [], INLINE_PEER: []}
     columns = [SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(),
                MofNCompleteColumn(), TimeElapsedColumn()]
     state = None
     render = None
     try:
         with Progress(*columns, console=console, transient=False) as progress:
-            step = progress.add_task("preparing", total=2 + 3 * args.repeat)
+            step = progress.add_task("preparing", total=2 + 4 * args.repeat)
             state = record_run(args, workdir, progress, step)
             progress.console.print(f"run: {state['tasks']:,} tasks computed in {state['compute_s']:.1f} s "
                                    f"({state['run_s']:.1f} s with observe() set-up and flush); "
@@ -274,6 +291,8 @@ def main(argv: list[str] | None = None) -> int:
             measures = [
                 ("flowscope", "flowscope write_report",
                  lambda tag: build_flowscope(state["run_dir"], workdir / f"flowscope-{tag}.html")),
+                ("flowscope_cli", "flowscope report (process)",
+                 lambda tag: build_flowscope_cli(state["run_dir"], workdir / f"flowscope-cli-{tag}.html")),
                 (MAIN_PEER, "performance_report",
                  lambda tag: exit_peer(state["peer"], workdir / f"peer-{tag}.html")),
                 (INLINE_PEER, "performance_report inline",
@@ -337,6 +356,8 @@ def main(argv: list[str] | None = None) -> int:
             "peer_report_bytes": int(med(MAIN_PEER, "bytes")),
             "peer_inline_report_bytes": int(med(INLINE_PEER, "bytes")),
             "peer_report_opens_offline": False,
+            "flowscope_cli_seconds": round(med("flowscope_cli", "seconds"), 3),
+            "flowscope_cli_is": "flowscope report RUN -o OUT in a new process (start-up and imports included)",
             "samples_seconds": {k: [round(s["seconds"], 3) for s in v] for k, v in samples.items()},
             "samples_bytes": {k: [s["bytes"] for s in v] for k, v in samples.items()},
             "first_peer_exit_seconds": {MAIN_PEER: round(state["first_peer"]["seconds"], 3),
@@ -361,7 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     write_result(result, args.output)
     console.print(f"wrote {args.output}")
     verdict = "meets" if result["meets_target"] and result["params"]["meets_size_target"] else "misses"
-    print(f"report: {state['tasks']:,} tasks: flowscope {value:.2f} s, {_mib(size)} ({verdict} targets "
+    print(f"report: {state['tasks']:,} tasks: flowscope {value:.2f} s in process "
+          f"({med('flowscope_cli', 'seconds'):.2f} s as `flowscope report`), {_mib(size)} ({verdict} targets "
           f"{TARGET_S:.0f} s / {_mib(TARGET_BYTES)}); performance_report {peer:.2f} s, "
           f"{_mib(result['params']['peer_report_bytes'])} (CDN), inline {med(INLINE_PEER, 'seconds'):.2f} s, "
           f"{_mib(result['params']['peer_inline_report_bytes'])} (x{result['ratio_vs_peer']:.2f} time) "

@@ -29,6 +29,38 @@ def shared_data() -> Path:
     return d
 
 
+# ---- optional dependencies: a user without one is told and skipped; CI fails --------------------------------
+# (FLOWSCOPE_REQUIRE_SHARED_DATA=1 is set by .ci/run, whose scripts/test.sh installs every test dependency:
+# there a missing one is a broken set-up, not a reason to skip.)
+import importlib
+from types import ModuleType
+from typing import NoReturn
+
+
+def dependencies_required() -> bool:
+    """True under CI (FLOWSCOPE_REQUIRE_SHARED_DATA=1): a missing test dependency fails instead of skipping."""
+    return os.environ.get("FLOWSCOPE_REQUIRE_SHARED_DATA") == "1"
+
+
+def missing_dependency(why: str) -> NoReturn:
+    """Skip the calling test (or test module, at import time) because ``why``; fail under CI."""
+    if dependencies_required():
+        pytest.fail(f"{why}, and FLOWSCOPE_REQUIRE_SHARED_DATA=1 requires it", pytrace=False)
+    pytest.skip(why, allow_module_level=True)
+
+
+def require_module(name: str, purpose: str) -> ModuleType:
+    """Import the optional module ``name`` (``purpose``: what it is for, and how to install it) and return it.
+    Use this, not ``pytest.importorskip``, wherever a test needs an optional dependency: where it cannot be
+    imported the test is skipped with the reason, except under CI, where it fails."""
+    try:
+        return importlib.import_module(name)
+    except ImportError as exc:
+        missing_dependency(f"{name} cannot be imported ({purpose}): {exc}")
+
+# ---- end of optional dependencies ----------------------------------------------------------------------------
+
+
 def needs_tool(executable: str, package: str) -> pytest.MarkDecorator:
     """Skip a test when a reference tool from a Debian package is missing, except in CI
     (FLOWSCOPE_REQUIRE_SHARED_DATA=1, set by .ci/run, whose scripts/test.sh installs it): there the
@@ -40,21 +72,28 @@ def needs_tool(executable: str, package: str) -> pytest.MarkDecorator:
 
 
 class CollectorProcess:
-    """`flowscope serve` in a child process on 127.0.0.1."""
+    """`flowscope serve` in a child process on 127.0.0.1. Its output goes to ``log_path`` (a file, not a
+    pipe: a pipe nobody reads fills at 64 KiB and then freezes the collector's next write to it)."""
 
-    def __init__(self, store: Path, workdir: Path, extra: list[str] | None = None):
+    def __init__(self, store: Path, workdir: Path, extra: list[str] | None = None, env: dict | None = None):
         self.store = store
         self.workdir = workdir
         self.extra = extra or []
+        self.env = env or {}
         self.port = 0
         self.proc: subprocess.Popen | None = None
         self.address = ""
+        self.log_path = workdir / f"collector-{time.monotonic_ns()}.log"
 
-    def start(self, timeout: float = 30.0) -> CollectorProcess:
+    def start(self, timeout: float = 30.0, env: dict | None = None) -> CollectorProcess:
+        """Start (or restart, on the same port and store); ``env`` replaces the extra environment variables."""
+        if env is not None:
+            self.env = env
         addr_file = self.workdir / f"address-{time.monotonic_ns()}"
         cmd = [sys.executable, "-m", "flowscope", "serve", "--port", str(self.port), "--store", str(self.store),
                "--address-file", str(addr_file), *self.extra]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        with open(self.log_path, "ab") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **self.env})
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if addr_file.exists() and addr_file.read_text().strip():
@@ -62,7 +101,7 @@ class CollectorProcess:
                 self.port = int(self.address.rsplit(":", 1)[1])
                 break
             if self.proc.poll() is not None:
-                raise RuntimeError(f"collector exited: {self.proc.stdout.read().decode()}")
+                raise RuntimeError(f"collector exited: {self.log_path.read_text(errors='replace')[-4000:]}")
             time.sleep(0.02)
         else:
             raise TimeoutError("collector did not start")
@@ -97,8 +136,8 @@ class CollectorProcess:
 def collector_factory(tmp_path):
     started: list[CollectorProcess] = []
 
-    def make(*extra: str, store: Path | None = None) -> CollectorProcess:
-        c = CollectorProcess(store or tmp_path / "store", tmp_path, list(extra))
+    def make(*extra: str, store: Path | None = None, env: dict | None = None) -> CollectorProcess:
+        c = CollectorProcess(store or tmp_path / "store", tmp_path, list(extra), env)
         started.append(c)
         return c.start()
 

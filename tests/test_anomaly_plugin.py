@@ -13,7 +13,7 @@ from distributed import Client, LocalCluster
 
 from flowscope import observe
 from flowscope.analysis.anomalies import AnomalyConfig
-from flowscope.sources.dask.anomaly_plugin import PRUNED, distributed_anomalies
+from flowscope.sources.dask.anomaly_plugin import NAME, PRUNED, distributed_anomalies
 
 # calls of `work` slowed 10- to 30-fold, each by a different amount: HBOS flags the rarest bins, and equal
 # slowdowns sharing one bin would score lower than a lone call of the noise (docs/anomalies.md)
@@ -35,6 +35,15 @@ def cluster():
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
                       worker_dashboard_address=None) as cl, Client(cl) as client:
         yield client
+
+
+def _judged(dask_worker) -> int:
+    """How many calls this worker's detector has judged so far, once what it recorded has reached the collector."""
+    plugin = dask_worker.plugins[NAME]
+    with plugin._lock:  # not in the middle of a batch: its verdicts and its sync are both done
+        judged = plugin.stats["calls"]
+    plugin.fs.flush(30)
+    return judged
 
 
 def _offline(run_dir, store, algo: str) -> set[str]:
@@ -60,6 +69,13 @@ def test_workers_flag_slowed_tasks_online_and_agree_with_offline(cluster, tmp_pa
         b = client.map(other, range(n), key=[f"other-{i}-{case}" for i in range(n)])
         client.gather(a + b)
         del a, b
+        # the verdicts made during the run, before the end's final re-judging: once every call has been judged
+        # on its worker (each worker judges and syncs on its own period, so their syncs are staggered)
+        deadline = time.monotonic() + 120
+        while (judged := sum(client.run(_judged).values())) < 2 * n:
+            assert time.monotonic() < deadline, f"the workers judged {judged} of {2 * n} calls in 120 s"
+            time.sleep(0.1)
+        during = set(obs.run.arrow("anomalies")["task_key"].to_pylist())
     assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors
     stats = obs.anomaly_stats
     assert len(stats) == 2 and all(s["errors"] == 0 for s in stats.values()), stats
@@ -86,10 +102,13 @@ def test_workers_flag_slowed_tasks_online_and_agree_with_offline(cluster, tmp_pa
         assert m["online"] is True and m["algo"] == algo and m["worker"] in stats
         assert row["score"] >= row["threshold"]
         assert row["inclusive_ns"] == row["end_ns"] - row["start_ns"]
-    # ... and survives post-pruning, ranked first by time lost
+    # ... and survives post-pruning
     assert slowed <= set(online["task_key"].to_pylist())
-    top = sorted(online.to_pylist(), key=lambda r: -r["severity_ns"])[:len(slowed)]
-    assert {r["task_key"] for r in top} == slowed
+    # ranked by time lost: the call's duration minus the mean of the model it was judged against. (Whether the
+    # slowed calls lose the most time is up to the machine: a saturated one stretched a normal 10 ms call by
+    # 0.3 s here, beyond the least slowdown.)
+    for row in raw.to_pylist():
+        assert row["severity_ns"] == round(row["inclusive_ns"] - json.loads(row["model"])["mean"]), row
 
     # post-pruning removed exactly what the workers logged as pruned
     pruned = run.sql(f"SELECT task_key FROM logs WHERE category = '{PRUNED}'")
@@ -102,12 +121,17 @@ def test_workers_flag_slowed_tasks_online_and_agree_with_offline(cluster, tmp_pa
 
     offline = _offline(obs.run_dir, tmp_path, algo)
     dist = set(online["task_key"].to_pylist())
-    agree = len(dist & offline) / len(dist | offline)
-    print(f"{algo}: online flagged {raw.num_rows}, after post-pruning {len(dist)}, offline {len(offline)}, "
-          f"agreement {agree:.4f}; late {sum(s['late'] for s in stats.values())}, calls kept to judge again "
+    recall = len(during & offline) / len(offline)
+    print(f"{algo}: online flagged {raw.num_rows} ({len(during)} during the run), after post-pruning {len(dist)}, "
+          f"offline {len(offline)}; recall of the verdicts made during the run {recall:.3f}; "
+          f"late {sum(s['late'] for s in stats.values())}, calls kept to judge again "
           f"at most {max(s['pending_max'] for s in stats.values())} per worker")
     assert slowed <= offline
-    assert agree >= 0.995, (sorted(dist - offline), sorted(offline - dist))
+    # during the run, before the end re-judged anything against the final model, the workers had flagged every
+    # slowed call (against the global model of their moment)
+    assert slowed <= during, sorted(slowed - during)
+    # after post-pruning, the flagged set is the offline pass's exactly: no call in one set only
+    assert dist == offline, (sorted(dist - offline), sorted(offline - dist))
     # pruned anomalies are ones the offline pass (the model of the whole run) does not flag
     assert not set(pruned["task_key"]) & offline
     # and the report shows the anomalies that stand, not those post-pruning withdrew

@@ -14,7 +14,7 @@ from flowscope import Client
 from flowscope.cli.main import build_parser
 
 COMMANDS = ["demo", "run", "step", "simulate", "serve", "runs", "show", "sql", "report", "anomalies", "import",
-            "export", "ingest-spool"]
+            "export", "ingest-spool", "rm"]
 
 
 def fs(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:

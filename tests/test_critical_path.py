@@ -3,6 +3,7 @@ path on a real Dask run, incremental == offline, what-if replays, the Dask data-
 
 from __future__ import annotations
 
+import itertools
 import json
 import time
 
@@ -110,6 +111,134 @@ def test_structural_length_agrees_with_networkx_on_1000_random_dags():
         assert sum(g[u][v]["weight"] for u, v in zip(path[:-1], path[1:])) == pytest.approx(length)
 
 
+def _networkx_length(n: int, src, dst, w) -> float:
+    g = nx.DiGraph()
+    g.add_nodes_from(range(n))
+    for s, d, x in sorted(zip(src.tolist(), dst.tolist(), w.tolist()), key=lambda e: e[2]):
+        g.add_edge(s, d, weight=x)   # a duplicate edge keeps its largest weight
+    return nx.dag_longest_path_length(g, weight="weight") if g.number_of_edges() else 0
+
+
+def _deep_dag(rng, chains: int, length: int, cross: int, span: int):
+    """``chains`` chains of ``length`` vertices (so ``length`` levels), plus ``cross`` edges from a vertex to one
+    of any chain 1..span positions further; vertex numbers shuffled, duplicate edges kept."""
+    n = chains * length
+    perm = rng.permutation(n)
+
+    def at(chain, position):
+        return chain * length + position
+
+    c = np.repeat(np.arange(chains), length - 1)
+    i = np.tile(np.arange(length - 1), chains)
+    cs, ci = rng.integers(0, chains, cross), rng.integers(0, length - 1, cross)
+    cj = np.minimum(ci + rng.integers(1, span + 1, cross), length - 1)
+    src = np.concatenate([at(c, i), at(cs, ci)])
+    dst = np.concatenate([at(c, i + 1), at(rng.integers(0, chains, cross), cj)])
+    return n, perm[src], perm[dst], rng.integers(0, 1000, len(src)).astype(float)
+
+
+def test_structural_length_agrees_with_networkx_on_deep_dags():
+    # the level-by-level pass this replaced needed one round per level: thousands of levels here
+    rng = np.random.default_rng(5)
+    for i in range(20):
+        n, src, dst, w = _deep_dag(rng, int(rng.integers(1, 4)), int(rng.integers(500, 3000)),
+                                   int(rng.integers(0, 6000)), int(rng.integers(1, 5)))
+        expect = _networkx_length(n, src, dst, w)
+        assert longest_path_length(n, src, dst, w) == pytest.approx(expect, rel=1e-12, abs=0), f"DAG {i}"
+        length, path = longest_path(n, src, dst, w)
+        assert length == pytest.approx(expect, rel=1e-12, abs=0)
+        best = {}
+        for s, d, x in zip(src.tolist(), dst.tolist(), w.tolist()):
+            best[s, d] = max(best.get((s, d), -1.0), x)
+        assert sum(best[u, v] for u, v in itertools.pairwise(path)) == pytest.approx(length)
+
+
+def _dask_edges(*collections) -> tuple[int, np.ndarray, np.ndarray]:
+    """The task graph Dask's scheduler receives for ``collections`` (optimised, as Client.compute sends it),
+    as edge arrays over task numbers."""
+    from dask.base import collections_to_expr
+    from dask.core import get_dependencies
+
+    dsk = dict(collections_to_expr(list(collections), optimize_graph=True).optimize().__dask_graph__())
+    number = {k: i for i, k in enumerate(dsk)}
+    pairs = [(number[d], number[k]) for k in dsk for d in get_dependencies(dsk, k)]
+    src, dst = (np.array(x, dtype=np.int64) for x in zip(*pairs))
+    return len(dsk), src, dst
+
+
+def test_structural_length_agrees_with_networkx_on_real_dask_graphs():
+    import dask.array as da
+    import dask.dataframe as dd
+
+    x = da.random.random((600, 600), chunks=(50, 50))
+    y = (x + x.T) - (x + x.T).mean(axis=0)                       # transpose, tree reduction, broadcast
+    y = y.rechunk((25, 200)).rechunk((50, 50)).cumsum(axis=1)    # rechunk both ways, a sequential scan
+    frame = dd.from_pandas(pd.DataFrame({"a": np.arange(20_000) % 97, "b": np.arange(20_000.0)}), npartitions=24)
+    shuffled = frame.shuffle("a", shuffle_method="tasks")
+    per_key = shuffled.groupby("a").b.sum(split_out=4)
+    rng = np.random.default_rng(9)
+    for collections in [(y,), (shuffled.b.cumsum(),), (per_key,), (y.sum(), y.std(axis=0))]:
+        n, src, dst = _dask_edges(*collections)
+        assert len(src) >= n - len(collections)            # a connected graph, not an empty one
+        w = rng.integers(0, 10**6, len(src)).astype(float)
+        perm = rng.permutation(n)
+        src, dst = perm[src], perm[dst]
+        assert longest_path_length(n, src, dst, w) == pytest.approx(_networkx_length(n, src, dst, w), rel=1e-12)
+
+
+def test_a_cycle_is_named_by_a_vertex_on_it():
+    # 0 -> 1 -> 2 -> 3 -> 1 is a cycle; 4 hangs behind it; 5 -> 6 is fine
+    with pytest.raises(ValueError, match=r"cycle through vertex 1 \(1 -> 2 -> 3 -> 1\)") as e:
+        longest_path_length(7, [0, 1, 2, 3, 3, 5], [1, 2, 3, 1, 4, 6])
+    assert e.value.cycle == [1, 2, 3]
+    assert e.value.vertex == 1
+    assert "4 of 7 vertices" in str(e.value)
+    with pytest.raises(ValueError, match=r"cycle through vertex 2 \(2 -> 2\)"):
+        longest_path_length(3, [0, 2], [1, 2])
+    # a back edge planted in random DAGs: the cycle reported is one of the graph's
+    rng = np.random.default_rng(13)
+    for i in range(200):
+        n = int(rng.integers(2, 80))
+        src, dst, w = _random_dag(rng, n, int(rng.integers(1, 4 * n + 1)))
+        if len(src) == 0:
+            continue
+        j = int(rng.integers(0, len(src)))
+        u, v = int(src[j]), int(dst[j])
+        back_src, back_dst = np.append(src, v), np.append(dst, u)
+        with pytest.raises(ValueError, match="cycle") as e:
+            longest_path(n, back_src, back_dst, np.append(w, 1.0))
+        cyc = e.value.cycle
+        edges = set(zip(back_src.tolist(), back_dst.tolist()))
+        assert all((a, b) in edges for a, b in zip(cyc, cyc[1:] + cyc[:1])), f"graph {i}: {cyc}"
+        assert len(set(cyc)) == len(cyc)
+
+
+def test_bad_edges_and_weights_are_named():
+    with pytest.raises(ValueError, match=r"edge 1 \(1 -> 7\): 7 is not a vertex number in \[0, 3\)"):
+        longest_path_length(3, [0, 1], [1, 7])
+    with pytest.raises(ValueError, match=r"edge 0 \(-1 -> 1\): -1 is not a vertex number"):
+        longest_path_length(3, [-1], [1])
+    with pytest.raises(ValueError, match=r"edge weights: edge 1 has weight nan; weights must be finite"):
+        longest_path_length(3, [0, 1], [1, 2], [1.0, float("nan")])
+    with pytest.raises(ValueError, match=r"vertex weights: vertex 2 has weight inf"):
+        longest_path_length(3, [0, 1], [1, 2], None, [0.0, 1.0, float("inf")])
+    with pytest.raises(ValueError, match="same length"):
+        longest_path_length(3, [0, 1], [1])
+    with pytest.raises(ValueError, match=r"4,294,967,296 vertices; the longest path handles 0 to 4,294,967,294"):
+        longest_path_length(2**32, [0], [1])
+    with pytest.raises(ValueError, match=r"-1 vertices"):
+        longest_path(-1, [], [])
+
+
+def test_negative_weights_and_lone_vertices():
+    # what_if puts negative lags on edges: a longest path may be shorter than its heaviest vertex alone
+    assert longest_path_length(3, [0], [1], [-5.0], [2.0, 1.0, 4.0]) == 4.0
+    assert longest_path_length(2, [0], [1], [-5.0], [2.0, 1.0]) == 2.0
+    assert longest_path_length(2, [0, 0], [1, 1], [-5.0, -1.0], [0.0, 0.0]) == 0.0
+    assert longest_path(3, [0], [1], [-1.0], [2.0, 3.0, 1.0]) == (4.0, [0, 1])
+    assert longest_path_length(4, [], [], None, None) == 0.0
+
+
 def test_vertex_weights_count_like_a_split_vertex():
     rng = np.random.default_rng(7)
     for _ in range(50):
@@ -154,6 +283,110 @@ def test_incremental_equals_offline_at_every_batch():
         pd.testing.assert_frame_equal(online.steps, offline.steps)
     assert inc.pending == 0
     assert inc.current().ids[-1] == f"s{n - 1}"
+
+
+# ---- hand-built runs whose measured path is known in advance ------------------------------------------------
+
+MS = 1_000_000
+T0 = 1_700_000_000_000_000_000
+
+
+def hand_built_run(tmp_path, tasks: dict, deps: list, transfers: list = ()):
+    """A run written row by row through a Client, as a Dask capture would write it. ``tasks``: key -> (worker,
+    thread, start ms, end ms); ``deps``: (task, the task it depends on); ``transfers``: (key, from worker, to
+    worker, start ms, end ms). Times are ms after T0."""
+    import flowscope
+
+    fs = flowscope.Client("embedded", store=tmp_path / "store", name="hand-built")
+    for key, (worker, thread, s, e) in tasks.items():
+        fs.emit("spans", resource_id=f"thread:{worker}:{thread}", kind="task", name=key.rstrip("0123456789"),
+                start_ns=T0 + s * MS, end_ns=T0 + e * MS, task_key=key,
+                attrs=json.dumps({"worker": f"tcp://{worker}:1", "thread_ident": thread}))
+    for key, dep in deps:
+        fs.emit("dependencies", task_key=key, depends_on=dep)
+    for key, src, dst, s, e in transfers:
+        fs.emit("transfers", kind="dask-fetch", src_resource_id=f"worker:tcp://{src}:1",
+                dst_resource_id=f"worker:tcp://{dst}:1", nbytes=1000, start_ns=T0 + s * MS, end_ns=T0 + e * MS,
+                keys=[key])
+    fs.close()
+    run = flowscope.open_run(fs.run_dir)
+    return run.table("spans"), run.table("dependencies"), run.table("transfers")
+
+
+def _steps(path) -> list[tuple]:
+    """The steps as (vertex, kind, start ms, end ms, component), times after T0."""
+    return [(r.id, r.kind, (r.start_ns - T0) / MS, (r.end_ns - T0) / MS, r.component)
+            for r in path.steps.itertuples()]
+
+
+def test_measured_path_of_a_diamond_goes_through_the_input_that_arrived_last(tmp_path):
+    """a feeds b (same thread as d, done at 30) and c (the other worker, done at 60); d needs both. c's output
+    reaches d's worker last (transfer 60-64), so the path is a, the fetch of a, c, the fetch of c, d's wait for
+    the scheduler, d -- not through b, although b ran on d's own thread just before it."""
+    spans, deps, transfers = hand_built_run(
+        tmp_path,
+        tasks={"a": ("w1", 1, 0, 10), "b": ("w1", 1, 10, 30), "c": ("w2", 2, 12, 60), "d": ("w1", 1, 66, 80)},
+        deps=[("b", "a"), ("c", "a"), ("d", "b"), ("d", "c")],
+        transfers=[("a", "w1", "w2", 10, 12), ("c", "w2", "w1", 60, 64)])
+    paths = task_graph_paths(spans, deps, transfers)
+    m = paths.measured
+    assert m.ids == ["a", "c", "d"]
+    assert _steps(m) == [("a", "task", 0, 10, "compute"),
+                         ("a", "TRANSFER", 10, 12, "transfer"),
+                         ("c", "task", 12, 60, "compute"),
+                         ("c", "TRANSFER", 60, 64, "transfer"),
+                         ("d", "QUEUE", 64, 66, "queue"),
+                         ("d", "task", 66, 80, "compute")]
+    assert m.length_ns == 80 * MS
+    comp = m.by_component().set_index("component")["duration_ns"].to_dict()
+    assert comp == {"compute": 72 * MS, "transfer": 6 * MS, "io": 0, "wait": 0, "queue": 2 * MS}
+    # the structural path: the same chain, durations and transfer times only, from 0
+    assert paths.structural.ids == ["a", "c", "d"]
+    assert paths.structural.length_ns == (10 + 2 + 48 + 4 + 14) * MS
+    assert paths.difference_ns == 2 * MS  # d's queueing is the only time scheduling cost
+    # slowing the late input lengthens the run one for one; slowing b (off the path, 30 ms of slack) does not
+    assert what_if(spans, deps, transfers, scale={"c": 1.5}) == (80 + 24) * MS
+    assert what_if(spans, deps, transfers, scale={"b": 2.0}) == 80 * MS
+
+
+def test_measured_path_of_a_task_queued_behind_another_on_its_thread(tmp_path):
+    """z's input p was ready at 5 ms, but z's thread ran x until 40: z waited for the thread, not for data. The
+    path is x then z (queueing 40-42), and p -- z's only dependency -- is not on it."""
+    spans, deps, transfers = hand_built_run(
+        tmp_path,
+        tasks={"x": ("w1", 1, 0, 40), "p": ("w1", 2, 0, 5), "z": ("w1", 1, 42, 50)},
+        deps=[("z", "p")])
+    paths = task_graph_paths(spans, deps, transfers)
+    m = paths.measured
+    assert m.ids == ["x", "z"]
+    assert _steps(m) == [("x", "task", 0, 40, "compute"),
+                         ("z", "QUEUE", 40, 42, "queue"),
+                         ("z", "task", 42, 50, "compute")]
+    assert m.by_component().set_index("component")["duration_ns"].to_dict() == {
+        "compute": 48 * MS, "transfer": 0, "io": 0, "wait": 0, "queue": 2 * MS}
+    # with unlimited threads z would have followed p at once: x alone is the structural path
+    assert paths.structural.ids == ["x"] and paths.structural.length_ns == 40 * MS
+    assert paths.difference_ns == 10 * MS
+
+
+def test_measured_path_waits_for_the_last_input_to_finish_before_the_fetch(tmp_path):
+    """d (on w1) needs b (w1, done at 50) and c (w2, done at 40). The scheduler placed d once b finished, and only
+    then did w1 fetch c (52-60): c's output arrived last, but what held the fetch back was b. The path is b,
+    a 2 ms wait for the fetch to begin, the fetch of c, d's queueing, d."""
+    spans, deps, transfers = hand_built_run(
+        tmp_path,
+        tasks={"b": ("w1", 1, 0, 50), "c": ("w2", 2, 0, 40), "d": ("w1", 1, 61, 70)},
+        deps=[("d", "b"), ("d", "c")],
+        transfers=[("c", "w2", "w1", 52, 60)])
+    m = task_graph_paths(spans, deps, transfers).measured
+    assert m.ids == ["b", "d"]
+    assert _steps(m) == [("b", "task", 0, 50, "compute"),
+                         ("b", "WAIT", 50, 52, "wait"),
+                         ("c", "TRANSFER", 52, 60, "transfer"),
+                         ("d", "QUEUE", 60, 61, "queue"),
+                         ("d", "task", 61, 70, "compute")]
+    assert m.by_component().set_index("component")["duration_ns"].to_dict() == {
+        "compute": 59 * MS, "transfer": 8 * MS, "io": 0, "wait": 2 * MS, "queue": MS}
 
 
 # ---- a real Dask run ----------------------------------------------------------------------------------------

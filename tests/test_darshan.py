@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+from conftest import require_module
 
-darshan = pytest.importorskip("darshan", reason="PyDarshan (pip install darshan) reads Darshan logs")
+darshan = require_module("darshan", "PyDarshan reads Darshan logs: pip install -e '.[test]'")
 
 from flowscope import open_run  # noqa: E402
 from flowscope.analysis.io_attribution import attribute_io  # noqa: E402

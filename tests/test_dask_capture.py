@@ -1,12 +1,17 @@
-"""Observing a real Dask LocalCluster (2 worker processes, 2 threads each)."""
+"""Observing a real Dask LocalCluster (2 worker processes, 2 threads each) with Dask's default configuration:
+every task counted exactly once, retries, a task that errs, a worker killed while it holds and runs tasks."""
 
 from __future__ import annotations
 
+import json
+import os
+import signal
 import time
+from collections import Counter
+from pathlib import Path
 
 import pytest
 
-import dask
 from dask import delayed
 from dask.core import get_dependencies
 from distributed import Client, LocalCluster
@@ -30,10 +35,10 @@ def fail(x):
 
 @pytest.fixture
 def cluster():
-    with dask.config.set({"distributed.scheduler.work-stealing": False}):
-        with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0",
-                          worker_dashboard_address=None) as cl, Client(cl) as client:
-            yield cl, client
+    """Dask's default configuration (work stealing on): what users run."""
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0",
+                      worker_dashboard_address=None) as cl, Client(cl) as client:
+        yield cl, client
 
 
 def _graph():
@@ -52,7 +57,7 @@ def test_every_task_is_one_execution_span_on_a_real_worker_thread(cluster, tmp_p
     run = obs.run
     graph = dict(total.__dask_graph__())
     spans = run.sql("SELECT * FROM spans WHERE kind = 'task'")
-    assert sorted(spans["task_key"]) == sorted(graph)  # every task exactly once
+    assert Counter(spans["task_key"]) == Counter(list(graph))  # every task exactly once
     assert (spans["start_ns"] < spans["end_ns"]).all()
 
     # each span is on a thread resource of the worker process that ran it, with a real OS thread id
@@ -77,12 +82,13 @@ def test_every_task_is_one_execution_span_on_a_real_worker_thread(cluster, tmp_p
         for (a, b), (c, _) in zip(states, states[1:]):
             assert b == c, f"{key}: {states}"
         assert ("processing", "memory") in states, f"{key}: {states}"
-    assert set(trans["task_key"]) >= set(graph)
+    done = trans[(trans["from_state"] == "processing") & (trans["to_state"] == "memory")]
+    assert Counter(done["task_key"]) == Counter(list(graph))  # each task computed once, stolen or not
 
-    # dependencies equal the graph's
+    # dependencies equal the graph's, each edge recorded once
     deps = run.sql("SELECT task_key, depends_on FROM dependencies")
     want = {(k, d) for k in graph for d in get_dependencies(graph, k)}
-    assert set(zip(deps["task_key"], deps["depends_on"])) == want
+    assert Counter(zip(deps["task_key"], deps["depends_on"])) == Counter(want)
 
     # a transfer exists wherever a task's input was computed on another worker
     where = dict(zip(threads["task_key"], threads["address"]))
@@ -288,26 +294,249 @@ def test_no_transition_is_lost_when_a_burst_outgrows_dasks_own_logs(cluster, tmp
     sched = run.sql("""SELECT task_key, "group", prefix, from_state, to_state, worker FROM transitions
                        WHERE observer = 'scheduler' ORDER BY ts_ns""")
     assert set(sched["task_key"]) == keys
+    ran = sched[(sched["from_state"] == "processing") & (sched["to_state"] == "memory")]
+    assert Counter(ran["task_key"]) == Counter(keys)
     for key, rows in sched.groupby("task_key"):
         states = list(zip(rows["from_state"], rows["to_state"]))
         assert states[0] == ("released", "waiting"), f"{key}: {states}"  # the first one too: none lost
         assert all(b == c for (_, b), (c, _) in zip(states, states[1:])), f"{key}: {states}"
         assert ("processing", "memory") in states, f"{key}: {states}"
     assert (sched["prefix"] == "noop").all() and sched["group"].notna().all()
-    ran = sched[(sched["from_state"] == "processing") & (sched["to_state"] == "memory")]
     assert ran["worker"].str.startswith("worker:").all()
 
     spans = run.sql("SELECT task_key, r.parent_id AS worker FROM spans s JOIN resources r USING (resource_id) "
                     "WHERE s.kind = 'task'")
+    assert Counter(spans["task_key"]) == Counter(keys)
     where = dict(zip(spans["task_key"], spans["worker"]))
-    assert set(where) == keys
     assert dict(zip(ran["task_key"], ran["worker"])) == where  # the scheduler's worker is the one that ran it
 
     work = run.sql("""SELECT task_key, from_state, to_state, observer, worker FROM transitions
                       WHERE observer <> 'scheduler' ORDER BY ts_ns""")
     assert (work["observer"] == work["worker"]).all()
+    executed = work[(work["from_state"] == "executing") & (work["to_state"] == "memory")]
+    assert Counter(executed["task_key"]) == Counter(keys)  # on one worker, once
     for key, rows in work[work["task_key"].isin(keys)].groupby("task_key"):
         on = rows[rows["observer"] == where[key]]
         states = list(zip(on["from_state"], on["to_state"]))
         assert ("executing", "memory") in states, f"{key}: {states}"
         assert all(b == c for (_, b), (c, _) in zip(states, states[1:])), f"{key}: {states}"
+
+
+# ---- retries, errors, a lost worker, a transition Dask was asked for but did not make --------------------------
+
+def _wait_for(condition, what: str, timeout: float = 120.0) -> None:
+    """Wait until ``condition()`` holds (a state of the cluster, not a duration); fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, f"{what}: not after {timeout:.0f} s"
+        time.sleep(0.02)
+
+
+def _attrs(spans) -> list[dict]:
+    return [json.loads(a) for a in spans["attrs"]]
+
+
+def flaky(folder: str) -> int:
+    """Fails the first two times it runs, then returns the attempt number (attempts are counted in files of
+    ``folder``: they run one after the other, each after the previous one failed)."""
+    d = Path(folder)
+    n = len(list(d.glob("attempt-*")))
+    (d / f"attempt-{n}").touch()
+    if n < 2:
+        raise RuntimeError(f"secret attempt {n}")
+    return n
+
+
+def test_a_retried_task_has_one_span_and_one_set_of_transitions_per_attempt(cluster, tmp_path):
+    _, client = cluster
+    (tmp_path / "attempts").mkdir()
+    with observe(client, store=tmp_path / "store") as obs:
+        assert client.submit(flaky, str(tmp_path / "attempts"), key="flaky-1", retries=2).result() == 2
+    assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors
+    run = obs.run
+    spans = run.sql("SELECT task_key, resource_id, start_ns, end_ns, attrs FROM spans WHERE kind = 'task' "
+                    "ORDER BY start_ns")
+    assert Counter(spans["task_key"]) == {"flaky-1": 3}  # each attempt once
+    attrs = _attrs(spans)
+    assert [a["state"] for a in attrs] == ["error", "error", "memory"]
+    assert len({a["attempt_id"] for a in attrs}) == 3  # Dask's run id of each attempt tells them apart
+    # why each failed attempt failed: the exception's type, never its message
+    assert [a.get("exception_type") for a in attrs] == ["RuntimeError", "RuntimeError", None]
+    assert not any("secret" in a for a in spans["attrs"])
+    assert (spans["start_ns"].to_numpy()[1:] >= spans["end_ns"].to_numpy()[:-1]).all()  # one after the other
+
+    work = run.sql("SELECT from_state, to_state FROM transitions WHERE task_key = 'flaky-1' "
+                   "AND observer <> 'scheduler'")
+    moves = Counter(zip(work["from_state"], work["to_state"]))
+    assert moves[("ready", "executing")] == 3 and moves[("executing", "error")] == 2
+    assert moves[("executing", "memory")] == 1
+    sched = run.sql("SELECT from_state, to_state, worker, stimulus_id FROM transitions WHERE task_key = 'flaky-1' "
+                    "AND observer = 'scheduler' ORDER BY ts_ns")
+    states = list(zip(sched["from_state"], sched["to_state"]))
+    assert all(b == c for (_, b), (c, _) in zip(states, states[1:])), states
+    assert Counter(states)[("waiting", "processing")] == 3
+    retried = sched[(sched["from_state"] == "processing") & (sched["to_state"] == "released")]
+    assert len(retried) == 2 and retried["stimulus_id"].str.startswith("task-erred").all()
+    assert ("processing", "erred") not in states and states[-1] == ("processing", "memory")
+    # the task did not fail in the end: no task-error
+    assert run.sql("SELECT count(*) AS n FROM logs WHERE category = 'task-error'")["n"][0] == 0
+
+
+def test_a_task_that_errs_and_its_dependent(cluster, tmp_path):
+    _, client = cluster
+    failing = delayed(fail, pure=True)(7, dask_key_name="fail-7")
+    after = delayed(inc, pure=True)(failing, dask_key_name="after-7")  # one graph: both known before either runs
+    with observe(client, store=tmp_path) as obs, pytest.raises(ZeroDivisionError):
+        client.compute(after).result()
+    assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors
+    run = obs.run
+    spans = run.sql("SELECT task_key, attrs FROM spans WHERE kind = 'task'")
+    assert Counter(spans["task_key"]) == {"fail-7": 1}  # the dependent never ran
+    [attrs] = _attrs(spans)
+    assert attrs["state"] == "error" and attrs["exception_type"] == "ZeroDivisionError"
+    sched = run.sql("SELECT task_key, from_state, to_state, worker FROM transitions WHERE observer = 'scheduler' "
+                    "ORDER BY ts_ns")
+    by_key = {k: list(zip(g["from_state"], g["to_state"])) for k, g in sched.groupby("task_key")}
+    assert by_key["fail-7"] == [("released", "waiting"), ("waiting", "processing"), ("processing", "erred")]
+    # the dependent waits, then errs with its input (through released, as Dask goes), never placed on a worker
+    assert by_key["after-7"][0] == ("released", "waiting") and by_key["after-7"][-1][1] == "erred", by_key
+    assert not any("processing" in t for t in by_key["after-7"]), by_key
+    erred = sched[(sched["task_key"] == "fail-7") & (sched["to_state"] == "erred")]
+    assert erred["worker"].iloc[0].startswith("worker:")
+    work = run.sql("SELECT from_state, to_state, observer FROM transitions WHERE task_key = 'fail-7' "
+                   "AND observer <> 'scheduler'")
+    assert Counter(zip(work["from_state"], work["to_state"]))[("executing", "error")] == 1
+    assert set(work["observer"]) == {erred["worker"].iloc[0]}
+    # one error, on the task that raised it, with the type and not the payload
+    errors = run.sql("SELECT task_key, resource_id, message, attrs FROM logs WHERE category = 'task-error'")
+    assert errors["task_key"].tolist() == ["fail-7"] and errors["resource_id"][0] == erred["worker"].iloc[0]
+    assert json.loads(errors["attrs"][0]) == {"exception_type": "ZeroDivisionError"}
+    assert "secret" not in errors["message"][0]
+
+
+def hold(folder: str, *inputs: int) -> int:
+    """The first time it runs: note its worker's pid and wait for a file nobody writes (the test kills that
+    worker). Any later time: return at once."""
+    d = Path(folder)
+    if not (d / "started").exists():
+        (d / "started").write_text(str(os.getpid()))
+        while not (d / "never").exists():
+            time.sleep(0.01)
+    return sum(inputs)
+
+
+def _flush_worker_plugin(dask_worker) -> bool:
+    return dask_worker.plugins["flowscope-worker"].flush(30)
+
+
+def test_a_worker_killed_while_it_holds_and_runs_tasks(tmp_path):
+    """Four results held by worker W and a task running on W that waits for ever; W's process is killed (SIGKILL).
+    The scheduler recomputes the four on another worker and runs the waiting task again: each recomputed task has
+    one span per attempt, on the worker of that attempt; the killed attempt has its transitions and no span.
+
+    W is the cluster's only worker while the tasks are placed (so work stealing has nowhere to move them); a second
+    one joins before the kill."""
+    (tmp_path / "hold").mkdir()
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0",
+                      worker_dashboard_address=None) as cl, Client(cl) as client, \
+            observe(client, store=tmp_path / "store") as obs:
+        [w] = client.scheduler_info()["workers"]
+        xs = [client.submit(inc, i, key=f"in-{i}") for i in range(4)]
+        client.gather(xs)
+        h = client.submit(hold, str(tmp_path / "hold"), *xs, key="hold-0")
+        _wait_for((tmp_path / "hold" / "started").exists, "hold-0 started on its worker")
+        cl.scale(2)
+        client.wait_for_workers(2, timeout=120)
+        # what W recorded so far reaches the collector first: a killed process takes its unsent records along
+        assert client.run(_flush_worker_plugin, workers=[w])[w]
+        os.kill(int((tmp_path / "hold" / "started").read_text()), signal.SIGKILL)
+        assert h.result() == sum(range(1, 5))
+    assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors
+    run = obs.run
+    wid = f"worker:{w}"
+    spans = run.sql("""SELECT s.task_key, r.parent_id AS worker, s.attrs FROM spans s
+                       JOIN resources r USING (resource_id) WHERE s.kind = 'task' ORDER BY s.start_ns""")
+    assert Counter(spans["task_key"]) == {**{f"in-{i}": 2 for i in range(4)}, "hold-0": 1}
+    for key, rows in spans.groupby("task_key"):
+        attempts = _attrs(rows)
+        assert len({a["attempt_id"] for a in attempts}) == len(rows), key
+        if key.startswith("in-"):  # first on W, then, recomputed, on a worker that is not W
+            assert rows["worker"].iloc[0] == wid and rows["worker"].iloc[1] != wid, rows
+    assert spans.loc[spans["task_key"] == "hold-0", "worker"].iloc[0] != wid
+
+    sched = run.sql("SELECT task_key, from_state, to_state, worker, stimulus_id FROM transitions "
+                    "WHERE observer = 'scheduler' ORDER BY ts_ns")
+    for key, rows in sched.groupby("task_key"):
+        states = list(zip(rows["from_state"], rows["to_state"]))
+        assert all(b == c for (_, b), (c, _) in zip(states, states[1:])), (key, states)
+    done = sched[(sched["from_state"] == "processing") & (sched["to_state"] == "memory")]
+    assert Counter(done["task_key"]) == {**{f"in-{i}": 2 for i in range(4)}, "hold-0": 1}
+    lost = sched[sched["stimulus_id"].str.startswith("handle-worker-cleanup")]
+    assert Counter(zip(lost["task_key"], lost["from_state"], lost["to_state"])) >= Counter(
+        {**{(f"in-{i}", "memory", "released"): 1 for i in range(4)}, ("hold-0", "processing", "released"): 1})
+    placed = sched[(sched["task_key"] == "hold-0") & (sched["to_state"] == "processing")]
+    assert placed["worker"].iloc[0] == wid and (placed["worker"].iloc[1:] != wid).all()
+    # on W, the killed attempt began and never ended
+    on_w = run.sql(f"SELECT from_state, to_state FROM transitions WHERE task_key = 'hold-0' AND observer = '{wid}'")
+    moves = set(zip(on_w["from_state"], on_w["to_state"]))
+    assert ("ready", "executing") in moves and not moves & {("executing", "memory"), ("executing", "error")}
+    left = run.sql("SELECT resource_id FROM logs WHERE category = 'worker-left'")
+    assert wid in set(left["resource_id"])
+    ended = run.sql(f"SELECT max(end_ns) AS e FROM resources WHERE resource_id = '{wid}'")["e"][0]
+    assert ended is not None and ended > 0
+
+
+class Gate:
+    """A task's result whose pickling -- when another worker fetches it -- waits until a file exists."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __reduce__(self):
+        while not os.path.exists(self.path):
+            time.sleep(0.01)
+        return Gate, (self.path,)
+
+
+def make_gate(path: str) -> Gate:
+    return Gate(path)
+
+
+def use(_gate: Gate, i: int) -> int:
+    return i
+
+
+def _state(key: str, dask_worker=None) -> str | None:
+    ts = dask_worker.state.tasks.get(key)
+    return ts.state if ts is not None else None
+
+
+def _log_of(key: str, dask_worker=None) -> list[tuple]:
+    """(start, state asked for, state reached, stimulus id) of each transition of ``key`` in Dask's worker log."""
+    return [(e[1], e[2], e[3], e[5]) for e in dask_worker.state.log if len(e) == 7 and e[0] == key]
+
+
+def test_a_transition_asked_for_but_not_made_is_not_recorded(cluster, tmp_path):
+    """Worker B is fetching x from A (held in flight: A's pickling of x waits for a file) when a second task
+    needing x arrives; Dask asks for x: flight -> fetch, a no-op while the fetch runs (x stays in flight, and
+    Dask's log says so). The transitions table holds only the transitions x really made on B."""
+    _, client = cluster
+    a, b = sorted(client.scheduler_info()["workers"])
+    gate = str(tmp_path / "open")
+    with observe(client, store=tmp_path / "store") as obs:
+        x = client.submit(make_gate, gate, key="x", workers=[a])
+        _wait_for(lambda: client.run(_state, "x", workers=[a])[a] == "memory", "x in memory on A")
+        d1 = client.submit(use, x, 1, key="d-1", workers=[b])
+        _wait_for(lambda: client.run(_state, "x", workers=[b])[b] == "flight", "x in flight to B")
+        d2 = client.submit(use, x, 2, key="d-2", workers=[b])
+        _wait_for(lambda: client.run(_state, "d-2", workers=[b])[b] == "waiting", "d-2 waiting for x on B")
+        Path(gate).touch()
+        assert client.gather([d1, d2]) == [1, 2]
+        dask_log = client.run(_log_of, "x", workers=[b])[b]
+    assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors
+    assert ("flight", "fetch", "flight") in {e[:3] for e in dask_log}  # the no-op happened
+    made = [(e[0], e[2], e[3]) for e in dask_log if e[2] != e[0]]
+    rows = obs.run.sql(f"SELECT from_state, to_state, stimulus_id FROM transitions WHERE task_key = 'x' "
+                       f"AND observer = 'worker:{b}' ORDER BY ts_ns")
+    assert list(zip(rows["from_state"], rows["to_state"], rows["stimulus_id"])) == made
+    assert [(f, t) for f, t, _ in made] == [("released", "fetch"), ("fetch", "flight"), ("flight", "memory")]

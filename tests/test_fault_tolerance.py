@@ -18,6 +18,12 @@ from flowscope.model.conform import SchemaError
 from test_ingest_collector import _check_exactly_once
 
 
+def collector_health(address: str) -> dict:
+    import httpx
+
+    return httpx.get(f"{address}/v1/health", timeout=30).json()
+
+
 def _flowscope(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "flowscope", *args], capture_output=True, text=True, timeout=120)
 
@@ -55,7 +61,34 @@ def test_sigkill_mid_send_then_restart_loses_and_duplicates_nothing(collector, t
     run = flowscope.open_run(collector.store / client.run_id)
     _check_exactly_once(run, n)
     assert run.meta["status"] == "finished"
+    while collector_health(collector.address)["dead_temps_removed"] is None:  # its sweep at start is done
+        time.sleep(0.02)
     assert not list(run.path.glob("*/.*.tmp"))  # a restarted collector cleans up temp files of the killed one
+
+
+def test_a_batch_on_disk_but_not_acknowledged_is_replayed_as_a_duplicate(collector_factory, tmp_path):
+    """The collector is killed right after a segment is renamed into place and before its batch is
+    acknowledged (a test-only fault injection point): the client keeps the batch, replays it to the
+    restarted collector, which answers that it has it already, and every record is stored once."""
+    import httpx
+
+    n = 60_000
+    doomed = collector_factory(env={"FLOWSCOPE_TEST_KILL_AFTER_SEGMENTS": "3"})
+    client = Client(doomed.address, name="killed-after-rename", spool_dir=tmp_path / "spool",
+                    flush_records=5_000, flush_interval=0.05)
+    for i in range(n):
+        client.span("work", i, i + (i % 1000), span_id=i)
+    assert doomed.proc.wait(60) == -signal.SIGKILL
+    assert client.flush(timeout=60)  # everything emitted is delivered or spooled
+    assert client.stats["batches_spooled"] > 0
+    assert "test fault injection: killing the collector after segment" in doomed.log_path.read_text()
+    doomed.start(env={})  # same port and store, no fault injection
+    client.close()  # replays the spool
+    assert client.stats["batches_replayed"] > 0
+    assert httpx.get(f"{doomed.address}/v1/health").json()["duplicates"] >= 1
+    run = flowscope.open_run(doomed.store / client.run_id)
+    _check_exactly_once(run, n)
+    assert run.meta["status"] == "finished"
 
 
 def test_unreachable_collector_spools_everything_and_ingest_spool_delivers_it(collector_factory, tmp_path):
@@ -114,16 +147,41 @@ def test_a_record_that_does_not_fit_is_refused_in_the_callers_own_call(tmp_path)
     assert run.counts()["logs"] == 0
 
 
-def test_sigterm_drains_the_queue_and_exits_cleanly(collector_factory, tmp_path):
-    slow = collector_factory("--writer-delay", "0.3")
-    client = Client(slow.address, name="term", spool_dir=tmp_path / "spool", flush_records=1000)
-    for i in range(5000):
-        client.span("work", i, i + (i % 1000), span_id=i)
-    assert client.flush(timeout=60)
-    client.close()
+def test_sigterm_drains_the_queue_and_exits_cleanly(collector_factory):
+    """SIGTERM while batches are provably queued (a slow writer, eight batches sent at once without
+    waiting for one another): every batch is still acknowledged, stored, and the collector exits 0."""
+    import httpx
+    from test_collector_memory import arrow_body, post
+
+    slow = collector_factory("--writer-delay", "0.5", "--writers", "1")
+    assert httpx.post(f"{slow.address}/v1/runs", json={"run_id": "term"}).status_code == 201
+    k, rows = 8, 2_000
+    bodies = [arrow_body(i * rows, rows) for i in range(k)]
+    answers: dict[int, tuple[int, bytes]] = {}
+
+    def send(i: int) -> None:
+        answers[i] = post(slow.address, "/v1/runs/term/tables/spans", bodies[i],
+                          "application/vnd.apache.arrow.stream", f"term-{i}", chunked=False)
+
+    senders = [threading.Thread(target=send, args=(i,)) for i in range(k)]
+    for t in senders:
+        t.start()
+    deadline = time.monotonic() + 60
+    while (queued := httpx.get(f"{slow.address}/v1/health").json()["queued_batches"]) < 4:
+        assert time.monotonic() < deadline and not answers, f"batches never queued up ({answers})"
+        time.sleep(0.02)
     slow.proc.send_signal(signal.SIGTERM)
+    for t in senders:
+        t.join(60)
     assert slow.proc.wait(30) == 0
-    _check_exactly_once(flowscope.open_run(slow.store / client.run_id), 5000)
+    assert queued >= 4
+    acknowledged = [i for i, (status, _) in answers.items() if status == 200]
+    assert sorted(acknowledged) == list(range(k)), answers
+    run = flowscope.open_run(slow.store / "term")
+    assert sorted(p.stem for p in (run.path / "spans").glob("*.parquet")) == sorted(f"term-{i}" for i in range(k))
+    got = run.sql("SELECT count(*) AS n, count(DISTINCT span_id) AS ids, sum(span_id) AS id_sum FROM spans").iloc[0]
+    n = k * rows
+    assert (int(got["n"]), int(got["ids"]), int(got["id_sum"])) == (n, n, n * (n - 1) // 2)
 
 
 def test_a_store_that_cannot_be_written_spools_instead_of_losing_records(tmp_path):
@@ -161,3 +219,22 @@ def test_the_same_batch_twice_at_once_is_written_once(tmp_path):
     c.shutdown()
     assert c.stats["rows"] == 10
     assert flowscope.open_run(tmp_path / run_id).counts()["spans"] == 10
+
+
+def test_a_collector_that_logs_a_lot_keeps_answering(collector):
+    """Every failed segment write logs a traceback (about 1.6 KB); 100 of them are more than a pipe
+    holds (64 KiB), so a fixture that never reads the collector's output would freeze it here."""
+    import httpx
+
+    runs = f"{collector.address}/v1/runs"
+    assert httpx.post(runs, json={"run_id": "noisy"}).status_code == 201
+    (collector.store / "noisy" / "spans").write_text("a file where the spans folder should be")
+    span = [{"resource_id": "x", "kind": "task", "name": "n", "start_ns": 1, "end_ns": 2}]
+    for _ in range(100):  # a new connection each time: uvicorn closes one after an internal error
+        res = httpx.post(f"{runs}/noisy/tables/spans", json=span, timeout=30)
+        assert res.status_code == 500 and "FileExistsError" in res.json()["error"]
+    log = [{"ts_ns": 1, "resource_id": "x", "level": "info", "category": "test", "message": "still here"}]
+    res = httpx.post(f"{runs}/noisy/tables/logs", json=log, timeout=30)
+    assert res.status_code == 200, res.text
+    assert collector.log_path.stat().st_size > 64 * 1024
+    assert collector.log_path.read_text().count("FileExistsError") >= 100

@@ -178,7 +178,7 @@ def test_sampler_records_cpu_memory_disk_and_load_of_the_host(tmp_path):
 
 def test_stop_returns_at_once_and_keeps_the_last_interval(tmp_path):
     client = flowscope.Client(store=tmp_path / "store")
-    sampler = HardwareSampler(client, period=5.0).start()
+    sampler = HardwareSampler(client, period=5.0, first_interval=5.0).start()  # no early first sample
     time.sleep(0.3)
     t0 = time.monotonic()
     sampler.stop()

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import require_module
 
 #: seeded flips per Darshan log (48 logs) and per OTF2 archive; each format's fuzz stays well under 40 s
 DARSHAN_FLIPS = 16
@@ -131,7 +132,7 @@ def darshan_logs(shared: Path) -> list[Path]:
 
 
 def test_darshan_seeded_byte_flips_never_crash(shared_data, tmp_path):
-    pytest.importorskip("darshan", reason="PyDarshan (pip install darshan) reads Darshan logs")
+    require_module("darshan", "PyDarshan reads Darshan logs: pip install -e '.[test]'")
     logs = darshan_logs(shared_data)
     assert len(logs) >= 40
     jobs = [("darshan", str(log), seed) for log in logs for seed in range(DARSHAN_FLIPS)]
@@ -143,7 +144,7 @@ def test_darshan_seeded_byte_flips_never_crash(shared_data, tmp_path):
 
 
 def test_otf2_seeded_byte_flips_never_crash(shared_data, tmp_path):
-    pytest.importorskip("otf2", reason="the otf2 Python bindings read OTF2 archives")
+    require_module("otf2", "the otf2 Python bindings read OTF2 archives: pip install -e '.[test]'")
     archive = shared_data / "otf2" / "ping-pong-otf2"
     jobs = [("otf2", str(archive), seed) for seed in range(OTF2_FLIPS)]
     t = time.monotonic()
@@ -261,7 +262,7 @@ def test_flipped_compressed_byte_is_located_in_its_region(shared_data, tmp_path)
 
 # ---- OTF2: a definition value OTF2 does not define ------------------------------------------------------
 def test_otf2_undefined_enum_value_in_definitions_is_a_trace_error(shared_data, tmp_path):
-    pytest.importorskip("otf2", reason="the otf2 Python bindings read OTF2 archives")
+    require_module("otf2", "the otf2 Python bindings read OTF2 archives: pip install -e '.[test]'")
     src = shared_data / "otf2" / "ping-pong-otf2"
     dst = tmp_path / "archive"
     shutil.copytree(src, dst)

@@ -15,8 +15,9 @@ from flowscope.model.provenance import check_run_id, new_run_id
 from flowscope.model.schemas import TABLES
 from flowscope.service.collector import Collector
 from flowscope.store.catalog import list_runs, resolve_run
-from flowscope.store.layout import write_segment
+from flowscope.store.layout import temp_path, write_segment
 from flowscope.store.run import RunNotFound
+from flowscope.store.writers import WriterId
 
 
 def test_every_table_has_int64_ns_timestamps_and_documented_columns():
@@ -54,7 +55,7 @@ def test_conform_names_table_column_and_problem(mutate, message):
 
 
 def test_records_to_table_points_at_the_record():
-    with pytest.raises(SchemaError, match=r"metrics.value: expected double \(record 1: 'x'\)"):
+    with pytest.raises(SchemaError, match=r"metrics.value: record 1: expected a number, got str 'x'"):
         records_to_table("metrics", [{"ts_ns": 1, "resource_id": "r", "namespace": "n", "name": "a", "value": 1.0},
                                      {"ts_ns": 2, "resource_id": "r", "namespace": "n", "name": "a", "value": "x"}])
     with pytest.raises(SchemaError, match="record 0 is a list"):
@@ -91,16 +92,19 @@ def test_segments_are_atomic_and_named_by_batch(run_dir):
                                        "start_ns": [1, 2, 3], "end_ns": [5, 6, 7]}))
     assert write_segment(run_dir, "spans", "batch-1", spans) is True
     assert write_segment(run_dir, "spans", "batch-1", spans) is False  # a replay is a no-op
-    # what a writer killed mid-write leaves behind: a partial temp file
-    (run_dir / "spans" / ".batch-2.parquet.123.456.tmp").write_bytes(b"PAR1\x00\x00partial")
+    # what a writer killed mid-write leaves behind: a partial temp file naming it (a process that is gone:
+    # this pid, started a minute before this process)
+    me = WriterId.current()
+    dead = temp_path(run_dir / "spans" / "batch-2.parquet", WriterId(me.host, me.pid, me.started_ms - 60_000))
+    dead.write_bytes(b"PAR1\x00\x00partial")
     run = flowscope.open_run(run_dir)
     assert run.counts()["spans"] == 3
     assert run.table("spans")["name"].tolist() == ["a", "b", "c"]
     assert int(run.sql("SELECT sum(end_ns - start_ns) AS d FROM spans")["d"][0]) == 12
     # anyone can read it without flowscope
     assert pq.read_table(run_dir / "spans" / "batch-1.parquet").num_rows == 3
-    c = Collector(run_dir.parent)
-    c.open_run({"run_id": run_dir.name})  # reopening a run cleans up temp files of a crashed writer
+    c = Collector(run_dir.parent)  # a collector starting cleans up temp files of a crashed writer
+    assert c.temps_swept.wait(60) and c.removed_temps == 1
     c.shutdown()
     assert not list(run_dir.glob("*/.*.tmp"))
 

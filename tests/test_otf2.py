@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from conftest import needs_tool
+from conftest import needs_tool, require_module
 
-pytest.importorskip("otf2", reason="the otf2 Python package (pip install otf2) reads OTF2 archives")
+require_module("otf2", "the otf2 Python package reads OTF2 archives: pip install -e '.[test]'")
 
 from flowscope import open_run  # noqa: E402
 from flowscope.importers import TraceError, detect_format, import_paths, read_head  # noqa: E402

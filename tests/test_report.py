@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import missing_dependency, require_module
 
 import dask
 from distributed import Client as DaskClient
@@ -171,18 +172,10 @@ def sparse_run(tmp_path_factory):
 
 def _browser():
     # scripts/test.sh installs both; where they are missing outside CI, say so and skip; in CI, fail
-    missing = None
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        missing = "playwright is not installed (pip install -e '.[test]')"
-    if missing is None and not Path(CHROMIUM).exists():
-        missing = f"{CHROMIUM} is missing (apt-get install chromium)"
-    if missing:
-        if os.environ.get("CI"):
-            pytest.fail(missing)
-        pytest.skip(missing)
-    return sync_playwright
+    sync_api = require_module("playwright.sync_api", "Playwright drives the browser: pip install -e '.[test]'")
+    if not Path(CHROMIUM).exists():
+        missing_dependency(f"{CHROMIUM} is missing (apt-get install chromium)")
+    return sync_api.sync_playwright
 
 
 @contextlib.contextmanager
@@ -415,6 +408,7 @@ def test_flowscope_report_command(dask_run, tmp_path, capsys):
     shutil.copytree(run.path, tmp_path / "store" / run.run_id)
     assert cli_main(["report", run.run_id, "--store", str(tmp_path / "store")]) == 0
     assert (tmp_path / "store" / run.run_id / "report.html").is_file()
+    capsys.readouterr()  # a slow report shows a progress bar, whose end leaves a newline on stderr
     assert cli_main(["report", "nosuch", "--store", str(tmp_path / "store")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("flowscope report: error: nosuch") and err.count("\n") == 1

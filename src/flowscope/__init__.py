@@ -2,20 +2,37 @@
 
 __version__ = "0.1.0"
 
-from flowscope.client.client import Client, FlowscopeError  # noqa: E402
-from flowscope.model.provenance import now_ns  # noqa: E402
-from flowscope.model.schemas import TABLES  # noqa: E402
-from flowscope.store.run import Run, open_run  # noqa: E402
-from flowscope.client.data_states import step  # noqa: E402
-from flowscope.sources.python_tracing import trace, trace_modules  # noqa: E402,F401
+# The public names are imported when first used (PEP 562): ``import flowscope`` stays cheap (no pyarrow,
+# pandas or dask), which matters where flowscope runs inside someone else's process -- the worker processes
+# of Dask's processes scheduler import flowscope to run a task flowscope wrapped, and ``flowscope run``
+# loads a little of flowscope into every Python process the command starts.
+_LAZY = {
+    "Client": "flowscope.client.client",
+    "FlowscopeError": "flowscope.client.client",
+    "now_ns": "flowscope.model.provenance",
+    "TABLES": "flowscope.model.schemas",
+    "Run": "flowscope.store.run",
+    "open_run": "flowscope.store.run",
+    "step": "flowscope.client.data_states",
+    "trace": "flowscope.sources.python_tracing",
+    "trace_modules": "flowscope.sources.python_tracing",
+    "observe": "flowscope.sources.dask",
+}
 
-__all__ = ["Client", "FlowscopeError", "Run", "TABLES", "open_run", "now_ns", "observe", "step", "__version__"]
+__all__ = ["Client", "FlowscopeError", "Run", "TABLES", "open_run", "now_ns", "observe", "step", "trace",
+           "trace_modules", "__version__"]
 
 
 def __getattr__(name: str):
-    # observe() needs dask.distributed, which is slow to import: load it only when asked for
-    if name == "observe":
-        from flowscope.sources.dask import observe
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'flowscope' has no attribute {name!r}")
+    import importlib
 
-        return observe
-    raise AttributeError(f"module 'flowscope' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # looked up once
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
+from flowscope.analysis.graph_kernels import edge_arrays, longest_length, longest_to
 from flowscope.analysis.timeline import MEASURED, task_timeline
 from flowscope.model.idset import IdSet
 
@@ -384,93 +385,18 @@ class IncrementalDataStatePath:
 
 # ---- longest paths on a weighted DAG (the structural critical path) -----------------------------------------
 
-def _csr(n: int, src: np.ndarray, dst: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(edge order by source, offsets): the out-edges of v are order[offsets[v]:offsets[v + 1]]."""
-    m = len(src)
-    bits = max(int(m).bit_length(), 1)
-    if int(n).bit_length() + bits <= 62:
-        # sorting (source, edge number) packed in one int64 is several times faster than argsort
-        key = (src << bits) | np.arange(m, dtype=np.int64)
-        key.sort()
-        order = key & ((1 << bits) - 1)
-    else:
-        order = np.argsort(src, kind="stable")
-    offsets = np.zeros(n + 1, dtype=np.int64)
-    np.cumsum(np.bincount(src, minlength=n), out=offsets[1:])
-    return order, offsets
-
-
-def _gather_ranges(starts: np.ndarray, counts: np.ndarray) -> np.ndarray:
-    """Concatenation of range(starts[i], starts[i] + counts[i])."""
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0, dtype=np.int64)
-    ends = np.cumsum(counts)
-    idx = np.ones(total, dtype=np.int64)
-    nz = counts > 0
-    s, e, c = starts[nz], ends[nz], counts[nz]
-    idx[0] = s[0]
-    if len(s) > 1:
-        idx[e[:-1]] = s[1:] - (s[:-1] + c[:-1] - 1)
-    return np.cumsum(idx)
-
-
-def _as_edges(n: int, src, dst, edge_w, vertex_w) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    src = np.asarray(src, dtype=np.int64)
-    dst = np.asarray(dst, dtype=np.int64)
-    if src.shape != dst.shape or src.ndim != 1:
-        raise ValueError(f"src and dst must be 1-D arrays of the same length, got {src.shape} and {dst.shape}")
-    ew = np.zeros(len(src)) if edge_w is None else np.asarray(edge_w, dtype=np.float64)
-    vw = np.zeros(n) if vertex_w is None else np.asarray(vertex_w, dtype=np.float64)
-    if ew.shape != src.shape:
-        raise ValueError(f"edge weights: expected {len(src)} values, got {ew.shape}")
-    if vw.shape != (n,):
-        raise ValueError(f"vertex weights: expected {n} values, got {vw.shape}")
-    if len(src) and (min(src.min(), dst.min()) < 0 or max(src.max(), dst.max()) >= n):
-        raise ValueError(f"edge endpoints must be vertex numbers in [0, {n})")
-    return src, dst, ew, vw
-
-
 def _forward(n: int, src: np.ndarray, dst: np.ndarray, ew: np.ndarray, vw: np.ndarray) -> np.ndarray:
-    """dist[v] = the longest path ending at v (vertex weights included), by Kahn's algorithm in vectorised
-    rounds (one round per level of the DAG)."""
-    order, offsets = _csr(n, src, dst)
-    dst_s, w_s = dst[order], ew[order]
-    indeg = np.bincount(dst, minlength=n).astype(np.int64)
-    one = np.int64(1)     # same dtype as indeg: ufunc.at has a fast path only for matching types
-    mark = np.zeros(n, dtype=np.int64)
-    best_in = np.full(n, -np.inf)
-    dist = vw.copy()
-    frontier = np.flatnonzero(indeg == 0)
-    done = 0
-    while len(frontier):
-        done += len(frontier)
-        starts = offsets[frontier]
-        counts = offsets[frontier + 1] - starts
-        e = _gather_ranges(starts, counts)
-        if len(e) == 0:
-            break
-        d = dst_s[e]
-        np.maximum.at(best_in, d, np.repeat(dist[frontier], counts) + w_s[e])
-        # a vertex joins the next frontier when its last in-edge has been seen
-        np.subtract.at(indeg, d, one)
-        cand = d[indeg[d] == 0]
-        mark[cand] = np.arange(len(cand))     # dedupe without sorting: keep one occurrence of each
-        frontier = cand[mark[cand] == np.arange(len(cand))]
-        dist[frontier] += best_in[frontier]
-    if done < n:
-        raise ValueError(f"the graph has a cycle: {n - done} of {n} vertices are on or behind one")
-    return dist
+    """dist[v] = the longest path ending at v (vertex weights included)."""
+    return longest_to(n, src, dst, ew, vw)
 
 
 def longest_path_length(n: int, src, dst, edge_w=None, vertex_w=None) -> float:
     """Length of the longest path of a DAG of ``n`` vertices given as edge arrays, with weights on edges
-    and/or vertices (a path's length sums both). Duplicate edges count with their largest weight.
-    ValueError on a cycle. O(V + E) work in O(depth) vectorised rounds."""
-    if n == 0:
-        return 0.0
-    src, dst, ew, vw = _as_edges(n, src, dst, edge_w, vertex_w)
-    return float(_forward(n, src, dst, ew, vw).max())
+    and/or vertices (a path's length sums both). Duplicate edges count with their largest weight. Weights
+    must be finite; ValueError naming the edge for an endpoint that is not a vertex number,
+    :class:`~flowscope.analysis.graph_kernels.GraphCycleError` (a ValueError) naming a vertex on a cycle.
+    One compiled O(V + E) sweep, whatever the depth of the graph."""
+    return longest_length(n, src, dst, edge_w, vertex_w)
 
 
 def longest_path(n: int, src, dst, edge_w=None, vertex_w=None) -> tuple[float, list[int]]:
@@ -478,7 +404,7 @@ def longest_path(n: int, src, dst, edge_w=None, vertex_w=None) -> tuple[float, l
     :func:`longest_path_length`."""
     if n == 0:
         return 0.0, []
-    src, dst, ew, vw = _as_edges(n, src, dst, edge_w, vertex_w)
+    src, dst, ew, vw = edge_arrays(n, src, dst, edge_w, vertex_w)
     dist = _forward(n, src, dst, ew, vw)
     pred = _predecessors(n, src, dst, ew, vw, dist)
     end = int(np.argmax(dist))

@@ -6,7 +6,12 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
+import pandas as pd
+
 from flowscope.analysis.timeline import DERIVED, task_timeline
+from flowscope.model.schemas import DERIVED_TABLES
+from flowscope.store.catalog import run_state
+from flowscope.store.layout import segment_files
 from flowscope.store.run import Run
 
 #: utilisation a little above 1 is read as 1: task spans of one thread may overlap by microseconds (where
@@ -140,6 +145,9 @@ def summarize(run: Run, top: int = 10) -> RunSummary:
     task graph's critical path and the utilisation of what ran the tasks."""
     meta = run.meta
     rows = run.counts()
+    for name in DERIVED_TABLES:  # e.g. the anomalies a reduced run keeps
+        if segment_files(run.path, name):
+            rows[name] = int(run.sql(f'SELECT count(*) AS n FROM "{name}"')["n"].iloc[0])
     first_last = run.sql("""
         SELECT min(t0) AS t0, max(t1) AS t1 FROM (
             SELECT min(start_ns) AS t0, max(end_ns) AS t1 FROM spans
@@ -148,7 +156,7 @@ def summarize(run: Run, top: int = 10) -> RunSummary:
             UNION ALL SELECT min(ts_ns), max(ts_ns) FROM transitions)""").iloc[0]
     start = meta.get("start_ns")
     end = meta.get("end_ns")
-    if first_last["t0"] == first_last["t0"] and first_last["t0"] is not None:  # not NaN
+    if not pd.isna(first_last["t0"]):  # some table has rows (NaN or NA when none has)
         start = int(first_last["t0"]) if start is None else min(start, int(first_last["t0"]))
         end = int(first_last["t1"]) if end is None else max(end, int(first_last["t1"]))
     kinds = run.sql("SELECT kind, count(*) AS n FROM resources GROUP BY kind ORDER BY n DESC")
@@ -158,7 +166,7 @@ def summarize(run: Run, top: int = 10) -> RunSummary:
         FROM spans GROUP BY name, kind ORDER BY total_ns DESC LIMIT {int(top)}""")
     levels = run.sql("SELECT level, count(*) AS n FROM logs GROUP BY level ORDER BY n DESC")
     return RunSummary(
-        run_id=meta["run_id"], name=meta.get("name"), status=meta.get("status"), rows=rows,
+        run_id=meta["run_id"], name=meta.get("name"), status=run_state(meta), rows=rows,
         start_ns=start, end_ns=end,
         resources_by_kind=dict(zip(kinds["kind"], map(int, kinds["n"]))),
         top_spans=[{k: (v.item() if hasattr(v, "item") else v) for k, v in r.items()}

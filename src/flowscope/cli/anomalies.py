@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from flowscope.cli.output import console, fmt_ns, print_json, print_table
+from flowscope.cli.output import LOOKUP_STORE_HELP, console, fmt_ns, print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "with why each was flagged. --reduce writes a reduced run that keeps only the "
                                    "anomalies, a window of calls around each, exemplars and the model.")
     p.add_argument("run", help="run directory, run id in the store, or 'latest'")
-    p.add_argument("--store", help="store directory (default: $FLOWSCOPE_STORE or ~/.flowscope/runs)")
+    p.add_argument("--store", help=LOOKUP_STORE_HELP)
     p.add_argument("--algo", choices=("hbos", "sstd"), default="hbos", help="detector (default hbos)")
     p.add_argument("--sigma", type=float, default=6.0, help="sstd: flag outside mean +- sigma * std (default 6)")
     p.add_argument("--threshold", type=float, default=0.99,

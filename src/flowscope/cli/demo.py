@@ -6,7 +6,7 @@ import argparse
 import tempfile
 import time
 
-from flowscope.cli.output import console
+from flowscope.cli.output import STORE_HELP, console
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "workflow on it (generate images on disk; read, normalise, grayscale, Gaussian "
                                    "filter, segment and write each; per-batch means across workers) submitted as "
                                    "three task graphs, then print a summary and write the HTML report.")
-    p.add_argument("--store", default=None, help="run store (default $FLOWSCOPE_STORE or ./flowscope-runs)")
+    p.add_argument("--store", default=None, help=STORE_HELP)
     p.add_argument("--images", type=int, default=32, help="images to generate and process (default 32)")
     p.add_argument("--size", type=int, default=384, help="image side in pixels (default 384)")
     p.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")

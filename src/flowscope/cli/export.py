@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from flowscope.cli.output import console, print_json
+from flowscope.cli.output import LOOKUP_STORE_HELP, console, print_json
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,7 +17,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", help="run id, run directory or 'latest'")
     p.add_argument("--format", required=True, choices=sorted(FORMATS))
     p.add_argument("-o", "--output", help="output file (default: in the run directory, <run_id>.<ext>)")
-    p.add_argument("--store", help="run store directory (default $FLOWSCOPE_STORE or ./flowscope-runs)")
+    p.add_argument("--store", help=LOOKUP_STORE_HELP)
     p.add_argument("--json", action="store_true", help="print what was written as JSON")
     p.set_defaults(func=run)
 

@@ -7,9 +7,10 @@ import os
 import sys
 
 from flowscope import __version__
-from flowscope.cli import anomalies, demo, export, importing, report, run, runs, serve, simulate, spool, step
+from flowscope.cli import (anomalies, demo, export, importing, remove, report, run, runs, serve, simulate, spool,
+                           step)
 
-GROUPS = (demo, run, step, simulate, serve, runs, report, anomalies, importing, export, spool)
+GROUPS = (demo, run, step, simulate, serve, runs, report, anomalies, importing, export, spool, remove)
 
 
 class UserError(Exception):

@@ -10,6 +10,13 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from flowscope.store.catalog import DEFAULT_STORE, STORE_ENV
+
+#: the --store help of every command: the store used when none is given (catalog.default_store)
+STORE_HELP = f"run store directory (default ${STORE_ENV}, else ./{DEFAULT_STORE})"
+#: the --store help of the commands that look a run id up in a store
+LOOKUP_STORE_HELP = f"store to look the run id up in (default ${STORE_ENV}, else ./{DEFAULT_STORE})"
+
 console = Console()
 err_console = Console(stderr=True)
 

@@ -6,7 +6,7 @@ import argparse
 import time
 from pathlib import Path
 
-from flowscope.cli.output import progress
+from flowscope.cli.output import LOOKUP_STORE_HELP, progress
 from flowscope.store.catalog import resolve_run
 from flowscope.store.run import open_run
 
@@ -19,7 +19,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", help="run directory, run id in the store, or 'latest'")
     p.add_argument("-o", "--output", default=None,
                    help="file to write, or a directory to write report.html in (default <run directory>/report.html)")
-    p.add_argument("--store", default=None, help="store to look the run id up in")
+    p.add_argument("--store", default=None, help=LOOKUP_STORE_HELP)
     p.set_defaults(func=cmd_report)
 
 

@@ -5,23 +5,27 @@ from __future__ import annotations
 import argparse
 import os
 import shlex
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
-from flowscope.cli.output import err_console
+from flowscope.cli.output import STORE_HELP, err_console
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("run", help="observe a command and any Dask cluster it starts",
                        description="Run COMMAND with an embedded collector: any Dask scheduler or worker the "
                                    "command starts loads flowscope's plugins (through Dask's preload config, no "
-                                   "code change), the host's hardware is sampled, a progress line shows tasks done "
-                                   "/ total, and when the command ends the run is finalised and its report written. "
-                                   "The exit status is the command's.",
+                                   "code change), every computation of Dask's local schedulers (threads, processes, "
+                                   "synchronous) in the command's Python processes is recorded through Dask's "
+                                   "callbacks, the host's hardware is sampled, a progress line shows tasks done "
+                                   "/ total, and when the command ends the run is finalised and its report written "
+                                   "(a run with no tasks says why). The exit status is the command's.",
                        usage="flowscope run [options] -- COMMAND [ARG ...]")
-    p.add_argument("--store", default=None, help="run store (default $FLOWSCOPE_STORE or ./flowscope-runs)")
+    p.add_argument("--store", default=None, help=STORE_HELP)
     p.add_argument("--name", default=None, help="run name (default: the command's name)")
     p.add_argument("--sample-period", type=float, default=1.0, metavar="SECONDS",
                    help="hardware sampling period (default 1 s; 0 turns sampling off)")
@@ -41,13 +45,31 @@ def _progress(run_dir: Path) -> str:
     from flowscope.store.run import open_run
 
     try:
-        row = open_run(run_dir).sql("""
+        run = open_run(run_dir)
+        row = run.sql("""
             SELECT count(DISTINCT task_key) FILTER (WHERE to_state IN ('memory', 'erred')) AS done,
                    count(DISTINCT task_key) AS total
             FROM transitions WHERE observer = 'scheduler'""").iloc[0]
+        if not int(row["total"]):  # the local schedulers: task spans of the graphs submitted so far
+            row = run.sql("""
+                SELECT (SELECT count(*) FROM spans WHERE kind = 'task') AS done,
+                       (SELECT coalesce(sum(CAST(json_extract(attrs, '$.tasks') AS BIGINT)), 0) FROM logs
+                        WHERE category = 'graph-submitted') AS total""").iloc[0]
     except Exception:  # a segment being renamed into place; try again next tick
         return ""
     return f"tasks {int(row['done'])}/{int(row['total'])}" if int(row["total"]) else ""
+
+
+def _record_process_facts(fs, directory: str) -> None:
+    """Each observed Python process's facts (``sources/process_facts.py``) as an ``observation`` log row."""
+    from flowscope.model import identifiers as ids
+    from flowscope.sources import process_facts
+
+    for facts in process_facts.read_facts_dir(directory):
+        facts["via"] = "flowscope run"
+        pid = facts.get("pid")
+        fs.log(process_facts.message(facts), category=process_facts.CATEGORY,
+               resource_id=ids.process_id(pid) if pid else None, ts_ns=facts.get("ts_ns"), attrs=facts)
 
 
 def _hardware(fs, period: float):
@@ -75,27 +97,34 @@ def run(args: argparse.Namespace) -> int:
         cmd = cmd[1:]
     if not cmd:
         raise ValueError("no command given: flowscope run [options] -- COMMAND [ARG ...]")
+    if getattr(args, "trace", None):
+        from flowscope.sources.python_tracing import _parse
+
+        _parse(args.trace)  # a bad pattern is refused here, not in the child
     fs = Client("embedded", store=args.store, serve=True, name=args.name or Path(cmd[0]).name,
                 command=shlex.join(cmd))
+    facts_dir = tempfile.mkdtemp(prefix="flowscope-facts-")
+    # every Python process the command starts loads sources/_boot/sitecustomize.py: the local schedulers'
+    # capture once it imports dask, and the facts that explain a run with no tasks
+    boot = str(Path(__file__).resolve().parents[1] / "sources" / "_boot")
     env = {**os.environ, **fs.env(),
-           # every Dask scheduler and worker the command starts loads the plugins
+           "PYTHONPATH": os.pathsep.join([boot, *filter(None, [os.environ.get("PYTHONPATH")])]),
+           "FLOWSCOPE_FACTS_DIR": facts_dir,
+           # every Dask scheduler and worker the command starts loads the plugins (clients note their scheduler:
+           # set by sources/process_facts.py, only in processes that can import flowscope)
            "DASK_DISTRIBUTED__SCHEDULER__PRELOAD": "['flowscope.dask']",
            "DASK_DISTRIBUTED__WORKER__PRELOAD": "['flowscope.dask']"}
     if getattr(args, "anomalies", False):
         env["FLOWSCOPE_ANOMALIES"] = "1"
     if getattr(args, "trace", None):
-        from flowscope.sources.python_tracing import _parse
-
-        _parse(args.trace)  # a bad pattern is refused here, not in the child
-        boot = str(Path(__file__).resolve().parents[1] / "sources" / "_trace_boot")
         env["FLOWSCOPE_TRACE"] = ",".join(args.trace)
-        env["PYTHONPATH"] = os.pathsep.join([boot, *filter(None, [env.get("PYTHONPATH")])])
     sampler = _hardware(fs, args.sample_period)
     t0 = time.time_ns()
     try:
         proc = subprocess.Popen(cmd, env=env)
     except OSError as exc:
         fs.close(status="failed")
+        shutil.rmtree(facts_dir, ignore_errors=True)
         raise ValueError(f"cannot start {cmd[0]!r}: {exc.strerror or exc}") from None
     rc = None
     try:
@@ -114,7 +143,10 @@ def run(args: argparse.Namespace) -> int:
     host = ids.hostname()
     child = fs.resource("process", ids.process_id(proc.pid), name=f"{host}:{proc.pid}", parent_id=ids.host_id(),
                         host=host, pid=proc.pid, attrs={"argv": cmd[:16]}, start_ns=t0)
-    fs.span(Path(cmd[0]).name, t0, t1, kind="step", resource_id=child, attrs={"argv": cmd, "exit_code": rc})
+    fs.span(Path(cmd[0]).name, t0, t1, kind="step", resource_id=child,
+            attrs={"argv": cmd, "exit_code": rc, "role": "command"})
+    _record_process_facts(fs, facts_dir)
+    shutil.rmtree(facts_dir, ignore_errors=True)
     if sampler is not None:
         sampler.stop()
         sampler.lease.release()

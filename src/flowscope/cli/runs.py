@@ -9,22 +9,23 @@ import sys
 
 import pandas as pd
 
-from flowscope.cli.output import console, fmt_ns, print_json, print_table
-from flowscope.store.catalog import default_store, list_runs, resolve_run
+from flowscope.cli.output import LOOKUP_STORE_HELP, STORE_HELP, console, fmt_ns, print_json, print_table
+from flowscope.store.catalog import default_store, interruption, list_runs, resolve_run, run_state
 from flowscope.store.run import open_run
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("runs", help="list the runs in a store", description="List the runs in a store directory.")
-    p.add_argument("store", nargs="?", default=None, help="store directory (default $FLOWSCOPE_STORE or ./flowscope-runs)")
-    p.add_argument("--store", dest="store_opt", default=None, help="the same, as an option like the other commands")
+    p.add_argument("store", nargs="?", default=None, help=STORE_HELP)
+    p.add_argument("--store", dest="store_opt", default=None, help=STORE_HELP + "; the same as STORE")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_runs)
 
     p = sub.add_parser("show", help="summarise one run", description="Summarise one run: rows per table, "
-                       "time range, resources, and the span names with most total time.")
+                       "time range, resources, and the span names with most total time; for a run that "
+                       "recorded no work, why, and what to do.")
     p.add_argument("run", help="run directory, run id in the store, or 'latest'")
-    p.add_argument("--store", default=None, help="store to look the run id up in")
+    p.add_argument("--store", default=None, help=LOOKUP_STORE_HELP)
     p.add_argument("--top", type=int, default=10, help="how many span names to list (default 10)")
     p.add_argument("--json", action="store_true", help="print JSON")
     p.set_defaults(func=cmd_show)
@@ -34,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "transfers, io, metrics, logs, resources, data_states, mutations) is a view.")
     p.add_argument("run", help="run directory, run id in the store, or 'latest'")
     p.add_argument("query", help='e.g. "SELECT name, count(*) FROM spans GROUP BY name"')
-    p.add_argument("--store", default=None, help="store to look the run id up in")
+    p.add_argument("--store", default=None, help=LOOKUP_STORE_HELP)
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print JSON records")
     fmt.add_argument("--csv", action="store_true", help="print CSV")
@@ -51,6 +52,11 @@ def _when(ns: int | None) -> str:
 def cmd_runs(args: argparse.Namespace) -> int:
     store = args.store or args.store_opt or default_store()
     runs = list_runs(store)
+    for m in runs:  # what run.json cannot say itself: an import whose process is gone
+        if "error" not in m:
+            m["status"] = run_state(m)
+            if note := interruption(m):
+                m["interruption"] = note
     if args.json:
         print_json(runs)
         return 0
@@ -60,23 +66,40 @@ def cmd_runs(args: argparse.Namespace) -> int:
     rows = []
     for m in runs:
         dur = (m["end_ns"] - m["start_ns"]) if m.get("end_ns") and m.get("start_ns") else None
-        rows.append([m.get("run_id"), m.get("name"), m.get("status", m.get("error")), _when(m.get("start_ns")),
+        status = f"bad run.json: {m['error']}" if m.get("error") else m.get("status")
+        rows.append([m.get("run_id"), m.get("name"), status, _when(m.get("start_ns")),
                      fmt_ns(dur), m.get("command") or ""])
     print_table(f"runs in {store}", ["run", "name", "status", "started (UTC)", "duration", "command"], rows)
+    for m in runs:
+        if m.get("interruption"):
+            console.print(f"{m.get('run_id')}: {m['interruption']}", markup=False, highlight=False, soft_wrap=True)
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from flowscope.analysis.nothing_observed import why_nothing_observed
     from flowscope.analysis.summary import summarize
 
     run = open_run(resolve_run(args.run, args.store))
     s = summarize(run, top=args.top)
+    reasons = why_nothing_observed(run)
     if args.json:
-        print_json(s.to_dict())
+        print_json({**s.to_dict(), "nothing_observed": [asdict(r) for r in reasons]})
         return 0
     console.print(f"[bold]{s.run_id}[/bold] {s.name or ''} — {s.status}, {fmt_ns(s.duration_ns)} "
                   f"({_when(s.start_ns)} UTC) at {run.path}")
-    print_table("rows", ["table", "rows"], [[k, v] for k, v in s.rows.items() if v])
+    if note := interruption(run.meta):
+        console.print(note, markup=False, highlight=False, soft_wrap=True)
+    if reasons:
+        console.print("[bold yellow]no work recorded[/bold yellow]: " + " ".join(r.why for r in reasons))
+        for r in reasons:
+            console.print(f"  what to do: {r.what_to_do}")
+    if any(s.rows.values()):
+        print_table("rows", ["table", "rows"], [[k, v] for k, v in s.rows.items() if v])
+    else:
+        console.print("no rows")
     if s.resources_by_kind:
         console.print("resources: " + ", ".join(f"{n} {k}" for k, n in s.resources_by_kind.items()))
     if s.top_spans:

@@ -3,19 +3,26 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from flowscope.service.collector import MiB, Collector
+from flowscope.cli.output import STORE_HELP
 from flowscope.store.catalog import default_store
+
+#: For tests only: the collector kills itself (SIGKILL) right after renaming its N-th segment into place,
+#: before it acknowledges that batch, so that a test can replay a batch that is on disk but unacknowledged.
+KILL_AFTER_SEGMENTS_ENV = "FLOWSCOPE_TEST_KILL_AFTER_SEGMENTS"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("serve", help="run the collector service (HTTP, loopback by default)",
                        description="Run the collector: batched ingest, run open/close, health and per-table "
                                    "JSON queries, written to the run store as batches arrive.")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
+    p.add_argument("--host", default="127.0.0.1",
+                   help="address to bind (default 127.0.0.1); any other than loopback requires a token")
     p.add_argument("--port", type=int, default=8765, help="port (default 8765; 0 picks a free one)")
-    p.add_argument("--store", default=None, help="run store directory (default $FLOWSCOPE_STORE or ./flowscope-runs)")
+    p.add_argument("--store", default=None, help=STORE_HELP)
     p.add_argument("--address-file", default=None,
                    help="append this instance's address to FILE (clients spread over the listed instances)")
     p.add_argument("--queue-mb", type=float, default=256,
@@ -27,19 +34,56 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="sleep before each segment write: simulates a slow file system (backpressure tests)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                    help="server log verbosity (default warning)")
+    auth = p.add_argument_group("access", "A collector bound beyond loopback answers only requests that carry its "
+                                "token (Authorization: Bearer TOKEN). Clients send $FLOWSCOPE_TOKEN, or the token "
+                                "written next to the address in --address-file.")
+    auth.add_argument("--token", default=None,
+                      help="the token clients must send (default $FLOWSCOPE_TOKEN; beyond loopback, else a new one "
+                           "is generated and printed); on loopback a token is required only when given")
+    auth.add_argument("--insecure", action="store_true",
+                      help="bind beyond loopback without a token: anyone who can reach the port may write and read runs")
+    auth.add_argument("--ssl-keyfile", default=None, metavar="FILE", help="serve HTTPS with this private key (PEM)")
+    auth.add_argument("--ssl-certfile", default=None, metavar="FILE",
+                      help="... and this certificate (PEM); clients verify it (SSL_CERT_FILE for a private CA)")
     p.set_defaults(func=run)
+
+
+def _access(args: argparse.Namespace) -> tuple[str | None, str]:
+    """The token to require (None: none) and the line that tells the user how clients get in."""
+    from flowscope.service.auth import TOKEN_ENV, is_loopback, new_token
+
+    given = args.token or os.environ.get(TOKEN_ENV) or None
+    if args.insecure:
+        if args.token:
+            raise ValueError("--insecure and --token contradict each other: give one of them")
+        return None, (f"--insecure: no token required; anyone who can reach {args.host}:{args.port} may write and "
+                      f"read runs")
+    if given:
+        source = "--token" if args.token else f"${TOKEN_ENV}"
+        return given, f"clients must send the token given by {source} (${TOKEN_ENV}, or the address file)"
+    if is_loopback(args.host):
+        return None, ""
+    token = new_token()
+    return token, (f"bound beyond loopback: clients must send the token, e.g. in their environment "
+                   f"{TOKEN_ENV}={token} (or --token / ${TOKEN_ENV} to choose it, --insecure for none)")
 
 
 def run(args: argparse.Namespace) -> int:
     from flowscope.service.server import serve_forever
 
+    if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
+        raise ValueError("--ssl-keyfile and --ssl-certfile go together")
+    token, access = _access(args)
     store = args.store or default_store()
     collector = Collector(store, queue_bytes=int(args.queue_mb * MiB), max_request_bytes=int(args.max_request_mb * MiB),
-                          writers=args.writers, writer_delay=args.writer_delay, fsync=args.fsync)
+                          writers=args.writers, writer_delay=args.writer_delay, fsync=args.fsync,
+                          kill_after_segments=int(os.environ.get(KILL_AFTER_SEGMENTS_ENV) or 0))
 
     def ready(address: str) -> None:
         print(f"flowscope collector listening on {address} (store {store})", file=sys.stderr, flush=True)
+        if access:
+            print(f"flowscope collector: {access}", file=sys.stderr, flush=True)
 
     serve_forever(collector, args.host, args.port, address_file=args.address_file, log_level=args.log_level,
-                  on_ready=ready)
+                  on_ready=ready, token=token, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
     return 0

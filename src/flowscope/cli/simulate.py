@@ -9,6 +9,8 @@ import tempfile
 import urllib.request
 from pathlib import Path
 
+from flowscope.cli.output import STORE_HELP
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("simulate", help="run a Crux workflow pattern and check its critical path",
@@ -30,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the durations (default 0)")
     p.add_argument("--scale", type=float, default=1.0, help="multiply every duration by this (default 1)")
     p.add_argument("--size", type=int, default=65_536, metavar="BYTES", help="bytes per file (default 65536)")
-    p.add_argument("--store", default=None, help="run store (default $FLOWSCOPE_STORE or ./flowscope-runs)")
+    p.add_argument("--store", default=None, help=STORE_HELP)
     p.add_argument("--workdir", default=None, help="where the jobs' files go (default: a temporary directory)")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from flowscope.cli.output import console, print_json, progress
+from flowscope.store.catalog import DEFAULT_STORE, STORE_ENV
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -16,7 +17,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("spool", help="spool directory (a client's spool root, or one run's folder in it)")
     target = p.add_mutually_exclusive_group()
     target.add_argument("--address", help="collector address, http://HOST:PORT")
-    target.add_argument("--store", help="write into this store directly (no collector running)")
+    target.add_argument("--store", help="write into this store directly, no collector running (default "
+                        f"${STORE_ENV}, else ./{DEFAULT_STORE}, when --address is not given either)")
+    p.add_argument("--token", default=None,
+                   help="the collector's token (default $FLOWSCOPE_TOKEN; needed when it is bound beyond loopback)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.set_defaults(func=run)
 
@@ -30,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         raise FileNotFoundError(f"{root}: no such spool directory")
     collector = None
     if args.address:
-        transport = HttpTransport(args.address)
+        transport = HttpTransport(args.address, token=args.token)
     else:
         from flowscope.service.collector import Collector
         from flowscope.store.catalog import default_store

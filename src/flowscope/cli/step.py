@@ -8,6 +8,8 @@ import signal
 import subprocess
 import sys
 
+from flowscope.store.catalog import DEFAULT_STORE, STORE_ENV
+
 DESCRIPTION = ("Run COMMAND as the workflow step NAME. Its declared input files are recorded as data states before "
                "it runs and its output files after (size and time from the file system), with a mutation from each "
                "input to each output (one to one CONVERT, one to many SPLIT, many MERGE) and a span for the step. "
@@ -36,8 +38,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--run", default=None, help="the run to record into (default $FLOWSCOPE_RUN, else a new run)")
     p.add_argument("--address", default=None, metavar="URL",
                    help="collector address (default $FLOWSCOPE_ADDRESS, else the store is written directly)")
-    p.add_argument("--store", default=None, help="run store when no collector address is given "
-                                                 "(default $FLOWSCOPE_STORE or ./flowscope-runs)")
+    p.add_argument("--store", default=None, help=f"run store written when no collector address is given "
+                                                 f"(default ${STORE_ENV}, else ./{DEFAULT_STORE})")
     return p
 
 

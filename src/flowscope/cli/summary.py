@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flowscope.analysis.breakdown import breakdown, task_groups
+from flowscope.analysis.nothing_observed import why_nothing_observed
 from flowscope.cli.output import console, fmt_ns, print_table
 from flowscope.store.run import Run
 
@@ -21,12 +22,25 @@ def print_run_summary(run: Run, report: Path | None = None, top: int = 5) -> Non
     warnings."""
     meta = run.meta
     b = breakdown(run)
+    reasons = why_nothing_observed(run) if not b.tasks else []
+    if reasons:  # no table of zeros: why nothing was recorded, and what to do
+        console.print(f"[bold]{meta.get('name')}[/bold] run {meta['run_id']}: {meta.get('status')}, "
+                      "[bold yellow]no tasks recorded[/bold yellow]")
+        for r in reasons:
+            console.print(f"  {r.why}\n    {r.what_to_do}")
+        console.print(f"  run directory: {run.path}")
+        if report is not None:
+            console.print(f"  report: {report}")
+        return
     console.print(f"[bold]{meta.get('name')}[/bold] run {meta['run_id']}: {meta.get('status')}, "
                   f"{b.tasks} tasks, makespan {fmt_ns(b.makespan_s * 1e9)}")
+    if b.io_s is None:
+        io_time = ", I/O time unknown (byte counters only)"
+    else:
+        io_time = f", {fmt_ns(b.io_s * 1e9)} timed" if b.io_s else ""
     console.print(f"  compute {fmt_ns(b.compute_s * 1e9)} | communication {fmt_ns(b.communication_s * 1e9)} "
                   f"in {b.transfers} transfers ({_bytes(b.communication_bytes)}) | I/O read "
-                  f"{_bytes(b.io_read_bytes)}, written {_bytes(b.io_write_bytes)}"
-                  + (f", {fmt_ns(b.io_s * 1e9)} timed" if b.io_s else ""))
+                  f"{_bytes(b.io_read_bytes)}, written {_bytes(b.io_write_bytes)}" + io_time)
     groups = task_groups(run).head(top)
     if len(groups):
         print_table("slowest task groups", ["group", "count", "total", "mean", "CV"],

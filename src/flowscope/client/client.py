@@ -30,11 +30,11 @@ import pyarrow as pa
 
 from flowscope.client.packer import Packer
 from flowscope.client.spool import Spool, default_spool_dir, replay
-from flowscope.client.transport import (Busy, EmbeddedTransport, HttpTransport, Rejected, Unreachable,
-                                       pick_address)
+from flowscope.client.transport import (TOKEN_ENV, Busy, EmbeddedTransport, HttpTransport, Rejected, Unreachable,
+                                       pick_collector)
 from flowscope.model import identifiers as ids
 from flowscope.model.conform import SchemaError, conform
-from flowscope.model.provenance import check_run_id, collect_provenance, new_run_id, now_ns
+from flowscope.model.provenance import check_open_request, check_run_id, collect_provenance, new_run_id, now_ns
 
 log = logging.getLogger("flowscope.client")
 
@@ -54,6 +54,8 @@ class Client:
     --address-file``); the client picks one round-robin. $FLOWSCOPE_ADDRESS,
     $FLOWSCOPE_ADDRESS_FILE and $FLOWSCOPE_RUN are used when the arguments are not given, so
     child processes join their parent's run. A client that created its run closes it.
+    ``token``: what a collector bound beyond loopback requires on every request; default the token next
+    to the picked address in the address file, else $FLOWSCOPE_TOKEN.
     """
 
     def __init__(self, address: str | None = None, *, address_file: str | Path | None = None,
@@ -62,16 +64,22 @@ class Client:
                  meta: dict | None = None, flush_records: int = 65_536, flush_interval: float = 1.0,
                  max_buffer_records: int = 500_000, spool_dir: str | Path | None = None,
                  busy_timeout: float = 30.0, senders: int = 2, serve: bool = False,
-                 collector_options: dict | None = None):
+                 collector_options: dict | None = None, token: str | None = None):
+        if isinstance(command, list):
+            command = " ".join(command)
+        # refused here, in the producer's call, rather than by the collector once the threads run
+        check_open_request({"name": name, "command": command, **(meta or {})})
+        listed_token = None  # the token written next to the address in an address file
         if not address:
             if address_file:
-                address = pick_address(address_file)
+                address, listed_token = pick_collector(address_file)
             elif os.environ.get("FLOWSCOPE_ADDRESS"):
                 address = os.environ["FLOWSCOPE_ADDRESS"]
             elif os.environ.get("FLOWSCOPE_ADDRESS_FILE"):
-                address = pick_address(os.environ["FLOWSCOPE_ADDRESS_FILE"])
+                address, listed_token = pick_collector(os.environ["FLOWSCOPE_ADDRESS_FILE"])
             else:
                 address = EMBEDDED
+        self._auth_token = token or listed_token or os.environ.get(TOKEN_ENV) or None
         self._collector = None
         self._server = None
         if address == EMBEDDED:
@@ -84,13 +92,16 @@ class Client:
             if serve:
                 from flowscope.service.server import BackgroundServer
 
-                self._server = BackgroundServer(self._collector)
+                # on loopback: a token only when this client was given one (the simulator's workers send none)
+                self._server = BackgroundServer(self._collector, token=token)
+                self._auth_token = token
             self.address = self._server.address if self._server else EMBEDDED
         else:
             self.address = HttpTransport(address).address
-            self._new_transport = lambda: HttpTransport(self.address)
+            self._new_transport = lambda: HttpTransport(self.address, token=self._auth_token or "")
         self._transport = self._new_transport()  # for open, close and replay (under _control_lock)
-        self._probe = HttpTransport(self.address, timeout=2.0) if self.address != EMBEDDED else None
+        self._probe = HttpTransport(self.address, timeout=2.0, token=self._auth_token or "") \
+            if self.address != EMBEDDED else None
 
         given = run_id or (os.environ.get("FLOWSCOPE_RUN") if address != EMBEDDED else None)
         self.run_id = check_run_id(given) if given else new_run_id()
@@ -123,8 +134,6 @@ class Client:
 
         self._meta = {"run_id": self.run_id, "name": name, "command": command, "start_ns": now_ns(),
                       "provenance": collect_provenance(), **(meta or {})}
-        if isinstance(command, list):
-            self._meta["command"] = " ".join(command)
         if not (self.owns_run or self._collector is not None):
             self._opened.set()  # joining a run that exists: nothing to open
         self._builder = threading.Thread(target=self._build_loop, name="flowscope-builder", daemon=True)
@@ -145,7 +154,10 @@ class Client:
         """Environment variables that make a child process's Client join this run."""
         if self.address == EMBEDDED:
             raise FlowscopeError("an embedded collector without serve=True cannot be reached by other processes")
-        return {"FLOWSCOPE_ADDRESS": self.address, "FLOWSCOPE_RUN": self.run_id}
+        env = {"FLOWSCOPE_ADDRESS": self.address, "FLOWSCOPE_RUN": self.run_id}
+        if self._auth_token:
+            env[TOKEN_ENV] = self._auth_token
+        return env
 
     # ---- emission ----------------------------------------------------------------------------
     def _packer(self, table: str) -> Packer:
@@ -322,7 +334,7 @@ class Client:
         body = json.dumps({"states": states, "mutations": mutations}, default=str).encode()
         transport = getattr(self._local, "ds_transport", None)
         if transport is None:  # one kept-alive connection per thread
-            transport = self._local.ds_transport = HttpTransport(self.address)
+            transport = self._local.ds_transport = HttpTransport(self.address, token=self._auth_token or "")
         status, doc = transport._request("POST", f"/v1/runs/{self.run_id}/states", body,
                                          {"Content-Type": "application/json"})
         if status == 422:

@@ -515,7 +515,7 @@ def post_tables(client, states: pa.Table, mutations: pa.Table) -> dict:
 
     transport = getattr(client._local, "ds_transport", None)
     if transport is None:  # one kept-alive connection per thread
-        transport = client._local.ds_transport = HttpTransport(client.address)
+        transport = client._local.ds_transport = HttpTransport(client.address, token=client._auth_token or "")
     status, doc = transport._request("POST", f"/v1/runs/{client.run_id}/states", arrow_body(states, mutations),
                                      {"Content-Type": "application/vnd.apache.arrow.stream"})
     if status == 422:

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from flowscope.model.conform import SchemaError, type_family
+from flowscope.model.conform import SchemaError, interval_columns, type_family
 from flowscope.model.schemas import MOSTLY_UNIQUE, schema
 
 # Nullable integer columns store null as INT64_MIN (1677-09-21 as a timestamp: never a real value).
@@ -90,10 +90,28 @@ class Packer:
               "pack": self._struct.pack, "data": self._data, "extend": self._data.extend,
               "struct_error": struct.error, "diagnose": self._diagnose, "packer": self, "on_full": on_full}
         body = [f"def add({', '.join(args)}):"]
+        interval = interval_columns(self.table)
+        if interval is not None:
+            # one comparison on the hot path; a None or a non-number makes it raise TypeError, and diagnose()
+            # then names the column. The check comes first, before None becomes NULL_INT.
+            s, e = (self.columns.index(c) for c in interval)
+            ns["misordered"] = self._misordered
+            test = f"c{e} < c{s}"
+            if self.schema.field(s).nullable:
+                test = f"c{s} is not None and {test}"
+            if self.schema.field(e).nullable:
+                test = f"c{e} is not None and {test}"
+            body += ["    try:", f"        if {test}: misordered(c{s}, c{e})", "    except TypeError:",
+                     f"        diagnose({', '.join(args)})"]
         for i, field in enumerate(self.schema):
             k = self.kinds[i]
-            if k == "int" and field.nullable:
-                body.append(f"    if c{i} is None: c{i} = NULL_INT")
+            if k in ("int", "float"):
+                # bool is an int subclass that struct would pack as 0 or 1: refused like any other non-number
+                bool_test = f"if c{i}.__class__ is bool: diagnose({', '.join(args)})"
+                if k == "int" and field.nullable:
+                    body += [f"    if c{i} is None: c{i} = NULL_INT", f"    el{bool_test}"]
+                else:
+                    body.append(f"    {bool_test}")
             elif k == "obj" and self.columns[i] == "attrs":
                 body.append(f"    if c{i} is not None and c{i}.__class__ is not str: c{i} = to_json(c{i})")
             elif k == "obj":
@@ -120,7 +138,8 @@ class Packer:
         body += ["        n = len(data)", "    finally:", "        release()"]
         if on_full is not None:
             body.append(f"    if n >= {int(self.flush_bytes)}: on_full(packer, n)")
-        exec("\n".join(body), ns)  # noqa: S102 - source built above from the schema, no user input
+        self.source = "\n".join(body)
+        exec(self.source, ns)  # noqa: S102 - source built above from the schema, no user input
         return ns["add"]
 
     def _new_code(self, j: int, col: int, value: Any) -> int:
@@ -153,20 +172,33 @@ class Packer:
             return list(value)
         return value
 
+    def _check_number(self, i: int, v: Any) -> None:
+        k = self.kinds[i]
+        if v is None:
+            if self.schema.field(i).nullable:
+                return
+            raise SchemaError(self.table, "is required but was None", self.columns[i])
+        try:
+            if v.__class__ is bool:
+                raise struct.error("bool")
+            struct.pack("<q" if k == "int" else "<d", v)
+        except struct.error:
+            want = "an int64 (ns)" if self.columns[i].endswith("_ns") else ("an int64" if k == "int" else "a float")
+            raise SchemaError(self.table, f"expected {want}, got {type(v).__name__} {v!r:.80}",
+                              self.columns[i]) from None
+
     def _diagnose(self, *values: Any) -> None:
         for i in self._packed:
-            k, v = self.kinds[i], values[i]
-            if k == "str":
-                continue
-            if v is None:
-                raise SchemaError(self.table, "is required but was None", self.columns[i])
-            try:
-                struct.pack("<q" if k == "int" else "<d", v)
-            except struct.error:
-                want = "an int64 (ns)" if self.columns[i].endswith("_ns") else ("an int64" if k == "int" else "a float")
-                raise SchemaError(self.table, f"expected {want}, got {type(v).__name__} {v!r:.80}",
-                                  self.columns[i]) from None
+            if self.kinds[i] != "str":
+                self._check_number(i, values[i])
         raise SchemaError(self.table, f"record does not fit: {values!r:.200}")
+
+    def _misordered(self, start: Any, end: Any) -> None:
+        s, e = (self.columns.index(c) for c in interval_columns(self.table))
+        self._check_number(s, start)
+        self._check_number(e, end)
+        raise SchemaError(self.table, f"ends before it starts ({self.columns[s]} {start}, {self.columns[e]} {end})",
+                          self.columns[e])
 
     def __len__(self) -> int:
         return len(self._data) // self.row_bytes

@@ -7,15 +7,18 @@ import itertools
 import json
 import os
 import socket
+import ssl
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pyarrow as pa
 
 from flowscope.model.conform import SchemaError
+from flowscope.model.provenance import check_close_request
 from flowscope.service.collector import Collector, CollectorBusy, UnknownRun
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
+TOKEN_ENV = "FLOWSCOPE_TOKEN"  # the collector's token, sent by every client (flowscope serve prints it)
 
 
 class Unreachable(ConnectionError):
@@ -37,8 +40,9 @@ class Rejected(ValueError):
 _pick = itertools.count()
 
 
-def read_address_file(path: str | Path) -> list[str]:
-    """The collector addresses listed in ``path``, one per line (``flowscope serve --address-file`` writes it)."""
+def read_collectors(path: str | Path) -> list[tuple[str, str | None]]:
+    """The (address, token or None) of each collector listed in ``path``, one per line:
+    ``http(s)://HOST:PORT`` optionally followed by `` token=TOKEN`` (``flowscope serve --address-file`` writes it)."""
     path = Path(path)
     try:
         lines = path.read_text().splitlines()
@@ -49,18 +53,37 @@ def read_address_file(path: str | Path) -> list[str]:
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        if not line.startswith("http://") or not urlsplit(line).hostname:
-            raise ValueError(f"{path}:{n}: not a collector address: {line!r} (expected http://HOST:PORT)")
-        out.append(line)
+        address, *rest = line.split()
+        if not address.startswith(("http://", "https://")) or not urlsplit(address).hostname:
+            raise ValueError(f"{path}:{n}: not a collector address: {address!r} (expected http://HOST:PORT)")
+        token = None
+        for item in rest:
+            key, sep, value = item.partition("=")
+            if key != "token" or not sep or not value:
+                raise ValueError(f"{path}:{n}: unexpected {item.split('=')[0]!r} after the address "
+                                 f"(only token=TOKEN may follow it)")
+            token = value
+        out.append((address, token))
     if not out:
         raise ValueError(f"{path}: the collector address file lists no address")
     return out
 
 
+def read_address_file(path: str | Path) -> list[str]:
+    """The collector addresses listed in ``path``, one per line (``flowscope serve --address-file`` writes it)."""
+    return [address for address, _ in read_collectors(path)]
+
+
+def pick_collector(path: str | Path) -> tuple[str, str | None]:
+    """One of the collectors in the address file, with its token: clients of this process and of others
+    spread round-robin."""
+    collectors = read_collectors(path)
+    return collectors[(os.getpid() + next(_pick)) % len(collectors)]
+
+
 def pick_address(path: str | Path) -> str:
-    """One of the collectors in the address file: clients of this process and of others spread round-robin."""
-    addresses = read_address_file(path)
-    return addresses[(os.getpid() + next(_pick)) % len(addresses)]
+    """One of the collectors in the address file (see pick_collector)."""
+    return pick_collector(path)[0]
 
 
 def ipc_bytes(data: pa.Table) -> bytes:
@@ -72,24 +95,36 @@ def ipc_bytes(data: pa.Table) -> bytes:
 
 
 class HttpTransport:
-    """One keep-alive HTTP connection to a collector."""
+    """One keep-alive HTTP(S) connection to a collector. ``token`` (default $FLOWSCOPE_TOKEN) is sent as
+    ``Authorization: Bearer`` on every request; HTTPS verifies the collector's certificate against the
+    system's CAs (SSL_CERT_FILE / SSL_CERT_DIR name others)."""
 
-    def __init__(self, address: str, timeout: float = 60.0):
+    def __init__(self, address: str, timeout: float = 60.0, token: str | None = None):
         u = urlsplit(address if "://" in address else f"http://{address}")
-        if u.scheme != "http" or not u.hostname:
-            raise ValueError(f"bad collector address {address!r}: expected http://HOST:PORT")
-        self.address = f"http://{u.netloc}"
-        self._host, self._port = u.hostname, u.port or 80
+        if u.scheme not in ("http", "https") or not u.hostname:
+            raise ValueError(f"bad collector address {address!r}: expected http://HOST:PORT or https://HOST:PORT")
+        self.address = f"{u.scheme}://{u.netloc}"
+        self._https = u.scheme == "https"
+        self._host, self._port = u.hostname, u.port or (443 if self._https else 80)
         self.timeout = timeout
+        token = token if token is not None else os.environ.get(TOKEN_ENV)
+        self._auth = {"Authorization": f"Bearer {token}"} if token else {}
         self._conn: http.client.HTTPConnection | None = None
+
+    def _connect(self, timeout: float) -> http.client.HTTPConnection:
+        if self._https:
+            return http.client.HTTPSConnection(self._host, self._port, timeout=timeout,
+                                               context=ssl.create_default_context())
+        return http.client.HTTPConnection(self._host, self._port, timeout=timeout)
 
     def _request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None,
                  timeout: float | None = None) -> tuple[int, dict]:
+        headers = {**(headers or {}), **self._auth}
         for attempt in (0, 1):  # one silent reconnect: a kept-alive connection may have been closed
             if self._conn is None:
-                self._conn = http.client.HTTPConnection(self._host, self._port, timeout=timeout or self.timeout)
+                self._conn = self._connect(timeout or self.timeout)
             try:
-                self._conn.request(method, path, body=body, headers=headers or {})
+                self._conn.request(method, path, body=body, headers=headers)
                 resp = self._conn.getresponse()
                 raw = resp.read()
                 status = resp.status
@@ -149,12 +184,17 @@ class EmbeddedTransport:
         return self.collector.health()
 
     def open_run(self, meta: dict) -> dict:
-        return self.collector.open_run(meta)
+        try:
+            return self.collector.open_run(meta)
+        except ValueError as exc:  # as the HTTP API answers it
+            raise Rejected(422, str(exc)) from None
 
     def close_run(self, run_id: str, info: dict) -> dict:
-        info = dict(info)
-        return self.collector.close_run(run_id, end_ns=info.pop("end_ns", None),
-                                        status=info.pop("status", "finished"), extra=info)
+        try:
+            end_ns, status = check_close_request(info)
+        except ValueError as exc:
+            raise Rejected(422, str(exc)) from None
+        return self.collector.close_run(run_id, end_ns=end_ns, status=status)
 
     def send(self, run_id: str, table: str, segment_id: str, data: pa.Table | bytes) -> dict:
         if isinstance(data, (bytes, bytearray, memoryview)):

@@ -104,6 +104,15 @@ class FileImport:
 
 
 @dataclass
+class Duplicate:
+    """A file not read because the run already holds a file with the same bytes (``same_as``)."""
+
+    path: str
+    format: str
+    same_as: str
+
+
+@dataclass
 class ImportResult:
     """What :func:`import_paths` did: the run it wrote and, per file, the rows it created."""
 
@@ -113,6 +122,7 @@ class ImportResult:
     files: list[FileImport]
     skipped: list[str]
     failed: list[tuple[str, str]] = field(default_factory=list)  # (file, why) with keep_going
+    duplicates: list[Duplicate] = field(default_factory=list)  # same content as a file the run holds
 
     @property
     def rows(self) -> dict[str, int]:
@@ -121,6 +131,10 @@ class ImportResult:
             for t, n in f.rows.items():
                 total[t] = total.get(t, 0) + n
         return total
+
+
+class ImportInterrupted(KeyboardInterrupt):
+    """The import was interrupted (Ctrl-C); the run says so and can be resumed or removed."""
 
 
 def expand(paths: Iterable[str | Path], fmt: str | None = None) -> tuple[list[tuple[Path, str]], list[str]]:
@@ -154,6 +168,12 @@ def expand(paths: Iterable[str | Path], fmt: str | None = None) -> tuple[list[tu
     return todo, skipped
 
 
+def content_files(path: Path, fmt: str) -> list[Path]:
+    """The files whose bytes make up the trace ``path`` in format ``fmt`` (several for an OTF2 archive)."""
+    members = getattr(format_module(fmt), "content_files", None)
+    return list(members(path)) if members is not None else [path]
+
+
 def _commit_staged(staging: Path, run_dir: Path) -> None:
     """Move a file's staged segments into the run, table by table (each rename is atomic)."""
     for table_dir in sorted(p for p in staging.iterdir() if p.is_dir()):
@@ -161,10 +181,30 @@ def _commit_staged(staging: Path, run_dir: Path) -> None:
         dest.mkdir(exist_ok=True)
         for seg in sorted(table_dir.iterdir()):
             target = dest / seg.name
-            if target.exists():  # the same file imported into this run before: nothing new
+            if target.exists():  # committed by an import of this file that was killed while committing
                 seg.unlink()
             else:
                 os.replace(seg, target)
+
+
+def _remove_segments(run_dir: Path, token: str) -> None:
+    """Delete the segments of ``run_dir`` that one imported file wrote (names ``<token>-<n>.parquet``)."""
+    for seg in run_dir.glob(f"*/{token}-*.parquet"):
+        seg.unlink(missing_ok=True)
+
+
+def _check_not_importing(run_dir: Path, meta: dict) -> None:
+    from flowscope.store.catalog import RunBusy, import_in_progress, run_state
+
+    found = import_in_progress(meta)
+    if found is None:
+        return
+    run_id = meta.get("run_id", run_dir.name)
+    if run_state(meta) == "interrupted":
+        raise RunBusy(f"run {run_id} has an interrupted import; resume it first (flowscope import --resume "
+                      f"{run_id}) or remove the run (flowscope rm {run_id})")
+    who = found[1].describe() if found[1] is not None else "another process"
+    raise RunBusy(f"run {run_id} is being imported by {who}; wait for it to finish")
 
 
 def import_paths(paths: Iterable[str | Path], store: str | Path | None = None, *, run: str | Path | None = None,
@@ -175,44 +215,120 @@ def import_paths(paths: Iterable[str | Path], store: str | Path | None = None, *
     ``progress(path, done_bytes, total_bytes)`` is called as each file is read. Each file's rows,
     warnings and facts go to run.json's ``imports`` list. A file lands whole or not at all: its
     segments are staged in a hidden folder of the run and moved in once it has been read
-    completely. A failed file raises; the files imported before it stay, and a new run that
-    received nothing is removed. With ``keep_going``, a file that cannot be read (TraceError) is
-    listed in ``failed`` with the reason and the others are imported; the call raises only if no
-    file could be."""
-    import shutil
+    completely. A file whose bytes the run already holds (a copy, the same file again) is not read:
+    it is listed in ``duplicates``. The import is all or nothing: when a file fails, the files
+    imported before it are taken out again (a new run is removed) and the call raises saying so.
+    With ``keep_going``, a file that cannot be read (TraceError) is listed in ``failed`` with the
+    reason and the others are imported; the call raises only if no file could be.
 
-    from flowscope.model.provenance import collect_provenance, new_run_id
+    While it runs, run.json's ``importing`` names this process (host, pid, start time) and the files;
+    an import that is killed stays recorded there, so readers see it as interrupted and
+    :func:`resume_import` can finish it."""
+    from flowscope.model.provenance import collect_provenance, new_run_id, now_ns
     from flowscope.service.collector import Collector
     from flowscope.store.catalog import default_store, resolve_run
-    from flowscope.store.layout import RUN_JSON, read_json, write_segment
+    from flowscope.store.layout import RUN_JSON, read_json
+    from flowscope.store.writers import WriterId
 
     todo, skipped = expand(paths, fmt)
     if not todo:
         raise UnknownFormat("no importable file among " + ", ".join(map(str, paths)))
+    job = {"by": WriterId.current().to_dict(), "since_ns": now_ns(),
+           "files": [{"path": str(p.absolute()), "format": f} for p, f in todo], "keep_going": bool(keep_going)}
     if run is not None:
         run_dir = resolve_run(run, store)
-        run_id = read_json(run_dir / RUN_JSON)["run_id"]
+        meta = read_json(run_dir / RUN_JSON)
+        _check_not_importing(run_dir, meta)
+        run_id = meta["run_id"]
         collector = Collector(run_dir.parent)
-        created = False
+        job.update(created_run=False, imports_before=len(meta.get("imports") or []), had_imports="imports" in meta)
+        collector.update_run(run_id, {"importing": job})
     else:
         collector = Collector(store if store is not None else default_store())
         run_id = new_run_id()
+        job.update(created_run=True, imports_before=0, had_imports=True)
         collector.open_run({"run_id": run_id, "name": name or todo[0][0].stem, "command": None,
                             "provenance": {"source": "import", "imported_by": collect_provenance()},
-                            "imports": []})
-        run_dir = collector.run_dir(run_id)
-        created = True
+                            "imports": [], "importing": job})
+        collector.update_run(run_id, {"imports": [], "importing": job})
+    run_dir = collector.run_dir(run_id)
+    return _import_files(collector, run_dir, run_id, job, todo, skipped, progress)
+
+
+def resume_import(run: str | Path, store: str | Path | None = None, *,
+                  progress: Callable[[str, int, int], None] | None = None) -> ImportResult:
+    """Finish the interrupted import of ``run`` (its importing process is gone): import the files it had not
+    imported yet, as that import would have (the files it did import are listed in ``duplicates``)."""
+    import shutil
+
+    from flowscope.model.provenance import now_ns
+    from flowscope.service.collector import Collector
+    from flowscope.store.catalog import RunBusy, import_in_progress, resolve_run, run_state
+    from flowscope.store.layout import RUN_JSON, read_json, staging_dirs
+    from flowscope.store.writers import WriterId
+
+    run_dir = resolve_run(run, store)
+    meta = read_json(run_dir / RUN_JSON)
+    run_id = meta.get("run_id", run_dir.name)
+    found = import_in_progress(meta)
+    if found is None:
+        raise ValueError(f"run {run_id} has no interrupted import")
+    job, writer = found
+    if run_state(meta) != "interrupted":
+        who = writer.describe() if writer is not None else "another process"
+        raise RunBusy(f"run {run_id} is being imported by {who}; it has not been interrupted")
+    try:
+        todo = [(Path(f["path"]), str(f["format"])) for f in job["files"]]
+        for _, f in todo:
+            format_module(f)
+    except (KeyError, TypeError) as exc:
+        raise ValueError(f"{run_dir / RUN_JSON}: 'importing' is not an import record ({exc!r})") from None
+    for path, _ in todo:
+        if not path.exists():
+            raise FileNotFoundError(f"{path}: no such file, and the interrupted import of run {run_id} needs it; "
+                                    f"put it back, or remove the run with flowscope rm {run_id}")
+    if writer is not None:  # what the dead importer had staged (a collector starting removes it too)
+        for staged in staging_dirs(run_dir, writer):
+            shutil.rmtree(staged, ignore_errors=True)
+    collector = Collector(run_dir.parent)
+    job = {**job, "by": WriterId.current().to_dict(), "resumed_ns": now_ns()}
+    collector.update_run(run_id, {"importing": job})
+    return _import_files(collector, run_dir, run_id, job, todo, [], progress)
+
+
+def _import_files(collector, run_dir: Path, run_id: str, job: dict, todo: list[tuple[Path, str]],
+                  skipped: list[str], progress: Callable[[str, int, int], None] | None) -> ImportResult:
+    """Import ``todo`` into the run as the import ``job`` (run.json's ``importing``) describes."""
+    import shutil
+
+    from flowscope.importers.sink import content_key
+    from flowscope.store.layout import RUN_JSON, read_json, staging_dir, write_segment
+
+    created, keep_going, before = bool(job["created_run"]), bool(job["keep_going"]), int(job["imports_before"])
+    meta = read_json(run_dir / RUN_JSON)
+    held: dict[tuple[str, str], str] = {}  # (content, format) -> path of the file the run holds with those bytes
+    for entry in meta.get("imports") or []:
+        if isinstance(entry, dict) and entry.get("content"):
+            held.setdefault((entry["content"], entry.get("format")), entry.get("path"))
     files: list[FileImport] = []
     failed: list[tuple[str, str]] = []
+    duplicates: list[Duplicate] = []
+    current: str | None = None  # segment name prefix of the file being imported
     try:
-        for path, f in todo:
+        for n, (path, f) in enumerate(todo):
+            key = content_key(content_files(path, f))
+            content = f"blake2b:{key}" if key else None
+            if content and (content, f) in held:
+                duplicates.append(Duplicate(str(path), f, held[(content, f)]))
+                continue
             total = path.stat().st_size
             cb = (lambda done, _p=path, _t=total: progress(str(_p), done, _t)) if progress else None
-            staging = run_dir / f".import-{os.getpid()}-{len(files)}"
+            staging = staging_dir(run_dir, n)
             shutil.rmtree(staging, ignore_errors=True)
             staging.mkdir()
             sink = ImportSink(run_id, path, f, lambda _r, t, seg, d, _s=staging: write_segment(_s, t, seg, d),
-                              cb, run_dir)
+                              cb, run_dir, key=key)
+            current = sink.token
             try:
                 try:
                     format_module(f).read(path, sink)
@@ -233,30 +349,61 @@ def import_paths(paths: Iterable[str | Path], store: str | Path | None = None, *
                 cb(total)
             done = FileImport(str(path), f, dict(sink.counts), list(sink.warnings), dict(sink.meta))
             files.append(done)
+            if content:
+                held[(content, f)] = str(path.resolve())
             meta = read_json(run_dir / RUN_JSON)
             imports = list(meta.get("imports") or [])
-            imports.append({"path": str(path.resolve()), "format": f, "rows": done.rows,
-                            "warnings": done.warnings, "meta": done.meta})
+            imports.append({"path": str(path.resolve()), "format": f, "content": content, "segments": sink.token,
+                            "rows": done.rows, "warnings": done.warnings, "meta": done.meta})
             fields: dict[str, Any] = {"imports": imports}
             if created:
                 for k, v in sink.run_fields.items():
-                    if k in ("start_ns", "end_ns") and meta.get(k) is not None and len(files) > 1 and v is not None:
+                    if k in ("start_ns", "end_ns") and meta.get(k) is not None and len(imports) > 1 and v is not None:
                         v = min(meta[k], v) if k == "start_ns" else max(meta[k], v)
                     fields[k] = v
             collector.update_run(run_id, fields)
-        if not files and failed:
+            current = None
+        if not files and failed and not duplicates:
             raise TraceError(f"no file could be imported; the first: {failed[0][1]}")
-    except BaseException:
-        if created and not files:
-            shutil.rmtree(run_dir, ignore_errors=True)
-        elif created:
-            collector.close_run(run_id, end_ns=read_json(run_dir / RUN_JSON).get("end_ns") or None,
-                                status="imported-partly")
-        raise
+    except Exception as exc:
+        taken_out = _roll_back(collector, run_dir, run_id, created, before, current, job.get("had_imports", True))
+        if not taken_out:
+            raise
+        raise TraceError(f"{exc}; nothing was imported ({taken_out}; --keep-going imports the files that can "
+                         f"be read)") from exc
+    except KeyboardInterrupt:
+        raise ImportInterrupted(f"import into run {run_id} interrupted; resume it with flowscope import --resume "
+                                f"{run_id}, or remove the run with flowscope rm {run_id}") from None
     finally:
         collector.shutdown()
+    fields = {"import_failures": [{"path": p, "error": e} for p, e in failed]} if failed else {}
+    collector.update_run(run_id, fields, drop=("importing",))
     if created:
         collector.close_run(run_id, end_ns=read_json(run_dir / RUN_JSON).get("end_ns") or None,
-                            status="imported-partly" if failed else "imported",
-                            extra={"import_failures": [{"path": p, "error": e} for p, e in failed]} if failed else None)
-    return ImportResult(run_dir, run_id, created, files, skipped, failed)
+                            status="imported-partly" if failed else "imported")
+    return ImportResult(run_dir, run_id, created, files, skipped, failed, duplicates)
+
+
+def _roll_back(collector, run_dir: Path, run_id: str, created: bool, before: int, current: str | None,
+               had_imports: bool) -> str:
+    """Take out what a failed import put in the run (a new run: the run); say what was taken out, if anything."""
+    import shutil
+
+    from flowscope.store.layout import RUN_JSON, read_json
+
+    meta = read_json(run_dir / RUN_JSON)
+    imports = list(meta.get("imports") or [])
+    landed = [Path(str(e.get("path"))).name for e in imports[before:] if isinstance(e, dict)]
+    if created:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        return f"{', '.join(landed)}, imported before it, went again with the new run {run_id}" if landed else ""
+    for entry in imports[before:]:
+        if isinstance(entry, dict) and isinstance(entry.get("segments"), str):
+            _remove_segments(run_dir, entry["segments"])
+    if current:
+        _remove_segments(run_dir, current)
+    if had_imports:
+        collector.update_run(run_id, {"imports": imports[:before]}, drop=("importing",))
+    else:
+        collector.update_run(run_id, {}, drop=("importing", "imports"))
+    return f"{', '.join(landed)}, imported before it, was taken out of run {run_id} again" if landed else ""

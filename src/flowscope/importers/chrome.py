@@ -936,7 +936,7 @@ class _Reader:
             end[nx:] = _us_to_ns([r[2] for r in rows])
             is_async[nx:] = np.fromiter((len(r) > 8 for r in rows), dtype=bool, count=len(rows))
         parent, depth = _nest(thread, start, end, is_async)
-        base = (zlib.crc32(self.sink._token.encode()) & 0x7FFFFFFF) << 32
+        base = (zlib.crc32(self.sink.token.encode()) & 0x7FFFFFFF) << 32
         rid_table = _column([self.resource_id(k) for k in self.threads.values], pa.string(), "spans", "resource_id")
         if nx:
             self._emit_x(base, thread, start, end, parent, depth, rid_table)

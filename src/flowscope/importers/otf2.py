@@ -551,6 +551,16 @@ class _Reader:
         return len(m), len(s) - len(m), len(r) - len(m)
 
 
+def content_files(path: Path) -> list[Path]:
+    """The files of the archive whose anchor file is ``path``: the anchor, its global definitions and the
+    files of its folder of per-location definitions and events (what makes two archives the same)."""
+    path = Path(path)
+    folder = path.with_suffix("")
+    members = sorted(p for p in folder.iterdir() if p.is_file()) if folder.is_dir() else []
+    defs = path.with_suffix(".def")
+    return [path, *([defs] if defs.is_file() else []), *members]
+
+
 def read(path: Path, sink: ImportSink) -> None:
     """Import the OTF2 archive whose anchor file is ``path`` (its .def and per-location files beside it)."""
     path = Path(path)

@@ -3,14 +3,15 @@
 An importer never touches the store's layout. It hands tables (or columns, or rows) to an
 :class:`ImportSink`, which conforms them to the canonical schema (a misfit raises
 :class:`~flowscope.model.conform.SchemaError` naming table.column), buffers them per table and
-writes them as segments of the run. Segment names derive from the imported file (path, size,
-mtime), so importing the same file into the same run twice adds nothing the second time.
+writes them as segments of the run. Segment names derive from the imported file's content (a hash of
+its bytes), so a file whose bytes are already in the run adds nothing.
 """
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Iterable, Mapping
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -23,11 +24,20 @@ from flowscope.model.schemas import schema
 SEGMENT_ROWS = 250_000
 
 
-def file_token(path: Path) -> str:
-    """A short stable name for one version of one file: its absolute path, size and mtime, hashed."""
-    st = path.stat()
-    h = hashlib.sha1(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
-    return h.hexdigest()[:12]
+def content_key(files: Sequence[Path]) -> str | None:
+    """A hash of the bytes of ``files`` (BLAKE2b, 128 bits, hex), read in 1 MiB blocks; None when one of them
+    is not a regular file (a pipe cannot be read twice: once to hash it, once to import it)."""
+    h = hashlib.blake2b(digest_size=16)
+    buf = bytearray(2**20)
+    view = memoryview(buf)
+    for f in files:
+        if not Path(f).is_file():
+            return None
+        h.update(b"\0file\0")
+        with open(f, "rb", buffering=0) as fh:
+            while n := fh.readinto(buf):
+                h.update(view[:n])
+    return h.hexdigest()
 
 
 def _column(values: Any, typ: pa.DataType | None, table: str, name: str) -> pa.Array | pa.ChunkedArray:
@@ -44,11 +54,13 @@ class ImportSink:
 
     ``write(run_id, table, segment_id, data)`` is the store-side writer (the embedded collector's
     ``ingest``); ``run_dir`` the run's directory (rows this sink writes appear there as it flushes); ``progress(done)`` is called with the bytes of input consumed so far when an importer
-    reports them through :meth:`advance`."""
+    reports them through :meth:`advance`. ``key`` is the file's :func:`content_key` (computed here when not
+    given); the segments are named ``import-<format>-<key>-<n>`` (:attr:`token` is the part before ``-<n>``)."""
 
     def __init__(self, run_id: str, path: Path, fmt: str,
                  write: Callable[[str, str, str, pa.Table], Any],
-                 progress: Callable[[int], None] | None = None, run_dir: Path | None = None):
+                 progress: Callable[[int], None] | None = None, run_dir: Path | None = None,
+                 key: str | None = None):
         self.run_id = run_id
         #: the run's directory: an importer that adds to an existing run may read what is there
         self.run_dir = run_dir
@@ -56,7 +68,8 @@ class ImportSink:
         self.format = fmt
         self._write = write
         self._progress = progress
-        self._token = f"import-{fmt}-{file_token(path)}"
+        key = key or content_key([path]) or uuid.uuid4().hex  # a pipe: no content to name it by
+        self.token = f"import-{fmt}-{key}"
         self._pending: dict[str, list[pa.Table]] = {}
         self._pending_rows: dict[str, int] = {}
         self._seq: dict[str, int] = {}
@@ -95,7 +108,7 @@ class ImportSink:
             return
         seq = self._seq.get(table, 0)
         self._seq[table] = seq + 1
-        self._write(self.run_id, table, f"{self._token}-{seq:06d}", pa.concat_tables(parts).combine_chunks())
+        self._write(self.run_id, table, f"{self.token}-{seq:06d}", pa.concat_tables(parts).combine_chunks())
 
     def flush(self) -> None:
         """Write every buffered row."""

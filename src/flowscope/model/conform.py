@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+import numbers
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flowscope.model.schemas import schema
+from flowscope.model.schemas import INT64_MAX, schema
 
 
 class SchemaError(ValueError):
@@ -58,8 +60,11 @@ def _conform_column(table: str, field: pa.Field, col: pa.ChunkedArray | pa.Array
         return col
     fam_want, fam_have = type_family(want), type_family(have)
     if fam_have == "timestamp" and fam_want == "int":
-        col = col.cast(pa.timestamp("ns")).cast(pa.int64())
-        return col
+        try:
+            return col.cast(pa.timestamp("ns")).cast(pa.int64())
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            raise SchemaError(table, f"{_row_of(col)}cannot be read as int64 ns since the epoch: {exc}",
+                              field.name) from None
     if fam_have not in _CASTABLE.get(fam_want, {fam_want}):
         raise SchemaError(table, f"has type {have}, expected {want}", field.name)
     if fam_want == "list":
@@ -69,14 +74,52 @@ def _conform_column(table: str, field: pa.Field, col: pa.ChunkedArray | pa.Array
     try:
         return col.cast(want, safe=True)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-        raise SchemaError(table, f"cannot be read as {want}: {exc}", field.name) from None
+        raise SchemaError(table, f"{_row_of(col)}cannot be read as {want}: {exc}", field.name) from None
+
+
+_NS_PER_UNIT = {"s": 10**9, "ms": 10**6, "us": 10**3, "ns": 1}
+
+
+def _row_of(col: pa.ChunkedArray | pa.Array) -> str:
+    """'row N: ' for the first value of an integer or timestamp column beyond int64 (ns), else ''."""
+    t = col.type
+    if pa.types.is_unsigned_integer(t) and t.bit_width == 64:
+        beyond = pc.greater(col, pa.scalar(INT64_MAX, t))
+    elif pa.types.is_timestamp(t):
+        limit = INT64_MAX // _NS_PER_UNIT[t.unit]
+        raw = col.cast(pa.int64())
+        beyond = pc.or_(pc.greater(raw, limit), pc.less(raw, -limit))
+    else:
+        return ""
+    return f"row {pc.index(beyond, True).as_py()}: " if pc.any(beyond).as_py() else ""
+
+
+def interval_columns(table: str) -> tuple[str, str] | None:
+    """The (start, end) columns of ``table`` when its rows are intervals, else None."""
+    names = schema(table).names
+    return ("start_ns", "end_ns") if "start_ns" in names and "end_ns" in names else None
+
+
+def check_intervals(table: str, data: pa.Table) -> None:
+    """Raise SchemaError naming the first row of ``data`` whose interval ends before it starts
+    (rows with a null start or end are open intervals and pass)."""
+    cols = interval_columns(table)
+    if cols is None or data.num_rows == 0:
+        return
+    start, end = data.column(cols[0]), data.column(cols[1])
+    reversed_ = pc.less(end, start)
+    if pc.any(reversed_).as_py():
+        row = pc.index(reversed_, True).as_py()
+        raise SchemaError(table, f"row {row} ends before it starts ({cols[0]} {start[row].as_py()}, "
+                                 f"{cols[1]} {end[row].as_py()})", cols[1])
 
 
 def conform(table: str, data: pa.Table | pa.RecordBatch) -> pa.Table:
     """Return ``data`` as a table with ``table``'s canonical schema (column order, types, nullability).
 
     Missing nullable columns are filled with nulls; unknown columns, missing required
-    columns, incompatible types and nulls in required columns raise SchemaError.
+    columns, incompatible types, nulls in required columns and intervals that end before
+    they start raise SchemaError.
     """
     target = schema(table)
     if isinstance(data, pa.RecordBatch):
@@ -101,7 +144,9 @@ def conform(table: str, data: pa.Table | pa.RecordBatch) -> pa.Table:
                 raise SchemaError(table, "is required but missing", field.name)
             col = pa.nulls(n, field.type)
         columns.append(col)
-    return pa.Table.from_arrays(columns, schema=target)
+    out = pa.Table.from_arrays(columns, schema=target)
+    check_intervals(table, out)
+    return out
 
 
 def records_to_table(table: str, records: Iterable[Mapping[str, Any]]) -> pa.Table:
@@ -118,6 +163,7 @@ def records_to_table(table: str, records: Iterable[Mapping[str, Any]]) -> pa.Tab
     cols = {}
     for field in target:
         values = [rec.get(field.name) for rec in records]
+        _check_numbers(table, field, values)
         try:
             cols[field.name] = pa.array(values, type=field.type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError) as exc:
@@ -125,6 +171,25 @@ def records_to_table(table: str, records: Iterable[Mapping[str, Any]]) -> pa.Tab
             at = f" (record {bad}: {values[bad]!r})" if bad is not None else ""
             raise SchemaError(table, f"expected {field.type}{at}: {exc}", field.name) from None
     return conform(table, pa.table(cols))
+
+
+# What a value in a numeric column may be. bool is an int subclass and a float in an integer column would be
+# truncated by Arrow, so both are refused rather than converted; numpy's scalars count as what they are.
+_NUMBER_TYPES = {"int": {int, type(None)}, "float": {int, float, type(None)}}
+_NUMBER_ABCS = {"int": numbers.Integral, "float": numbers.Real}
+_NUMBER_WORDS = {"int": "an integer (int64)", "float": "a number"}
+
+
+def _check_numbers(table: str, field: pa.Field, values: list) -> None:
+    family = type_family(field.type)
+    allowed = _NUMBER_TYPES.get(family)
+    if allowed is None or set(map(type, values)) <= allowed:  # the common case, at C speed
+        return
+    abc = _NUMBER_ABCS[family]
+    for row, value in enumerate(values):
+        if value is not None and (not isinstance(value, abc) or isinstance(value, (bool, np.bool_))):
+            raise SchemaError(table, f"record {row}: expected {_NUMBER_WORDS[family]}, got {type(value).__name__} "
+                                     f"{value!r:.80}", field.name)
 
 
 def _fits(value: Any, typ: pa.DataType) -> bool:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import math
 import os
 import platform
 import re
@@ -12,7 +13,11 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from importlib import metadata
+from typing import Any
+
+from flowscope.model.schemas import INT64_MAX
 
 KEY_PACKAGES = ("flowscope", "dask", "distributed", "pyarrow", "duckdb", "numpy", "pandas", "scipy",
                 "starlette", "uvicorn", "psutil", "mpi4py", "torch")
@@ -39,6 +44,115 @@ def check_run_id(run_id: str) -> str:
 
 def now_ns() -> int:
     return time.time_ns()
+
+
+# ---- run metadata (run.json): what an open or a close request may say, and what a stored run.json must hold ----
+
+STATUS_MAX = 200
+#: the fields of run.json the collector sets: at open (collector, format_version, status "running", end_ns null)
+#: and at close (end_ns, status); an open request may not set them
+COLLECTOR_FIELDS = ("collector", "end_ns", "format_version", "status")
+#: the only fields a close request may carry
+CLOSE_FIELDS = ("end_ns", "status")
+#: the fields every run.json has (docs/data-model.md)
+RUN_FIELDS = ("run_id", "name", "command", "start_ns", "end_ns", "status", "provenance", "collector", "format_version")
+
+
+def _describe(value: Any) -> str:
+    return f"{type(value).__name__} {value!r:.80}"
+
+
+def _ns_problem(value: Any, lo: int) -> str | None:
+    """Why ``value`` is not an int ns since the UTC epoch within lo..2**63-1 (None if it is one)."""
+    if type(value) is not int or not lo <= value <= INT64_MAX:  # bool is an int subclass: refused too
+        bounds = "within 0..2**63-1" if lo == 0 else "an int64" if lo == -INT64_MAX else f"within {lo}..2**63-1"
+        return f"expected an integer of ns since the UTC epoch ({bounds}), got {_describe(value)}"
+    return None
+
+
+def _non_finite(value: Any, path: str) -> str | None:
+    """The path of the first NaN or infinity inside a JSON value (JSON has neither), else None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path
+    if isinstance(value, Mapping):
+        return next((p for k, v in value.items() if (p := _non_finite(v, f"{path}.{k}")) is not None), None)
+    if isinstance(value, (list, tuple)):
+        return next((p for i, v in enumerate(value) if (p := _non_finite(v, f"{path}[{i}]")) is not None), None)
+    return None
+
+
+def _field_problems(doc: Mapping, lo: int) -> dict[str, str]:
+    """What is wrong with each of the known fields of a run.json-like mapping, by field."""
+    out: dict[str, str] = {}
+    if "run_id" in doc and doc["run_id"] is not None:
+        try:
+            check_run_id(doc["run_id"])
+        except ValueError as exc:
+            out["run_id"] = str(exc)
+    for key in ("name", "command"):
+        if doc.get(key) is not None and not isinstance(doc[key], str):
+            out[key] = f"expected a string or null, got {_describe(doc[key])}"
+    for key in ("start_ns", "end_ns"):
+        if doc.get(key) is not None and (why := _ns_problem(doc[key], lo)):
+            out[key] = why
+    if doc.get("status") is not None and not (isinstance(doc["status"], str) and 0 < len(doc["status"]) <= STATUS_MAX):
+        out["status"] = f"expected a non-empty string of at most {STATUS_MAX} characters, got {_describe(doc['status'])}"
+    for key in ("provenance", "collector"):
+        if doc.get(key) is not None and not isinstance(doc[key], Mapping):
+            out[key] = f"expected an object, got {_describe(doc[key])}"
+    if doc.get("format_version") is not None and type(doc["format_version"]) is not int:
+        out["format_version"] = f"expected an integer, got {_describe(doc['format_version'])}"
+    for key, value in doc.items():
+        if key not in out and (where := _non_finite(value, key)) is not None:
+            out[key] = f"{where} is not a finite number (JSON has no NaN or infinity)"
+    return out
+
+
+def check_open_request(meta: Mapping) -> dict:
+    """Return ``meta`` (the body of a run open: run_id, name, command, start_ns, provenance and any extra field)
+    as a dict if run.json can hold it, else raise ValueError naming the field (``run.json start_ns: ...``)."""
+    if not isinstance(meta, Mapping):
+        raise ValueError(f"run.json: the run's metadata must be an object, got {type(meta).__name__}")
+    owned = sorted(k for k in COLLECTOR_FIELDS if k in meta)
+    if owned:
+        raise ValueError(f"run.json {owned[0]}: set by the collector (a run opens with status 'running'; its end_ns "
+                         f"and status are given when it is closed), not by the open request")
+    problems = _field_problems(meta, lo=0)
+    if problems:
+        key = next(iter(problems))
+        raise ValueError(f"run.json {key}: {problems[key]}")
+    return dict(meta)
+
+
+def check_close_request(body: Mapping, *, earliest: int = 0) -> tuple[int | None, str]:
+    """The (end_ns, status) of a run close request, or ValueError naming what does not fit: only
+    ``end_ns`` (int ns within earliest..2**63-1, default now) and ``status`` (a string, default 'finished')
+    are accepted."""
+    if not isinstance(body, Mapping):
+        raise ValueError(f"close: the body must be an object, got {type(body).__name__}")
+    unknown = sorted(str(k) for k in body if k not in CLOSE_FIELDS)
+    if unknown:
+        raise ValueError(f"close: unknown field(s) {', '.join(unknown)}; a close takes only "
+                         f"{' and '.join(CLOSE_FIELDS)}")
+    problems = _field_problems(body, lo=earliest)
+    for key in CLOSE_FIELDS:
+        if key in problems:
+            raise ValueError(f"close {key}: {problems[key]}")
+    if "status" in body and body["status"] is None:
+        raise ValueError("close status: expected a non-empty string, got None")
+    return body.get("end_ns"), body.get("status", "finished")
+
+
+def run_json_problems(doc: Any) -> dict[str, str]:
+    """What is wrong with a stored run.json, by field ('' for the document as a whole); empty if nothing.
+
+    Looser than the open request: any int64 time passes (an imported trace may start before 1970)."""
+    if not isinstance(doc, Mapping):
+        return {"": f"not a JSON object but a JSON {type(doc).__name__}"}
+    problems = _field_problems(doc, lo=-INT64_MAX)
+    if not isinstance(doc.get("run_id"), str):
+        problems.setdefault("run_id", f"expected the run id, got {_describe(doc.get('run_id'))}")
+    return problems
 
 
 def cpu_model() -> str | None:

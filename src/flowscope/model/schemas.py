@@ -13,6 +13,7 @@ import pyarrow as pa
 
 NS = pa.int64()
 STR = pa.string()
+INT64_MAX = 2**63 - 1  # the latest ns timestamp (2262-04-11), and the largest value of every integer column
 
 
 def _schema(name: str, fields: list[tuple[str, pa.DataType, bool]]) -> pa.Schema:

@@ -83,10 +83,12 @@ def breakdown_chart(b: Breakdown) -> go.Figure | None:
     """Seconds of computation, communication and I/O (summed over resources), one bar each."""
     if not (b.compute_s or b.communication_s or b.io_s):
         return None
-    cats = ["computation", "communication", "I/O"]
-    vals = [b.compute_s, b.communication_s, b.io_s]
+    cats = ["computation", "communication", "I/O" if b.io_s is not None else "I/O (time unknown)"]
+    vals = [b.compute_s, b.communication_s, b.io_s or 0.0]
     total = sum(vals) or 1.0
     text = [f"{v:.3f} s ({100 * v / total:.1f} %)" for v in vals]
+    if b.io_s is None:
+        text[2] = "unknown"
     fig = go.Figure(go.Bar(y=cats, x=vals, orientation="h", text=text, textposition="auto",
                            marker_color=[OTHER_COLOR if v == 0 else c for v, c in
                                          zip(vals, ["#1f77b4", KIND_COLORS["transfer"], KIND_COLORS["disk-read"]])],

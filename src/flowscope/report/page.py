@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import html
 import json
+import re
 from collections.abc import Callable
 
 import pandas as pd
@@ -13,7 +14,8 @@ import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
 import flowscope
-from flowscope.analysis.breakdown import Breakdown, breakdown, task_groups
+from flowscope.analysis.breakdown import IO_TIME_UNKNOWN, Breakdown, breakdown, task_groups
+from flowscope.analysis.nothing_observed import why_nothing_observed
 from flowscope.analysis.summary import Utilisation, utilisation
 from flowscope.report import charts
 from flowscope.report.anomalies import anomaly_section
@@ -52,7 +54,11 @@ section h2 { font-size: 17px; margin: 6px 0 4px; font-weight: 600; }
 p.help { margin: 2px 0 10px; color: var(--muted); max-width: 980px; }
 p.nodata { padding: 14px 16px; background: var(--bg-soft); border: 1px dashed #c9c9c9; color: var(--muted);
            border-radius: 4px; max-width: 980px; }
-p.note { color: var(--muted); font-size: 12.5px; }
+p.note { color: var(--muted); font-size: 12.5px; max-width: 640px; }
+div.nothing-observed { margin: 8px 0 12px; padding: 10px 16px; background: #fff8e6; border: 1px solid #e8c66a;
+                       border-radius: 4px; max-width: 980px; }
+div.nothing-observed h3 { margin: 0 0 6px; font-size: 15px; }
+p.why { margin: 4px 0; }
 dl.facts { display: grid; grid-template-columns: max-content 1fr; gap: 3px 18px; margin: 8px 0; }
 dl.facts dt { color: var(--muted); }
 dl.facts dd { margin: 0; overflow-wrap: anywhere; }
@@ -105,6 +111,11 @@ def fmt_bytes(n: float | None) -> str:
 
 def _e(x) -> str:
     return html.escape("" if x is None else str(x))
+
+
+def _code(text: str) -> str:
+    """Escaped text with `backquoted` parts as <code>."""
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", _e(text))
 
 
 def _when(ns: int | None) -> str:
@@ -191,7 +202,11 @@ def summary_section(ctx: Context) -> str:
     dl = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts if v not in (None, ""))
     rows = [[k, f"{v:,}"] for k, v in ctx.counts.items() if v]
     counts = _table(["table", "rows"], rows) if rows else _nodata("the run has no rows in any table yet.")
-    return _section("summary", f'<div class="cols"><dl class="facts grow">{dl}</dl><div>{counts}</div></div>')
+    why = "".join(f'<p class="why"><b>{_code(r.why)}</b> {_code(r.what_to_do)}</p>'
+                  for r in why_nothing_observed(ctx.run))
+    if why:
+        why = f'<div class="nothing-observed"><h3>No work was recorded in this run</h3>{why}</div>'
+    return _section("summary", f'{why}<div class="cols"><dl class="facts grow">{dl}</dl><div>{counts}</div></div>')
 
 
 def breakdown_section(ctx: Context, b: Breakdown, figs: _Figures) -> str:
@@ -203,12 +218,20 @@ def breakdown_section(ctx: Context, b: Breakdown, figs: _Figures) -> str:
                  "measured.")
     if not (b.tasks or b.transfers or b.io_s or b.io_read_bytes or b.io_write_bytes):
         return _section("breakdown", _nodata("no task spans, transfers or I/O records in this run."), help_text)
+    if b.io_s is None:
+        io_time, io_note = "unknown", f'<p class="note">{_e(IO_TIME_UNKNOWN)}</p>'
+    elif b.io_untimed:
+        io_time = f"{fmt_s(b.io_s)} + untimed"
+        io_note = (f'<p class="note">The time covers the I/O records that carry a duration; '
+                   f'{b.io_untimed:,} records carry bytes only. {_e(IO_TIME_UNKNOWN)}</p>')
+    else:
+        io_time, io_note = fmt_s(b.io_s), ""
     threads = int(ctx.sql("SELECT count(DISTINCT resource_id) AS n FROM spans WHERE kind = 'task'")["n"].iloc[0])
     util = utilisation(ctx.run)
     rows = [
         ["computation", fmt_s(b.compute_s), "-", f"{b.tasks:,} tasks"],
         ["communication", fmt_s(b.communication_s), fmt_bytes(b.communication_bytes), f"{b.transfers:,} transfers"],
-        ["I/O", fmt_s(b.io_s), f"{fmt_bytes(b.io_read_bytes)} read, {fmt_bytes(b.io_write_bytes)} written", ""],
+        ["I/O", io_time, f"{fmt_bytes(b.io_read_bytes)} read, {fmt_bytes(b.io_write_bytes)} written", ""],
     ]
     table = _table(["category", "time", "bytes", "count"], rows)
     facts = [("makespan (first task start to last task end)", fmt_s(b.makespan_s))]
@@ -219,7 +242,7 @@ def breakdown_section(ctx: Context, b: Breakdown, figs: _Figures) -> str:
     dl = "".join(f"<dt>{_e(k)}</dt><dd>{_e(v)}</dd>" for k, v in facts)
     fig = charts.breakdown_chart(b)
     chart = figs.html(fig, "breakdown") if fig is not None else ""
-    body = (f'<div class="cols"><div>{table}<dl class="facts">{dl}</dl></div>'
+    body = (f'<div class="cols"><div>{table}{io_note}<dl class="facts">{dl}</dl></div>'
             f'<div class="grow">{chart}</div></div>')
     return _section("breakdown", body, help_text)
 

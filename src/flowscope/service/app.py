@@ -10,9 +10,11 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import struct
 import uuid
 
 import pyarrow as pa
+import pyarrow.compute as pc
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -20,13 +22,14 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from flowscope import __version__
-from flowscope.model.conform import SchemaError, records_to_table
-from flowscope.model.provenance import check_run_id
+from flowscope.model.conform import SchemaError, conform
+from flowscope.model.provenance import check_close_request, check_run_id
 from flowscope.model.schemas import DERIVED_TABLES, TABLES, schema
 from flowscope.service.collector import Collector, CollectorBusy, UnknownRun
-from flowscope.store.catalog import list_runs
+from flowscope.store.catalog import list_runs, run_meta
 from flowscope.store.run import Run
 from flowscope.service.anomaly_server import anomaly_routes
+from flowscope.service.json_batch import WINDOW_CHARS, MalformedBatch, json_batch_table
 from flowscope.service.wcp_routes import data_state_routes
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -92,23 +95,173 @@ async def _json_body(request: Request, limit: int = 16 * 2**20) -> dict:
     return doc
 
 
-def _decode_batch(table: str, body: bytes, content_type: str) -> pa.Table:
-    if content_type.startswith(ARROW_STREAM) or content_type.startswith("application/octet-stream"):
+# What an ingest body costs in memory, in bytes, from admission until its segment is written: the
+# collector's budget counts it (docs/performance.md, "Collector memory", has the measurements).
+#: Arrow IPC: the body, which the decoded table references, plus as much again for columns that
+#: conform() has to convert; counted again from the decoded table before the batch is queued
+ARROW_COST_PER_BYTE = 2
+#: JSON: the body, its text (1 byte a character when the body is ASCII, else up to 4), the Python
+#: objects of the window being parsed (up to 25 times its text, for `[{},{},...]`), and the Arrow table
+#: built, taken to be as large as the body and counted as it is built
+JSON_WINDOW_PER_BYTE = 25
+
+
+class _Held:
+    """The part of the collector's write budget one request holds."""
+
+    def __init__(self, collector: Collector, nbytes: int):
+        collector.reserve(nbytes)
+        self.collector, self.nbytes = collector, nbytes
+
+    def resize(self, nbytes: int) -> None:
+        self.nbytes = self.collector.resize(self.nbytes, nbytes)
+
+    def release(self) -> None:
+        self.collector.release(self.nbytes)
+        self.nbytes = 0
+
+
+def _body_kind(content_type: str) -> str:
+    if content_type.startswith((ARROW_STREAM, "application/octet-stream")):
+        return "arrow"
+    if content_type.startswith("application/json"):
+        return "json"
+    raise ApiError(415, f"unsupported Content-Type {content_type!r}: use {ARROW_STREAM} or application/json")
+
+
+def _decode_cost(kind: str, nbytes: int, ascii_text: bool, arrow_bytes: int | None = None) -> int:
+    """Bytes a body of ``nbytes`` needs while it is decoded (``arrow_bytes``: the Arrow built from a JSON
+    body so far, when it is more than the body)."""
+    if kind == "arrow":
+        return ARROW_COST_PER_BYTE * nbytes or 1
+    text = nbytes if ascii_text else 4 * nbytes
+    window = JSON_WINDOW_PER_BYTE * min(nbytes, WINDOW_CHARS)
+    return nbytes + text + window + max(nbytes, arrow_bytes or 0) or 1
+
+
+def _declared_length(request: Request, limit: int) -> int | None:
+    declared = request.headers.get("content-length")
+    if declared is None:
+        return None
+    try:
+        n = int(declared)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise ApiError(400, f"bad Content-Length {declared!r}")
+    if n > limit:
+        raise ApiError(413, f"request body of {n} bytes exceeds the limit of {limit} bytes; send smaller batches")
+    return n
+
+
+async def _read_batch_body(request: Request, declared: int | None, limit: int) -> bytearray:
+    """The body, counted as it streams in: never more than ``declared`` (when given) or ``limit`` bytes."""
+    bound = limit if declared is None else declared
+    body = bytearray()
+    async for chunk in request.stream():
+        if len(body) + len(chunk) > bound:
+            if declared is None:
+                raise ApiError(413, f"request body exceeds the limit of {limit} bytes; send smaller batches")
+            raise ApiError(400, f"request body longer than its Content-Length of {declared} bytes")
+        body += chunk
+    return body
+
+
+def _compressed_message(body: bytearray) -> str | None:
+    """Which message of an Arrow IPC stream first has compressed buffers ("message 1, a record batch"), if any.
+
+    A compressed body decodes to an amount of memory its length does not bound, so the collector
+    refuses it before decoding. Arrow's Python API does not say whether a message is compressed;
+    its flatbuffer header does: a RecordBatch (or a DictionaryBatch's data) with a ``compression`` field.
+    """
+    def field(meta: bytes, table: int, index: int) -> int | None:
+        vtable = table - struct.unpack_from("<i", meta, table)[0]
+        if 4 + 2 * index >= struct.unpack_from("<H", meta, vtable)[0]:
+            return None
+        offset = struct.unpack_from("<H", meta, vtable + 4 + 2 * index)[0]
+        return table + offset if offset else None
+
+    def target(meta: bytes, at: int) -> int:
+        return at + struct.unpack_from("<I", meta, at)[0]
+
+    try:
+        for i, message in enumerate(pa.ipc.MessageReader.open_stream(pa.py_buffer(body))):
+            if message.type not in ("record batch", "dictionary batch"):
+                continue
+            meta = message.metadata.to_pybytes()
+            header = field(meta, target(meta, 0), 2)  # Message.header
+            batch = target(meta, header) if header is not None else None
+            if batch is not None and message.type == "dictionary batch":
+                data = field(meta, batch, 1)  # DictionaryBatch.data
+                batch = target(meta, data) if data is not None else None
+            if batch is not None and field(meta, batch, 3) is not None:  # RecordBatch.compression
+                return f"message {i}, a {message.type}"
+    except (pa.ArrowInvalid, OSError, struct.error):
+        return None  # not a well-formed stream: reading it says what is wrong
+    return None
+
+
+def _plain_bytes(column: pa.ChunkedArray) -> int:
+    """Bytes a dictionary-encoded column takes once decoded to plain values, as conform() stores it."""
+    total = 0
+    for chunk in column.chunks:
+        n = len(chunk)
+        if pa.types.is_string(chunk.dictionary.type) or pa.types.is_binary(chunk.dictionary.type):
+            lengths = pc.binary_length(chunk.dictionary).take(chunk.indices)
+            total += (pc.sum(lengths).as_py() or 0) + 4 * (n + 1)
+        else:
+            total += n * max(1, chunk.dictionary.type.bit_width // 8)
+    return total
+
+
+def _decode_batch(table: str, body: bytearray, kind: str, held: _Held, limit: int) -> pa.Table:
+    """The batch as a canonical table; ``held`` is resized to the bytes the table keeps until it is written.
+    ``limit`` is the largest body accepted; no batch may decode to more than it could."""
+    nbytes = len(body)
+    if kind == "arrow":
+        held.resize(_decode_cost(kind, nbytes, True))
+        compressed = _compressed_message(body)
+        if compressed is not None:
+            raise ApiError(415, f"compressed Arrow IPC stream ({compressed}, has compressed buffers): its "
+                                f"decoded size is not bounded by its length; send it uncompressed")
         try:
             with pa.ipc.open_stream(pa.py_buffer(body)) as reader:
-                return reader.read_all()
+                raw = reader.read_all()
         except (pa.ArrowInvalid, OSError) as exc:
-            raise ApiError(400, f"malformed Arrow IPC stream ({len(body)} bytes): {exc}") from None
-    if content_type.startswith("application/json"):
-        try:
-            doc = json.loads(body)
-        except ValueError as exc:
-            raise ApiError(400, f"malformed JSON batch: {exc}") from None
-        records = doc.get("records") if isinstance(doc, dict) else doc
-        if not isinstance(records, list):
-            raise ApiError(400, "a JSON batch is an array of records or {\"records\": [...]}")
-        return records_to_table(table, records)
-    raise ApiError(415, f"unsupported Content-Type {content_type!r}: use {ARROW_STREAM} or application/json")
+            raise ApiError(400, f"malformed Arrow IPC stream ({nbytes} bytes): {exc}") from None
+        # conform() decodes dictionary-encoded columns: a few bytes of indices can stand for gigabytes
+        plain = 0
+        for f in raw.schema:
+            if pa.types.is_dictionary(f.type):
+                column_bytes = _plain_bytes(raw.column(f.name))
+                plain += column_bytes
+                if nbytes + plain > ARROW_COST_PER_BYTE * limit:
+                    raise ApiError(413, f"{table}.{f.name}: a dictionary-encoded column that decodes to "
+                                        f"{column_bytes} bytes; a batch may decode to at most "
+                                        f"{ARROW_COST_PER_BYTE * limit} bytes (2 x --max-request-mb): send it "
+                                        f"plain or in smaller batches")
+        if plain:
+            held.resize(nbytes + plain)
+        data = conform(table, raw)
+        # a column conform() kept as it was still points into the body; one it converted or added does not
+        kept = {f.name: f.type for f in raw.schema}
+        converted = sum(data.column(i).get_total_buffer_size() for i, f in enumerate(data.schema)
+                        if kept.get(f.name) != f.type)
+        held.resize(nbytes + converted)
+        return data
+    ascii_text = body.isascii()
+    held.resize(_decode_cost(kind, nbytes, ascii_text))
+
+    def count(arrow_bytes: int) -> None:
+        if arrow_bytes > nbytes:
+            held.resize(_decode_cost(kind, nbytes, ascii_text, arrow_bytes))
+
+    try:
+        data = json_batch_table(table, body, count)
+    except MalformedBatch as exc:
+        raise ApiError(400, str(exc)) from None
+    held.resize(data.get_total_buffer_size())
+    return data
 
 
 def build_app(collector: Collector) -> Starlette:
@@ -130,18 +283,18 @@ def build_app(collector: Collector) -> Starlette:
     async def run_info(request: Request) -> JSONResponse:
         run_id = _run_id(request, collector)
         run = Run(collector.run_dir(run_id))
-        meta = run.meta
+        meta = run_meta(run.path)
         meta["rows"] = await asyncio.to_thread(run.counts)
         return JSONResponse(meta)
 
     async def close(request: Request) -> JSONResponse:
         run_id = _run_id(request, collector)
         body = await _json_body(request)
-        end_ns = body.pop("end_ns", None)
-        status = body.pop("status", "finished")
-        if end_ns is not None and not isinstance(end_ns, int):
-            raise ApiError(422, f"end_ns must be an integer (ns since epoch), got {end_ns!r}")
-        doc = await asyncio.to_thread(collector.close_run, run_id, end_ns=end_ns, status=str(status), extra=body)
+        try:
+            end_ns, status = check_close_request(body)
+        except ValueError as exc:
+            raise ApiError(422, str(exc)) from None
+        doc = await asyncio.to_thread(collector.close_run, run_id, end_ns=end_ns, status=status)
         return JSONResponse(doc)
 
     async def ingest(request: Request) -> JSONResponse:
@@ -150,28 +303,44 @@ def build_app(collector: Collector) -> Starlette:
         segment_id = request.headers.get(SEGMENT_HEADER) or f"http-{uuid.uuid4().hex}"
         try:
             if collector.segment_exists(run_id, table, segment_id):
+                collector.count_duplicate()
                 return JSONResponse({"rows": None, "duplicate": True, "segment_id": segment_id})
         except ValueError as exc:
             raise ApiError(400, f"{SEGMENT_HEADER}: {exc}") from None
-        declared = int(request.headers.get("content-length") or 0)
-        reservation = 2 * min(max(declared, 0), collector.max_request_bytes) or 2**20
+        kind = _body_kind(request.headers.get("content-type", ""))
+        limit = collector.max_request_bytes
+        declared = _declared_length(request, limit)
+        # A body without a Content-Length may be as large as the limit: it is admitted as if it were. The
+        # text of a JSON body is taken to be ASCII until the body has been read.
         try:
-            collector.reserve(reservation)
+            held = _Held(collector, _decode_cost(kind, limit if declared is None else declared, True))
         except CollectorBusy as exc:
             raise ApiError(503, str(exc), {"Retry-After": "1"}) from None
         try:
-            body = await _read_body(request, collector.max_request_bytes)
-            data = _decode_batch(table, body, request.headers.get("content-type", ""))
+            body = await _read_batch_body(request, declared, limit)
+            collector.decoding(+1)
+            try:
+                # off the event loop: decoding a large batch takes seconds of CPU
+                data = await asyncio.to_thread(_decode_batch, table, body, kind, held, limit)
+            finally:
+                collector.decoding(-1)
             del body
+        except CollectorBusy as exc:
+            held.release()
+            raise ApiError(503, str(exc), {"Retry-After": "1"}) from None
+        except SchemaError as exc:
+            held.release()
+            raise ApiError(422, str(exc)) from None
         except BaseException:
-            collector.release(reservation)
+            held.release()
             raise
-        try:
-            fut = collector.submit(run_id, table, segment_id, data, reserved=reservation)
+        try:  # submit() releases the reservation itself if it refuses the batch
+            fut = collector.submit(run_id, table, segment_id, data, reserved=held.nbytes)
         except SchemaError as exc:
             raise ApiError(422, str(exc)) from None
         except UnknownRun as exc:
             raise ApiError(404, str(exc)) from None
+        del data  # the writer holds it until it is written, then releases its reservation
         result = await asyncio.wrap_future(fut)
         return JSONResponse({"rows": result.rows, "duplicate": result.duplicate, "segment_id": segment_id})
 
@@ -244,7 +413,7 @@ def build_app(collector: Collector) -> Starlette:
         Route("/v1/runs/{run_id}/tables/{table}", ingest, methods=["POST"]),
         Route("/v1/runs/{run_id}/tables/{table}", query, methods=["GET"]),
         *data_state_routes(collector),
-        *anomaly_routes(),
+        *anomaly_routes(collector),
     ]
     return Starlette(routes=routes, exception_handlers={
         ApiError: api_error, HTTPException: http_error, SchemaError: schema_error,

@@ -11,7 +11,9 @@ disk, so a killed collector never loses an acknowledged batch.
 from __future__ import annotations
 
 import logging
+import os
 import queue
+import signal
 import threading
 import time
 from concurrent.futures import Future
@@ -21,10 +23,11 @@ from pathlib import Path
 import pyarrow as pa
 
 from flowscope.model.conform import conform
-from flowscope.model.provenance import check_run_id, collect_provenance, new_run_id, now_ns
-from flowscope.model.schemas import schema
-from flowscope.store.layout import (RUN_JSON, check_segment_id, read_json, remove_stale_temps,
-                                    segment_path, write_json_atomic, write_segment)
+from flowscope.model.provenance import (CLOSE_FIELDS, RUN_FIELDS, check_close_request, check_open_request,
+                                       check_run_id, collect_provenance, new_run_id, now_ns)
+from flowscope.model.schemas import INT64_MAX, schema
+from flowscope.store.layout import (RUN_JSON, check_segment_id, read_json, remove_dead_temps, segment_path,
+                                    write_json_atomic, write_segment)
 
 log = logging.getLogger("flowscope.collector")
 
@@ -53,16 +56,27 @@ class Collector:
     """Owns a store directory: run lifecycle, bounded write queue, writer threads."""
 
     def __init__(self, store: str | Path, *, queue_bytes: int = 256 * MiB, max_request_bytes: int = 64 * MiB,
-                 writers: int = 2, writer_delay: float = 0.0, compression: str = "zstd", fsync: bool = False):
+                 writers: int = 2, writer_delay: float = 0.0, compression: str = "zstd", fsync: bool = False,
+                 kill_after_segments: int = 0):
         self.store = Path(store)
         self.store.mkdir(parents=True, exist_ok=True)
+        # Other processes may be writing this store right now: only the leftovers of dead writers go. In the
+        # background: a large store on a parallel file system takes a while to walk, and nothing waits for it.
+        self.removed_temps: int | None = None
+        self.temps_swept = threading.Event()
+        threading.Thread(target=self._sweep_temps, name="flowscope-temp-sweep", daemon=True).start()
         self.queue_bytes = int(queue_bytes)
         self.max_request_bytes = int(max_request_bytes)
         self.writer_delay = float(writer_delay)
         self.compression = compression
         self.fsync = fsync
+        # test-only fault injection: SIGKILL this process right after its N-th segment is renamed into
+        # place, before that batch is acknowledged (set by `flowscope serve` from an environment variable)
+        self.kill_after_segments = int(kill_after_segments)
+        self._segments_written = 0
         self.started_ns = now_ns()
         self._reserved = 0
+        self._decoding = 0
         self._peak_reserved = 0
         self._res_lock = threading.Lock()
         self._queue: queue.Queue = queue.Queue()
@@ -75,6 +89,14 @@ class Collector:
                          for i in range(max(1, writers))]
         for t in self._writers:
             t.start()
+
+    def _sweep_temps(self) -> None:
+        try:
+            self.removed_temps = remove_dead_temps(self.store)
+        except OSError:
+            log.exception("removing dead writers' temp files from %s failed", self.store)
+        finally:
+            self.temps_swept.set()
 
     # ---- run lifecycle -------------------------------------------------------------------
     def run_dir(self, run_id: str) -> Path:
@@ -92,15 +114,16 @@ class Collector:
         return exists
 
     def open_run(self, meta: dict | None = None) -> dict:
-        """Create the run described by ``meta`` (idempotent for a given run_id) and return its run.json."""
-        meta = dict(meta or {})
+        """Create the run described by ``meta`` (idempotent for a given run_id) and return its run.json.
+
+        ValueError, naming the field, when ``meta`` does not fit run.json (see check_open_request)."""
+        meta = check_open_request(meta or {})
         run_id = check_run_id(meta.get("run_id") or new_run_id())
         with self._run_lock:
             d = self.run_dir(run_id)
             path = d / RUN_JSON
             if path.is_file():
                 existing = read_json(path)
-                remove_stale_temps(d)
                 self._known_runs.add(run_id)
                 return existing
             d.mkdir(parents=True, exist_ok=True)
@@ -108,7 +131,7 @@ class Collector:
                 "run_id": run_id,
                 "name": meta.get("name") or run_id,
                 "command": meta.get("command"),
-                "start_ns": int(meta.get("start_ns") or now_ns()),
+                "start_ns": meta.get("start_ns") or now_ns(),
                 "end_ns": None,
                 "status": "running",
                 "provenance": meta.get("provenance") or collect_provenance(),
@@ -123,7 +146,15 @@ class Collector:
 
     def close_run(self, run_id: str, *, end_ns: int | None = None, status: str = "finished",
                   extra: dict | None = None) -> dict:
-        """Mark the run finished (end time, status); later batches are still accepted."""
+        """Mark the run finished (end time, status); later batches are still accepted.
+
+        ``extra`` adds fields of the collector's own callers (an import's failures); it may not replace a
+        field of run.json's own (run_id, start_ns, ...). ValueError names what does not fit."""
+        # an imported trace's end may precede 1970; the 0 floor of a live client's close is checked at the edge
+        end_ns, status = check_close_request({"end_ns": end_ns, "status": status}, earliest=-INT64_MAX)
+        clash = sorted(set(extra or ()) & {*RUN_FIELDS, *CLOSE_FIELDS})
+        if clash:
+            raise ValueError(f"close: {', '.join(clash)} cannot be replaced")
         with self._run_lock:
             path = self.run_dir(run_id) / RUN_JSON
             if not path.is_file():
@@ -136,14 +167,16 @@ class Collector:
             write_json_atomic(path, doc)
             return doc
 
-    def update_run(self, run_id: str, fields: dict) -> dict:
-        """Merge ``fields`` into run.json."""
+    def update_run(self, run_id: str, fields: dict, drop: tuple[str, ...] = ()) -> dict:
+        """Merge ``fields`` into run.json, and remove the keys named in ``drop``."""
         with self._run_lock:
             path = self.run_dir(run_id) / RUN_JSON
             if not path.is_file():
                 raise UnknownRun(f"unknown run {run_id!r}")
             doc = read_json(path)
             doc.update(fields)
+            for key in drop:
+                doc.pop(key, None)
             write_json_atomic(path, doc)
             return doc
 
@@ -161,6 +194,30 @@ class Collector:
     def release(self, nbytes: int) -> None:
         with self._res_lock:
             self._reserved -= nbytes
+
+    def resize(self, held: int, nbytes: int) -> int:
+        """Change a reservation of ``held`` bytes (taken with :meth:`reserve`) to ``nbytes`` and return
+        ``nbytes``. Shrinking always succeeds; growing raises CollectorBusy, keeping ``held``, when the
+        budget cannot take it (a reservation larger than the budget still fits when it is the only one)."""
+        with self._res_lock:
+            others = self._reserved - held
+            if nbytes > held and others and others + nbytes > self.queue_bytes:
+                self.stats["busy_refusals"] += 1
+                raise CollectorBusy(f"collector busy: a batch needs {nbytes / MiB:.1f} MiB and the write queue "
+                                    f"holds {others / MiB:.1f} MiB of {self.queue_bytes / MiB:.0f} MiB; retry later")
+            self._reserved = others + nbytes
+            self._peak_reserved = max(self._peak_reserved, self._reserved)
+        return nbytes
+
+    def decoding(self, delta: int) -> None:
+        """Count a batch starting (+1) or ending (-1) its decoding (reported by :meth:`health`)."""
+        with self._res_lock:
+            self._decoding += delta
+
+    def count_duplicate(self) -> None:
+        """Count a batch answered as a duplicate before it was decoded (its segment already exists)."""
+        with self._res_lock:
+            self.stats["duplicates"] += 1
 
     @property
     def reserved_bytes(self) -> int:
@@ -208,6 +265,7 @@ class Collector:
             if item is None:
                 return
             run_id, table, segment_id, data, reserved, fut = item
+            del item  # else the batch stays alive, outside the budget, while this thread waits for the next
             try:
                 if self.writer_delay:
                     time.sleep(self.writer_delay)
@@ -217,8 +275,14 @@ class Collector:
                     self.stats["batches"] += 1
                     if written:
                         self.stats["rows"] += data.num_rows
+                        self._segments_written += 1
                     else:
                         self.stats["duplicates"] += 1
+                    kill = written and self._segments_written == self.kill_after_segments
+                if kill:
+                    log.warning("test fault injection: killing the collector after segment %s/%s/%s",
+                                run_id, table, segment_id)
+                    os.kill(os.getpid(), signal.SIGKILL)
                 fut.set_result(IngestResult(data.num_rows, not written, segment_id))
             except BaseException as exc:  # the future carries it to the caller
                 with self._res_lock:
@@ -244,7 +308,9 @@ class Collector:
                 "queue_bytes": self.queue_bytes,
                 "max_request_bytes": self.max_request_bytes,
                 "queued_batches": self._queue.qsize(),
+                "decoding_batches": self._decoding,
                 "uptime_s": (now_ns() - self.started_ns) / 1e9,
+                "dead_temps_removed": self.removed_temps,  # None until the sweep at start is done
                 **self.stats,
             }
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 import socket
 import threading
@@ -12,6 +13,7 @@ from pathlib import Path
 import uvicorn
 
 from flowscope.service.app import build_app
+from flowscope.service.auth import TokenAuth
 from flowscope.service.collector import Collector
 
 
@@ -28,30 +30,40 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def address_of(sock: socket.socket) -> str:
+def address_of(sock: socket.socket, scheme: str = "http") -> str:
     host, port = sock.getsockname()[:2]
     if ":" in host:
         host = f"[{host}]"
-    return f"http://{host}:{port}"
+    return f"{scheme}://{host}:{port}"
 
 
-def _config(collector: Collector, log_level: str) -> uvicorn.Config:
+def _config(collector: Collector, log_level: str, token: str | None = None, ssl_keyfile: str | None = None,
+            ssl_certfile: str | None = None) -> uvicorn.Config:
+    app = build_app(collector)
+    if token:
+        app = TokenAuth(app, token)
     # Connections beyond the limit get 503, which clients treat as "busy", so memory stays bounded.
-    return uvicorn.Config(build_app(collector), log_level=log_level, access_log=False,
-                          limit_concurrency=256, timeout_keep_alive=30, lifespan="off")
+    return uvicorn.Config(app, log_level=log_level, access_log=False, limit_concurrency=256, timeout_keep_alive=30,
+                          lifespan="off", ssl_keyfile=ssl_keyfile, ssl_certfile=ssl_certfile)
 
 
 def serve_forever(collector: Collector, host: str = "127.0.0.1", port: int = 8765, *,
                   address_file: str | Path | None = None, log_level: str = "warning",
-                  on_ready=None) -> None:
-    """Serve until interrupted (SIGINT/SIGTERM), then finish queued writes."""
+                  on_ready=None, token: str | None = None, ssl_keyfile: str | None = None,
+                  ssl_certfile: str | None = None) -> None:
+    """Serve until interrupted (SIGINT/SIGTERM), then finish queued writes.
+
+    With ``token``, every request must carry ``Authorization: Bearer <token>`` (401 otherwise); with
+    ``ssl_keyfile``/``ssl_certfile``, uvicorn serves HTTPS."""
+    config = _config(collector, log_level, token, ssl_keyfile, ssl_certfile)
+    config.load()  # reads the key and certificate now, so a bad file fails before the address is announced
     sock = bind(host, port)
-    address = address_of(sock)
+    address = address_of(sock, "https" if ssl_certfile else "http")
     if address_file:
-        _append_address(Path(address_file), address)
+        _append_address(Path(address_file), address, token)
     if on_ready:
         on_ready(address)
-    server = _QuietServer(_config(collector, log_level))
+    server = _QuietServer(config)
 
     def stop(signum, frame) -> None:
         server.should_exit = True
@@ -80,21 +92,28 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
-def _append_address(path: Path, address: str) -> None:
-    """Record this instance's address; clients map to the listed instances round-robin."""
+def _append_address(path: Path, address: str, token: str | None = None) -> None:
+    """Record this instance's address (and token: the file is then readable by its owner only); clients map
+    to the listed instances round-robin."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a") as f:
-        f.write(address + "\n")
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    with os.fdopen(fd, "a") as f:
+        if token:
+            os.fchmod(fd, 0o600)  # a file that existed may have been readable by others
+            f.write(f"{address} token={token}\n")
+        else:
+            f.write(address + "\n")
 
 
 class BackgroundServer:
     """The collector's HTTP API on a thread of the calling process (embedded mode)."""
 
-    def __init__(self, collector: Collector, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning"):
+    def __init__(self, collector: Collector, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning",
+                 token: str | None = None):
         self.collector = collector
         self._sock = bind(host, port)
         self.address = address_of(self._sock)
-        self._server = uvicorn.Server(_config(collector, log_level))
+        self._server = uvicorn.Server(_config(collector, log_level, token))
         self._thread = threading.Thread(target=self._run, name="flowscope-http", daemon=True)
         self._thread.start()
         while not self._server.started and self._thread.is_alive():

@@ -222,19 +222,22 @@ class HardwareSampler:
     """Samples this host's hardware every ``period`` seconds (default 1) into ``client``'s ``metrics``
     table, namespace ``hardware``, on ``resource_id`` (default the host's resource, which it declares).
 
-    ``start()`` begins sampling in a daemon thread; ``stop()`` takes a last sample and returns at
-    once. A part of a sample that fails (a vanished device, a lost GPU) is left out of that sample
+    ``start()`` begins sampling in a daemon thread: a first sample ``first_interval`` seconds after the start
+    (default the smaller of 0.1 s and the period, so that the curve begins with the run rather than a period
+    later), then every ``period`` seconds; ``stop()`` takes a last sample, so a short run has its whole
+    curve. A part of a sample that fails (a vanished device, a lost GPU) is left out of that sample
     and counted in ``errors``; sampling goes on. ``samples``, ``errors``, ``last_error`` and
     ``mean_cost_us`` (CPU time to read and record one sample) describe the sampler's work so far.
     Loopback interfaces are left out unless ``include_loopback``; ``gpu=False`` skips NVML.
     """
 
     def __init__(self, client: Any, period: float = 1.0, *, resource_id: str | None = None,
-                 include_loopback: bool = False, gpu: bool = True):
+                 include_loopback: bool = False, gpu: bool = True, first_interval: float | None = None):
         if not period > 0:
             raise ValueError(f"period must be a positive number of seconds, not {period!r}")
         self.client = client
         self.period = float(period)
+        self.first_interval = min(0.1, self.period) if first_interval is None else float(first_interval)
         self.resource_id = resource_id or ids.host_id()
         self.include_loopback = include_loopback
         self.samples = 0
@@ -307,6 +310,8 @@ class HardwareSampler:
         self.stop()
 
     def _loop(self) -> None:
+        if self.first_interval < self.period and not self._stopping.wait(self.first_interval):
+            self._guarded_sample()  # the curve starts with the run, not a period later
         due = time.monotonic() + self.period
         while not self._stopping.wait(max(0.0, due - time.monotonic())):
             self._guarded_sample()

@@ -53,11 +53,21 @@ def start(client=None):
             client = Client(name="python-trace") if not os.environ.get("FLOWSCOPE_ADDRESS") else Client()
             _state["owned"] = True
             atexit.register(stop)
+            _warm_arrow()
         else:
             _state["owned"] = False
         _state["client"] = client
         _state["generation"] = _state.get("generation", 0) + 1
     return client
+
+
+def _warm_arrow() -> None:
+    """pyarrow imports pandas the first time it builds an array; pandas imports concurrent.futures, which
+    cannot be imported once the interpreter is shutting down. A client closed at exit would build its first
+    batch then, on its builder thread, and fail: pay the import now."""
+    import pyarrow as pa
+
+    pa.array([0])
 
 
 def stop() -> None:

@@ -88,7 +88,7 @@ from typing import Any, NamedTuple, Self
 from flowscope.model import identifiers as ids
 
 __all__ = ["OpenAudit", "ThreadIO", "ThreadIOReader", "audit_hook_installed", "delta_since", "io_rows",
-           "read_thread_io", "snapshot_threads", "thread_ids"]
+           "parse_raw", "read_cost", "read_thread_io", "snapshot_threads", "thread_ids"]
 
 _FIELDS = ("rchar", "wchar", "syscr", "syscw", "read_bytes", "write_bytes", "cancelled_write_bytes")
 _KEYS = [f.encode() + b":" for f in _FIELDS]
@@ -120,6 +120,18 @@ class ThreadIO(NamedTuple):
 
 
 ZERO = ThreadIO()
+
+
+def read_cost(raw: bytes) -> ThreadIO:
+    """What reading a counters file that returned ``raw`` added to the reading thread's own counters: one
+    read call of ``len(raw)`` bytes. A delta between two readings on the same thread includes the first
+    reading's cost; subtract it to get what the thread did in between."""
+    return ThreadIO(rchar=len(raw), syscr=1)
+
+
+def parse_raw(raw: bytes) -> ThreadIO | None:
+    """The counters in the text of a /proc/<pid>/task/<tid>/io file (as ``ThreadIOReader.read_raw`` returns it)."""
+    return _parse(raw)
 
 
 def _parse(data: bytes) -> ThreadIO | None:
@@ -195,13 +207,13 @@ class ThreadIOReader:
             except OSError:
                 pass
 
-    def _read_locked(self, tid: int) -> ThreadIO | None:
+    def _raw_locked(self, tid: int) -> bytes | None:
         if not self.cache:
             fd = self._open(tid)
             if fd is None:
                 return None
             try:
-                return _parse(self._pread(fd))
+                return self._pread(fd)
             except OSError:
                 return None
             finally:
@@ -216,16 +228,27 @@ class ThreadIOReader:
                     self._close_all()
                 self._fds[tid] = fd
             try:
-                return _parse(self._pread(fd))
+                return self._pread(fd)
             except OSError:
                 self._drop(tid)  # the thread is gone (ESRCH); a new thread may have its tid
                 fd = None
         return None
 
+    def _read_locked(self, tid: int) -> ThreadIO | None:
+        raw = self._raw_locked(tid)
+        return _parse(raw) if raw is not None else None
+
     def read(self, tid: int) -> ThreadIO | None:
         """The counters of native thread ``tid`` of this process, or None if it is gone or unreadable."""
         with self._lock:
             return self._read_locked(int(tid))
+
+    def read_raw(self, tid: int) -> bytes | None:
+        """The text of native thread ``tid``'s counters file as read (``parse_raw`` turns it into ThreadIO),
+        or None if the thread is gone or the file unreadable: for hot paths that parse later, in bulk. Reading
+        it adds ``len(text)`` to the thread's ``rchar`` and 1 to its ``syscr`` (see ``read_cost``)."""
+        with self._lock:
+            return self._raw_locked(tid)
 
     def snapshot(self, tids: Iterable[int] | None = None) -> dict[int, ThreadIO]:
         """``{tid: counters}`` for ``tids`` (all threads of this process when None); gone threads are left out."""

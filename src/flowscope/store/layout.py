@@ -2,27 +2,35 @@
 
 A run is ``<store>/<run_id>/`` holding ``run.json`` and one folder per table of
 Parquet segments, ``<table>/<segment_id>.parquet``. A segment is written to a
-``.<name>.tmp`` file and renamed into place, so a reader only ever sees whole
-segments and a crashed writer leaves at worst a temp file that readers ignore.
-A segment's name is the producer's batch id, which makes a replayed batch a no-op.
+``.<name>.<writer>.<n>.tmp`` file and renamed into place, so a reader only ever sees
+whole segments and a crashed writer leaves at worst a temp file that readers ignore.
+The temp file's name carries its writer's identity (host, pid, start time; see
+:mod:`flowscope.store.writers`), so :func:`remove_dead_temps` deletes only those of
+writers that are gone, never one another process is writing. A segment's name is the
+producer's batch id, which makes a replayed batch a no-op.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
-import threading
+import shutil
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 
 from flowscope.model.schemas import dictionary_columns
+from flowscope.store.writers import WriterId
 
 RUN_JSON = "run.json"
 SEGMENT_SUFFIX = ".parquet"
 _SEGMENT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,199}$")
+_TEMP = re.compile(r"^\..*\.(?P<writer>[A-Za-z0-9-]{1,40}\+\d+\+\d+)\.\d+\.tmp$")
+_STAGING = re.compile(r"^\.import-(?P<writer>[A-Za-z0-9-]{1,40}\+\d+\+\d+)-\d+$")
+_temp_seq = itertools.count()
 
 
 def check_segment_id(segment_id: str) -> str:
@@ -46,8 +54,32 @@ def segment_files(run_dir: Path, table: str) -> list[Path]:
     return [d / n for n in sorted(names) if n.endswith(SEGMENT_SUFFIX) and not n.startswith(".")]
 
 
+def temp_path(final: Path, writer: WriterId | None = None) -> Path:
+    """A temp file beside ``final`` that names its writer (this process unless ``writer`` is given)."""
+    writer = writer or WriterId.current()
+    return final.with_name(f".{final.name[:120]}.{writer.token}.{next(_temp_seq)}.tmp")
+
+
+def staging_dir(run_dir: Path, n: int) -> Path:
+    """The hidden folder of ``run_dir`` where this process stages the ``n``-th file it imports."""
+    return run_dir / f".import-{WriterId.current().token}-{n}"
+
+
+def staging_dirs(run_dir: Path, writer: WriterId) -> list[Path]:
+    """The staging folders ``writer`` made in ``run_dir`` (see :func:`staging_dir`)."""
+    return sorted(run_dir.glob(f".import-{writer.token}-*"))
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """Replace ``path`` with ``data`` at once: a reader sees the old content or the new, never a part."""
+    tmp = temp_path(path)
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)
+
+
 def write_json_atomic(path: Path, obj: dict) -> None:
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temp_path(path)
     with open(tmp, "w") as f:
         json.dump(obj, f, indent=2, sort_keys=True, default=str)
         f.write("\n")
@@ -66,7 +98,7 @@ def write_segment(run_dir: Path, table: str, segment_id: str, data: pa.Table, *,
     if final.exists():
         return False
     final.parent.mkdir(parents=True, exist_ok=True)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp = temp_path(final)
     pq.write_table(data, tmp, compression=compression, use_dictionary=dictionary_columns(data.schema),
                    write_statistics=True)
     if fsync:
@@ -79,13 +111,46 @@ def write_segment(run_dir: Path, table: str, segment_id: str, data: pa.Table, *,
     return True
 
 
-def remove_stale_temps(run_dir: Path) -> int:
-    """Delete temp files left by a writer that crashed; returns how many."""
+def _writer_gone(name: str, pattern: re.Pattern, judged: dict[str, bool]) -> bool:
+    m = pattern.match(name)
+    if m is None:  # not named by a writer (or by an older flowscope): whose it is cannot be known
+        return False
+    token = m["writer"]
+    if token not in judged:
+        writer = WriterId.from_token(token)
+        judged[token] = writer is not None and writer.alive() is False
+    return judged[token]
+
+
+def remove_dead_temps(store: Path) -> int:
+    """Delete the temp files and import staging folders, in every run of ``store``, whose writer process is
+    gone; returns how many. Those of live writers, of writers on other hosts and unnamed ones stay."""
     n = 0
-    for p in run_dir.glob("*/.*.tmp"):
+    judged: dict[str, bool] = {}  # writer token -> gone
+    try:
+        runs = [e for e in os.scandir(store) if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
+    except FileNotFoundError:
+        return 0
+    for run in runs:
         try:
-            p.unlink()
-            n += 1
+            entries = list(os.scandir(run.path))
         except OSError:
-            pass
+            continue
+        for e in entries:
+            try:
+                if e.name.startswith("."):
+                    if e.is_dir(follow_symlinks=False) and _writer_gone(e.name, _STAGING, judged):
+                        shutil.rmtree(e.path)
+                        n += 1
+                    elif e.is_file(follow_symlinks=False) and _writer_gone(e.name, _TEMP, judged):
+                        os.unlink(e.path)
+                        n += 1
+                elif e.is_dir(follow_symlinks=False):
+                    for t in os.scandir(e.path):
+                        if t.name.startswith(".") and _writer_gone(t.name, _TEMP, judged):
+                            os.unlink(t.path)
+                            n += 1
+            except OSError:  # vanished meanwhile (its writer renamed it), or not ours to delete
+                continue
     return n
+

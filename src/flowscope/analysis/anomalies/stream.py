@@ -5,64 +5,388 @@ to a parameter server, which merges them and returns the global model."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
 from flowscope.analysis.anomalies.config import AnomalyConfig
-from flowscope.analysis.anomalies.model import FunctionModel, scorer
+from flowscope.analysis.anomalies.model import FINE_BINS, FunctionModel, batch_moments, fine_bin, scorer
+
+
+_STATS = ("_count", "_mean", "_m2", "_min", "_max")
 
 
 class ParameterServer:
-    """Holds the global model; ``exchange`` merges a detector's local statistics and returns a copy."""
+    """Holds the global model; ``exchange`` merges a detector's local statistics and returns a copy,
+    ``exchange_since`` returns only the functions that changed since the detector's last exchange, and
+    ``exchange_rows`` does the same with function numbers agreed once (``codes``) instead of names.
 
-    def __init__(self) -> None:
-        self.model = FunctionModel()
-        self._lock = threading.Lock()
-        self.updates = 0
+    ``model`` and ``updates`` restore a saved state; ``save(model, updates)``, if given, is called with
+    each new state of ``update``/``exchange``/``exchange_since`` before it is adopted (so an exchange whose
+    save raises changes nothing); ``exchange_rows``, for detectors in the same process, merges in place
+    without saving."""
+
+    def __init__(self, model: FunctionModel | None = None, updates: int = 0,
+                 save: Callable[[FunctionModel, int], None] | None = None) -> None:
+        self.model = model if model is not None else FunctionModel()
+        #: held while the model changes; hold it to read ``model`` and ``updates`` together
+        self.lock = threading.RLock()
+        self.updates = int(updates)
+        self._save = save
+        # per function: the update that last changed it (a restored model's functions: the restored version)
+        self._changed = np.full(len(self.model), self.updates, np.int64)
+        # histogram increments (update, detector, flat keys code * FINE_BINS + cell, counts) that detectors
+        # exchanging rows have not all seen yet
+        self._log: list[tuple[int, int, np.ndarray, np.ndarray]] = []
+        self._seen: dict[int, int] = {}         # detector -> the update its view includes
+
+    def join(self) -> int:
+        """A number for a detector that exchanges rows (``exchange_rows``)."""
+        with self.lock:
+            me = len(self._seen)
+            self._seen[me] = self.updates  # its first exchange gets whole histogram rows, not increments
+            return me
+
+    def _log_hist(self, who: int, keys: np.ndarray, counts: np.ndarray) -> None:
+        if self._seen and len(keys):
+            self._log.append((self.updates, who, keys, counts))
+
+    def _grow_changed(self) -> None:
+        if len(self._changed) < len(self.model):
+            grown = np.zeros(max(len(self.model), 2 * len(self._changed)), np.int64)
+            grown[:len(self._changed)] = self._changed
+            self._changed = grown
+
+    def _merge(self, local: FunctionModel) -> None:
+        if self._save is None:
+            self.model.merge_in(local)
+        else:
+            merged = self.model.merge(local)
+            self._save(merged, self.updates + 1)
+            self.model = merged
+        self.updates += 1
+        self._grow_changed()
+        if len(local):
+            idx = self.model.codes(local.names)
+            self._changed[idx] = self.updates
+            if local.histograms and self._seen:
+                r, cell = np.nonzero(local.hist)
+                self._log_hist(-1, idx[r] * FINE_BINS + cell, local.hist[r, cell])
+
+    def update(self, local: FunctionModel) -> int:
+        """Merge a detector's local statistics into the global model; returns the new version."""
+        with self.lock:
+            self._merge(local)
+            return self.updates
 
     def exchange(self, local: FunctionModel) -> FunctionModel:
-        with self._lock:
-            self.model.merge_in(local)
-            self.updates += 1
+        """:meth:`update`, then a copy of the global model."""
+        with self.lock:
+            self._merge(local)
             return self.model.copy()
 
+    def exchange_since(self, local: FunctionModel, since: int) -> tuple[int, FunctionModel]:
+        """Merge ``local``; return the new version and the global statistics of every function changed after
+        version ``since`` (by any detector, this one included)."""
+        with self.lock:
+            self._merge(local)
+            return self.updates, self.model.subset(np.flatnonzero(self._changed[:len(self.model)] > since))
+
+    def codes(self, names: Sequence[str], histograms: bool) -> np.ndarray:
+        """The server's numbers of functions ``names`` (new ones are added, empty), for ``exchange_rows``."""
+        with self.lock:
+            self.model._check_merge(FunctionModel(histograms))  # an empty model takes the detectors' kind
+            out = self.model.codes(list(names))
+            self._grow_changed()
+            return out
+
+    def exchange_rows(self, who: int, codes: np.ndarray, stats: tuple[np.ndarray, ...],
+                      hist: tuple[np.ndarray, np.ndarray] | None, since: int, known: int
+                      ) -> tuple:
+        """Merge detector ``who``'s local statistics given per server function number (count, mean, M2, min,
+        max, and the histogram increments as flat keys ``code * FINE_BINS + cell`` with counts, or None without
+        histograms). Returns the new version, the names of the functions numbered from ``known`` on, the numbers
+        and global moments of every function changed after version ``since``, and either those functions'
+        whole histogram rows (``since`` 0: a detector's first exchange) or the histogram increments of the other
+        detectors since then (the detector's view has its own already)."""
+        with self.lock:
+            m = self.model
+            if (hist is not None) != m.histograms:
+                raise ValueError("exchange_rows: histograms on one side only (see FunctionModel._check_merge)")
+            if len(codes):
+                m._merge_rows(codes, *stats)
+            self.updates += 1
+            if hist is not None and len(hist[0]):
+                np.add.at(m._hist.reshape(-1), hist[0], hist[1])
+                self._log_hist(who, *hist)
+            self._changed[codes] = self.updates
+            rows = np.flatnonzero(self._changed[:len(m)] > since)
+            out = tuple(getattr(m, a)[rows] for a in _STATS)
+            others = rows_hist = None
+            if m.histograms and since == 0:  # a detector's first exchange: whole rows
+                rows_hist = m._hist[rows]
+            elif m.histograms:
+                mine = [(k, c) for v, w, k, c in self._log if v > since and w != who]
+                others = (np.concatenate([k for k, _ in mine]) if mine else np.zeros(0, np.int64),
+                          np.concatenate([c for _, c in mine]) if mine else np.zeros(0, np.int64))
+            self._seen[who] = self.updates
+            oldest = min(self._seen.values())
+            if self._log and self._log[0][0] <= oldest:
+                self._log = [e for e in self._log if e[0] > oldest]
+            return self.updates, m.names[known:], rows, out, rows_hist, others
+
     def snapshot(self) -> FunctionModel:
-        with self._lock:
+        with self.lock:
             return self.model.copy()
 
 
 class Detector:
-    """Judges batches of calls of one producer; ``sync`` trades local statistics for the global model."""
+    """Judges batches of calls of one producer; ``sync`` trades local statistics for the global model.
 
-    def __init__(self, config: AnomalyConfig | None = None, global_model: FunctionModel | None = None):
+    SSTD detectors keep moments only (no histograms). With ``keep=True`` a detector also keeps the calls a
+    grown model could still flag -- those flagged, near misses (HBOS: a bin score within 3 bits of the
+    threshold, or a grid cell holding at most ``rare`` calls; SSTD: beyond ``near`` x sigma, half by default,
+    as a few early anomalies can inflate a young model's std) and calls judged while their function had fewer
+    than ``mature`` calls -- and ``final(model)`` judges them against the final model: with a stationary workload that is exactly the set one pass over the
+    whole run flags, without keeping the other calls.
+
+    ``process`` takes function codes into a list of names; passing the same list object again (it may grow
+    by appending, its entries must not change) lets the detector reuse its numbering of those names.
+    """
+
+    def __init__(self, config: AnomalyConfig | None = None, global_model: FunctionModel | None = None, *,
+                 keep: bool = False, mature: int = 1000, near: float = 0.5, rare: int = 8):
         self.config = config or AnomalyConfig()
-        self.global_model = global_model.copy() if global_model is not None else FunctionModel()
-        self.local = FunctionModel()       # calls seen since the last sync
-        self.view = self.global_model.copy()  # global + local: what calls are judged against
+        self._hist = self.config.algo == "hbos"
+        self.view = global_model.copy() if global_model is not None else FunctionModel(self._hist)  # global + local
+        self._local = self._aligned(FunctionModel(self._hist))
+        self.synced_version = 0                # the parameter server's version this view includes
+        self.keep = keep
+        self.mature = int(mature)
+        self.near = float(near)
+        self.rare = int(rare)
+        self.seen = 0                          # calls processed so far (the default ids of kept calls)
+        self._kept: list[tuple[np.ndarray, np.ndarray, np.ndarray]] = []  # (ids, view codes, values)
+        self._names_src: Sequence[str] | None = None  # the last ``functions`` list and its view codes (-1: unknown)
+        self._names_map = np.zeros(0, np.int64)
+        self._server: ParameterServer | None = None   # the server this detector numbers functions with
+        self._who = -1                                 # this detector's number there
+        self._pending: list[np.ndarray] = []           # hbos: flat view keys of the calls since the last sync
+        self._hist_flushed = False                     # the local histogram may hold counts
+        self._to_server = np.zeros(0, np.int64)        # view code -> server code (-1: not yet)
+        self._from_server = np.zeros(0, np.int64)      # server code -> view code
+        self._server_known = 0                         # server codes this detector has mapped
+        self._std = np.zeros(0)                        # sstd, per view code: std where judged, else inf
+        self._cut = np.zeros(0)                        # sstd, per view code: score from which a call is kept
 
-    def process(self, functions: Sequence[str], func: np.ndarray, values: np.ndarray
-                ) -> tuple[np.ndarray, np.ndarray]:
-        """Add calls (``func`` codes into ``functions``) to the model, then judge them: (score, flagged)."""
-        lcodes = self.local.codes(list(functions))[np.asarray(func, np.int64)]
-        vcodes = self.view.codes(list(functions))[np.asarray(func, np.int64)]
-        self.local.update(lcodes, values)
-        self.view.update(vcodes, values)
-        return scorer(self.view, self.config).score(vcodes, values)
+    # the local statistics are kept with the view's function numbering, so that one batch's moments update both
+    def _aligned(self, model: FunctionModel) -> FunctionModel:
+        self.view.codes(model.names)
+        out = FunctionModel(model.histograms)
+        out.codes(self.view.names)
+        out.merge_in(model)
+        return out
+
+    @property
+    def local(self) -> FunctionModel:
+        """Statistics of the calls seen since the last sync (for ``min`` and ``max``: of the calls that moved
+        the view's, which is all a merge into the global model needs)."""
+        self._flush_pending()
+        return self._local
+
+    @local.setter
+    def local(self, model: FunctionModel) -> None:
+        self._flush_pending()
+        self._local = self._aligned(model)
+        self._hist_flushed = True
+
+    def _grown(self) -> None:
+        """Storage indexed by view code as long as the view."""
+        n = len(self.view)
+        if len(self._local) < n:
+            self._local.codes(self.view.names[len(self._local):])
+        if len(self._std) < n:
+            k = max(n, 2 * len(self._std))
+            self._std = np.concatenate([self._std, np.full(k - len(self._std), np.inf)])
+            self._cut = np.concatenate([self._cut, np.full(k - len(self._cut), -np.inf)])
+            self._to_server = np.concatenate([self._to_server, np.full(k - len(self._to_server), -1, np.int64)])
+
+    def _map(self, functions: Sequence[str], func: np.ndarray) -> np.ndarray:
+        """View codes of the calls ``func`` (codes into ``functions``); a list seen before (the same object,
+        possibly grown by appending) is not looked up again."""
+        if functions is not self._names_src:
+            self._names_src, self._names_map = functions, self.view.codes(list(functions))
+        elif len(self._names_map) < len(functions):  # the list grew
+            self._names_map = np.concatenate([self._names_map,
+                                              self.view.codes(list(functions[len(self._names_map):]))])
+        self._grown()
+        return self._names_map[func]
+
+    def _refresh(self, rows: np.ndarray) -> None:
+        """SSTD: the per-function std and keep threshold of the view's functions at ``rows``."""
+        n = self.view._count[rows]
+        std = np.sqrt(np.where(n > 1, self.view._m2[rows] / np.maximum(n - 1, 1), 0.0))
+        judged = (n >= max(self.config.min_count, 2)) & (std > 0)
+        self._std[rows] = np.where(std > 0, std, np.inf)
+        self._cut[rows] = np.where(n < self.mature, -np.inf, np.where(judged, self.near * self.config.sigma, np.inf))
+
+    def process(self, functions: Sequence[str], func: np.ndarray, values: np.ndarray,
+                ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Add calls (``func`` codes into ``functions``) to the model, then judge them: (score, flagged).
+        ``ids`` name the calls for ``final`` (default: their running number in this detector)."""
+        func = np.asarray(func, np.int64)
+        values = np.asarray(values, np.float64)
+        if not len(func):
+            return np.zeros(0), np.zeros(0, bool)
+        vcodes = self._map(functions, func)
+        view, loc = self.view, self._local
+        touched, nb, mb, m2b = batch_moments(vcodes, values, len(view), minmax=False)
+        # min and max: only the calls beyond the view's can move them (here and in the global model)
+        for arr, ufunc, beyond in (("_max", np.maximum, np.greater), ("_min", np.minimum, np.less)):
+            beyond = beyond(values, getattr(view, arr)[vcodes])
+            if beyond.any():
+                idx = np.flatnonzero(beyond)
+                ufunc.at(getattr(view, arr), vcodes[idx], values[idx])
+                ufunc.at(getattr(loc, arr), vcodes[idx], values[idx])
+        view._merge_rows(touched, nb, mb, m2b)
+        loc._merge_rows(touched, nb, mb, m2b)
+        if self._hist:
+            keys = vcodes * FINE_BINS + fine_bin(values)
+            np.add.at(view._hist.reshape(-1), keys, 1)
+            self._pending.append(keys)  # the local histogram's increments, applied when they are needed
+            sc = scorer(view, self.config, touched)  # tables for the functions of this batch only
+            score, flagged = sc.score(vcodes, values)
+            if self.keep:
+                cut = np.where(view.count[touched] < self.mature, -np.inf,
+                               np.where(sc.judged, sc.threshold - 3.0, np.inf))
+                # a bin's score moves as the model's range and bin width change, so calls in a rare grid cell
+                # are kept too: a call the final model flags sits in a bin of at most a few calls, and its cell
+                # had no more than that when it was judged
+                again = (score >= cut[sc.pos[vcodes]]) | (view._hist.reshape(-1)[keys] <= self.rare)
+        else:
+            self._refresh(touched)
+            score = np.subtract(values, view._mean[vcodes])
+            np.abs(score, out=score)
+            score /= self._std[vcodes]
+            flagged = score > self.config.sigma
+            if self.config.min_count > 2:
+                flagged &= view._count[vcodes] >= self.config.min_count
+            if self.keep:
+                again = score >= self._cut[vcodes]
+        if self.keep:  # (a flagged call is always past the keep threshold)
+            sel = np.flatnonzero(again)
+            ids = np.arange(self.seen, self.seen + len(func)) if ids is None else np.asarray(ids, np.int64)
+            self._kept.append((ids[sel], vcodes[sel], values[sel]))
+        self.seen += len(func)
+        return score, flagged
+
+    def final(self, model: FunctionModel | None = None) -> np.ndarray:
+        """The ids of the kept calls that ``model`` (default: this detector's view) flags (needs ``keep``)."""
+        if not self.keep:
+            raise ValueError("Detector(keep=False) keeps no calls to judge again")
+        model = self.view if model is None else model
+        if not self._kept:
+            return np.zeros(0, np.int64)
+        ids, codes, values = (np.concatenate(x) for x in zip(*self._kept))
+        self._kept = [(ids, codes, values)]
+        mapped = model.codes(self.view.names)[codes] if model is not self.view else codes
+        return ids[scorer(model, self.config).score(mapped, values)[1]]
+
+    @property
+    def kept(self) -> int:
+        """Calls kept to be judged again."""
+        return sum(len(k[0]) for k in self._kept)
+
+    def _reset_local(self, rows: np.ndarray) -> None:
+        loc = self._local
+        loc._count[rows], loc._mean[rows], loc._m2[rows] = 0, 0.0, 0.0
+        loc._min[rows], loc._max[rows] = np.inf, -np.inf
+        if loc.histograms and self._hist_flushed:
+            loc._hist[rows] = 0
+            self._hist_flushed = False
+
+    def _flush_pending(self, direct: bool = True) -> None:
+        """Put the pending histogram increments in the local histogram (and with ``direct``, note that the
+        caller may update it directly)."""
+        if self._pending:
+            np.add.at(self._local._hist.reshape(-1), np.concatenate(self._pending), 1)
+            self._pending = []
+            self._hist_flushed = True
+        self._hist_flushed |= direct
 
     def take_local(self) -> FunctionModel:
         """The statistics gathered since the last call, and start afresh."""
-        out, self.local = self.local, FunctionModel()
+        self._flush_pending()
+        rows = np.flatnonzero(self._local.count)
+        out = self._local.subset(rows)
+        self._reset_local(rows)
         return out
 
     def set_global(self, model: FunctionModel) -> None:
         """Adopt a new global model (which includes every local update already sent)."""
-        self.global_model = model
-        self.view = model.merge(self.local)
+        self._flush_pending()
+        self.view = model.merge(self._local)
+        self._local = self._aligned(self._local)
+        self._hist_flushed = True
+        self._names_src, self._server = None, None  # the view's numbering changed
+        self._std, self._cut = np.zeros(0), np.zeros(0)
+        self._to_server = np.zeros(0, np.int64)
+        self._grown()
+        self._refresh(np.arange(len(self.view)))
 
     def sync(self, server: ParameterServer) -> None:
-        """Send local statistics to ``server`` and adopt the merged global model it returns."""
-        self.set_global(server.exchange(self.take_local()))
+        """Send local statistics to ``server`` and take back the global statistics of the functions that
+        changed since this detector's last sync (its view is then the global model). Functions are numbered
+        with the server once; after that only arrays travel."""
+        if server is not self._server:  # a new server: number every function with it
+            self._server, self._server_known, self._who = server, 0, server.join()
+            self._to_server[:] = -1
+            self._from_server = np.zeros(0, np.int64)
+            self.synced_version = 0
+        loc, view = self._local, self.view
+        rows = np.flatnonzero(loc.count)
+        new = rows[self._to_server[rows] < 0]
+        if len(new):
+            self._to_server[new] = server.codes([view.names[i] for i in new.tolist()], view.histograms)
+        stats = tuple(getattr(loc, a)[rows] for a in _STATS)
+        hist = None
+        if view.histograms:
+            keys = np.concatenate(self._pending) if self._pending else np.zeros(0, np.int64)
+            weights = np.ones(len(keys), np.int64)
+            self._pending = []
+            if self._hist_flushed:  # counts put in the local histogram directly (``local.update``)
+                r, cell = np.nonzero(loc._hist[rows])
+                keys = np.concatenate([keys, rows[r] * FINE_BINS + cell])
+                weights = np.concatenate([weights, loc._hist[rows][r, cell]])
+            keys, inv = np.unique(keys, return_inverse=True)
+            counts = np.bincount(inv, weights=weights, minlength=len(keys)).astype(np.int64)
+            hist = (self._to_server[keys // FINE_BINS] * FINE_BINS + keys % FINE_BINS, counts.astype(np.int64))
+        version, names, changed, gstats, ghist, others = server.exchange_rows(
+            self._who, self._to_server[rows], stats, hist, self.synced_version, self._server_known)
+        if names:  # server numbers this detector has not mapped yet
+            vc = view.codes(names)
+            self._grown()
+            k = self._server_known + len(names)
+            if len(self._from_server) < k:
+                self._from_server = np.concatenate([self._from_server,
+                                                    np.full(max(k, 2 * len(self._from_server)) -
+                                                            len(self._from_server), -1, np.int64)])
+            self._from_server[self._server_known:k] = vc
+            self._to_server[vc] = np.arange(self._server_known, k)
+            self._server_known = k
+        vrows = self._from_server[changed]
+        for a, g in zip(_STATS, gstats):
+            getattr(view, a)[vrows] = g
+        if ghist is not None:
+            view._hist[vrows] = ghist
+        if others is not None and len(others[0]):
+            k = others[0]
+            np.add.at(view._hist.reshape(-1), self._from_server[k // FINE_BINS] * FINE_BINS + k % FINE_BINS,
+                      others[1])
+        self._reset_local(rows)
+        self.synced_version = version
+        if not self._hist:
+            self._refresh(vrows)
 
 
 #: logs category of a post-pruning verdict: the final model no longer flags an anomaly recorded online

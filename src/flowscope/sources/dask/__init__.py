@@ -1,12 +1,17 @@
-"""Observe Dask.distributed runs: register flowscope's plugins on a cluster, three ways.
+"""Observe Dask runs: Dask.distributed clusters through flowscope's plugins, Dask's local schedulers (threads,
+processes, synchronous) through Dask's callbacks.
 
-- ``with flowscope.observe(client) as obs:`` records everything the cluster does inside the block
-  into a new run (an embedded collector in this process, reachable by the cluster over HTTP);
+- ``with flowscope.observe(client) as obs:`` records everything the cluster of ``client`` does inside the
+  block into a new run (an embedded collector in this process, reachable by the cluster over HTTP);
+- ``with flowscope.observe() as obs:`` (no client) records every computation Dask's local schedulers run
+  inside the block (``sources/dask/local.py``) and samples this host's hardware;
 - ``flowscope.dask.register(client, address, run_id)`` adds the plugins to a cluster for a run
   that already has a collector;
 - ``--preload flowscope.dask`` on ``dask scheduler`` / ``dask worker`` (or the dask config
   ``distributed.scheduler.preload`` / ``distributed.worker.preload``) installs them from
-  $FLOWSCOPE_ADDRESS and $FLOWSCOPE_RUN, so schedulers and workers started by any script join.
+  $FLOWSCOPE_ADDRESS and $FLOWSCOPE_RUN, so schedulers and workers started by any script join; as a client
+  preload (``distributed.client.preload``, set by ``flowscope run``) it notes which scheduler each Client
+  connects to, so that a run with no tasks can say which cluster went unobserved.
 
 Worker plugins registered through a client are installed on workers that join later, too.
 """
@@ -14,22 +19,40 @@ Worker plugins registered through a client are installed on workers that join la
 from __future__ import annotations
 
 import os
+import sys
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin, FlowscopeWorkerPlugin
+__all__ = ["FlowscopeSchedulerPlugin", "FlowscopeWorkerPlugin", "NothingObservedWarning", "register", "unregister",
+           "observe", "dask_setup"]
 
-__all__ = ["FlowscopeSchedulerPlugin", "FlowscopeWorkerPlugin", "register", "unregister", "observe", "dask_setup"]
+
+def __getattr__(name: str):
+    # the plugins need dask.distributed, slow to import and not needed to observe the local schedulers
+    if name in ("FlowscopeSchedulerPlugin", "FlowscopeWorkerPlugin"):
+        from flowscope.sources.dask import plugins
+
+        return getattr(plugins, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+class NothingObservedWarning(UserWarning):
+    """An ``observe()`` block recorded no work; the message says why and what to do."""
 
 
 def register(dask_client, address: str, run_id: str) -> None:
     """Install the scheduler and worker plugins on ``dask_client``'s cluster for run ``run_id``."""
+    from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin, FlowscopeWorkerPlugin
+
     dask_client.register_plugin(FlowscopeSchedulerPlugin(address, run_id), name=FlowscopeSchedulerPlugin.name)
     dask_client.register_plugin(FlowscopeWorkerPlugin(address, run_id), name=FlowscopeWorkerPlugin.name)
 
 
 async def _close_scheduler_plugin(dask_scheduler) -> int:
+    from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin
+
     plugin = dask_scheduler.plugins.get(FlowscopeSchedulerPlugin.name)
     if plugin is None:
         return 0
@@ -39,12 +62,16 @@ async def _close_scheduler_plugin(dask_scheduler) -> int:
 
 
 def _worker_errors(dask_worker) -> int:
+    from flowscope.sources.dask.plugins import FlowscopeWorkerPlugin
+
     plugin = dask_worker.plugins.get(FlowscopeWorkerPlugin.name)
     return plugin.errors if plugin is not None else 0
 
 
 def unregister(dask_client) -> dict[str, int]:
     """Flush and remove the plugins; returns how many hook calls failed on the scheduler and on each worker."""
+    from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin, FlowscopeWorkerPlugin
+
     errors = {"scheduler": dask_client.run_on_scheduler(_close_scheduler_plugin)}
     errors.update(dask_client.run(_worker_errors))
     dask_client.unregister_worker_plugin(FlowscopeWorkerPlugin.name)  # teardown flushes and closes
@@ -54,13 +81,16 @@ def unregister(dask_client) -> dict[str, int]:
 
 @dataclass
 class Observation:
-    """What ``observe`` yields: the run being recorded and, after the block, the hook failure counts."""
+    """What ``observe`` yields: the run being recorded and, after the block, the hook failure counts (per
+    distributed server, or ``{"local": n}`` for the local schedulers) and, when the block recorded no work,
+    why (``nothing_observed``; also given as a :class:`NothingObservedWarning`)."""
 
     client: object
     run_id: str
     run_dir: Path
     hook_errors: dict[str, int] = field(default_factory=dict)
     anomaly_stats: dict[str, dict] = field(default_factory=dict)  # per worker, with observe(anomalies=True)
+    nothing_observed: list = field(default_factory=list)          # analysis.nothing_observed.Reason
 
     @property
     def run(self):
@@ -69,21 +99,84 @@ class Observation:
         return open_run(self.run_dir)
 
 
+def _default_client_address(exclude=None) -> str | None:
+    """The scheduler address of the distributed Client ``compute()`` would use now, if there is one (and it
+    is not ``exclude``)."""
+    if "distributed" not in sys.modules:
+        return None
+    try:
+        from distributed import default_client
+
+        client = default_client()
+    except (ValueError, ImportError, AttributeError):
+        return None
+    if client is exclude:
+        return None
+    try:
+        return client.scheduler.address
+    except AttributeError:
+        return None
+
+
+def _record_observation(fs, facts_before: dict, dask_client) -> None:
+    """The block's own facts as an ``observation`` log row (what ``analysis.nothing_observed`` reads)."""
+    from flowscope.sources import process_facts
+
+    now = process_facts.snapshot()
+    facts = {"via": "observe()", "pid": now["pid"], "dask_imported": "dask" in sys.modules,
+             "local_graphs": now["local_graphs"] - facts_before["local_graphs"],
+             "local_tasks": now["local_tasks"] - facts_before["local_tasks"],
+             "forks": now["forks"] - facts_before["forks"], "clients": []}
+    if dask_client is None:
+        address = _default_client_address()
+        if address:
+            facts["clients"].append(address)
+    else:
+        facts["observed_cluster"] = getattr(getattr(dask_client, "scheduler", None), "address", None) or "?"
+    fs.log(process_facts.message(facts), category=process_facts.CATEGORY, resource_id=fs.process_resource(),
+           attrs=facts)
+
+
+def _explain_if_empty(obs: Observation) -> None:
+    from flowscope.analysis.nothing_observed import why_nothing_observed
+
+    try:
+        obs.nothing_observed = why_nothing_observed(obs.run)
+    except Exception:  # noqa: BLE001 - explaining an empty run must not fail the block
+        return
+    if obs.nothing_observed:
+        warnings.warn("flowscope.observe() recorded no tasks: "
+                      + " ".join(r.text() for r in obs.nothing_observed), NothingObservedWarning, stacklevel=4)
+
+
 @contextmanager
-def observe(dask_client, *, store: str | Path | None = None, name: str | None = None, command: str | None = None,
-            collector: str = "process", anomalies: bool | object = False):
-    """Record the cluster of ``dask_client`` into a new run while the block runs (like performance_report).
+def observe(dask_client=None, *, store: str | Path | None = None, name: str | None = None,
+            command: str | None = None, collector: str = "process", anomalies: bool | object = False,
+            hardware_period: float = 1.0, task_io: bool = True):
+    """Record a Dask workflow into a new run while the block runs (like performance_report).
+
+    With ``dask_client``: everything its cluster does. Without: every computation Dask's local schedulers
+    (threads, processes, synchronous) run in this process inside the block, each task on the thread or
+    process that ran it (``sources/dask/local.py``), with each task's I/O (``task_io=False``: without; it
+    costs one read of the thread's /proc counters per task), and this host's hardware every
+    ``hardware_period`` seconds (0: not sampled). A block that records no work says why in a :class:`NothingObservedWarning`
+    (and ``obs.nothing_observed``).
 
     ``anomalies=True`` also runs a detector on every worker that flags anomalous tasks online against the
     run's global model, synced every second through the collector, and post-prunes them at the end
     (``sources/dask/anomaly_plugin.py``); an ``AnomalyConfig`` sets its parameters, a dict the keyword
-    arguments of ``register_anomalies`` (``config``, ``period``, ``mature``).
+    arguments of ``register_anomalies`` (``config``, ``period``, ``mature``). It needs a distributed client.
 
     ``collector="process"`` (the default) runs the collector in a child process, so ingest never competes
     with a scheduler in this process for its GIL; ``"embedded"`` runs it on threads of this process."""
     from flowscope.client.client import Client
+    from flowscope.sources import process_facts
     from flowscope.store.catalog import default_store
 
+    if anomalies and dask_client is None:
+        raise ValueError("observe(anomalies=...) needs a distributed client: the detector runs on its workers")
+    if collector not in ("process", "embedded"):
+        raise ValueError(f"collector must be 'process' or 'embedded', not {collector!r}")
     store = Path(store) if store is not None else default_store()
     server = None
     if collector == "process":
@@ -91,19 +184,37 @@ def observe(dask_client, *, store: str | Path | None = None, name: str | None = 
 
         server = CollectorProcess(store)
         fs = Client(server.address, name=name or "dask", command=command)
-    elif collector == "embedded":
-        fs = Client("embedded", store=store, serve=True, name=name or "dask", command=command)
     else:
-        raise ValueError(f"collector must be 'process' or 'embedded', not {collector!r}")
+        fs = Client("embedded", store=store, serve=True, name=name or "dask", command=command)
+    capture = sampler = lease = None
+    facts_before = process_facts.snapshot()
     try:
-        register(dask_client, fs.address, fs.run_id)
-        if anomalies:
-            from flowscope.sources.dask.anomaly_plugin import register_anomalies
+        if dask_client is None:
+            from flowscope.sources.dask.local import LocalSchedulerCapture
 
-            options = anomalies if isinstance(anomalies, dict) else \
-                {} if isinstance(anomalies, bool) else {"config": anomalies}
-            register_anomalies(dask_client, fs.address, fs.run_id, **options)
+            if hardware_period > 0:
+                from flowscope.sources.hardware import HardwareSampler, acquire_host_lease
+
+                lease = acquire_host_lease(run_id=fs.run_id)
+                if lease is not None:
+                    sampler = HardwareSampler(fs, hardware_period).start()
+            capture = LocalSchedulerCapture(fs, io=task_io)
+            capture.register()
+        else:
+            register(dask_client, fs.address, fs.run_id)
+            if anomalies:
+                from flowscope.sources.dask.anomaly_plugin import register_anomalies
+
+                options = anomalies if isinstance(anomalies, dict) else \
+                    {} if isinstance(anomalies, bool) else {"config": anomalies}
+                register_anomalies(dask_client, fs.address, fs.run_id, **options)
     except BaseException:
+        if capture is not None:
+            capture.close()
+        if sampler is not None:
+            sampler.stop()
+        if lease is not None:
+            lease.release()
         fs.close(status="failed")
         if server:
             server.stop()
@@ -115,7 +226,13 @@ def observe(dask_client, *, store: str | Path | None = None, name: str | None = 
         status = "finished"
     finally:
         try:
-            if anomalies:
+            if capture is not None:
+                capture.close()
+                obs.hook_errors = {"local": capture.errors}
+                if sampler is not None:
+                    sampler.stop()
+                    lease.release()
+            elif anomalies:
                 from flowscope.sources.dask.anomaly_plugin import finish_anomalies
 
                 try:
@@ -124,21 +241,31 @@ def observe(dask_client, *, store: str | Path | None = None, name: str | None = 
                     obs.hook_errors = unregister(dask_client)
             else:
                 obs.hook_errors = unregister(dask_client)
+            _record_observation(fs, facts_before, dask_client)
         finally:
             try:
                 fs.close(status=status)
             finally:
                 if server:
                     server.stop()
+    _explain_if_empty(obs)
 
 
 async def dask_setup(server) -> None:
-    """Preload entry point (``--preload flowscope.dask``): install the plugin for this server."""
+    """Preload entry point (``--preload flowscope.dask``): install the plugin for this scheduler or worker; for
+    a Client (``distributed.client.preload``), note the scheduler it connected to."""
+    from distributed import Client, Scheduler
+
+    if isinstance(server, Client):
+        from flowscope.sources import process_facts
+
+        process_facts.note_client(getattr(server.scheduler, "address", None))
+        return
     address, run_id = os.environ.get("FLOWSCOPE_ADDRESS"), os.environ.get("FLOWSCOPE_RUN")
     if not address or not run_id:
         raise RuntimeError("flowscope.dask preload needs FLOWSCOPE_ADDRESS and FLOWSCOPE_RUN "
                            "(set by `flowscope run`, or Client.env())")
-    from distributed import Scheduler
+    from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin, FlowscopeWorkerPlugin
 
     if isinstance(server, Scheduler):
         # preloads run before the scheduler starts its plugins, so this one is started with the others

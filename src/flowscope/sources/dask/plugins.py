@@ -505,6 +505,13 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
         try:
             k = key if key.__class__ is str else str(key)
             ts = self.worker.state.tasks.get(key)
+            # Dask passes the state it was asked for; the task may have gone elsewhere (executing -> released
+            # leaves it cancelled) or stayed put (flight -> fetch while the fetch runs is a no-op): record the
+            # state it reached, as Dask's own log does, and nothing when it did not move
+            if ts is not None:
+                finish = ts.state
+                if finish == start:
+                    return
             self._emit_transition(time.time_ns(), k, key_split_group(key), ts.prefix if ts is not None else None,
                                   start, finish, self.rid, self.rid,
                                   self._stimulus_id if self._stimulus_id is not None else self._logged_stimulus(),
@@ -555,9 +562,14 @@ class FlowscopeWorkerPlugin(WorkerPlugin):
                 nbytes = ts.nbytes
                 offset, delta = self._task_call(ident, ts.start_time, ss["start"], ss["stop"])
                 off = round(offset * 1e9)
+                # the attempt: Dask's run id, new each time the scheduler sends the task to a worker (a retry, a
+                # recomputation after a lost worker); a failed attempt says why, by the exception's type only
+                failed = f', "exception_type": {json.dumps(exception_type(ts.exception_text))}' \
+                    if finish == "error" else ""
                 attrs = (f'{{"nbytes": {nbytes if nbytes.__class__ is int else json.dumps(nbytes)}, '
                          f'"thread_ident": {ident if ident.__class__ is int else "null"}, '
-                         f'"worker": {self._worker_json}, "state": "{finish}", "clock_offset_ns": {off}}}')
+                         f'"worker": {self._worker_json}, "state": "{finish}", "clock_offset_ns": {off}, '
+                         f'"attempt_id": {ts.run_id if ts.run_id.__class__ is int else "null"}{failed}}}')
                 self._emit_span(None, None, self._thread_resource(ident), "task", ts.prefix, t0, t1, k, attrs)
                 if delta is not None:
                     tid = self._native_tid(ident)

@@ -1,0 +1,661 @@
+"""Dask's local schedulers -- threaded (``dask.threaded``), processes (``dask.multiprocessing``) and synchronous
+(``dask.local.get_sync``) -- observed through Dask's own callback mechanism (``dask.callbacks.Callback``, the
+one ``dask.diagnostics.Profiler`` uses), with no change to the user's code.
+
+What is measured where
+----------------------
+Dask calls ``start`` / ``pretask`` / ``posttask`` / ``finish`` on the thread that called ``compute`` (the
+scheduler loop), not on the thread or process that runs a task: ``pretask`` when the task is handed to the
+pool, ``posttask`` when the scheduler has picked its result up. Timing a task between those two (what
+Profiler does) includes the wait for a free thread and for the scheduler loop, and for the processes
+scheduler covers a whole batch of tasks sent together. So ``pretask`` replaces the task in the scheduler's
+own copy of the graph by a :class:`MeasuredTask` that runs the task where the scheduler runs it and notes,
+there: start and end (``time.time_ns``), the OS thread (native id, pthread id, name), the process, and the
+thread's I/O counters (``/proc/self/task/<tid>/io``) around the task; ``posttask`` puts the original task
+back and adds the result's size (``dask.sizeof``, what distributed records as ``nbytes``).
+
+- threaded and synchronous: the wrapper runs in this process; its readings are kept on the wrapper. As in
+  the distributed capture, a pool thread's reading at the end of one task is the baseline of its next task
+  of the same graph (one read per task); the first task of each graph on a thread reads before it starts.
+- processes: the wrapper travels to the worker process (``dask.multiprocessing`` pickles it with the task),
+  measures there, and appends one JSON line per task (and per file the task opened, from the open audit
+  hook) to a spool file of that worker process; ``finish`` reads the spool. The pid recorded is the worker
+  process's own ``os.getpid()``; it is checked against the id Dask passes to ``posttask``
+  (``multiprocessing.current_process().ident``, the same pid). Each task's I/O counters are read before and
+  after it in the worker process (the pool's pipes carry tasks and results between them). A task whose
+  spool line is missing (the spool could not be written) keeps the scheduler's view: [pretask, posttask]
+  on the worker process's main thread, marked ``"timing": "scheduler"``.
+
+Records: every task is a ``task`` span named by its prefix, on the thread that ran it (resources thread ->
+process -> host; a worker process nests in the scheduler's process), attrs ``nbytes``, ``group``,
+``scheduler`` (threads / processes / sync), ``state`` (memory / erred), ``thread_ident``; the graph's
+dependencies (``graph_id`` per computation); per-task I/O as ``io`` rows (``proc-io`` bytes, ``audit``
+opens) with the same rules as the distributed capture; ``task-error`` logs (exception type only); one
+``graph-submitted`` log per computation. Rows are gathered per graph and written in batches (every 4,096
+tasks, each second, and at ``finish``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import collections
+import itertools
+import json
+import os
+import shutil
+import sys
+import tempfile
+import threading
+import time
+from typing import Any
+
+from dask.callbacks import Callback
+from dask.utils import key_split
+
+try:
+    from dask._task_spec import DataNode
+except ImportError:  # a Dask without task objects: every node of the graph is a task
+    DataNode = ()
+
+from flowscope.model import identifiers as ids
+from flowscope.sources import process_facts
+from flowscope.sources.thread_io import OpenAudit, ThreadIOReader, parse_raw, read_cost
+
+__all__ = ["LocalSchedulerCapture", "MeasuredTask", "install_from_env", "key_group"]
+
+_time_ns = time.time_ns
+_get_ident = threading.get_ident
+_READER = ThreadIOReader()
+_LABEL_BYTES = b"abcdefghijklmnopqrstuvwxyz_:"  # what /proc/<tid>/io holds besides digits and whitespace
+FLUSH_TASKS = 4096
+FLUSH_SECONDS = 1.0
+
+
+def key_group(key: Any) -> str:
+    """A task's group, as distributed names it (``key_split_group``): the name of a tuple key, the prefix of
+    a string key."""
+    if key.__class__ is tuple:
+        return str(key[0])
+    if isinstance(key, str):
+        if key[:1] == "(":
+            return key.split(",", 1)[0].strip("()\"'")
+        if key[:1] == "<":
+            return key.strip("<>").split()[0].split(".")[-1]
+        return key_split(key)
+    if isinstance(key, bytes):
+        return key_group(key.decode())
+    return "Other"
+
+
+# ---- on the thread or in the process that runs a task ---------------------------------------------------
+
+class _ThreadState:
+    """One executing thread, as its tasks see it: ids, name, its last counter reading and the graph it was for."""
+
+    __slots__ = ("tid", "ident", "name", "last", "gen", "key")
+
+    def __init__(self) -> None:
+        t = threading.current_thread()
+        self.tid, self.ident, self.name = threading.get_native_id(), threading.get_ident(), t.name
+        self.last: bytes | None = None
+        self.gen = -1
+        self.key: Any = None   # the task running on this thread now (the open audit hook attributes to it)
+
+
+_tls = threading.local()
+
+
+def _thread_state() -> _ThreadState:
+    st = _tls.__dict__.get("st")
+    if st is None:
+        st = _tls.st = _ThreadState()
+    return st
+
+
+class MeasuredTask:
+    """A task of a graph being run by a local scheduler, wrapped to be measured where it runs (see the module
+    docstring). Calls, ``repr`` and attributes are the task's own; pickled, it becomes a
+    :class:`_RemoteMeasuredTask` that measures in the worker process."""
+
+    __slots__ = ("task", "graph", "index", "submitted", "t0", "t1", "st", "before", "after", "error")
+
+    def __init__(self, task, graph: _Graph, index: int):
+        self.task, self.graph, self.index = task, graph, index
+        self.submitted = _time_ns()
+        self.t0 = 0
+        self.error: str | None = None
+
+    def __call__(self, values=()):
+        st = _tls.__dict__.get("st") or _thread_state()
+        g = self.graph
+        if st.gen != g.gen:  # this thread's first task of this graph: its counters before it
+            st.last, st.gen = g.read(st.tid), g.gen
+        st.key = self
+        t0 = _time_ns()
+        try:
+            return self.task(values)
+        except BaseException as exc:
+            self.error = exc.__class__.__name__
+            raise
+        finally:
+            self.t1 = _time_ns()
+            self.t0 = t0
+            st.key = None
+            self.st, self.before = st, st.last
+            st.last = self.after = g.read(st.tid)
+
+    def __reduce__(self):
+        return _RemoteMeasuredTask, (self.task, self.index, self.graph.spool, self.graph.io)
+
+    def __getattr__(self, name: str):  # key, dependencies, ...: the task's
+        return getattr(self.task, name)
+
+    def __repr__(self) -> str:
+        return repr(self.task)
+
+
+_spool_fds: dict[str, int] = {}
+_remote_audit: OpenAudit | None = None
+
+
+def _spool_write(spool: str, record: list) -> None:
+    fd = _spool_fds.get(spool)
+    if fd is None:
+        os.makedirs(spool, exist_ok=True)
+        fd = _spool_fds[spool] = os.open(os.path.join(spool, f"{os.getpid()}.jsonl"),
+                                         os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    os.write(fd, (json.dumps(record, separators=(",", ":")) + "\n").encode())
+
+
+def _remote_open(row: dict) -> None:
+    st = _tls.__dict__.get("st")
+    task = st.key if st is not None else None
+    if task is not None:  # only opens made by a task: the pool's own machinery is not a task's I/O
+        _spool_write(task.spool, ["open", task.index, row])
+
+
+class _RemoteMeasuredTask:
+    """A :class:`MeasuredTask` in a worker process of the processes scheduler: runs the task, measures it and
+    appends the measurement to the spool of that worker process."""
+
+    __slots__ = ("task", "index", "spool", "io")
+
+    def __init__(self, task, index: int, spool: str, io: bool = True):
+        self.task, self.index, self.spool, self.io = task, index, spool, io
+
+    def __call__(self, values=()):
+        global _remote_audit
+        st = _tls.__dict__.get("st") or _thread_state()
+        if _remote_audit is None and self.io:
+            _remote_audit = OpenAudit(_remote_open, exclude=[sys.prefix, sys.base_prefix, *sys.path[1:2]]).enable()
+        before = _READER.read_raw(st.tid) if self.io else None
+        error = None
+        st.key = self
+        t0 = _time_ns()
+        try:
+            return self.task(values)
+        except BaseException as exc:
+            error = exc.__class__.__name__
+            raise
+        finally:
+            t1 = _time_ns()
+            st.key = None
+            after = _READER.read_raw(st.tid) if self.io else None
+            try:
+                delta = None
+                if before is not None and after is not None:
+                    delta = list(parse_raw(after) - parse_raw(before) - read_cost(before))
+                _spool_write(self.spool, ["task", self.index, t0, t1, os.getpid(), st.tid, st.ident, st.name,
+                                          error, delta])
+            except Exception:  # noqa: BLE001 - the task's result matters more than its measurement
+                pass
+
+    def __getattr__(self, name: str):
+        return getattr(self.task, name)
+
+    def __repr__(self) -> str:
+        return repr(self.task)
+
+
+def _after_fork_in_child() -> None:
+    global _remote_audit
+    _spool_fds.clear()  # the parent's spool files
+    _remote_audit = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# ---- in the scheduler's thread -------------------------------------------------------------------------
+
+def _no_reading(tid: int) -> None:
+    return None
+
+
+class _Graph:
+    """One computation (one ``get`` call) being observed."""
+
+    _ids = itertools.count()
+
+    def __init__(self, capture: LocalSchedulerCapture, dsk) -> None:
+        n = next(self._ids)
+        self.gen = n
+        self.id = f"local-{ids.hostname()}-{os.getpid()}-{n}"
+        self.caller = threading.get_ident()
+        self.keys: list = []                 # index -> key, as pretask numbered them
+        self.names: dict = {}                # key -> the key as text
+        self.done: list[tuple] = []          # (MeasuredTask, nbytes, worker_id, posttask time)
+        self.spool = os.path.join(capture.spool_root, str(n))
+        self.flushed_at = time.monotonic()
+        self.tasks = 0
+        self.io = capture.io
+        self.read = _READER.read_raw if capture.io else _no_reading
+        self.remote: dict[int, list] = {}         # index -> measurement a worker process spooled
+        self.spool_offsets: dict[str, int] = {}   # spool file -> bytes already read
+
+
+class LocalSchedulerCapture(Callback):
+    """Observes every computation Dask's local schedulers run while registered (``register()`` / ``with``).
+
+    ``client`` is a :class:`flowscope.Client`, or a callable that makes one the first time a graph runs
+    (``flowscope run`` joins the run of its environment that way). ``io=False`` leaves per-task I/O out
+    (the /proc counters read once per task and the files tasks open). ``errors`` counts the hook calls that
+    failed: a failing hook never fails the computation (its records for that call are lost)."""
+
+    def __init__(self, client, *, io: bool = True):
+        super().__init__()
+        self._client = client if not callable(client) or hasattr(client, "emit") else None
+        self._factory = None if self._client is not None else client
+        self.io = io
+        self.errors = 0
+        self.graphs = 0
+        self.tasks = 0
+        self._lock = threading.Lock()
+        self._graphs: dict[int, _Graph] = {}
+        self._spool_root: str | None = None
+        self._declared: set[str] = set()
+        self._opens: collections.deque = collections.deque()  # (row, thread state) from the open audit hook
+        self._heads: dict[tuple, tuple[str, str]] = {}
+        self._rids: dict[_ThreadState, str] = {}  # threads declared in this capture's run
+        self._audit: OpenAudit | None = None
+        self._pid = os.getpid()
+
+    # ---- what the hooks share ------------------------------------------------------------------------
+    @property
+    def fs(self):
+        if self._client is None:
+            with self._lock:
+                if self._client is None:
+                    self._client = self._factory()
+        return self._client
+
+    @property
+    def spool_root(self) -> str:
+        if self._spool_root is None:
+            self._spool_root = tempfile.mkdtemp(prefix="flowscope-local-")
+        return self._spool_root
+
+    def _failed(self) -> None:
+        self.errors += 1
+        if self.errors <= 3:
+            import logging
+
+            logging.getLogger("flowscope.dask").exception("flowscope local-scheduler hook failed")
+
+    def _enable_audit(self) -> None:
+        if self.io and self._audit is None:
+            self._audit = OpenAudit(self._record_open, exclude=[sys.prefix, sys.base_prefix, *sys.path[1:2]])
+            self._audit.enable()
+
+    def _record_open(self, row: dict) -> None:
+        """An open seen on a task's thread: kept, and written with the task's other rows from the scheduler's
+        thread (a thread that runs tasks never records through the client itself)."""
+        st = _tls.__dict__.get("st")
+        task = st.key if st is not None else None
+        if task is None or task.__class__ is not MeasuredTask:
+            return  # not inside a task of an observed graph
+        key = task.graph.keys[task.index]
+        row["task_key"] = key if key.__class__ is str else str(key)
+        self._opens.append((row, st))
+
+    # ---- Dask's hooks ----------------------------------------------------------------------------------
+    def _start(self, dsk) -> None:
+        try:
+            if os.getpid() != self._pid:  # a forked copy of the capture: not ours to record
+                return
+            g = _Graph(self, dsk)
+            self._graphs[id(dsk)] = g
+            fs = self.fs
+            self._enable_audit()
+            now = _time_ns()
+            gid = g.id
+            names = g.names = {k: k if k.__class__ is str else str(k) for k in dsk}
+            deps = []
+            tasks = 0
+            for k, node in dsk.items():
+                d = node.dependencies
+                if d:
+                    ks = names[k]
+                    deps.extend((ks, names.get(x) or str(x)) for x in d)
+                if not isinstance(node, DataNode):
+                    tasks += 1
+            g.tasks = tasks
+            if deps:
+                fs.write("dependencies", {"graph_id": [gid] * len(deps), "task_key": [a for a, _ in deps],
+                                          "depends_on": [b for _, b in deps], "ts_ns": [now] * len(deps)})
+            fs.log(f"graph of {g.tasks} tasks on a local Dask scheduler", category="graph-submitted",
+                   resource_id=fs.process_resource(), ts_ns=now,
+                   attrs={"graph_id": gid, "tasks": g.tasks, "scheduler": "local"})
+            self.graphs += 1
+            process_facts.FACTS["local_graphs"] += 1
+        except Exception:
+            self._failed()
+
+    def _pretask(self, key, dsk, state) -> None:
+        g = self._graphs.get(id(dsk))
+        if g is None:
+            return
+        try:
+            keys = g.keys
+            dsk[key] = MeasuredTask(dsk[key], g, len(keys))
+            keys.append(key)
+        except Exception:
+            self._failed()
+
+    def _posttask(self, key, result, dsk, state, worker_id) -> None:
+        m = dsk.get(key)
+        if m.__class__ is not MeasuredTask:
+            return
+        try:
+            dsk[key] = m.task
+            g = m.graph
+            try:
+                nbytes = _sizeof(result)
+            except Exception:  # noqa: BLE001 - a result Dask cannot size
+                nbytes = None
+            g.done.append((m, nbytes, worker_id, _time_ns(), True))
+            if len(g.done) >= FLUSH_TASKS or time.monotonic() - g.flushed_at >= FLUSH_SECONDS:
+                self._flush(g)  # so that a live run (flowscope run's progress line) trails by a second at most
+        except Exception:
+            self._failed()
+
+    def _finish(self, dsk, state, failed) -> None:
+        g = self._graphs.pop(id(dsk), None)
+        if g is None:
+            return
+        try:
+            if failed:  # tasks still wrapped: running, or the one that raised
+                for key in list(state.get("running", ())) if state else []:
+                    m = dsk.get(key)
+                    if m.__class__ is MeasuredTask:
+                        dsk[key] = m.task
+                        g.done.append((m, None, None, _time_ns(), False))
+            self._flush(g, final=True)
+        except Exception:
+            self._failed()
+        finally:
+            if os.path.isdir(g.spool):
+                shutil.rmtree(g.spool, ignore_errors=True)
+
+    # ---- turning measurements into rows ------------------------------------------------------------------
+    def _thread_resource(self, st: _ThreadState) -> str:
+        rid = self._rids.get(st)
+        if rid is None:
+            fs = self.fs
+            rid = ids.thread_id(st.tid)
+            fs.resource("thread", rid, name=st.name, parent_id=fs.process_resource(), host=ids.hostname(),
+                        pid=os.getpid(), tid=st.tid, thread_ident=st.ident)
+            self._rids[st] = rid
+        return rid
+
+    def _remote_resource(self, pid: int, tid: int, ident: int | None, name: str | None) -> str:
+        rid = ids.thread_id(tid, pid)
+        if rid not in self._declared:
+            fs, host = self.fs, ids.hostname()
+            proc = ids.process_id(pid)
+            fs.resource("process", proc, name=f"{host}:{pid}", parent_id=fs.process_resource(), host=host,
+                        pid=pid, attrs={"role": "dask-worker-process", "scheduler": "processes"})
+            fs.resource("thread", rid, name=name, parent_id=proc, host=host, pid=pid, tid=tid, thread_ident=ident)
+            self._declared.add(rid)
+        return rid
+
+    def _attrs_head(self, key, kind: str, state: str) -> tuple[str, str]:
+        """(span name, the attrs after ``nbytes``) of a task of ``key``'s group, kept per group, scheduler and
+        state: formatting them once per group keeps the per-task work small."""
+        grp = key_group(key)
+        return key_split(grp), (f'"group": {json.dumps(grp)}, "scheduler": "{kind}", "state": "{state}", '
+                                f'"thread_ident": ')
+
+    def _flush(self, g: _Graph, final: bool = False) -> None:
+        done, g.done = g.done, []
+        g.flushed_at = time.monotonic()
+        fs = self.fs
+        names, heads, caller, keys, threads = g.names, self._heads, g.caller, g.keys, self._rids
+        # the common case, column by column: a task that ran in this process and returned
+        rids, prefixes, starts, ends, tkeys, nbytes, tails, idents = [], [], [], [], [], [], [], []
+        local_io: list[tuple] = []
+        slow: list[tuple] = []
+        for item in done:
+            m = item[0]
+            if not m.t0 or m.error is not None:
+                slow.append(item)
+                continue
+            st = m.st
+            key = keys[m.index]
+            kind = "sync" if st.ident == caller else "threads"
+            hk = (key[0] if key.__class__ is tuple else key, kind)
+            head = heads.get(hk)
+            if head is None:
+                head = heads[hk] = self._attrs_head(key, kind, "memory")
+            rid = threads.get(st) or self._thread_resource(st)
+            k = names.get(key) or str(key)
+            rids.append(rid)
+            prefixes.append(head[0])
+            tails.append(head[1])
+            starts.append(m.t0)
+            ends.append(m.t1)
+            tkeys.append(k)
+            nbytes.append(item[1])
+            idents.append(st.ident)
+            if m.before is not None and m.after is not None:
+                local_io.append((m, rid, k))
+        if rids:
+            fs.write("spans", _span_batch(rids, prefixes, starts, ends, tkeys, nbytes, tails, idents))
+        span = fs.row_writer("spans")
+        if slow or final:
+            self._flush_others(g, slow, span, final)
+        if local_io:
+            self._local_io(local_io)
+        opens = self._opens
+        while opens:
+            row, st = opens.popleft()
+            row["resource_id"] = self._thread_resource(st)
+            fs.emit("io", **row)
+        self.tasks += len(done)
+        process_facts.FACTS["local_tasks"] += len(done)
+
+    def _flush_others(self, g: _Graph, items: list[tuple], span, final: bool) -> None:
+        """Tasks that failed, or ran in worker processes (their measurements come from the spool)."""
+        fs = self.fs
+        host = ids.hostname()
+        if final or any(not m.t0 for m, *_ in items):
+            self._read_spool(g)
+        remote = g.remote
+        rows = []
+        for m, nbytes, worker_id, seen_ns, reported in items:
+            timing = None
+            if m.t0:  # ran in this process, and raised
+                st = m.st
+                rid = self._thread_resource(st)
+                kind = "sync" if st.ident == g.caller else "threads"
+                t0, t1, ident, error = m.t0, m.t1, st.ident, m.error
+            else:
+                rec = remote.pop(m.index, None)
+                kind = "processes"
+                if rec is not None:
+                    _, _, t0, t1, rpid, tid, ident, tname, error, delta = rec
+                    rid = self._remote_resource(rpid, tid, ident, tname)
+                    if delta:
+                        self._io_rows(rid, host, rpid, tid, ident, t0, t1, g.names.get(g.keys[m.index]), delta)
+                elif reported and isinstance(worker_id, int):  # no measurement reached us: the scheduler's view
+                    t0, t1, ident, error = m.submitted, seen_ns, None, m.error
+                    rid = self._remote_resource(worker_id, worker_id, None, "MainThread")
+                    timing = "scheduler"
+                else:
+                    continue  # still running when the graph failed
+            rows.append((m.index, nbytes, rid, kind, t0, t1, ident, error, timing))
+        if final:  # measured in a worker process, never reported done (the graph failed)
+            for index, rec in remote.items():
+                _, _, t0, t1, rpid, tid, ident, tname, error, delta = rec
+                if index < len(g.keys):
+                    rows.append((index, None, self._remote_resource(rpid, tid, ident, tname), "processes", t0, t1,
+                                 ident, error, None))
+            remote.clear()
+        for index, nbytes, rid, kind, t0, t1, ident, error, timing in rows:
+            key = g.keys[index]
+            k = g.names.get(key) or str(key)
+            name, head = self._attrs_head(key, kind, "erred" if error else "memory")
+            if error:
+                fs.log(f"task failed with {error}", level="error", category="task-error", resource_id=rid,
+                       task_key=k, attrs={"exception_type": error}, ts_ns=t1)
+            span(None, None, rid, "task", name, t0, t1, k,
+                 f'{{"nbytes": {"null" if nbytes is None else nbytes}, {head}{"null" if ident is None else ident}'
+                 + (f', "timing": "{timing}"}}' if timing else "}"))
+
+    def _read_spool(self, g: _Graph) -> None:
+        """Read what the worker processes appended to this graph's spool since the last read: task records
+        into ``g.remote`` (index -> record), file opens recorded at once."""
+        opens: list[list] = []
+        try:
+            names = os.listdir(g.spool)
+        except OSError:
+            return
+        for name in names:
+            done = g.spool_offsets.get(name, 0)
+            try:
+                with open(os.path.join(g.spool, name), "rb") as f:
+                    f.seek(done)
+                    data = f.read()
+            except OSError:
+                continue
+            end = data.rfind(b"\n") + 1  # whole lines only: a worker may be writing the next one
+            g.spool_offsets[name] = done + end
+            for line in data[:end].splitlines():
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue
+                if rec[0] == "task":
+                    g.remote[rec[1]] = rec
+                    self._remote_resource(*rec[4:8])  # pid, tid, ident, thread name
+                elif rec[0] == "open" and rec[1] < len(g.keys):
+                    opens.append(rec)
+        for _, index, row in opens:
+            key = g.keys[index]
+            row["task_key"] = key if key.__class__ is str else str(key)
+            row["resource_id"] = self._remote_resource(row["pid"], row["tid"], row.get("thread_ident"), None)
+            self.fs.emit("io", **row)
+
+    def _io_rows(self, rid: str, host: str, pid: int, tid: int, ident, t0: int, t1: int, k: str,
+                 d: list) -> None:
+        rchar, wchar, syscr, syscw, read_bytes, write_bytes, cancelled = d
+        emit = self.fs.row_writer("io")
+        if rchar or syscr or read_bytes:
+            emit(rid, host, pid, tid, ident, None, "proc-io", "read", None, None, rchar, t0, t1, k,
+                 f'{{"syscr": {syscr}, "read_bytes": {read_bytes}}}')
+        if wchar or syscw or write_bytes or cancelled:
+            emit(rid, host, pid, tid, ident, None, "proc-io", "write", None, None, wchar, t0, t1, k,
+                 f'{{"syscw": {syscw}, "write_bytes": {write_bytes}, "cancelled_write_bytes": {cancelled}}}')
+
+    def _local_io(self, rows: list[tuple]) -> None:
+        """Per-task counter deltas of tasks run in this process, parsed in bulk: (MeasuredTask, thread resource,
+        task key) per task."""
+        import numpy as np
+
+        n = len(rows)
+        befores = [r[0].before for r in rows]
+        values = None
+        digits = b"".join(befores + [r[0].after for r in rows]).translate(None, _LABEL_BYTES)  # no labels
+        if digits.count(b"\n") == 14 * n:  # the layout this kernel documents: 7 lines a reading
+            values = np.fromstring(digits, dtype=np.int64, sep=" ")
+        if values is not None and len(values) == 14 * n:
+            v = values.reshape(2, n, 7)
+            delta = v[1] - v[0]
+        else:  # another layout of the counters file: one reading at a time
+            delta = np.array([list(parse_raw(r[0].after) - parse_raw(r[0].before)) for r in rows], dtype=np.int64)
+        delta[:, 0] -= np.fromiter(map(len, befores), dtype=np.int64, count=n)  # the baseline read itself
+        delta[:, 2] -= 1
+        host, pid = ids.hostname(), os.getpid()
+        for i in np.flatnonzero(delta.any(axis=1)):
+            m, rid, k = rows[i]
+            self._io_rows(rid, host, pid, m.st.tid, m.st.ident, m.t0, m.t1, k, delta[i].tolist())
+
+    # ---- lifecycle ---------------------------------------------------------------------------------------
+    def close(self) -> None:
+        """Stop observing and deliver what was recorded (closes a client this capture made)."""
+        try:
+            self.unregister()
+        except KeyError:
+            pass
+        if self._audit is not None:
+            self._audit.disable()
+            self._audit = None
+        if self._spool_root is not None:
+            shutil.rmtree(self._spool_root, ignore_errors=True)
+            self._spool_root = None
+        if self._factory is not None and self._client is not None:
+            client, self._client = self._client, None
+            client.close(timeout=30)
+        elif self._client is not None:
+            self._client.flush(30)
+
+
+def _span_batch(rids, prefixes, starts, ends, keys, nbytes, tails, idents) -> dict:
+    """Columns of ``spans`` rows for tasks that ran in this process; ``attrs`` is put together by Arrow."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    n = len(rids)
+    nb = pc.fill_null(pc.cast(pa.array(nbytes, pa.int64()), pa.string()), "null")
+    attrs = pc.binary_join_element_wise('{"nbytes": ', nb, ", ", pa.array(tails, pa.string()),
+                                        pc.cast(pa.array(idents, pa.int64()), pa.string()), "}", "")
+    return {"resource_id": rids, "kind": pa.repeat("task", n),
+            "name": prefixes, "start_ns": pa.array(starts, pa.int64()), "end_ns": pa.array(ends, pa.int64()),
+            "task_key": keys, "attrs": attrs}
+
+
+def _sizeof(x) -> int:
+    from dask.sizeof import sizeof
+
+    global _sizeof
+    _sizeof = sizeof
+    return sizeof(x)
+
+
+
+
+_installed: LocalSchedulerCapture | None = None
+
+
+def install_from_env() -> LocalSchedulerCapture | None:
+    """Observe every local-scheduler computation of this process into the run of $FLOWSCOPE_ADDRESS /
+    $FLOWSCOPE_RUN (as ``flowscope run`` sets them); the client is made when the first graph runs and closed
+    at exit. Does nothing without both variables, or if already installed."""
+    global _installed
+    address, run_id = os.environ.get("FLOWSCOPE_ADDRESS"), os.environ.get("FLOWSCOPE_RUN")
+    if not address or not run_id or _installed is not None:
+        return _installed
+
+    def client():
+        from flowscope.client.client import Client
+        from flowscope.sources.python_tracing import _warm_arrow
+
+        fs = Client(address, run_id=run_id)
+        _warm_arrow()  # this client is closed at exit
+        return fs
+
+    _installed = LocalSchedulerCapture(client)
+    _installed.register()
+    atexit.register(_installed.close)
+    return _installed

@@ -1,0 +1,256 @@
+"""The dashboard's canvas task stream (src/flowscope/ui/static/timeline.js) in Debian's chromium, loaded from a
+real HTTP server on loopback: what it draws at the detail of the zoom, deltas, and task keys shown as text."""
+
+from __future__ import annotations
+
+import functools
+import http.server
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from flowscope.ui import static_dir
+
+CHROMIUM = os.environ.get("FLOWSCOPE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+
+PAGE = """<!doctype html><meta charset="utf-8"><title>timeline test</title>
+<body style="margin:0"><div id="tl" style="width:1000px"></div>
+<script src="/static/timeline.js"></script></body>"""
+
+GROUPS = [{"name": "load", "color": "#1f77b4"}, {"name": "tiny", "color": "#2ca02c"},
+          {"name": "reduce", "color": "#d62728"}, {"name": "<b>group</b>", "color": "#9467bd"}]
+ROWS = ["host-a/thread-1", "host-a/thread-2", "host-b/thread-1"]
+LABEL_W, ROW_H, WIDTH = 100, 20, 1000
+
+# three rows over 10 s: a 5 s "load" then a 5 s "reduce" on row 0, 1,000 tasks of 1 ms ("tiny") spread over
+# row 1, one "reduce" of 4 s on row 2, and one transfer from row 0 to row 2
+TASKS = """(() => {
+  const start = [0, 5], end = [5, 10], row = [0, 0], group = [0, 2], key = ["load-0", "reduce-0"];
+  for (let i = 0; i < 1000; i++) { start.push(i * 0.01); end.push(i * 0.01 + 0.001); row.push(1); group.push(1);
+                                   key.push("tiny-" + i); }
+  start.push(6); end.push(10); row.push(2); group.push(2); key.push("reduce-1");
+  return {start, end, row, group, key};
+})()"""
+
+
+class _QuietHandler(http.server.SimpleHTTPRequestHandler):
+    def log_message(self, format, *args):
+        pass
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    """A real HTTP server on 127.0.0.1 serving the test page and flowscope's ui/static folder."""
+    root = tmp_path_factory.mktemp("ui")
+    (root / "index.html").write_text(PAGE)
+    (root / "static").symlink_to(static_dir(), target_is_directory=True)
+    handler = functools.partial(_QuietHandler, directory=str(root))
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}/index.html"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+@pytest.fixture
+def page(server):
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("playwright is not installed (pip install -e '.[test]')")
+        pytest.skip("playwright is not installed (pip install -e '.[test]')")
+    if not Path(CHROMIUM).exists():
+        if os.environ.get("CI"):
+            pytest.fail(f"{CHROMIUM} is missing (apt-get install chromium)")
+        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            pg = browser.new_page(viewport={"width": 1200, "height": 400}, device_scale_factor=1)
+            pg.dialogs = []
+            pg.errors = []
+            pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+            pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+            pg.goto(server, wait_until="load")
+            pg.evaluate(f"""() => {{
+                window.tl = new FlowscopeTimeline(document.getElementById('tl'),
+                    {{rows: {ROWS!r}, groups: {GROUPS!r}, labelWidth: {LABEL_W}, rowHeight: {ROW_H},
+                      record: true}});
+                tl.append({TASKS}, {{start: [1], end: [6], src: [0], dst: [2]}});
+                tl.draw();
+            }}""")
+            yield pg
+            assert pg.errors == []
+        finally:
+            browser.close()
+
+
+def _pixel(page, x: float, y: float) -> list[int]:
+    """The canvas pixel at CSS position (x, y), as [r, g, b, a]."""
+    return page.evaluate(f"""() => {{
+        const c = tl.canvas, r = c.width / c.clientWidth;
+        return Array.from(c.getContext('2d').getImageData(Math.floor({x} * r), Math.floor({y} * r), 1, 1).data);
+    }}""")
+
+
+def _rgb(hex_colour: str) -> list[int]:
+    return [int(hex_colour[i:i + 2], 16) for i in (1, 3, 5)]
+
+
+def test_whole_run_draws_wide_tasks_exactly_and_merges_subpixel_ones_per_pixel(page):
+    drawn = page.evaluate("() => tl.inspect()")
+    assert page.evaluate("() => tl.count") == 1003
+    exact = {r["key"]: r for r in drawn["exact"]}
+    # the three long tasks are drawn as they are, at their place: plot width 900 px over 10 s
+    assert set(exact) == {"load-0", "reduce-0", "reduce-1"}
+    px_per_s = (WIDTH - LABEL_W - page.evaluate("() => tl.options.rightPad")) / 10
+    assert exact["load-0"]["x0"] == pytest.approx(LABEL_W, abs=1)
+    assert exact["load-0"]["x1"] == pytest.approx(LABEL_W + 5 * px_per_s, abs=1)
+    assert exact["reduce-1"]["x0"] == pytest.approx(LABEL_W + 6 * px_per_s, abs=1)
+    # the 1 ms tasks are far narrower than a pixel: merged per pixel column, all 1,000 counted, none lost
+    merged = drawn["merged"]
+    assert merged and {m["row"] for m in merged} == {1}
+    assert sum(m["tasks"] for m in merged) == 1000
+    assert {m["group"] for m in merged} == {1}
+    # each merged column is busy a few per cent of its pixel (1 ms in 10 ms): drawn faint, not as solid bars
+    assert all(0 < m["busy"] < 0.2 for m in merged)
+    # what is on the canvas is the group's colour
+    y0 = exact["load-0"]["y0"] + ROW_H / 2 - 2
+    assert _pixel(page, (exact["load-0"]["x0"] + exact["load-0"]["x1"]) / 2, y0)[:3] == _rgb(GROUPS[0]["color"])
+    y2 = exact["reduce-1"]["y0"] + ROW_H / 2 - 2
+    assert _pixel(page, exact["reduce-1"]["x1"] - 20, y2)[:3] == _rgb(GROUPS[2]["color"])
+    # and the transfer is drawn as a line between the two threads
+    assert drawn["transfers"] == 1
+
+
+def test_zooming_in_shows_individual_tasks(page):
+    page.evaluate("() => { tl.setView(0, 0.05); tl.draw(); }")
+    drawn = page.evaluate("() => tl.inspect()")
+    tiny = [r for r in drawn["exact"] if r["row"] == 1]
+    # 0.05 s over 892 px: each 1 ms task is 18 px wide, drawn exactly, none merged (tiny-5 starts at the right edge)
+    assert sorted(r["key"] for r in tiny) == [f"tiny-{i}" for i in range(5)]
+    assert drawn["merged"] == []
+    assert all(r["x1"] - r["x0"] == pytest.approx(18, abs=1.5) for r in tiny)
+    t = tiny[2]
+    assert _pixel(page, (t["x0"] + t["x1"]) / 2, t["y0"] + ROW_H / 2 - 2)[:3] == _rgb(GROUPS[1]["color"])
+
+
+def test_the_wheel_zooms_around_the_pointer_and_changes_the_level_of_detail(page):
+    before = page.evaluate("() => tl.inspect()")
+    box = page.locator("#tl canvas").bounding_box()
+    x = box["x"] + LABEL_W + 45  # 0.5 s into the run
+    y = box["y"] + page.evaluate("() => tl.options.axisHeight") + 1.5 * ROW_H
+    page.mouse.move(x, y)
+    for _ in range(12):
+        page.mouse.wheel(0, -200)
+    page.wait_for_function("() => tl.view[1] - tl.view[0] < 0.5")
+    page.evaluate("() => tl.draw()")
+    v0, v1 = page.evaluate("() => tl.view")
+    assert v0 < 0.5 < v1  # the time under the pointer stays in view
+    after = page.evaluate("() => tl.inspect()")
+    exact_tiny = [r for r in after["exact"] if r["row"] == 1]
+    assert len([r for r in before["exact"] if r["row"] == 1]) == 0
+    assert exact_tiny, "no 1 ms task is drawn on its own after zooming in"
+
+
+def test_a_delta_appends_and_the_live_view_follows_it(page):
+    page.evaluate("""() => {
+        const start = [], end = [], row = [], group = [], key = [];
+        for (let i = 0; i < 10; i++) { start.push(10 + i); end.push(10.5 + i); row.push(i % 3); group.push(0);
+                                       key.push("late-" + i); }
+        tl.append({start, end, row, group, key});
+        tl.draw();
+    }""")
+    assert page.evaluate("() => tl.count") == 1013
+    assert page.evaluate("() => tl.view") == [0, 19.5]  # the view showed the end of the run: it follows
+    exact = {r["key"]: r for r in page.evaluate("() => tl.inspect()")["exact"]}
+    assert {f"late-{i}" for i in range(10)} <= set(exact)
+    r = exact["late-9"]
+    assert _pixel(page, (r["x0"] + r["x1"]) / 2, r["y0"] + ROW_H / 2 - 2)[:3] == _rgb(GROUPS[0]["color"])
+
+
+def test_a_zoomed_view_stays_put_when_a_delta_arrives(page):
+    page.evaluate("() => { tl.setView(2, 3); tl.append({start: [11], end: [12], row: [0], group: [0]}); }")
+    assert page.evaluate("() => tl.view") == [2, 3]
+    assert page.evaluate("() => tl.count") == 1004
+
+
+def test_task_keys_with_markup_are_shown_as_text_in_the_tooltip(page):
+    key = "<img src=x onerror=\"window.__xss=1;alert(1)\">"
+    page.evaluate("""k => { tl.append({start: [10], end: [20], row: [2], group: [3], key: [k]});
+                          tl.setView(0, 20); tl.draw(); }""", key)
+    r = next(r for r in page.evaluate("() => tl.inspect()")["exact"] if r["key"] == key)
+    box = page.locator("#tl canvas").bounding_box()
+    page.mouse.move(box["x"] + (r["x0"] + r["x1"]) / 2, box["y"] + r["y0"] + 2)
+    tip = page.locator("#tl .flowscope-tooltip")
+    tip.wait_for(state="visible")
+    assert key in tip.inner_text()
+    assert "<b>group</b>" in tip.inner_text()  # the group name, also user text, as text too
+    assert tip.locator("img, b").count() == 0
+    page.wait_for_timeout(200)
+    assert page.evaluate("() => window.__xss") is None
+    assert page.dialogs == []
+
+
+def test_the_tooltip_of_a_merged_column_says_how_many_tasks_it_holds(page):
+    merged = page.evaluate("() => tl.inspect()")["merged"]
+    m = max(merged, key=lambda m: m["tasks"])
+    box = page.locator("#tl canvas").bounding_box()
+    page.mouse.move(box["x"] + m["x0"] + 0.5, box["y"] + m["y0"] + 2)
+    tip = page.locator("#tl .flowscope-tooltip")
+    tip.wait_for(state="visible")
+    text = tip.inner_text()
+    assert f"{m['tasks']} tasks" in text and "tiny" in text
+
+
+def test_bad_input_is_refused_naming_the_field_and_keeps_what_was_there(page):
+    err = page.evaluate("""() => { try { tl.append({start: [1, 2], end: [2], row: [0, 0], group: [0, 0]}); }
+                                   catch (e) { return e.message; } }""")
+    assert "end" in err and "2" in err and "1" in err
+    err = page.evaluate("""() => { try { tl.append({start: [1], end: [2], row: [7], group: [0]}); }
+                                   catch (e) { return e.message; } }""")
+    assert "row" in err and "7" in err
+    err = page.evaluate("""() => { try { tl.append({start: [3], end: [2], row: [0], group: [0]}); }
+                                   catch (e) { return e.message; } }""")
+    assert "end" in err and "index 0" in err
+    assert page.evaluate("() => tl.count") == 1003
+
+
+def test_transfers_too_many_for_lines_become_marks_on_the_receiving_thread(page):
+    # 40 transfers into row 2 within 0.3 .. 5.5 s, more than the 10 lines allowed: marks on row 2 at the whole run
+    page.evaluate("""() => {
+        tl.options.maxTransferLines = 10;
+        const start = [], end = [], src = [], dst = [];
+        for (let i = 0; i < 40; i++) { start.push(0.3 + i * 0.13); end.push(0.35 + i * 0.13); src.push(0); dst.push(2); }
+        tl.append({start: [], end: [], row: [], group: []}, {start, end, src, dst});
+        tl.draw();
+    }""")
+    drawn = page.evaluate("() => tl.inspect()")
+    assert drawn["transfers"] == 0
+    assert drawn["transfer_marks"] == 41  # the first transfer (1 .. 6 s) is in view too
+    mark = next(m for m in drawn["marks"] if m["row"] == 2 and m["x0"] < 140)
+    assert _pixel(page, mark["x0"], mark["y1"] - 1)[:3] == _rgb("#d62728")
+    # zoomed in until at most 10 are in view: lines between the threads again
+    page.evaluate("() => { tl.setView(0.3, 1.0); tl.draw(); }")
+    drawn = page.evaluate("() => tl.inspect()")
+    assert 0 < drawn["transfers"] <= 10 and drawn["transfer_marks"] == 0
+
+
+def test_a_worker_that_joins_late_gets_its_rows(page):
+    assert page.evaluate("() => tl.addRows(['host-c/thread-1', '<i>host-c</i>/thread-2'])") == 5
+    page.evaluate("() => { tl.append({start: [1], end: [9], row: [4], group: [0], key: ['late-worker']}); tl.draw(); }")
+    r = next(r for r in page.evaluate("() => tl.inspect()")["exact"] if r["key"] == "late-worker")
+    assert r["row"] == 4
+    assert page.evaluate("() => tl.canvas.clientHeight") >= r["y1"]
+    assert _pixel(page, (r["x0"] + r["x1"]) / 2, r["y0"] + ROW_H / 2 - 2)[:3] == _rgb(GROUPS[0]["color"])
+    box = page.locator("#tl canvas").bounding_box()
+    page.mouse.move(box["x"] + (r["x0"] + r["x1"]) / 2, box["y"] + r["y0"] + 2)
+    tip = page.locator("#tl .flowscope-tooltip")
+    tip.wait_for(state="visible")
+    assert "<i>host-c</i>/thread-2" in tip.inner_text() and tip.locator("i").count() == 0
