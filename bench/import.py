@@ -68,6 +68,7 @@ DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
 FORMATS = ("paje", "chrome", "wfcommons", "otf2", "darshan")
 PAJE_SHAPES = {"starpu": "paje/starpu-demo/paje.trace", "native": "paje/pajeng/native_sample.trace",
                "simgrid": "paje/pajeng/ms.trace"}
+PAJE_PEERS = ("pj_dump", "pj_dump -o", "starpu_paje_sort+pj_dump")
 CHROME_SHAPES = {"viztracer": "chrome/viztracer/multithread.json", "catapult": "chrome/catapult/flow.json"}
 KINDS = {"Container": "containers", "State": "states", "Event": "events", "Link": "links", "Variable": "variables"}
 
@@ -116,8 +117,9 @@ class Case:
         return [*flowscope_cmd(), "import", str(self.path), *self.import_args, "--store", str(store), "--json"]
 
 
-def run_case(case: Case, repeat: int, scratch: Path) -> dict:
-    """Check the outputs once, then time flowscope and the peers alternately."""
+def run_case(case: Case, repeat: int, scratch: Path, partial: Path | None = None) -> dict:
+    """Check the outputs once, then time flowscope and the peers alternately (each repetition's runs are
+    written to ``partial`` as they come, so an interrupted benchmark keeps what it measured)."""
     store = scratch / "check-store"
     shutil.rmtree(store, ignore_errors=True)
     out = scratch / "check.json"
@@ -140,6 +142,11 @@ def run_case(case: Case, repeat: int, scratch: Path) -> dict:
             runs[name].append(r)
             print(f"{case.fmt}:{case.shape} rep {rep + 1}/{repeat} {name}: {r['seconds']:.2f} s, "
                   f"{r['peak_rss_mb']:.0f} MB", file=sys.stderr)
+        if partial is not None:
+            partial.parent.mkdir(parents=True, exist_ok=True)
+            partial.write_text(json.dumps({"case": f"{case.fmt}:{case.shape}", "input": case.inputs,
+                                           "checked": checked, "repetitions_done": rep + 1, "runs": runs,
+                                           "load_average": os.getloadavg()}, indent=1) + "\n")
 
     def summary(rs: list[dict]) -> dict:
         s = [r["seconds"] for r in rs]
@@ -302,6 +309,7 @@ def paje_cases(args: argparse.Namespace, scratch: Path) -> list[Case]:
         if not ordered:
             peers["starpu_paje_sort+pj_dump"] = [starpu_paje_sort_cmd(path, scratch)]
             shell.add("starpu_paje_sort+pj_dump")
+        peers = {k: v for k, v in peers.items() if k in args.paje_peers}
         cases.append(Case("paje", shape, info, path, peers, "pj_dump",
                           lambda run_dir, _p=pj_in: paje_check(run_dir, _p, scratch), shell, ["--format", "paje"]))
     return cases
@@ -647,6 +655,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--format", default=",".join(FORMATS), help=f"comma-separated, of {', '.join(FORMATS)}")
     p.add_argument("--paje-shapes", default=",".join(PAJE_SHAPES), help="Paje shapes to time")
+    p.add_argument("--paje-peers", default=",".join(PAJE_PEERS),
+                   help="Paje peers to time (pj_dump, the main peer, always is)")
     p.add_argument("--size-mb", type=int, default=500, help="size of each scaled Paje trace (default 500)")
     p.add_argument("--copies", type=int, default=64, help="container copies in a scaled Paje trace (default 64)")
     p.add_argument("--chrome-mb", type=int, default=300, help="size of each scaled Chrome trace (default 300)")
@@ -661,6 +671,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a = p.parse_args(argv)
     a.format = [f for f in a.format.split(",") if f]
     a.paje_shapes = [s for s in a.paje_shapes.split(",") if s]
+    a.paje_peers = {"pj_dump", *(s for s in a.paje_peers.split(",") if s)}
+    if a.paje_peers - set(PAJE_PEERS):
+        p.error(f"unknown Paje peer: {', '.join(sorted(a.paje_peers - set(PAJE_PEERS)))}")
     unknown = set(a.format) - set(FORMATS) | set(a.paje_shapes) - set(PAJE_SHAPES)
     if unknown:
         p.error(f"unknown format or shape: {', '.join(sorted(unknown))}")
@@ -677,7 +690,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         for fmt in args.format:
             for case in builders[fmt](args, scratch):
-                results[f"{case.fmt}:{case.shape}"] = run_case(case, args.repeat, scratch)
+                results[f"{case.fmt}:{case.shape}"] = run_case(
+                    case, args.repeat, scratch, args.output.with_name(f"{args.output.stem}.{case.fmt}-{case.shape}"
+                                                                      ".partial.json"))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     worst_key = max(results, key=lambda k: results[k]["ratio_vs_peer"])
@@ -693,6 +708,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_vs_peer": worst["ratio_vs_peer"],
         "shapes": results,
         "params": {"worst_case": worst_key, "repeat": args.repeat, "size_mb": args.size_mb, "copies": args.copies,
+                   "paje_peers": sorted(args.paje_peers),
                    "timing": "whole process, wall around it, peak RSS from /usr/bin/time %M; commands alternate",
                    "load_average": os.getloadavg(), "commit": git_commit(), "cpu": cpu_model()},
     }
