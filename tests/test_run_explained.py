@@ -13,6 +13,7 @@ import warnings
 from pathlib import Path
 
 import pytest
+from conftest import require_module
 
 import flowscope
 from flowscope.analysis.breakdown import breakdown
@@ -270,7 +271,7 @@ def test_io_time_is_unknown_when_only_byte_counters_exist(tmp_path):
 
 
 def test_io_time_from_darshan_dxt_is_timed(shared_data, tmp_path):
-    pytest.importorskip("darshan", reason="PyDarshan reads Darshan logs")
+    require_module("darshan", "PyDarshan reads Darshan logs: pip install -e '.[test]'")
     from flowscope.importers import import_paths
 
     log = next((shared_data / "darshan" / "mpi_io_test_with_dxt").glob("*.darshan"))

@@ -10,6 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
+from conftest import missing_dependency, require_module
 
 from flowscope.ui import static_dir
 
@@ -59,16 +60,9 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def page(server):
-    try:
-        from playwright.sync_api import sync_playwright
-    except ImportError:
-        if os.environ.get("CI"):
-            pytest.fail("playwright is not installed (pip install -e '.[test]')")
-        pytest.skip("playwright is not installed (pip install -e '.[test]')")
+    sync_playwright = require_module("playwright.sync_api", "drives chromium: pip install -e '.[test]'").sync_playwright
     if not Path(CHROMIUM).exists():
-        if os.environ.get("CI"):
-            pytest.fail(f"{CHROMIUM} is missing (apt-get install chromium)")
-        pytest.skip(f"{CHROMIUM} is missing (apt-get install chromium)")
+        missing_dependency(f"{CHROMIUM} is missing (apt-get install chromium)")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
