@@ -197,9 +197,114 @@ def test_mutated_samples_import_or_fail_clearly(shared_data, tmp_path, fmt):
         assert differential > 0
 
 
-@pytest.mark.parametrize("rel", ["paje/pajeng/containers.trace", "paje/pajeng/events.trace",
-                                 "paje/pajeng/links.trace", "paje/pajeng/replay_output_shurakai_extract.trace"])
+#: every valid Paje trace of the shared folder (native_paje.trace is invalid on purpose)
+PAJE_REAL = ["paje/pajeng/categories.trace", "paje/pajeng/containers.trace", "paje/pajeng/events.trace",
+             "paje/pajeng/gattaca.trace", "paje/pajeng/gattaca2.trace", "paje/pajeng/gattaca3.trace",
+             "paje/pajeng/links.trace", "paje/pajeng/ms.trace", "paje/pajeng/native_sample.trace",
+             "paje/pajeng/replay_output_shurakai_extract.trace", "paje/pajeng/simgrid-fg126.trace",
+             "paje/pajeng/states.trace", "paje/pajeng/variables.trace", "paje/pajeng/multiple_files/root.trace",
+             "paje/starpu-demo/paje.trace", "paje/starvz_lu_old_data_header_only_paje.trace"]
+
+
+@pytest.mark.parametrize("rel", PAJE_REAL)
 def test_paje_vectorised_path_equals_line_simulator_on_real_traces(shared_data, rel):
+    """Same rows, ids, parents and attributes, to the byte, from both paths; and every real trace takes
+    the vectorised one."""
+    (fast, how_fast), (slow, how_slow) = _paje_both_ways(shared_data / rel)
+    assert how_fast == "vectorised" and how_slow == "line simulator"
+    assert fast == slow
+    if "header_only" not in rel:
+        assert sum(map(len, fast.values())) > 0
+
+
+@pytest.mark.parametrize("rel", [r for r in PAJE_REAL if "header_only" not in r])
+def test_paje_vectorised_path_in_small_pieces_equals_line_simulator(shared_data, monkeypatch, rel):
+    """Chunks of a few lines, sorted runs of a few rows, merged three at a time in rounds: what carries over
+    from one piece to the next (open states, variable values, link halves) and the external sort of a
+    trace that is not time-ordered give the line simulator's rows, as on a trace of gigabytes."""
+    from flowscope.importers import paje_fast
+
+    monkeypatch.setattr(paje_fast, "CHUNK_BYTES", 700)
+    monkeypatch.setattr(paje_fast, "RUN_BATCH", 7)
+    monkeypatch.setattr(paje_fast, "FAN_IN", 3)
+    monkeypatch.setattr(paje_fast, "MERGE_ROWS", 50)
     (fast, how_fast), (slow, how_slow) = _paje_both_ways(shared_data / rel)
     assert how_fast == "vectorised" and how_slow == "line simulator"
     assert fast == slow and sum(map(len, fast.values())) > 0
+
+
+def _time_scrambled(path: Path, out: Path, seed: int) -> Path:
+    """``path`` with its timed lines in a random order that keeps the file order of lines of equal time (so a
+    stable sort by time gives the original order back), definitions first: heavily not time-ordered."""
+    lines = path.read_text().splitlines()
+    time_pos: dict[str, int] = {}
+    cur, fields = None, []
+    head, untimed, timed = [], [], []
+    for line in lines:
+        s = line.strip()
+        if not s or s[0] in "%#":
+            head.append(line)
+            parts = s[1:].split()
+            if s.startswith("%") and parts and parts[0] == "EventDef":
+                cur, fields = parts[2], []
+            elif s.startswith("%") and parts and parts[0] == "EndEventDef" and "Time" in fields:
+                time_pos[cur] = fields.index("Time") + 1
+            elif s.startswith("%") and parts:
+                fields.append(parts[0])
+            continue
+        toks = re.findall(r'"[^"]*"|\S+', s)
+        (timed if toks[0] in time_pos else untimed).append((float(toks[time_pos[toks[0]]]) if toks[0] in time_pos
+                                                           else 0.0, line))
+    rng = random.Random(seed)
+    keys = [rng.random() for _ in timed]
+    by_time: dict[float, list[int]] = {}
+    for i, (t, _) in enumerate(timed):
+        by_time.setdefault(t, []).append(i)
+    for idx in by_time.values():  # within one time, the keys in file order
+        for i, k in zip(idx, sorted(keys[i] for i in idx)):
+            keys[i] = k
+    order = sorted(range(len(timed)), key=keys.__getitem__)
+    out.write_text("\n".join(head + [x for _, x in untimed] + [timed[i][1] for i in order]) + "\n")
+    return out
+
+
+def _sorted_mode_rows(path: Path, fast: bool) -> dict:
+    """Rows of ``path`` read in sorted mode from the start (the mode a trace that is not time-ordered ends in)."""
+    import tempfile
+
+    from flowscope.importers import paje, paje_fast
+
+    sink = _MemorySink(path, "paje")
+    with tempfile.TemporaryDirectory() as tmp:
+        spool = paje._Spool(tmp)
+        reader = paje._Reader(path, sink, spool, sorted_mode=True)
+        if fast:
+            paje_fast.read_fast(reader)
+            reader.sink = sink
+        else:
+            reader.run()
+        spool.replay(sink)
+        spool.close()
+    sink.flush()
+    return {t: sorted(v) for t, v in sink.rows.items()}
+
+
+@pytest.mark.parametrize("rel", ["paje/pajeng/ms.trace", "paje/pajeng/native_sample.trace",
+                                 "paje/pajeng/categories.trace", "paje/pajeng/links.trace",
+                                 "paje/starpu-demo/paje.trace"])
+def test_paje_sorted_mode_in_small_pieces_equals_line_simulator(shared_data, tmp_path, monkeypatch, rel):
+    """A real trace with its events scrambled in time, read in sorted mode in pieces of a few lines: the
+    vectorised path's external sort and merge give the line simulator's rows, which are those of the
+    trace as it was."""
+    from flowscope.importers import paje_fast
+
+    path = _time_scrambled(shared_data / rel, tmp_path / "scrambled.trace", seed=7)
+    monkeypatch.setattr(paje_fast, "CHUNK_BYTES", 900)
+    monkeypatch.setattr(paje_fast, "RUN_BATCH", 5)
+    monkeypatch.setattr(paje_fast, "FAN_IN", 4)
+    monkeypatch.setattr(paje_fast, "MERGE_ROWS", 40)
+    fast = _sorted_mode_rows(path, fast=True)
+    assert fast == _sorted_mode_rows(path, fast=False) and sum(map(len, fast.values())) > 0
+    (_, _), (original, _) = _paje_both_ways(shared_data / rel)
+    assert fast == original
+

@@ -77,10 +77,9 @@ def imported(path: Path, store: Path):
     return res, open_run(res.run_dir)
 
 
-# the traces the vectorised path reads (the others fall back to the line simulator: set states,
-# add/sub variables, comments in the body...)
-VECTORISED = {"pajeng/containers.trace", "pajeng/events.trace", "pajeng/links.trace",
-              "pajeng/replay_output_shurakai_extract.trace"}
+# every valid trace takes the vectorised path: set/reset states, add/sub variables, definitions after
+# timed events, tabs and blank runs, extra fields, includes, traces that are not time-ordered (sorted mode)
+VECTORISED = set(VALID)
 
 
 def test_every_paje_trace_in_the_shared_folder_is_checked(shared_data):
@@ -200,8 +199,8 @@ def test_records_equal_pj_dump(shared_data, tmp_path, monkeypatch, rel, path_kin
     meta = res.files[0].meta
     if path_kind == "line":
         assert meta["read_path"] == "line simulator"
-    elif rel in VECTORISED:
-        assert meta["read_path"] == "vectorised", meta.get("vectorised_path_not_used")
+    else:
+        assert rel in VECTORISED and meta["read_path"] == "vectorised", meta.get("vectorised_path_not_used")
     # the counts are the rows really written
     counts, rows = meta["paje_counts"], res.rows
     assert [counts["containers"], counts["states"], counts["events"], counts["links"], counts["variables"]] == \

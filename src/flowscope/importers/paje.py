@@ -222,7 +222,7 @@ class _Spool:
         for table, (path, f, writer) in self.files.items():
             writer.close()
             f.close()
-            with pa.memory_map(path) as src:
+            with pa.OSFile(path, "rb") as src:  # read, not mapped: mapped pages would count in the peak RSS
                 reader = ipc.open_file(src)
                 if whole and table in whole:
                     sink.add(table, whole[table](reader.read_all()))
@@ -771,19 +771,26 @@ def read(path: Path, sink: ImportSink) -> None:
         if FAST:
             from flowscope.importers.paje_fast import Fallback, read_fast
 
-            spool = _Spool(tempfile.mkdtemp(dir=tmp))
-            reader = _Reader(path, sink, spool, sorted_mode=False)
-            try:
-                notes = read_fast(reader)
-                reader.sink = sink
-                for w in notes:
-                    sink.warn(w)
-                fast = "vectorised"
-            except (Fallback, TraceError, ValueError, KeyError, IndexError, pa.ArrowException) as exc:
-                # anything unusual: the line simulator reads the file and reports what is wrong where
-                spool.close()
-                fast = None
-                fallback = f"{type(exc).__name__}: {exc}"[:300]
+            unordered = None
+            for sorted_mode in (False, True):
+                spool = _Spool(tempfile.mkdtemp(dir=tmp))
+                reader = _Reader(path, sink, spool, sorted_mode=sorted_mode)
+                try:
+                    notes = read_fast(reader, unordered)
+                    reader.sink = sink
+                    for w in notes:
+                        sink.warn(w)
+                    fast = "vectorised"
+                    break
+                except _Unordered as exc:  # read again, sorted (only raised when not in sorted mode)
+                    spool.close()
+                    unordered = _Unordered(exc.where, exc.t, exc.prev)  # not its traceback: it holds the chunks
+                except (Fallback, TraceError, ValueError, KeyError, IndexError, pa.ArrowException) as exc:
+                    # anything unusual: the line simulator reads the file and reports what is wrong where
+                    spool.close()
+                    fast = None
+                    fallback = f"{type(exc).__name__}: {exc}"[:300]
+                    break
         if fast is None:
             spool = _Spool(tempfile.mkdtemp(dir=tmp))
             reader = _Reader(path, sink, spool, sorted_mode=False)
