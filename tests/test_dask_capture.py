@@ -560,7 +560,7 @@ def test_scheduler_hooks_after_the_plugin_closed_are_counted_not_failed(cluster,
     _, client = cluster
     with observe(client, store=tmp_path) as obs:
         assert client.submit(inc, 1, key="before-close").result() == 2
-        assert client.run_on_scheduler(_close_scheduler_plugin) == 0
+        assert client.run_on_scheduler(_close_scheduler_plugin)[0] == 0  # (errors, tasks finished)
         assert client.submit(inc, 2, key="after-close").result() == 3
         counts = client.run_on_scheduler(_scheduler_plugin_counts)
     assert counts["errors"] == 0, counts
