@@ -14,6 +14,7 @@ import json
 import os
 import random
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -305,6 +306,9 @@ def test_paje_sorted_mode_in_small_pieces_equals_line_simulator(shared_data, tmp
     monkeypatch.setattr(paje_fast, "MERGE_ROWS", 40)
     fast = _sorted_mode_rows(path, fast=True)
     assert fast == _sorted_mode_rows(path, fast=False) and sum(map(len, fast.values())) > 0
-    (_, _), (original, _) = _paje_both_ways(shared_data / rel)
+    # the trace alone, as the scrambled copy is: without the StarPU tasks.rec / dag.dot that sit beside the demo
+    alone = tmp_path / "original.trace"
+    shutil.copyfile(shared_data / rel, alone)
+    (_, _), (original, _) = _paje_both_ways(alone)
     assert fast == original
 
