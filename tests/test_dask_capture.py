@@ -368,7 +368,11 @@ def test_a_retried_task_has_one_span_and_one_set_of_transitions_per_attempt(clus
     # why each failed attempt failed: the exception's type, never its message
     assert [a.get("exception_type") for a in attrs] == ["RuntimeError", "RuntimeError", None]
     assert not any("secret" in a for a in spans["attrs"])
-    assert (spans["start_ns"].to_numpy()[1:] >= spans["end_ns"].to_numpy()[:-1]).all()  # one after the other
+    # one after the other where one clock measured both: an attempt on another worker carries that worker's clock
+    # offset estimate, whose error (a fraction of a millisecond under load) can make two attempts appear to overlap
+    rid = spans["resource_id"].to_numpy()
+    same_thread = rid[1:] == rid[:-1]
+    assert (spans["start_ns"].to_numpy()[1:] >= spans["end_ns"].to_numpy()[:-1])[same_thread].all()
 
     work = run.sql("SELECT from_state, to_state FROM transitions WHERE task_key = 'flaky-1' "
                    "AND observer <> 'scheduler'")
