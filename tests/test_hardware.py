@@ -422,10 +422,15 @@ _CONTENDER = textwrap.dedent("""
             lease = lease or acquire_host_lease(sys.argv[1])
             print("got" if lease else "none", flush=True)
         elif cmd == "fork":
+            r, w = os.pipe()
             pid = os.fork()
-            if pid == 0:
+            if pid == 0:  # fork() returns here after the after-fork hooks ran: say so, then live on
+                os.write(w, b"x")
                 time.sleep(60)
                 os._exit(0)
+            os.close(w)
+            os.read(r, 1)  # the child has run (on a busy machine it may not have been scheduled yet)
+            os.close(r)
             print(pid, flush=True)
 """)
 
