@@ -386,7 +386,11 @@ def test_a_retried_task_has_one_span_and_one_set_of_transitions_per_attempt(clus
     assert Counter(states)[("waiting", "processing")] == 3
     retried = sched[(sched["from_state"] == "processing") & (sched["to_state"] == "released")]
     assert len(retried) == 2 and retried["stimulus_id"].str.startswith("task-erred").all()
-    assert ("processing", "erred") not in states and states[-1] == ("processing", "memory")
+    assert ("processing", "erred") not in states
+    # the last attempt's result; after it only the client letting the key go (memory -> released / forgotten),
+    # which may or may not reach the scheduler before the run ends
+    done = states.index(("processing", "memory"))
+    assert all(a == "memory" or a == "released" for a, _ in states[done + 1:]), states
     # the task did not fail in the end: no task-error
     assert run.sql("SELECT count(*) AS n FROM logs WHERE category = 'task-error'")["n"][0] == 0
 
