@@ -63,6 +63,22 @@ def message(facts: dict) -> str:
     return "; ".join(parts)
 
 
+
+def spec_from_other_finders(me: object, busy: threading.local, fullname: str, path, target):
+    """The spec the finders on ``sys.meta_path`` other than ``me`` give for ``fullname`` (None if none); ``busy.on``
+    is set meanwhile, so that ``me`` can decline the nested lookups this causes."""
+    busy.on = True
+    try:
+        for finder in sys.meta_path:
+            if finder is me or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                return spec
+        return None
+    finally:
+        busy.on = False
+
 class _DaskImported(importlib.abc.MetaPathFinder):
     """Runs ``callback`` once, right after the ``dask`` package has been imported (a post-import hook)."""
 
@@ -73,17 +89,7 @@ class _DaskImported(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if fullname != "dask" or getattr(self._busy, "on", False):
             return None
-        self._busy.on = True
-        try:
-            spec = None
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
-        finally:
-            self._busy.on = False
+        spec = spec_from_other_finders(self, self._busy, fullname, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         spec.loader = _ThenCall(spec.loader, self)

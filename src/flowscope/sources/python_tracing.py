@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Iterable
 from typing import Any, TypeVar
 
+from flowscope.sources.process_facts import spec_from_other_finders
 from flowscope.sources import semantics as _semantics
 
 #: what this source's rows mean to the analyses (model/semantics.py)
@@ -216,17 +217,7 @@ class TraceFinder(importlib.abc.MetaPathFinder):
     def find_spec(self, fullname, path=None, target=None):
         if not self.globs_for(fullname) or getattr(self._busy, "on", False):
             return None
-        self._busy.on = True
-        try:
-            spec = None
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(fullname, path, target)
-                if spec is not None:
-                    break
-        finally:
-            self._busy.on = False
+        spec = spec_from_other_finders(self, self._busy, fullname, path, target)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
         spec.loader = _InstrumentingLoader(spec.loader, self)
