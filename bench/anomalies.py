@@ -13,7 +13,8 @@ Throughput. Function calls (int function codes and exclusive times in ns) with r
 Measured, alternating, ``--reps`` times (median and spread):
 
 * ``flowscope`` (streaming) -- one ``Detector(config, keep=True)`` per producer; each step of each producer goes
-  through ``process`` (update the mergeable model, judge the step against it), and every producer syncs with
+  through ``process`` (update the mergeable model, judge the step against it: the compiled kernel of
+  ``_step_kernels.c``, or with ``--numpy-step`` the numpy formulation it reproduces), and every producer syncs with
   one ``ParameterServer`` after each step (Chimbuko's design: each AD module trades statistics every frame);
   at the end ``final(server model)`` judges again the calls a grown model could still flag. The clock runs
   from the first step to the final verdict.
@@ -155,12 +156,13 @@ def stream_plan(resource: np.ndarray, producers: int, step: int) -> list[tuple[i
             if len(owned[p][s * step:(s + 1) * step])]
 
 
-def run_stream(names: list[str], c: np.ndarray, v: np.ndarray, plan, producers: int, algo: str) -> dict:
+def run_stream(names: list[str], c: np.ndarray, v: np.ndarray, plan, producers: int, algo: str,
+               compiled: bool = True) -> dict:
     config = AnomalyConfig(algo=algo)
     batches = [(p, c[rows], v[rows], rows) for p, rows in plan]  # the producers' data, ready before the clock
     t0, cpu0 = time.perf_counter(), time.thread_time()
     server = ParameterServer()
-    dets = [Detector(config, keep=True) for _ in range(producers)]
+    dets = [Detector(config, keep=True, compiled=compiled) for _ in range(producers)]
     online = []
     for p, cc, vv, rows in batches:
         _, flagged = dets[p].process(names, cc, vv, ids=rows)
@@ -183,7 +185,7 @@ def spread(xs: list[float]) -> dict:
     return {"median": statistics.median(xs), "min": min(xs), "max": max(xs), "samples": [round(x, 4) for x in xs]}
 
 
-def measure_shape(name: str, shape: dict, reps: int, algos: list[str], log) -> dict:
+def measure_shape(name: str, shape: dict, reps: int, algos: list[str], log, compiled: bool = True) -> dict:
     c, v, res = calls(shape["events"], shape["functions"], shape["zipf"], shape["resources"])
     names = [f"fn_{i}" for i in range(shape["functions"])]
     plan = stream_plan(res, shape["producers"], shape["step"])
@@ -200,7 +202,7 @@ def measure_shape(name: str, shape: dict, reps: int, algos: list[str], log) -> d
         for rep in range(reps):
             order = ("stream", "peer") if rep % 2 == 0 else ("peer", "stream")
             for side in order:
-                r = run_stream(names, c, v, plan, shape["producers"], algo) if side == "stream" else \
+                r = run_stream(names, c, v, plan, shape["producers"], algo, compiled) if side == "stream" else \
                     run_peer(c, v, shape["functions"], algo)
                 if side == "stream":
                     t_stream.append(r["seconds"])
@@ -283,6 +285,9 @@ def main() -> int:
     ap.add_argument("--scale", type=float, default=1.0, help="multiply every shape's number of calls")
     ap.add_argument("--reduction-calls", type=int, default=1_000_000)
     ap.add_argument("--quick", action="store_true", help="smoke run: 1/20 of the calls, 1 repetition")
+    ap.add_argument("--numpy-step", action="store_true",
+                    help="streaming detectors run the numpy formulation of a step (Detector(compiled=False), what "
+                         "the compiled kernel reproduces) instead of the compiled kernel")
     a = ap.parse_args()
     if a.quick:
         a.scale, a.reps, a.reduction_calls = 0.05, 1, 100_000
@@ -292,7 +297,7 @@ def main() -> int:
     for name in a.shapes.split(","):
         shape = dict(SHAPES[name])
         shape["events"] = int(shape["events"] * a.scale)
-        shapes[name] = measure_shape(name, shape, a.reps, a.algos.split(","), log)
+        shapes[name] = measure_shape(name, shape, a.reps, a.algos.split(","), log, not a.numpy_step)
     red = reduction(a.reduction_calls)
     log(f"reduction: {red['reduction_vs_tau_raw']:.0f}x against the TAU/ADIOS2 raw trace "
         f"({red['tau_adios2_raw_bytes']:,} bytes), {red['reduction_vs_flowscope_table']:.1f}x against flowscope's "
@@ -313,6 +318,7 @@ def main() -> int:
                    "value_is": "streaming SSTD events/s on the skewed shape (process + sync every step + final "
                                "verdict); meets_target: every shape and algorithm at >= 0.7x the one-shot pass",
                    "reps": a.reps, "scale": a.scale, "reduction": red,
+                   "step": "numpy (Detector(compiled=False))" if a.numpy_step else "compiled kernel",
                    "timing": "in-process perf_counter around each side's work; inputs prepared before the clock",
                    "load_avg_1m_before": round(load, 2), "cpu_model": cpu_model(), "commit": git_commit(),
                    "numpy": np.__version__},

@@ -9,11 +9,20 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from flowscope.analysis.anomalies import _step_kernels
 from flowscope.analysis.anomalies.config import AnomalyConfig
-from flowscope.analysis.anomalies.model import FINE_BINS, FunctionModel, batch_moments, fine_bin, scorer
+from flowscope.analysis.anomalies.model import _FINE_REP, FINE_BINS, FunctionModel, batch_moments, fine_bin, scorer
 
 
 _STATS = ("_count", "_mean", "_m2", "_min", "_max")
+
+
+def add_at(hist: np.ndarray, keys: np.ndarray, counts: np.ndarray | None = None) -> None:
+    """``np.add.at(hist.reshape(-1), keys, counts or 1)`` for int64 histograms, compiled (``_step_kernels``)."""
+    bad = _step_kernels.hist_add(hist, np.ascontiguousarray(keys, np.int64),
+                                 None if counts is None else np.ascontiguousarray(counts, np.int64))
+    if bad >= 0:
+        raise IndexError(f"histogram key {int(keys[bad])} is outside the histogram's {hist.size} cells")
 
 
 class ParameterServer:
@@ -117,7 +126,7 @@ class ParameterServer:
                 m._merge_rows(codes, *stats)
             self.updates += 1
             if hist is not None and len(hist[0]):
-                np.add.at(m._hist.reshape(-1), hist[0], hist[1])
+                add_at(m._hist, hist[0], hist[1])
                 self._log_hist(who, *hist)
             self._changed[codes] = self.updates
             rows = np.flatnonzero(self._changed[:len(m)] > since)
@@ -152,10 +161,14 @@ class Detector:
 
     ``process`` takes function codes into a list of names; passing the same list object again (it may grow
     by appending, its entries must not change) lets the detector reuse its numbering of those names.
+
+    ``compiled`` (the default) runs a step in the compiled kernel (``_step_kernels.c``: a few passes over the
+    step's calls, no per-function numpy calls); ``compiled=False`` runs the numpy formulation it reproduces bit
+    for bit (the reference the tests compare it with).
     """
 
     def __init__(self, config: AnomalyConfig | None = None, global_model: FunctionModel | None = None, *,
-                 keep: bool = False, mature: int = 1000, near: float = 0.5, rare: int = 8):
+                 keep: bool = False, mature: int = 1000, near: float = 0.5, rare: int = 8, compiled: bool = True):
         self.config = config or AnomalyConfig()
         self._hist = self.config.algo == "hbos"
         self.view = global_model.copy() if global_model is not None else FunctionModel(self._hist)  # global + local
@@ -178,6 +191,9 @@ class Detector:
         self._server_known = 0                         # server codes this detector has mapped
         self._std = np.zeros(0)                        # sstd, per view code: std where judged, else inf
         self._cut = np.zeros(0)                        # sstd, per view code: score from which a call is kept
+        self.compiled = bool(compiled)
+        # the compiled step's per-function scratch (count, sum, M2), all zero between steps
+        self._scratch = (np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
 
     # the local statistics are kept with the view's function numbering, so that one batch's moments update both
     def _aligned(self, model: FunctionModel) -> FunctionModel:
@@ -210,6 +226,9 @@ class Detector:
             self._std = np.concatenate([self._std, np.full(k - len(self._std), np.inf)])
             self._cut = np.concatenate([self._cut, np.full(k - len(self._cut), -np.inf)])
             self._to_server = np.concatenate([self._to_server, np.full(k - len(self._to_server), -1, np.int64)])
+        if len(self._scratch[0]) < len(self._std):
+            k = len(self._std)
+            self._scratch = (np.zeros(k, np.int64), np.zeros(k), np.zeros(k))
 
     def _map(self, functions: Sequence[str], func: np.ndarray) -> np.ndarray:
         """View codes of the calls ``func`` (codes into ``functions``); a list seen before (the same object,
@@ -240,6 +259,13 @@ class Detector:
             return np.zeros(0), np.zeros(0, bool)
         vcodes = self._map(functions, func)
         view, loc = self.view, self._local
+        if self.compiled:
+            step = self._hbos_step if self._hist else self._sstd_step
+            score, flagged, sel = step(vcodes, np.ascontiguousarray(values))
+            if self.keep:
+                self._keep(func, ids, sel, vcodes, values)
+            self.seen += len(func)
+            return score, flagged
         touched, nb, mb, m2b = batch_moments(vcodes, values, len(view), minmax=False)
         # min and max: only the calls beyond the view's can move them (here and in the global model)
         for arr, ufunc, beyond in (("_max", np.maximum, np.greater), ("_min", np.minimum, np.less)):
@@ -274,11 +300,43 @@ class Detector:
             if self.keep:
                 again = score >= self._cut[vcodes]
         if self.keep:  # (a flagged call is always past the keep threshold)
-            sel = np.flatnonzero(again)
-            ids = np.arange(self.seen, self.seen + len(func)) if ids is None else np.asarray(ids, np.int64)
-            self._kept.append((ids[sel], vcodes[sel], values[sel]))
+            self._keep(func, ids, np.flatnonzero(again), vcodes, values)
         self.seen += len(func)
         return score, flagged
+
+    def _keep(self, func: np.ndarray, ids: np.ndarray | None, sel: np.ndarray, vcodes: np.ndarray,
+              values: np.ndarray) -> None:
+        ids = np.arange(self.seen, self.seen + len(func)) if ids is None else np.asarray(ids, np.int64)
+        self._kept.append((ids[sel], vcodes[sel], values[sel]))
+
+    def _sstd_step(self, vcodes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """SSTD ``process`` in the compiled kernel: (score, flagged, positions of the calls to keep)."""
+        n = len(vcodes)
+        view, loc, c = self.view, self._local, self.config
+        score, flagged = np.empty(n), np.empty(n, bool)
+        sel, touched = np.empty(n, np.int64), np.empty(n, np.int64)
+        status, index, _, kept = _step_kernels.sstd_step(
+            len(view), vcodes, values, tuple(getattr(view, a) for a in _STATS), tuple(getattr(loc, a) for a in _STATS),
+            self._std, self._cut, self._scratch, touched, score, flagged, sel, float(c.sigma), int(c.min_count),
+            self.mature, self.near, self.keep)
+        if status:  # the view numbers every function it is given: a bug, not bad input
+            raise RuntimeError(f"call {index}: view code {int(vcodes[index])} outside the view's {len(view)} functions")
+        return score, flagged, sel[:kept]
+
+    def _hbos_step(self, vcodes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """HBOS ``process`` in the compiled kernel: (score, flagged, positions of the calls to keep)."""
+        n = len(vcodes)
+        view, loc, c = self.view, self._local, self.config
+        score, flagged, keys = np.empty(n), np.empty(n, bool), np.empty(n, np.int64)
+        sel, touched = np.empty(n, np.int64), np.empty(n, np.int64)
+        status, index, _, kept = _step_kernels.hbos_step(
+            len(view), vcodes, values, tuple(getattr(view, a) for a in _STATS), tuple(getattr(loc, a) for a in _STATS),
+            view._hist, _FINE_REP, self._scratch, touched, keys, score, flagged, sel, int(c.max_bins),
+            float(c.alpha), float(c.threshold), int(c.min_count), self.mature, self.rare, self.keep)
+        if status:
+            raise RuntimeError(f"call {index}: view code {int(vcodes[index])} outside the view's {len(view)} functions")
+        self._pending.append(keys)  # the local histogram's increments, applied when they are needed
+        return score, flagged, sel[:kept]
 
     def final(self, model: FunctionModel | None = None) -> np.ndarray:
         """The ids of the kept calls that ``model`` (default: this detector's view) flags (needs ``keep``)."""
@@ -309,7 +367,7 @@ class Detector:
         """Put the pending histogram increments in the local histogram (and with ``direct``, note that the
         caller may update it directly)."""
         if self._pending:
-            np.add.at(self._local._hist.reshape(-1), np.concatenate(self._pending), 1)
+            add_at(self._local._hist, np.concatenate(self._pending))
             self._pending = []
             self._hist_flushed = True
         self._hist_flushed |= direct
@@ -358,9 +416,8 @@ class Detector:
                 r, cell = np.nonzero(loc._hist[rows])
                 keys = np.concatenate([keys, rows[r] * FINE_BINS + cell])
                 weights = np.concatenate([weights, loc._hist[rows][r, cell]])
-            keys, inv = np.unique(keys, return_inverse=True)
-            counts = np.bincount(inv, weights=weights, minlength=len(keys)).astype(np.int64)
-            hist = (self._to_server[keys // FINE_BINS] * FINE_BINS + keys % FINE_BINS, counts.astype(np.int64))
+            # one key per call, not summed per cell: every receiver adds them with ``add_at`` (cheaper than a sort)
+            hist = (self._to_server[keys // FINE_BINS] * FINE_BINS + keys % FINE_BINS, weights)
         version, names, changed, gstats, ghist, others = server.exchange_rows(
             self._who, self._to_server[rows], stats, hist, self.synced_version, self._server_known)
         if names:  # server numbers this detector has not mapped yet
@@ -381,8 +438,7 @@ class Detector:
             view._hist[vrows] = ghist
         if others is not None and len(others[0]):
             k = others[0]
-            np.add.at(view._hist.reshape(-1), self._from_server[k // FINE_BINS] * FINE_BINS + k % FINE_BINS,
-                      others[1])
+            add_at(view._hist, self._from_server[k // FINE_BINS] * FINE_BINS + k % FINE_BINS, others[1])
         self._reset_local(rows)
         self.synced_version = version
         if not self._hist:

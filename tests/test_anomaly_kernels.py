@@ -1,0 +1,133 @@
+"""The compiled detector step gives what the numpy formulation gives: the same flags, kept calls and models (bit
+for bit), and the same scores (SSTD bit for bit; HBOS to the last bits of log2, which the C library and numpy may
+round differently), step after step, with syncs through a parameter server, on random and adversarial inputs (one
+function, many functions seen a few times, zero variance, equal values, huge and zero values, steps of one call)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from flowscope.analysis.anomalies import AnomalyConfig, Detector, ParameterServer
+
+_STATS = ("_count", "_mean", "_m2", "_min", "_max")
+
+
+def _skewed(n: int, nfunc: int, seed: int):
+    rng = np.random.default_rng(seed)
+    p = 1.0 / np.arange(1, nfunc + 1) ** 1.1
+    codes = rng.choice(nfunc, n, p=p / p.sum())
+    mu = rng.uniform(np.log(1e3), np.log(1e8), nfunc)
+    v = np.exp(rng.normal(mu[codes], rng.uniform(0.01, 0.4, nfunc)[codes]))
+    hit = rng.choice(n, max(n // 500, 1), replace=False)
+    v[hit] *= rng.uniform(5, 80, len(hit))
+    return [f"fn_{i}" for i in range(nfunc)], codes.astype(np.int64), np.round(v)
+
+
+def _adversarial(nfunc: int = 9_000):
+    """(name, names, codes, values, step) cases that stress the corners of the update and the verdict."""
+    rng = np.random.default_rng(7)
+    n = 6_000
+    yield "one function", ["f"], np.zeros(n, np.int64), np.round(rng.lognormal(10, 0.3, n)), 500
+    codes = np.arange(int(nfunc * 2.2), dtype=np.int64) % nfunc  # many functions, each seen two or three times
+    yield "many functions", [f"g{i}" for i in range(nfunc)], codes, np.round(rng.lognormal(8, 1, len(codes))), 700
+    yield "zero variance", ["a", "b"], np.tile([0, 1], n // 2).astype(np.int64), np.full(n, 1234.0), 333
+    v = np.full(n, 5e6)
+    v[::997] = 5e9  # equal values with rare huge outliers: the std of a young model is 0, then jumps
+    yield "equal then outliers", ["a", "b", "c"], (np.arange(n) % 3).astype(np.int64), v, 250
+    v = rng.choice([0.0, 1.0, 1e15, 3.0], n, p=[0.3, 0.3, 0.001, 0.399])
+    yield "zeros and huge values", ["a", "b"], rng.integers(0, 2, n).astype(np.int64), v, 400
+    yield "steps of one call", ["a", "b", "c"], rng.integers(0, 3, 300).astype(np.int64), \
+        np.round(rng.lognormal(5, 0.5, 300)), 1
+
+
+def _assert_same_model(a, b):
+    assert a.names == b.names
+    for attr in _STATS:
+        np.testing.assert_array_equal(getattr(a, attr)[:len(a)], getattr(b, attr)[:len(b)], err_msg=attr)
+    assert a.histograms == b.histograms
+    np.testing.assert_array_equal(a.hist, b.hist)
+
+
+def _run_both(names, codes, values, step, config, producers=3, keep=True, mature=1000):
+    """Feed the same steps to compiled and numpy detectors synced through their own servers; every step's
+    (score, flagged) and, at the end, the views, local models, kept calls and final verdicts must be equal."""
+    sides = {}
+    for compiled in (True, False):
+        server = ParameterServer()
+        dets = [Detector(config, keep=keep, mature=mature, compiled=compiled) for _ in range(producers)]
+        steps = []
+        for k, lo in enumerate(range(0, len(codes), step)):
+            part = np.arange(lo, min(lo + step, len(codes)))
+            det = dets[k % producers]
+            steps.append(det.process(names, codes[part], values[part], ids=part))
+            if k % producers == producers - 1:
+                for d in dets:
+                    d.sync(server)
+        sides[compiled] = (dets, steps, server)
+    (cd, cs, cserver), (nd, ns, nserver) = sides[True], sides[False]
+    for k, ((s1, f1), (s2, f2)) in enumerate(zip(cs, ns)):
+        if config.algo == "sstd":
+            np.testing.assert_array_equal(s1, s2, err_msg=f"step {k} scores")
+        else:
+            np.testing.assert_allclose(s1, s2, rtol=1e-13, err_msg=f"step {k} scores")
+        np.testing.assert_array_equal(f1, f2, err_msg=f"step {k} flags")
+    for a, b in zip(cd, nd):
+        _assert_same_model(a.view, b.view)
+        _assert_same_model(a.local, b.local)
+        assert a.kept == b.kept
+    _assert_same_model(cserver.snapshot(), nserver.snapshot())
+    if keep:
+        final = nserver.snapshot()
+        np.testing.assert_array_equal(np.sort(np.concatenate([d.final(final) for d in cd])),
+                                      np.sort(np.concatenate([d.final(final) for d in nd])))
+    return cs
+
+
+@pytest.mark.parametrize("sigma,min_count", [(6.0, 2), (3.0, 50)])
+def test_compiled_sstd_step_equals_numpy_on_skewed_calls(sigma, min_count):
+    names, codes, values = _skewed(60_000, 400, seed=11)
+    steps = _run_both(names, codes, values, 2_500, AnomalyConfig(algo="sstd", sigma=sigma, min_count=min_count))
+    assert sum(int(f.sum()) for _, f in steps) > 0  # the comparison covered flagged calls
+
+
+@pytest.mark.parametrize("case", list(_adversarial()), ids=lambda c: c[0])
+def test_compiled_sstd_step_equals_numpy_on_adversarial_inputs(case):
+    _, names, codes, values, step = case
+    _run_both(names, codes, values, step, AnomalyConfig(algo="sstd"), mature=50)
+
+
+@pytest.mark.parametrize("threshold,max_bins,min_count", [(0.99, 200, 2), (0.9, 20, 30)])
+def test_compiled_hbos_step_equals_numpy_on_skewed_calls(threshold, max_bins, min_count):
+    names, codes, values = _skewed(40_000, 120, seed=13)
+    config = AnomalyConfig(algo="hbos", threshold=threshold, max_bins=max_bins, min_count=min_count)
+    steps = _run_both(names, codes, values, 2_000, config, mature=300)
+    assert sum(int(f.sum()) for _, f in steps) > 0
+
+
+@pytest.mark.parametrize("case", list(_adversarial(nfunc=150)), ids=lambda c: c[0])
+def test_compiled_hbos_step_equals_numpy_on_adversarial_inputs(case):
+    _, names, codes, values, step = case
+    _run_both(names, codes, values, step, AnomalyConfig(algo="hbos"), mature=50)
+
+
+@pytest.mark.parametrize("algo", ["sstd", "hbos"])
+def test_compiled_step_without_keep_and_with_a_growing_name_list(algo):
+    names, codes, values = _skewed(20_000, 300, seed=2)
+    grown: list[str] = []
+    out = {}
+    for compiled in (True, False):
+        det = Detector(AnomalyConfig(algo=algo), compiled=compiled)
+        grown.clear()
+        res = []
+        for lo in range(0, len(codes), 1_000):  # the same list object, appended to as new functions appear
+            part = slice(lo, lo + 1_000)
+            top = int(codes[part].max()) + 1
+            grown.extend(names[len(grown):top])
+            res.append(det.process(grown, codes[part], values[part]))
+        out[compiled] = (det, res)
+    for (s1, f1), (s2, f2) in zip(out[True][1], out[False][1]):
+        np.testing.assert_allclose(s1, s2, rtol=0 if algo == "sstd" else 1e-13)
+        np.testing.assert_array_equal(f1, f2)
+    _assert_same_model(out[True][0].view, out[False][0].view)
+    _assert_same_model(out[True][0].take_local(), out[False][0].take_local())
