@@ -332,6 +332,26 @@ def test_data_state_graph_is_consistent(imported):
         assert int(back.n[0]) == 0, p
 
 
+def test_mutation_rows_name_each_task_pair_in_order(imported):
+    """Row for row: a task's pairs are numbered ``<task>#<n>`` inputs first (each input with every output, in
+    the instance's order), and carry the task's key, group and time source."""
+    for p, (run, ref) in imported.items():
+        spans = run.table("spans").set_index("task_key")
+        want = []
+        for key, t in ref["tasks"].items():
+            outs = list(dict.fromkeys(t["out"]))
+            ins = [f for f in dict.fromkeys(t["in"]) if f not in outs]
+            pairs = [(i, o) for i in ins for o in outs]
+            group = json.loads(spans.at[key, "attrs"])["category"]
+            want += [(f"{key}#{n}", i, o, key, {"task_key": key, "group": group, "time_source": "derived-asap"})
+                     for n, (i, o) in enumerate(pairs)]
+        muts = run.table("mutations")
+        assert len(muts) == len(want), p
+        got = [(m, s, d, a, json.loads(at)) for m, s, d, a, at in  # (DataFrame.attrs is pandas' own metadata)
+               zip(muts["mutation_id"], muts["src_state_id"], muts["dst_state_id"], muts["application"], muts["attrs"])]
+        assert sorted(got, key=lambda r: r[0]) == sorted(want, key=lambda r: r[0]), p
+
+
 def test_detected_from_content_by_the_cli(shared_data, tmp_path):
     src = shared_data / "wfinstances" / "helloworld-chain-5-chameleon.json"
     renamed = tmp_path / "instance.data"  # no .json: detection must use the content

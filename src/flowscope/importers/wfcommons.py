@@ -23,6 +23,10 @@ from graphlib import CycleError, TopologicalSorter
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from flowscope.importers.sink import ImportSink
 from flowscope.model.identifiers import host_id
 
@@ -386,6 +390,50 @@ def _plain(v: Any) -> str | int | float | None:
     return None
 
 
+def _mutations(tasks: list[_Task], code: dict[str, int], files: pa.Array) -> tuple[pa.Table, int]:
+    """The mutations table (every input x output pair of each task, inputs first, ids ``<task key>#<n>``) and
+    the number of tasks that read without writing. The pairs are built as columns: per task only its file
+    codes and one attrs string are made in Python, the rows (a task's ins x outs) by numpy and Arrow."""
+    ins_flat: list[int] = []
+    outs_flat: list[int] = []
+    nin: list[int] = []
+    nout: list[int] = []
+    keys: list[str] = []
+    kinds: list[str] = []
+    attrs: list[str] = []
+    no_outputs = 0
+    for t in tasks:
+        outs = list(dict.fromkeys(t.outputs))
+        written = set(outs)
+        ins = [f for f in dict.fromkeys(t.inputs) if f not in written]
+        if ins and not outs:
+            no_outputs += 1
+        if not ins or not outs:
+            continue
+        ins_flat.extend(map(code.__getitem__, ins))
+        outs_flat.extend(map(code.__getitem__, outs))
+        nin.append(len(ins))
+        nout.append(len(outs))
+        keys.append(t.key)
+        kinds.append("MERGE" if len(ins) > 1 else ("SPLIT" if len(outs) > 1 else "CONVERT"))
+        attrs.append(_dumps({"task_key": t.key, "group": t.category, "time_source": TIME_SOURCE}))
+    ni, no = np.array(nin, np.int64), np.array(nout, np.int64)
+    pairs = ni * no
+    task = np.repeat(np.arange(len(keys), dtype=np.int64), pairs)      # the task of each row
+    n = np.arange(len(task), dtype=np.int64) - np.repeat(np.cumsum(pairs) - pairs, pairs)  # its number in the task
+    width = no[task]
+    src = np.asarray(ins_flat, np.int64)[(np.cumsum(ni) - ni)[task] + n // width]
+    dst = np.asarray(outs_flat, np.int64)[(np.cumsum(no) - no)[task] + n % width]
+    task_rows = pa.array(task)
+    key_col = pa.array(keys, pa.string()).take(task_rows)
+    return pa.table({
+        "mutation_id": pc.binary_join_element_wise(key_col, pc.cast(pa.array(n), pa.string()), "#"),
+        "src_state_id": files.take(pa.array(src)), "dst_state_id": files.take(pa.array(dst)),
+        "kind": pa.array(kinds, pa.string()).take(task_rows), "application": key_col,
+        "attrs": pa.array(attrs, pa.string()).take(task_rows),
+    }), no_outputs
+
+
 def _machine_resource(m: dict, declared: bool) -> dict:
     name = m["nodeName"]
     cpu = m.get("cpu") if isinstance(m.get("cpu"), dict) else {}
@@ -538,6 +586,8 @@ def read(path: Path, sink: ImportSink) -> None:
     machine_of = {t.key: t.machine for t in tasks}
     fids = list(inst.files)
     ts, origin, location, sattrs = [], [], [], []
+    state_attrs = {(src, role): _dumps({"time_source": src, "role": role})  # eight distinct strings, made once
+                   for src in ("run-start", TIME_SOURCE) for role in ("intermediate", "output", "input", "unused")}
     for f in fids:
         p = producer.get(f)
         role = ("intermediate" if consumers.get(f) else "output") if p else ("input" if consumers.get(f) else "unused")
@@ -545,39 +595,18 @@ def read(path: Path, sink: ImportSink) -> None:
         if p is None:
             ts.append(t0)
             location.append(INPUT_LOCATION)
-            sattrs.append(_dumps({"time_source": "run-start", "role": role}))
+            sattrs.append(state_attrs["run-start", role])
         else:
             ts.append(end_of[p])
             location.append(machine_of[p] or "unknown")
-            sattrs.append(_dumps({"time_source": TIME_SOURCE, "role": role}))
+            sattrs.append(state_attrs[TIME_SOURCE, role])
     sink.add("data_states", {"state_id": fids, "label": [posixpath.basename(f.rstrip("/")) or f for f in fids],
                              "size_bytes": [inst.files[f] for f in fids], "ts_ns": ts, "origin": origin,
                              "location": location, "attrs": sattrs})
 
     # -- mutations: every (input, output) pair of a task; the kind follows the task's cardinality
-    mid, src, dst, kind, app, mattrs = [], [], [], [], [], []
-    no_outputs = 0
-    for t in tasks:
-        outs = list(dict.fromkeys(t.outputs))
-        ins = [f for f in dict.fromkeys(t.inputs) if f not in outs]
-        if ins and not outs:
-            no_outputs += 1
-        if not ins or not outs:
-            continue
-        k = "MERGE" if len(ins) > 1 else ("SPLIT" if len(outs) > 1 else "CONVERT")
-        a = _dumps({"task_key": t.key, "group": t.category, "time_source": TIME_SOURCE})
-        n = 0
-        for i in ins:
-            for o in outs:
-                mid.append(f"{t.key}#{n}")
-                n += 1
-                src.append(i)
-                dst.append(o)
-                kind.append(k)
-                app.append(t.key)
-                mattrs.append(a)
-    sink.add("mutations", {"mutation_id": mid, "src_state_id": src, "dst_state_id": dst, "kind": kind,
-                           "application": app, "attrs": mattrs})
+    mutations, no_outputs = _mutations(tasks, {f: i for i, f in enumerate(fids)}, pa.array(fids, pa.string()))
+    sink.add("mutations", mutations)
 
     # -- run metadata
     asap_ns = max(sched[t.key][1] for t in tasks)
@@ -588,7 +617,7 @@ def read(path: Path, sink: ImportSink) -> None:
         "executed_at_assumed_utc": executed.assumed_utc,
         "makespan_s": makespan, "asap_makespan_s": asap_ns / 1e9,
         "tasks": len(tasks), "edges": len(edges), "files": len(fids), "machines": len(machine_names),
-        "mutations": len(mid), "tasks_reading_without_writing": no_outputs,
+        "mutations": mutations.num_rows, "tasks_reading_without_writing": no_outputs,
     }
     if isinstance(doc.get("createdAt"), str):
         meta["created_at"] = doc["createdAt"]
