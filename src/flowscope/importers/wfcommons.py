@@ -176,7 +176,10 @@ class _Reader:
         return v
 
     def strings(self, v: Any, where: str) -> list[str]:
-        return [self.string(x, f"{where}[{i}]") for i, x in enumerate(self.arr(v, where))]
+        items = self.arr(v, where)
+        if all(type(x) is str and x for x in items):  # the common case, without a message per item
+            return list(items)
+        return [self.string(x, f"{where}[{i}]") for i, x in enumerate(items)]
 
     def number(self, v: Any, where: str, *, required: bool = False, minimum: float | None = None,
                maximum: float | None = None) -> float | None:
@@ -254,6 +257,10 @@ def _read_15(r: _Reader, doc: dict, version: str) -> _Instance:
         exec_by_id[r.string(et.get("id"), f"workflow.execution.tasks[{i}].id")] = et
     files: dict[str, int | None] = {}
     for i, f in enumerate(r.arr(spec.get("files"), "workflow.specification.files")):
+        if type(f) is dict and type(fid := f.get("id")) is str and fid and \
+                ((size := f.get("sizeInBytes")) is None or (type(size) is int and 0 <= size <= _INT64_MAX)):
+            files[fid] = size  # the common case, checked without building messages
+            continue
         f = r.obj(f, f"workflow.specification.files[{i}]")
         fid = r.string(f.get("id"), f"workflow.specification.files[{i}].id")
         files[fid] = r.integer(f.get("sizeInBytes"), f"file {fid!r} (workflow.specification.files[{i}]).sizeInBytes")
