@@ -254,10 +254,8 @@ def post_tables(client, states: pa.Table, mutations: pa.Table) -> dict:
     """Deliver canonical ``states`` and ``mutations`` tables to ``client``'s run in one all-or-nothing request
     (Arrow IPC); DataStateError names a refused field."""
     client._opened.wait()  # the sender thread opens the run
-    if client._collector is not None:
-        from flowscope.service.wcp_routes import ingest
-
-        return ingest(client._collector, client.run_id, states, mutations)
+    if client._embedded is not None:
+        return client._embedded.post_data_states(client.run_id, states, mutations)
     from flowscope.client.transport import HttpTransport
 
     transport = getattr(client._local, "ds_transport", None)
@@ -335,23 +333,27 @@ class Step:
 
 
 def step_client(address: str | None = None, run_id: str | None = None, store: str | Path | None = None,
-                name: str | None = None, serve: bool = False):
+                name: str | None = None, serve: bool = False, *, client_class: type | None = None):
     """A Client that joins ``run_id`` (or $FLOWSCOPE_RUN) at ``address`` (or $FLOWSCOPE_ADDRESS), or an embedded
-    one writing to ``store`` when no collector address is known."""
+    one writing to ``store`` when no collector address is known (``client_class`` then needs to embed one, as
+    ``flowscope.Client`` does: flowscope.embedded.step_client)."""
     from flowscope.client.client import EMBEDDED, Client
 
     address = address or os.environ.get("FLOWSCOPE_ADDRESS") or None
     run_id = run_id or os.environ.get("FLOWSCOPE_RUN") or None
     if address is None and not os.environ.get("FLOWSCOPE_ADDRESS_FILE"):
         address = EMBEDDED
-    return Client(address, store=store, run_id=run_id, name=name, serve=serve)
+    return (client_class or Client)(address, store=store, run_id=run_id, name=name, serve=serve)
 
 
 class step:
     """``with step("name", inputs=[...], outputs=[...]):`` records the block as a step: its span, its
     input files' states before, its output files' states after (size and time from the file system), and
     mutations from inputs to outputs. Joins $FLOWSCOPE_RUN at $FLOWSCOPE_ADDRESS when set, else ``client``,
-    else an embedded collector (``store``)."""
+    else an embedded collector (``store``) when ``client_class`` embeds one (``flowscope.step`` does)."""
+
+    #: the Client made when none is given (flowscope.embedded.step sets one that can embed a collector)
+    client_class: type | None = None
 
     def __init__(self, name: str, inputs: Sequence[str | Path] = (), outputs: Sequence[str | Path] = (), *,
                  client=None, address: str | None = None, run_id: str | None = None,
@@ -364,7 +366,7 @@ class step:
     def __enter__(self) -> Step:
         name, inputs, outputs, address, run_id, store = self._args
         if self._client is None:
-            self._client = step_client(address, run_id, store, name=name)
+            self._client = step_client(address, run_id, store, name=name, client_class=self.client_class)
         self.step = Step(name, DataStates(self._client, batch=1_000_000), inputs, outputs)
         try:
             self.step.begin()
