@@ -109,3 +109,23 @@ def test_import_contract_is_kept(contract, capsys):
     code = lint_imports(config_filename=str(PYPROJECT), limit_to_contracts=(contract,), no_cache=True,
                         no_logo=True)
     assert code == 0, capsys.readouterr().out
+
+
+def test_the_client_package_reaches_collectors_by_address_and_flowscope_client_embeds_one(tmp_path, monkeypatch):
+    """client/ knows no collector: its Client, given no address, says what to use instead and starts nothing;
+    flowscope.Client (embedded.py, above client/ and service/) runs a collector in this process."""
+    import flowscope
+    from flowscope.client.client import Client, FlowscopeError
+
+    for var in ("FLOWSCOPE_ADDRESS", "FLOWSCOPE_ADDRESS_FILE", "FLOWSCOPE_RUN"):
+        monkeypatch.delenv(var, raising=False)
+    store = tmp_path / "store"
+    with pytest.raises(FlowscopeError, match="no collector address.*flowscope.Client"):
+        Client(store=store, name="base")
+    assert not store.exists()
+    with flowscope.Client(store=store, name="embedded") as fs:
+        fs.log("written through the embedded collector")
+        run_dir = fs.run_dir
+    assert isinstance(fs, Client)
+    logs = flowscope.open_run(run_dir).sql("SELECT message FROM logs")
+    assert logs["message"].tolist() == ["written through the embedded collector"]
