@@ -129,3 +129,15 @@ def test_the_client_package_reaches_collectors_by_address_and_flowscope_client_e
     assert isinstance(fs, Client)
     logs = flowscope.open_run(run_dir).sql("SELECT message FROM logs")
     assert logs["message"].tolist() == ["written through the embedded collector"]
+
+
+def test_flowscope_client_costs_no_pandas_import():
+    """Composing the embedded mode above client/ keeps what a recording program imports: flowscope.Client
+    (embedded.py) does not import pandas or duckdb (a step, which checks tables, does)."""
+    import subprocess
+    import sys
+
+    code = "import sys, flowscope\nflowscope.Client\nprint('pandas' in sys.modules, 'duckdb' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]

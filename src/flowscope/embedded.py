@@ -7,12 +7,12 @@ other. ``flowscope.Client`` and ``flowscope.step`` are the classes here.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
 
 from flowscope.client import client as _client
-from flowscope.client import data_states as _data_states
 from flowscope.client.transport import Busy, Rejected
 from flowscope.model.conform import SchemaError
 from flowscope.model.provenance import check_close_request
@@ -103,16 +103,25 @@ class Client(_client.Client):
         return EmbeddedCollector(store, collector_options, serve=serve, token=token)
 
 
+# client/data_states.py is imported when a step is made, not with this module: it imports pandas, which a
+# program that only records through a Client does not pay for (tests/test_layout.py checks it)
+
 def step_client(address: str | None = None, run_id: str | None = None, store: str | Path | None = None,
                 name: str | None = None, serve: bool = False) -> Client:
     """A Client that joins ``run_id`` (or $FLOWSCOPE_RUN) at ``address`` (or $FLOWSCOPE_ADDRESS), or an embedded
     one writing to ``store`` when no collector address is known."""
-    return _data_states.step_client(address, run_id, store, name=name, serve=serve, client_class=Client)
+    from flowscope.client.data_states import step_client as join_or_embed
+
+    return join_or_embed(address, run_id, store, name=name, serve=serve, client_class=Client)
 
 
-class step(_data_states.step):
+def step(name: str, inputs: Sequence[str | Path] = (), outputs: Sequence[str | Path] = (), *, client=None,
+         address: str | None = None, run_id: str | None = None, store: str | Path | None = None):
     """``flowscope.step``: ``with step("name", inputs=[...], outputs=[...]):`` records the block as a step (see
-    :class:`flowscope.client.data_states.step`), writing to an embedded collector (``store``) when no collector
-    address is known."""
+    :class:`flowscope.client.data_states.step`), writing to an embedded collector (``store``) when neither
+    ``client`` nor a collector address is known."""
+    from flowscope.client.data_states import step as recorded_step
 
-    client_class = Client
+    made = recorded_step(name, inputs, outputs, client=client, address=address, run_id=run_id, store=store)
+    made.client_class = Client
+    return made
