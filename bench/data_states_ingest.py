@@ -4,7 +4,7 @@ A random layered data-state DAG (``flowscope.sim.dag.layered_dag``: ``--states``
 mutations, every mutation from an older to a younger state) is delivered to a collector subprocess on
 127.0.0.1, and the records per second (states + mutations) are measured from the first call to the last
 acknowledgement. Every request is checked whole by the collector (kinds, both ends known, sizes, time order,
-ids naming one thing; client/data_states.py StateIndex) and the run's critical path is updated incrementally
+ids naming one thing; model/data_states.py StateIndex) and the run's critical path is updated incrementally
 before the request is acknowledged; afterwards the store must hold exactly what was sent.
 
 Measured, each in a new run of the same collector:

@@ -13,7 +13,8 @@ import pyarrow as pa
 import pytest
 
 import flowscope
-from flowscope.client.transport import EmbeddedTransport, ipc_bytes
+from flowscope.client.transport import ipc_bytes
+from flowscope.embedded import EmbeddedTransport
 from flowscope.model.conform import SchemaError, records_to_table
 from flowscope.model.schemas import TABLES, schema
 from flowscope.service.collector import Collector

@@ -7,13 +7,13 @@ __version__ = "0.1.0"
 # of Dask's processes scheduler import flowscope to run a task flowscope wrapped, and ``flowscope run``
 # loads a little of flowscope into every Python process the command starts.
 _LAZY = {
-    "Client": "flowscope.client.client",
+    "Client": "flowscope.embedded",
     "FlowscopeError": "flowscope.client.client",
     "now_ns": "flowscope.model.provenance",
     "TABLES": "flowscope.model.schemas",
     "Run": "flowscope.store.run",
     "open_run": "flowscope.store.run",
-    "step": "flowscope.client.data_states",
+    "step": "flowscope.embedded",
     "trace": "flowscope.sources.python_tracing",
     "trace_modules": "flowscope.sources.python_tracing",
     "observe": "flowscope.sources.dask",

@@ -32,7 +32,8 @@ import numpy as np
 import pandas as pd
 import pyarrow as pa
 
-from flowscope.analysis.critical_path import CriticalPath, _frame, _step, _steps_frame
+from flowscope.analysis.critical_path.steps import CriticalPath, _step, _steps_frame
+from flowscope.analysis.critical_path.tables import _frame
 
 __all__ = ["LATE_RECEIVER", "LATE_SENDER", "MessagePath", "message_calls", "message_path", "wait_states"]
 

@@ -27,7 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from flowscope.client.spool import SUFFIX, replay
-    from flowscope.client.transport import EmbeddedTransport, HttpTransport
+    from flowscope.client.transport import HttpTransport
 
     root = Path(args.spool)
     if not root.is_dir():
@@ -36,6 +36,7 @@ def run(args: argparse.Namespace) -> int:
     if args.address:
         transport = HttpTransport(args.address, token=args.token)
     else:
+        from flowscope.embedded import EmbeddedTransport
         from flowscope.service.collector import Collector
         from flowscope.store.catalog import default_store
 

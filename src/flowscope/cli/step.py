@@ -56,7 +56,8 @@ def parse(words: list[str]) -> argparse.Namespace:
 
 
 def run(args: argparse.Namespace) -> int:
-    from flowscope.client.data_states import DataStates, Step, step_client
+    from flowscope.client.data_states import DataStates, Step
+    from flowscope.embedded import step_client
     from flowscope.model import identifiers as ids
 
     cmd = list(args.argv)

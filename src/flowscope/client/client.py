@@ -30,8 +30,7 @@ import pyarrow as pa
 
 from flowscope.client.packer import Packer, recorder
 from flowscope.client.spool import Spool, default_spool_dir, replay
-from flowscope.client.transport import (TOKEN_ENV, Busy, EmbeddedTransport, HttpTransport, Rejected, Unreachable,
-                                       pick_collector)
+from flowscope.client.transport import TOKEN_ENV, Busy, HttpTransport, Rejected, Unreachable, pick_collector
 from flowscope.model import identifiers as ids
 from flowscope.model.conform import SchemaError, conform
 from flowscope.model.provenance import check_open_request, check_run_id, collect_provenance, new_run_id, now_ns
@@ -49,7 +48,8 @@ class Client:
     """Connects producers to a collector and one run.
 
     ``address``: ``http://host:port`` of a collector, or None / "embedded" for a collector in
-    this process writing to ``store`` (default $FLOWSCOPE_STORE or ./flowscope-runs).
+    this process writing to ``store`` (default $FLOWSCOPE_STORE or ./flowscope-runs): that one is
+    ``flowscope.Client``'s (flowscope/embedded.py), since this class knows collectors by address only.
     ``address_file``: a file listing several collector instances (``flowscope serve
     --address-file``); the client picks one round-robin. $FLOWSCOPE_ADDRESS,
     $FLOWSCOPE_ADDRESS_FILE and $FLOWSCOPE_RUN are used when the arguments are not given, so
@@ -80,22 +80,15 @@ class Client:
             else:
                 address = EMBEDDED
         self._auth_token = token or listed_token or os.environ.get(TOKEN_ENV) or None
-        self._collector = None
-        self._server = None
+        self._embedded = None  # the collector in this process, when there is one (flowscope/embedded.py)
         if address == EMBEDDED:
-            from flowscope.service.collector import Collector
-            from flowscope.store.catalog import default_store
-
-            self._collector = Collector(store if store is not None else default_store(), **(collector_options or {}))
-            shared = EmbeddedTransport(self._collector)
+            self._embedded = self._embed(store, collector_options or {}, serve, token)
+            shared = self._embedded.transport
             self._new_transport = lambda: shared
             if serve:
-                from flowscope.service.server import BackgroundServer
-
                 # on loopback: a token only when this client was given one (the simulator's workers send none)
-                self._server = BackgroundServer(self._collector, token=token)
                 self._auth_token = token
-            self.address = self._server.address if self._server else EMBEDDED
+            self.address = self._embedded.address
         else:
             self.address = HttpTransport(address).address
             self._new_transport = lambda: HttpTransport(self.address, token=self._auth_token or "")
@@ -134,9 +127,9 @@ class Client:
 
         # only a client that opens the run sends its metadata (a joining one, such as a Dask plugin's, skips the cost)
         self._meta = {"run_id": self.run_id, "name": name, "command": command, "start_ns": now_ns(),
-                      **({"provenance": collect_provenance()} if self.owns_run or self._collector is not None else {}),
+                      **({"provenance": collect_provenance()} if self.owns_run or self._embedded is not None else {}),
                       **(meta or {})}
-        if not (self.owns_run or self._collector is not None):
+        if not (self.owns_run or self._embedded is not None):
             self._opened.set()  # joining a run that exists: nothing to open
         self._builder = threading.Thread(target=self._build_loop, name="flowscope-builder", daemon=True)
         # Two senders, each with its own connection: one waits for an acknowledgement while the other sends.
@@ -146,11 +139,18 @@ class Client:
         for t in self._senders:
             t.start()
 
+    def _embed(self, store: str | Path | None, collector_options: dict, serve: bool, token: str | None):
+        """The collector in this process an address-less client writes to (an object with ``transport``,
+        ``address``, ``run_dir(run_id)``, ``post_data_states(run_id, states, mutations)`` and ``stop()``).
+        ``flowscope.Client`` starts one; this class, which reaches collectors by address, has none."""
+        raise FlowscopeError("no collector address: give one (or set $FLOWSCOPE_ADDRESS or $FLOWSCOPE_ADDRESS_FILE); "
+                             "flowscope.Client runs a collector in this process when there is none")
+
     # ---- where the run lives ---------------------------------------------------------------
     @property
     def run_dir(self) -> Path | None:
         """The run's directory when the collector is embedded (None for a remote collector)."""
-        return self._collector.run_dir(self.run_id) if self._collector else None
+        return self._embedded.run_dir(self.run_id) if self._embedded else None
 
     def env(self) -> dict[str, str]:
         """Environment variables that make a child process's Client join this run."""
@@ -342,10 +342,8 @@ class Client:
         from flowscope.client.data_states import DataStateError
 
         self._opened.wait()  # the sender thread opens the run
-        if self._collector is not None:
-            from flowscope.service.wcp_routes import ingest
-
-            return ingest(self._collector, self.run_id, states, mutations)
+        if self._embedded is not None:
+            return self._embedded.post_data_states(self.run_id, states, mutations)
         body = json.dumps({"states": states, "mutations": mutations}, default=str).encode()
         transport = getattr(self._local, "ds_transport", None)
         if transport is None:  # one kept-alive connection per thread
@@ -556,10 +554,8 @@ class Client:
             t.join(timeout)
         self._closed = True
         self._transport.close()
-        if self._server:
-            self._server.stop()
-        if self._collector:
-            self._collector.shutdown(wait=True)
+        if self._embedded:
+            self._embedded.stop()
         pending = self.spool.pending(self.run_id)
         spooled_dir = self.spool.run_dir(self.run_id)
         if not pending and (spooled_dir / "close.json").exists():

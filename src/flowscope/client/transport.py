@@ -1,4 +1,5 @@
-"""How a client reaches a collector: over HTTP, or by direct call to one embedded in the same process."""
+"""How a client reaches a collector over HTTP (a collector in the same process is reached through
+flowscope/embedded.py's EmbeddedTransport, with the same interface)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,6 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import pyarrow as pa
-
-from flowscope.model.conform import SchemaError
-from flowscope.model.provenance import check_close_request
-from flowscope.service.collector import Collector, CollectorBusy, UnknownRun
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
 TOKEN_ENV = "FLOWSCOPE_TOKEN"  # the collector's token, sent by every client (flowscope serve prints it)
@@ -190,43 +187,3 @@ class HttpTransport:
                 self._conn.close()
             finally:
                 self._conn = None
-
-
-class EmbeddedTransport:
-    """Direct calls into a collector in this process: same validation and store, no network."""
-
-    def __init__(self, collector: Collector):
-        self.collector = collector
-        self.address = f"embedded:{collector.store}"
-
-    def health(self, timeout: float = 2.0) -> dict:
-        return self.collector.health()
-
-    def open_run(self, meta: dict) -> dict:
-        try:
-            return self.collector.open_run(meta)
-        except ValueError as exc:  # as the HTTP API answers it
-            raise Rejected(422, str(exc)) from None
-
-    def close_run(self, run_id: str, info: dict) -> dict:
-        try:
-            end_ns, status = check_close_request(info)
-        except ValueError as exc:
-            raise Rejected(422, str(exc)) from None
-        return self.collector.close_run(run_id, end_ns=end_ns, status=status)
-
-    def send(self, run_id: str, table: str, segment_id: str, data: pa.Table | bytes) -> dict:
-        if isinstance(data, (bytes, bytearray, memoryview)):
-            data = pa.ipc.open_stream(pa.py_buffer(data)).read_all()
-        try:
-            res = self.collector.ingest(run_id, table, segment_id, data)
-        except CollectorBusy as exc:
-            raise Busy(str(exc)) from None
-        except (SchemaError, UnknownRun, ValueError) as exc:
-            raise Rejected(422 if isinstance(exc, SchemaError) else 404, str(exc)) from None
-        except OSError as exc:  # the store could not be written (disk full, permissions): retry, then spool
-            raise Busy(f"store write failed: {exc}") from None
-        return {"rows": res.rows, "duplicate": res.duplicate}
-
-    def close(self) -> None:
-        pass

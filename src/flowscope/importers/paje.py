@@ -20,7 +20,6 @@ import contextlib
 import heapq
 import json
 import os
-import re
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -32,6 +31,10 @@ import pyarrow.compute as pc
 from pyarrow import ipc
 
 from flowscope.importers import TraceError
+from flowscope.importers.paje_format import FLOWSCOPE_MARK, TIME_LIMIT
+from flowscope.importers.paje_format import LANE as _LANE
+from flowscope.importers.paje_format import Unordered as _Unordered
+from flowscope.importers.paje_format import split_fields as _split
 from flowscope.importers.sink import ImportSink
 from flowscope.model.schemas import schema
 
@@ -62,21 +65,16 @@ SEMANTICS = {
                            "MPI Program", "root"]}, "executes": False},
     ],
 }
-#: |origin + time| in ns must stay below this (int64 timestamps; times are checked as if in seconds)
-TIME_LIMIT = 9.2e18
 #: rows collected per table before they are spooled
 BATCH_ROWS = 100_000
 #: timed events held in memory per sorted run when a trace must be sorted
 SORT_CHUNK = 500_000
 #: try the vectorised path (importers/paje_fast.py) first; FLOWSCOPE_PAJE_FAST=0 turns it off
 FAST = os.environ.get("FLOWSCOPE_PAJE_FAST", "1") != "0"
-#: the comment flowscope's Paje exporter writes, so a round trip restores absolute times and ids
-FLOWSCOPE_MARK = re.compile(r"#\s*flowscope paje export:\s*time_origin_ns=(-?\d+)")
 #: the resource id of Paje's implicit root container "0"
 ROOT_RID = "paje:0"
 #: its kind (Paje reserves its type name "0": a kind "0" could not be exported)
 ROOT_KIND = "root"
-_LANE = re.compile(r"~\d+$")
 
 # obligatory fields per event (pajeng's strict definitions)
 OBLIGATORY: dict[str, tuple[str, ...]] = {
@@ -105,7 +103,6 @@ KNOWN_FIELDS = {"Time", "Name", "Alias", "Type", "Container", "Value", "StartCon
                 "StartContainerType", "EndContainerType", "Color", "Filename"}
 NUMERIC_TYPES = {"date", "double", "int", "hex"}
 FIELD_TYPES = NUMERIC_TYPES | {"string", "color"}
-_TOKEN = re.compile(r'"([^"]*)"|(\S+)')
 
 
 def sniff(path: Path, head: bytes) -> bool:
@@ -159,13 +156,6 @@ class Container:
     children: list[Container] = field(default_factory=list)
     #: open states per state type ident: a stack of [span id, value, start, depth, parent, def, tokens]
     states: dict[str, list[list]] = field(default_factory=dict)
-
-
-class _Unordered(Exception):
-    """Raised in the streaming pass when a timed event goes back in time."""
-
-    def __init__(self, where: str, t: float, prev: float):
-        self.where, self.t, self.prev = where, t, prev
 
 
 class _Spool:
@@ -235,14 +225,6 @@ class _Spool:
             with contextlib.suppress(Exception):  # already closed by replay
                 writer.close()
                 f.close()
-
-
-def _split(line: str, where: str) -> list[str]:
-    if '"' not in line:
-        return line.split()
-    if line.count('"') % 2:
-        raise TraceError(f"{where}: unterminated quoted string")
-    return [m.group(1) if m.group(1) is not None else m.group(2) for m in _TOKEN.finditer(line)]
 
 
 class _Reader:

@@ -45,6 +45,13 @@ import pyarrow.compute as pc
 from pyarrow import csv, ipc
 
 from flowscope.importers import TraceError
+from flowscope.importers.paje_format import (
+    FLOWSCOPE_MARK,
+    LANE,
+    TIME_LIMIT,
+    Unordered,
+    split_fields,
+)
 
 #: bytes of trace text parsed per step
 CHUNK_BYTES = 8 << 20
@@ -104,8 +111,6 @@ class _Notes:
 
 
 def _ns(reader: Any, t: np.ndarray) -> np.ndarray:
-    from flowscope.importers.paje import TIME_LIMIT
-
     if not np.all(np.abs(reader.origin_ns + t * 1e9) < TIME_LIMIT):
         raise Fallback("a time out of range")
     if reader.unit_ns is None:
@@ -462,12 +467,10 @@ class FastReader:
                 self.seq += m
             if i == len(starts):
                 break
-            from flowscope.importers.paje import _split
-
             s = bytes(arr[starts[i]:nl[ev[i]]]).decode("utf-8", "replace")
             where = f"{path}:{int(lines[i])}"
             try:
-                toks = _split(s, where)
+                toks = split_fields(s, where)
             except TraceError:
                 raise Fallback("include line") from None
             d = self.defs[int(code[i])]
@@ -610,12 +613,10 @@ class FastReader:
         prev = np.concatenate([[self.r.last_t], tt[:-1]])
         bad = np.flatnonzero(tt < prev)
         if len(bad):
-            from flowscope.importers.paje import _Unordered
-
             i = int(bad[0])
             ln = np.concatenate([p[2] for p in parts])[timed][o][i]
             fi = np.concatenate([p[3] for p in parts])[timed][o][i]
-            raise _Unordered(f"{self.files[int(fi)]}:{int(ln)}", float(tt[i]), float(prev[i]))
+            raise Unordered(f"{self.files[int(fi)]}:{int(ln)}", float(tt[i]), float(prev[i]))
         self.r.last_t = float(tt[-1])
 
     def _run_sorted(self, f: Any, line0: int, pos0: int) -> None:
@@ -704,8 +705,6 @@ class FastReader:
 
     def _dispatch_small(self, small: pa.Table, sorted_defs: bool = False, first_timed: int | None = None) -> None:
         """Definitions and container events, one by one through the line simulator, in their order."""
-        from flowscope.importers.paje import _split
-
         r = self.r
         order = np.argsort(small.column("pos" if "pos" in small.column_names else "seq").to_numpy(), kind="stable")
         small = small.take(pa.array(order))
@@ -718,7 +717,7 @@ class FastReader:
             if first_timed is not None and pos > first_timed and r.unit_ns is None:
                 r._decide_unit()
             try:
-                toks = _split(s, where)
+                toks = split_fields(s, where)
                 d = r.defs.get(toks[0])
                 if d is None or len(toks) != len(d.names):
                     raise Fallback("fields")
@@ -868,15 +867,13 @@ class FastReader:
         if not len(pi):
             return
         r = self.r
-        from flowscope.importers.paje import _LANE
-
         g = p_g[pi]
         ga = pa.array(g)
         pia = pa.array(pi)
         rid = pa.array([self.conts[c].rid or None for c in self.group_cont], S)
         extras = p_extra.take(pia)
         if r.flowscope:
-            kinds = pa.array([_LANE.sub("", t.name) for t in self.group_type], S).take(ga)
+            kinds = pa.array([LANE.sub("", t.name) for t in self.group_type], S).take(ga)
             attrs = pc.if_else(pc.is_null(extras), pa.nulls(len(pi), S),
                                pc.binary_join_element_wise("{", pc.utf8_slice_codeunits(pc.fill_null(extras, ", "), 2),
                                                            "}", ""))
@@ -1228,8 +1225,6 @@ def _merge(runs: list[dict[str, str]]):
 
 def header(reader: Any, f: Any) -> tuple[int, int]:
     """Feed the header (comments, blank lines, %EventDef blocks) to ``reader``; return (lines, bytes) read."""
-    from flowscope.importers.paje import FLOWSCOPE_MARK
-
     cur, cur_where = None, ""
     n = 0
     pos = 0
@@ -1264,7 +1259,7 @@ def header(reader: Any, f: Any) -> tuple[int, int]:
 def read_fast(reader: Any, unordered: Any = None) -> list[str]:
     """Simulate ``reader``'s trace with the vectorised path; returns the warnings to hand to the sink.
 
-    Raises the line simulator's ``_Unordered`` when the trace is not time-ordered and ``reader`` is
+    Raises the line simulator's ``Unordered`` (paje_format.py) when the trace is not time-ordered and ``reader`` is
     not in sorted mode; the caller then reads again with a reader in sorted mode, passing that
     exception as ``unordered`` (its warning is given here)."""
     notes = _Notes(reader.sink)

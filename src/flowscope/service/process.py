@@ -3,12 +3,33 @@ process it observes (a LocalCluster's scheduler runs in the user's process)."""
 
 from __future__ import annotations
 
+import http.client
 import signal
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
+
+
+def _answers(address: str) -> bool:
+    """Whether the collector at ``address`` (``http://127.0.0.1:PORT``) answers its health check; False while it
+    cannot be reached, an error if it answers with one."""
+    u = urlsplit(address)
+    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=2.0)
+    try:
+        conn.request("GET", "/v1/health")
+        resp = conn.getresponse()
+        body = resp.read()
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        conn.close()
+    if resp.status >= 400:
+        raise RuntimeError(f"the collector process answers its health check with HTTP {resp.status}: "
+                           f"{body[:200].decode(errors='replace')}")
+    return True
 
 
 class CollectorProcess:
@@ -40,20 +61,11 @@ class CollectorProcess:
                                    f"CPU time, {timeout:.0f} s allowed, or {wall_timeout:.0f} s passed)")
             time.sleep(0.02)
         self.address = addr_file.read_text().split()[0]
-        from flowscope.client.transport import HttpTransport, Unreachable
-
-        probe = HttpTransport(self.address, timeout=2.0)
-        while True:  # the address is written just before the server accepts connections
-            try:
-                probe.health()
-                break
-            except Unreachable:
-                if given_up():
-                    self.stop()
-                    raise TimeoutError("the collector process does not answer") from None
-                time.sleep(0.02)
-            finally:
-                probe.close()
+        while not _answers(self.address):  # the address is written just before the server accepts connections
+            if given_up():
+                self.stop()
+                raise TimeoutError("the collector process does not answer")
+            time.sleep(0.02)
 
     def _cpu_seconds(self) -> float:
         """CPU time the child has used so far (0 once it is gone)."""

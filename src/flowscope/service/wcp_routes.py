@@ -2,7 +2,7 @@
 
 POST /v1/runs/{run}/states and /v1/runs/{run}/mutations take JSON (one record, a list, or
 ``{"states": [...], "mutations": [...]}`` for both at once) or an Arrow IPC stream; the
-whole request is checked against the run's graph (client/data_states.py: StateIndex) before
+whole request is checked against the run's graph (model/data_states.py: StateIndex) before
 anything is written, and a bad record gets 422 ``{"error", "table", "field", "record"}``.
 GET on the same paths lists rows, filtered by column (``?location=node1:disk1``,
 ``?kind=MERGE``, ``?ts_ns__gte=...``). GET /v1/runs/{run}/critical-path serves the path
@@ -23,14 +23,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from flowscope.client.data_states import (
+from flowscope.model.conform import SchemaError
+from flowscope.model.data_states import (
     MUTATIONS,
     STATES,
     DataStateError,
     StateIndex,
     as_table,
 )
-from flowscope.model.conform import SchemaError
 from flowscope.model.provenance import check_run_id
 from flowscope.model.schemas import TABLES
 from flowscope.service.collector import Collector, CollectorBusy

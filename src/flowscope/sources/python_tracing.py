@@ -56,7 +56,7 @@ def start(client=None):
     """Send traced calls to ``client`` (default: a Client made from the environment); returns it."""
     with _lock:
         if client is None:
-            from flowscope.client.client import Client
+            from flowscope.embedded import Client
 
             client = Client(name="python-trace", meta={"semantics": [SEMANTICS]}) \
                 if not os.environ.get("FLOWSCOPE_ADDRESS") else Client(meta={"semantics": [SEMANTICS]})

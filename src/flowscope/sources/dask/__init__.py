@@ -252,7 +252,7 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
     with a scheduler in this process for its GIL; that process is started on the first ``observe()`` for a store
     (or by :func:`start_collector`, before the cluster exists) and kept for the later ones. ``"embedded"`` runs
     the collector on threads of this process."""
-    from flowscope.client.client import Client
+    from flowscope.embedded import Client
     from flowscope.sources import process_facts
     from flowscope.sources import semantics as _semantics
     from flowscope.store.catalog import default_store

@@ -1,0 +1,271 @@
+"""Critical paths through a task graph: the measured path (traced back from the last task to finish through what
+it waited for), the structural path (the longest path with the tasks' durations), per-task slack, near-critical
+paths and what-if replays with scaled durations."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from flowscope.analysis.critical_path.longest import (
+    _forward,
+    _predecessors,
+    _walk,
+    longest_path,
+    longest_path_length,
+)
+from flowscope.analysis.critical_path.steps import CriticalPath, _step, _steps_frame
+from flowscope.analysis.critical_path.task_graph import _task_graph, _TaskGraph
+from flowscope.analysis.timeline import MEASURED, task_timeline
+
+
+@dataclass
+class TaskPaths:
+    """The measured and the structural critical path of a task graph (see :func:`task_graph_paths`).
+    ``measured`` is None when the task times were derived, not measured (``timeline`` says which)."""
+
+    measured: CriticalPath | None
+    structural: CriticalPath
+    timeline: str = MEASURED
+
+    @property
+    def difference_ns(self) -> int | None:
+        """Measured minus structural length: what scheduling and contention for workers cost (None without a
+        measured path)."""
+        if self.measured is None:
+            return None
+        return int(self.measured.length_ns - self.structural.length_ns)
+
+
+def _measured_path(g: _TaskGraph) -> CriticalPath:
+    tasks = g.tasks
+    if g.n == 0:
+        return CriticalPath(_steps_frame([]), 0, [])
+    start = tasks["start_ns"].to_numpy(dtype=np.int64)
+    end = tasks["end_ns"].to_numpy(dtype=np.int64)
+    t0 = int(start.min())
+    arrival = g.arrival
+    # per task: the input edge that arrived last (ties: later row)
+    gate = np.full(g.n, -1, dtype=np.int64)
+    if len(g.src):
+        rows = np.arange(len(g.src))
+        order = np.lexsort((rows, arrival, g.dst))
+        d = g.dst[order]
+        last = np.flatnonzero(np.r_[d[1:] != d[:-1], True])
+        gate[d[last]] = order[last]
+    # per task: the input that finished last (when all inputs existed, so the scheduler could place it)
+    gate_end = np.full(g.n, -1, dtype=np.int64)
+    if len(g.src):
+        order = np.lexsort((rows, end[g.src], g.dst))
+        d = g.dst[order]
+        last = np.flatnonzero(np.r_[d[1:] != d[:-1], True])
+        gate_end[d[last]] = order[last]
+    # per task: the task that ran before it on the same thread
+    prev_on_thread = np.full(g.n, -1, dtype=np.int64)
+    res = tasks["resource_id"].to_numpy()
+    if res is not None:
+        o = np.lexsort((start, pd.factorize(pd.Series(res, dtype=object))[0]))
+        same = np.r_[False, res[o][1:] == res[o][:-1]]
+        prev_on_thread[o[same]] = o[np.flatnonzero(same) - 1]
+    v = int(np.argmax(end))     # ties: the first to finish among equals is fine (same end time)
+    rows: list[dict] = []
+    chain = [v]
+    cursor = int(end[v])
+    keys, groups, workers = tasks["key"].to_numpy(), tasks["group"].to_numpy(), tasks["worker"].to_numpy()
+    while True:
+        key, grp, loc = keys[v], groups[v], workers[v] if workers[v] is not None else res[v]
+        s = min(int(start[v]), cursor)
+        rows.append(_step(key, grp, "task", s, cursor, "compute", loc, grp))
+        cursor = s
+        e = int(gate[v])
+        data_ready = int(arrival[e]) if e >= 0 else t0
+        p = int(prev_on_thread[v])
+        thread_free = int(end[p]) if p >= 0 else t0
+        if e >= 0 and data_ready >= thread_free:
+            # the inputs were the last thing it waited for; after they arrived it queued for the scheduler
+            q = min(data_ready, cursor)
+            if q < cursor:
+                rows.append(_step(key, grp, "QUEUE", q, cursor, "queue", loc, grp))
+            cursor = q
+            u = int(g.src[e])
+            if g.xfer_start[e] >= 0:
+                xs, xe = max(int(g.xfer_start[e]), int(end[u])), min(int(g.xfer_end[e]), cursor)
+                xs = min(xs, xe)
+                if xe < cursor:
+                    rows.append(_step(key, grp, "QUEUE", xe, cursor, "queue", loc, grp))
+                rows.append(_step(keys[u], groups[u], "TRANSFER", xs, xe, "transfer", loc, groups[u]))
+                cursor = xs
+                # a fetch starts once the task is placed, i.e. after its last input finished: that input
+                # (not necessarily the one fetched last) is what the path continues through
+                u = int(g.src[gate_end[v]])
+                if int(end[u]) < cursor:
+                    rows.append(_step(keys[u], groups[u], "WAIT", min(int(end[u]), cursor), cursor, "wait",
+                                      loc, groups[u]))
+                    cursor = min(int(end[u]), cursor)
+            v = u
+            chain.append(v)
+            continue
+        if p >= 0 and thread_free > t0:
+            # ready earlier (or no inputs) but its thread was busy with another task: queueing
+            q = min(thread_free, cursor)
+            if q < cursor:
+                rows.append(_step(key, grp, "QUEUE", q, cursor, "queue", loc, grp))
+            cursor = q
+            v = p
+            chain.append(v)
+            continue
+        if cursor > t0:
+            rows.append(_step(key, grp, "QUEUE", t0, cursor, "queue", loc, grp))
+        break
+    rows.reverse()
+    chain.reverse()
+    return CriticalPath(_steps_frame(rows), int(end.max()) - t0, [str(keys[i]) for i in chain])
+
+
+def _structural_path(g: _TaskGraph) -> CriticalPath:
+    if g.n == 0:
+        return CriticalPath(_steps_frame([]), 0, [])
+    dur, xt = g.duration, g.xfer_time
+    length, path = longest_path(g.n, g.src, g.dst, xt.astype(np.float64), dur.astype(np.float64))
+    keys, groups = g.tasks["key"].to_numpy(), g.tasks["group"].to_numpy()
+    locs = g.tasks["worker"].to_numpy()
+    edge_of = {}
+    if len(path) > 1:
+        want = set(zip(path[:-1], path[1:]))
+        for i, (a, b) in enumerate(zip(g.src.tolist(), g.dst.tolist())):
+            if (a, b) in want:
+                edge_of[(a, b)] = max(edge_of.get((a, b), 0), int(xt[i]))
+    rows: list[dict] = []
+    t = 0
+    for i, v in enumerate(path):
+        if i:
+            w = edge_of.get((path[i - 1], v), 0)
+            if w:
+                rows.append(_step(keys[path[i - 1]], groups[path[i - 1]], "TRANSFER", t, t + w, "transfer",
+                                  locs[v], groups[path[i - 1]]))
+                t += w
+        rows.append(_step(keys[v], groups[v], "task", t, t + int(dur[v]), "compute", locs[v], groups[v]))
+        t += int(dur[v])
+    return CriticalPath(_steps_frame(rows), int(round(length)), [str(keys[v]) for v in path])
+
+
+def task_graph_paths(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame | pa.Table,
+                     transfers: pd.DataFrame | pa.Table | None = None) -> TaskPaths:
+    """The measured critical path (traced back from the last task to finish: at each task its gating input,
+    with the transfer that brought it, or the task before it on its thread when the inputs were ready earlier)
+    and the structural one (the longest path through the dependency DAG with the tasks' durations and transfer
+    times as weights: the makespan with unlimited workers). Times in ``steps`` of the structural path are
+    offsets from 0. When any task span's times were derived rather than measured (its attrs' ``time_source``),
+    there is no measured path (None): a derived timeline has no observed waits to trace through."""
+    timeline = task_timeline(spans) or MEASURED
+    g = _task_graph(spans, dependencies, transfers)
+    return TaskPaths(_measured_path(g) if timeline == MEASURED else None, _structural_path(g), timeline)
+
+
+def slack(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame | pa.Table,
+          transfers: pd.DataFrame | pa.Table | None = None) -> pd.DataFrame:
+    """Per task, how much longer it could have taken without lengthening the structural critical path:
+    columns key, group, duration_ns, slack_ns (0 on the critical path), sorted by slack."""
+    g = _task_graph(spans, dependencies, transfers)
+    if g.n == 0:
+        return pd.DataFrame({"key": [], "group": [], "duration_ns": [], "slack_ns": []})
+    dur = g.duration.astype(np.float64)
+    xt = g.xfer_time.astype(np.float64)
+    to = _forward(g.n, g.src, g.dst, xt, dur)             # longest path ending at v, v included
+    frm = _forward(g.n, g.dst, g.src, xt, dur)            # longest path starting at v, v included
+    length = to.max()
+    sl = length - (to + frm - dur)
+    out = pd.DataFrame({"key": g.tasks["key"], "group": g.tasks["group"], "duration_ns": g.duration,
+                        "slack_ns": np.maximum(np.rint(sl), 0).astype(np.int64)})
+    return out.sort_values(["slack_ns", "key"], kind="stable").reset_index(drop=True)
+
+
+def near_critical_paths(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame | pa.Table,
+                        transfers: pd.DataFrame | pa.Table | None = None, k: int = 5) -> list[tuple[int, list[str]]]:
+    """Up to ``k`` distinct long paths of the structural graph, longest first, as (length_ns, task keys).
+    The first is the critical path; each next one is the longest path through a dependency edge not on any
+    path listed before (so the second is exactly the second-longest path)."""
+    g = _task_graph(spans, dependencies, transfers)
+    if g.n == 0 or k <= 0:
+        return []
+    dur = g.duration.astype(np.float64)
+    xt = g.xfer_time.astype(np.float64)
+    to = _forward(g.n, g.src, g.dst, xt, dur)
+    frm = _forward(g.n, g.dst, g.src, xt, dur)
+    pred = _predecessors(g.n, g.src, g.dst, xt, dur, to)
+    succ = _predecessors(g.n, g.dst, g.src, xt, dur, frm)
+    keys = g.tasks["key"].to_numpy()
+    end = int(np.argmax(to))
+    first = _walk(pred, end)
+    out = [(int(round(to[end])), [str(keys[v]) for v in first])]
+    used = set(zip(first[:-1], first[1:]))
+    through = to[g.src] + xt + frm[g.dst]
+    for e in np.argsort(-through, kind="stable"):
+        if len(out) >= k:
+            break
+        a, b = int(g.src[e]), int(g.dst[e])
+        if (a, b) in used:
+            continue
+        path = _walk(pred, a) + list(reversed(_walk(succ, b)))
+        edges = set(zip(path[:-1], path[1:]))
+        used |= edges
+        out.append((int(round(through[e])), [str(keys[v]) for v in path]))
+    return out
+
+
+def what_if(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame | pa.Table,
+            transfers: pd.DataFrame | pa.Table | None = None, scale: dict[str, float] | None = None) -> int:
+    """The makespan (ns) a replay of the run would have with scaled durations: ``scale`` maps a task group
+    to a factor for its tasks' durations, and "transfer" / "queue" to factors for all transfer times / all
+    observed queueing. The replay keeps each task on its thread in the observed order and starts it when
+    its inputs have arrived and its thread is free, plus the lag it was observed to wait beyond that; so
+    with every factor 1.0 it returns the measured makespan exactly."""
+    scale = dict(scale or {})
+    g = _task_graph(spans, dependencies, transfers)
+    if g.n == 0:
+        return 0
+    groups = g.tasks["group"].to_numpy()
+    unknown = [k for k in scale if k not in ("transfer", "queue") and k not in set(groups)]
+    if unknown:
+        raise ValueError(f"what_if: no task group {unknown[0]!r}; groups: {', '.join(sorted(set(groups)))}")
+    for k, f in scale.items():
+        if not (isinstance(f, (int, float)) and f >= 0):
+            raise ValueError(f"what_if: scale[{k!r}] must be a number >= 0, got {f!r}")
+    start = g.tasks["start_ns"].to_numpy(dtype=np.int64)
+    end = g.tasks["end_ns"].to_numpy(dtype=np.int64)
+    t0 = int(start.min())
+    n = g.n
+    factor = np.array([float(scale.get(x, 1.0)) for x in groups])
+    dur = (end - start) * factor
+    fx, fq = float(scale.get("transfer", 1.0)), float(scale.get("queue", 1.0))
+    # constraints u -> v with lag: v may start lag after u ends. Vertex n is the run's start (weight 0).
+    # a fetch starts only once its dependent is placed (after its last input): only the transfer itself
+    # sits on the edge; the wait before it is part of the dependent's observed extra wait
+    xt = g.xfer_time
+    arrival = end[g.src] + xt
+    data_lag = xt * fx
+    res = g.tasks["resource_id"].to_numpy()
+    o = np.lexsort((start, pd.factorize(pd.Series(res, dtype=object))[0]))
+    same = np.r_[False, res[o][1:] == res[o][:-1]]
+    t_src, t_dst = o[np.flatnonzero(same) - 1], o[same]
+    # how long each task waited past its binding constraint: kept (scaled by "queue") on that constraint
+    ready = np.full(n, t0, dtype=np.int64)
+    if len(g.src):
+        np.maximum.at(ready, g.dst, np.minimum(arrival, start[g.dst]))
+    if len(t_src):
+        np.maximum.at(ready, t_dst, np.minimum(end[t_src], start[t_dst]))
+    extra = np.maximum(start - ready, 0) * fq
+    # spans of one thread may overlap by a few microseconds (where the end is taken), and clocks of two
+    # processes differ: a constraint that the observed start violates gets a negative lag, so that with
+    # every factor 1.0 the replay starts each task exactly when it started
+    over_d = np.maximum(arrival - start[g.dst], 0) if len(g.src) else np.zeros(0)
+    over_t = np.maximum(end[t_src] - start[t_dst], 0)
+    src = np.concatenate([g.src, t_src, np.full(n, n)])
+    dst = np.concatenate([g.dst, t_dst, np.arange(n)])
+    w = np.concatenate([data_lag - over_d, -over_t.astype(np.float64), np.zeros(n)])  # all released at t0
+    # the extra wait sits on the vertex, before it runs
+    vw = np.concatenate([dur + extra, [0.0]])
+    return int(round(longest_path_length(n + 1, src, dst, w, vw)))
