@@ -135,7 +135,8 @@ class MeasuredTask:
     docstring). Calls, ``repr`` and attributes are the task's own; pickled, it becomes a
     :class:`_RemoteMeasuredTask` that measures in the worker process."""
 
-    __slots__ = ("task", "graph", "index", "submitted", "t0", "t1", "st", "before", "after", "calls", "error")
+    __slots__ = ("task", "graph", "index", "submitted", "t0", "t1", "st", "before", "after", "calls", "error",
+                 "nbytes", "worker", "seen")
 
     def __init__(self, task, graph: _Graph, index: int):
         self.task, self.graph, self.index = task, graph, index
@@ -273,7 +274,7 @@ class _Graph:
         self.caller = threading.get_ident()
         self.keys: list = []                 # index -> key, as pretask numbered them
         self.names: dict = {}                # key -> the key as text
-        self.done: list[tuple] = []          # (MeasuredTask, nbytes, worker_id, posttask time)
+        self.done: list[MeasuredTask] = []   # reported done (or still running when the graph failed)
         self.spool = os.path.join(capture.spool_root, str(n))
         self.flushed_at = time.monotonic()
         self.tasks = 0
@@ -312,7 +313,7 @@ class LocalSchedulerCapture(Callback):
         self._spool_root: str | None = None
         self._declared: set[str] = set()
         self._opens: collections.deque = collections.deque()  # (row, thread state) from the open audit hook
-        self._heads: dict[tuple, tuple[str, str]] = {}
+        self._heads: dict[str, dict] = {}  # scheduler kind -> key name -> _attrs_head of a returned task
         self._rids: dict[_ThreadState, str] = {}  # threads declared in this capture's run
         self._audit: OpenAudit | None = None
         self._pid = os.getpid()
@@ -367,19 +368,14 @@ class LocalSchedulerCapture(Callback):
             now = _time_ns()
             gid = g.id
             names = g.names = {k: k if k.__class__ is str else str(k) for k in dsk}
-            deps = []
-            tasks = 0
-            for k, node in dsk.items():
-                d = node.dependencies
-                if d:
-                    ks = names[k]
-                    deps.extend((ks, names.get(x) or str(x)) for x in d)
-                if not isinstance(node, DataNode):
-                    tasks += 1
-            g.tasks = tasks
-            if deps:
-                fs.write("dependencies", {"graph_id": [gid] * len(deps), "task_key": [a for a, _ in deps],
-                                          "depends_on": [b for _, b in deps], "ts_ns": [now] * len(deps)})
+            edges = [(names[k], node.dependencies) for k, node in dsk.items()]
+            src = [k for k, d in edges for _ in d]
+            dst = [names.get(x) or str(x) for _, d in edges for x in d]
+            g.tasks = len(dsk) - sum(1 for node in dsk.values() if isinstance(node, DataNode))
+            if src:
+                n = len(src)
+                fs.write("dependencies", {"graph_id": [gid] * n, "task_key": src, "depends_on": dst,
+                                          "ts_ns": [now] * n})
             fs.log(f"graph of {g.tasks} tasks on a local Dask scheduler", category="graph-submitted",
                    resource_id=fs.process_resource(), ts_ns=now,
                    attrs={"graph_id": gid, "tasks": g.tasks, "scheduler": "local"})
@@ -407,11 +403,15 @@ class LocalSchedulerCapture(Callback):
             dsk[key] = m.task
             g = m.graph
             try:
-                nbytes = _sizeof(result)
+                m.nbytes = (_SIZEOF.get(result.__class__) or _sizeof_of(result.__class__))(result)
             except Exception:  # noqa: BLE001 - a result Dask cannot size
-                nbytes = None
-            g.done.append((m, nbytes, worker_id, _time_ns(), True))
-            if len(g.done) >= FLUSH_TASKS or time.monotonic() - g.flushed_at >= FLUSH_SECONDS:
+                m.nbytes = None
+            m.worker = worker_id
+            if not m.t0:  # not run in this process: when the scheduler saw it done, in case no measurement comes
+                m.seen = _time_ns()
+            done = g.done
+            done.append(m)
+            if len(done) >= FLUSH_TASKS or time.monotonic() - g.flushed_at >= FLUSH_SECONDS:
                 self._flush(g)  # so that a live run (flowscope run's progress line) trails by a second at most
         except Exception:
             self._failed()
@@ -426,7 +426,9 @@ class LocalSchedulerCapture(Callback):
                     m = dsk.get(key)
                     if m.__class__ is MeasuredTask:
                         dsk[key] = m.task
-                        g.done.append((m, None, None, _time_ns(), False))
+                        m.nbytes = m.worker = None  # not reported done
+                        m.seen = _time_ns()
+                        g.done.append(m)
             self._flush(g, final=True)
             if g.marks:
                 self._pending_io(g)
@@ -459,51 +461,53 @@ class LocalSchedulerCapture(Callback):
         return rid
 
     def _attrs_head(self, key, kind: str, state: str) -> tuple[str, str]:
-        """(span name, the attrs after ``nbytes``) of a task of ``key``'s group, kept per group, scheduler and
-        state: formatting them once per group keeps the per-task work small."""
+        """(span name, the attrs after ``nbytes``) of a task of ``key``'s group, for scheduler ``kind`` and task
+        ``state``."""
         grp = key_group(key)
         return key_split(grp), (f'"group": {json.dumps(grp)}, "scheduler": "{kind}", "state": "{state}", '
                                 f'"thread_ident": ')
+
+    def _heads_of(self, st: _ThreadState, g: _Graph) -> tuple:
+        """(thread resource, pthread id, heads) of the tasks of ``g`` that ran on ``st``: ``heads`` maps a key's
+        name (a tuple key's first item, a text key's group) to ``_attrs_head`` of a returned task, per scheduler
+        kind, formatted once per group."""
+        kind = "sync" if st.ident == g.caller else "threads"
+        return self._rids.get(st) or self._thread_resource(st), st.ident, self._heads.setdefault(kind, {}), kind
 
     def _flush(self, g: _Graph, final: bool = False) -> None:
         done, g.done = g.done, []
         g.flushed_at = time.monotonic()
         fs = self.fs
-        names, heads, caller, keys, threads = g.names, self._heads, g.caller, g.keys, self._rids
+        names, keys = g.names, g.keys
         # the common case, column by column: a task that ran in this process and returned
-        rids, prefixes, starts, ends, tkeys, nbytes, tails, idents, closes = [], [], [], [], [], [], [], [], []
+        slow = [m for m in done if not m.t0 or m.error is not None]
+        ok = [m for m in done if m.t0 and m.error is None] if slow else done
+        rids, prefixes, tails, tkeys, idents, closes = [], [], [], [], [], []
         marks = g.marks
         local_io: list[tuple] = []
-        slow: list[tuple] = []
-        for item in done:
-            m = item[0]
-            if not m.t0 or m.error is not None:
-                slow.append(item)
-                continue
+        on: dict[_ThreadState, tuple] = {}
+        for m in ok:
             st = m.st
+            t = on.get(st) or on.setdefault(st, self._heads_of(st, g))
             key = keys[m.index]
-            kind = "sync" if st.ident == caller else "threads"
-            hk = (key[0] if key.__class__ is tuple else key, kind)
-            head = heads.get(hk)
+            hk = key[0] if key.__class__ is tuple else key_group(key)
+            head = t[2].get(hk)
             if head is None:
-                head = heads[hk] = self._attrs_head(key, kind, "memory")
-            rid = threads.get(st) or self._thread_resource(st)
+                head = t[2][hk] = self._attrs_head(key, t[3], "memory")
             k = names.get(key) or str(key)
-            rids.append(rid)
+            rids.append(t[0])
             prefixes.append(head[0])
             tails.append(head[1])
-            starts.append(m.t0)
-            ends.append(m.t1)
             tkeys.append(k)
-            nbytes.append(item[1])
-            idents.append(st.ident)
+            idents.append(t[1])
             if m.before is not None and m.after is not None:
-                local_io.append((m, rid, k))
+                local_io.append((m, t[0], k))
                 if marks:
                     closes.append(_OWN)
             elif marks:
                 closes.append(_NEXT)
         if rids:
+            starts, ends, nbytes = [m.t0 for m in ok], [m.t1 for m in ok], [m.nbytes for m in ok]
             fs.write("spans", _span_batch(rids, prefixes, starts, ends, tkeys, nbytes, tails, idents,
                                           closes if marks else "}"))
         span = fs.row_writer("spans")
@@ -519,12 +523,12 @@ class LocalSchedulerCapture(Callback):
         self.tasks += len(done)
         process_facts.FACTS["local_tasks"] += len(done)
 
-    def _flush_others(self, g: _Graph, items: list[tuple], span, final: bool) -> list[tuple]:
+    def _flush_others(self, g: _Graph, items: list[MeasuredTask], span, final: bool) -> list[tuple]:
         """Tasks that failed, or ran in worker processes (their measurements come from the spool). Returns the
         counter readings of failed tasks that ran in this process, as ``_local_io`` takes them."""
         fs = self.fs
         host = ids.hostname()
-        if final or any(not m.t0 for m, *_ in items):
+        if final or any(not m.t0 for m in items):
             self._read_spool(g)
         remote = g.remote
         marks = g.marks
@@ -533,7 +537,8 @@ class LocalSchedulerCapture(Callback):
         calls = 1 if marks else None
         rows = []
         local_io = []
-        for m, nbytes, worker_id, seen_ns, reported in items:
+        for m in items:
+            nbytes = m.nbytes
             timing = None
             close = "}"
             if m.t0:  # ran in this process, and raised
@@ -557,9 +562,9 @@ class LocalSchedulerCapture(Callback):
                                       calls)
                         if marks:
                             close = _OWN
-                elif reported and isinstance(worker_id, int):  # no measurement reached us: the scheduler's view
-                    t0, t1, ident, error = m.submitted, seen_ns, None, m.error
-                    rid = self._remote_resource(worker_id, worker_id, None, "MainThread")
+                elif isinstance(m.worker, int):  # reported done, no measurement reached us: the scheduler's view
+                    t0, t1, ident, error = m.submitted, m.seen, None, m.error
+                    rid = self._remote_resource(m.worker, m.worker, None, "MainThread")
                     timing = "scheduler"
                 else:
                     continue  # still running when the graph failed
@@ -717,12 +722,15 @@ def _span_batch(rids, prefixes, starts, ends, keys, nbytes, tails, idents, close
             "task_key": keys, "attrs": attrs}
 
 
-def _sizeof(x) -> int:
+_SIZEOF: dict[type, Any] = {}  # type -> the function dask.sizeof dispatches it to
+
+
+def _sizeof_of(cls: type):
+    """``dask.sizeof``'s implementation for results of type ``cls`` (its dispatch, looked up once per type)."""
     from dask.sizeof import sizeof
 
-    global _sizeof
-    _sizeof = sizeof
-    return sizeof(x)
+    f = _SIZEOF[cls] = sizeof.dispatch(cls)
+    return f
 
 
 
