@@ -18,7 +18,7 @@ import flowscope
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-import dask_local_chain as chain  # noqa: E402  (the script the runs execute, importable for observe())
+import dask_local_chain as chain  # the script the runs execute, importable for observe()
 
 
 def _records(run) -> tuple[dict, list, object]:
@@ -127,9 +127,31 @@ def test_flowscope_run_level_selects_the_local_capture_level(tmp_path, level):
     res = subprocess.run([sys.executable, "-m", "flowscope", "run", "--store", str(store), "--no-report", "--quiet",
                           "--sample-period", "0", *given, "--", sys.executable, str(HERE / "dask_local_chain.py"),
                           "threads", str(tmp_path), str(out)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600, check=False)
     assert res.returncode == 0, res.stderr
     [run_dir] = [p for p in store.iterdir() if p.is_dir()]
     run = flowscope.open_run(run_dir)
     assert run.meta["capture_level"] == level
     (check_standard if level == "standard" else check_full)(run, json.loads(out.read_text()))
+
+
+def _write_then_fail(path: str, n: int, *_deps) -> int:
+    chain.write_bytes(path, n)
+    raise ValueError("after writing")
+
+
+@pytest.mark.parametrize("level", ["standard", "full"])
+def test_the_io_of_a_task_that_raised_is_kept(tmp_path, level):
+    from dask.local import get_sync
+
+    path = str(tmp_path / "out.bin")
+    dsk = {"ok": (chain.write_bytes, path, chain.SHORT), "boom": (_write_then_fail, path, chain.LONG, "ok")}
+    with flowscope.observe(store=tmp_path / "store", hardware_period=0, level=level) as obs, \
+            pytest.raises(ValueError, match="after writing"):
+        get_sync(dsk, "boom")
+    attrs, _threads, writes = _records(obs.run)
+    assert attrs["boom"]["state"] == "erred"
+    assert int(writes["nbytes"].sum()) >= chain.SHORT + chain.LONG, "no byte is lost"
+    if level == "full":  # its own reading, as for a task that returned
+        own = writes[writes["task_key"] == "boom"]
+        assert len(own) == 1 and chain.LONG <= int(own["nbytes"].iloc[0]) < chain.LONG + chain.SHORT
