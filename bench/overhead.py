@@ -53,11 +53,13 @@ Dask's local threaded scheduler (no cluster; ``observe()`` with no client, throu
   random ``--array-size`` square matrix in 250 x 250 chunks;
 
 each in modes ``none``, ``profiler`` (``with dask.diagnostics.Profiler():``, Dask's own local profiler:
-the peer) and ``flowscope`` (``with observe(store=TMP):``, every task as a span with its I/O, the
+the peer) and ``flowscope`` (``with observe(store=TMP):``, the default level ``standard``: every task as a
+span, the I/O of tasks of 1 ms or more, shorter tasks' charged to the next measured one on their thread, the
 hardware sampled every second; setup and teardown timed apart). Checked: the Profiler and flowscope
 each record every task Dask ran. Then ``--local-micro N`` no-op tasks on the synchronous scheduler
 (one thread, so the hooks' cost is not blurred by thread hand-offs), timed by the calling thread's CPU
-clock: the cost of the capture per task, with and without per-task I/O, beside the Profiler's.
+clock: the cost of the capture per task at level ``standard``, at level ``full`` (every task's I/O read)
+and without per-task I/O, beside the Profiler's.
 
 Writes ``bench/results/overhead.json`` (format: bench/README.md; ``levels.<level>.<workload>`` holds
 ``ratio`` with ``ratio_ci95``, ``cpu_ratio`` with ``cpu_ratio_ci95``, ``setup_s``, ``teardown_s`` and the
@@ -890,8 +892,9 @@ def local_micro(n: int, repeat: int, store: Path) -> dict:
         out["none"].append(timed())
         with Profiler():
             out["profiler"].append(timed())
-        for mode, io in (("flowscope", True), ("flowscope-no-task-io", False)):
-            with observe(store=store, hardware_period=0, task_io=io) as obs:
+        for mode, io, level in (("flowscope", True, "standard"), ("flowscope-full", True, "full"),
+                                ("flowscope-no-task-io", False, "standard")):
+            with observe(store=store, hardware_period=0, task_io=io, level=level) as obs:
                 out[mode].append(timed())
             spans = int(obs.run.sql("SELECT count(*) AS n FROM spans WHERE kind = 'task'")["n"][0])
             if spans != n:
@@ -1077,8 +1080,8 @@ def _local_parts(local: dict, local_ratio: dict) -> list[str]:
                      f"{lw['ratio_vs_none']['profiler']:.3f}x")
     if "micro" in local:
         added = local["micro"]["added_us_per_task"]
-        parts.append(f"local capture +{added['flowscope']:.1f} us/task ({added['flowscope-no-task-io']:.1f} without "
-                     f"per-task I/O; Profiler +{added['profiler']:.1f})")
+        parts.append(f"local capture +{added['flowscope']:.1f} us/task at standard (+{added['flowscope-full']:.1f} at "
+                     f"full, +{added['flowscope-no-task-io']:.1f} without per-task I/O; Profiler +{added['profiler']:.1f})")
     return parts
 
 

@@ -42,7 +42,9 @@ def combine(key: str, *parts: list) -> list:
 
 
 def write(key: str, path: str, size: int, parts: list) -> list:
-    """Writes ``size`` bytes to ``path`` through write calls: what per-task I/O must attribute to this task."""
+    """Writes ``size`` bytes to ``path`` through write calls: what per-task I/O must attribute to this task (it
+    takes over 1 ms, so that at the default capture level its I/O is read at its own end)."""
+    time.sleep(0.002)
     with open(path, "wb") as f:
         f.write(b"x" * size)
     return parts + [_me(key)]

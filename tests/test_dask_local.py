@@ -100,6 +100,11 @@ def check_run(run, seen: dict, scheduler: str) -> None:
                         WHERE task_key = 'write'""")
         wrote = io[(io["source"] == "proc-io") & (io["op"] == "write")]
         assert len(wrote) == 1 and int(wrote["nbytes"].iloc[0]) >= seen["written"]["write"]
+        # the default level, standard: a task of 1 ms or more is read at its own end, and the tasks before it on
+        # its thread (5 ms each) were read at theirs
+        assert groups and json.loads(spans.set_index("task_key").loc["write", "attrs"])["io"] == "own"
+        assert json.loads(run.sql("SELECT attrs FROM io WHERE task_key = 'write' AND source = 'proc-io' "
+                                  "AND op = 'write'")["attrs"][0])["tasks"] == 1
         assert (int(wrote["pid"].iloc[0]), int(wrote["tid"].iloc[0])) == truth["write"]
         opens = io[(io["source"] == "audit") & (io["op"] == "open")]
         assert any(str(p).endswith("out.bin") for p in opens["path"]), "the file the task opened"

@@ -33,7 +33,8 @@ __all__ = ["FlowscopeSchedulerPlugin", "FlowscopeWorkerPlugin", "FlowscopeStanda
 #: Capture levels (docs/dask.md, "Capture levels"): ``standard`` (the default) records scheduler transitions,
 #: execution spans on threads, transfers, warnings, hardware and the I/O of calls of 1 ms or more (shorter calls'
 #: I/O charged to the next measured call on the thread), with no per-transition hook on the workers; ``full``
-#: adds every worker transition and each task's own I/O however short.
+#: adds every worker transition and each task's own I/O however short. On Dask's local schedulers the levels
+#: differ only in per-task I/O, by the same 1 ms rule (sources/dask/local.py).
 LEVELS = ("standard", "full")
 DEFAULT_LEVEL = "standard"
 LEVEL_ENV = "FLOWSCOPE_LEVEL"
@@ -234,8 +235,8 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
 
     With ``dask_client``: everything its cluster does. Without: every computation Dask's local schedulers
     (threads, processes, synchronous) run in this process inside the block, each task on the thread or
-    process that ran it (``sources/dask/local.py``), with each task's I/O (``task_io=False``: without; it
-    costs one read of the thread's /proc counters per task), and this host's hardware every
+    process that ran it (``sources/dask/local.py``), with each task's I/O as ``level`` says (``task_io=False``:
+    without; it costs a read of the thread's /proc counters per measured task), and this host's hardware every
     ``hardware_period`` seconds (0: not sampled). A block that records no work says why in a :class:`NothingObservedWarning`
     (and ``obs.nothing_observed``).
 
@@ -244,9 +245,10 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
     (``sources/dask/anomaly_plugin.py``); an ``AnomalyConfig`` sets its parameters, a dict the keyword
     arguments of ``register_anomalies`` (``config``, ``period``, ``mature``). It needs a distributed client.
 
-    ``level`` is the capture level of a distributed cluster (``LEVELS``; docs/dask.md, "Capture levels"):
-    ``"standard"`` (the default) or ``"full"``; it is kept in run.json as ``capture_level``. Dask's local
-    schedulers are recorded the same way at both levels.
+    ``level`` is the capture level (``LEVELS``; docs/dask.md, "Capture levels"): ``"standard"`` (the default)
+    or ``"full"``; it is kept in run.json as ``capture_level``. On the local schedulers it decides per-task
+    I/O: at ``standard`` a task's counters are read when its call took 1 ms or more, a shorter call's I/O
+    being charged to the next measured call on its thread; at ``full`` every task's are.
 
     ``collector="process"`` (the default) runs the collector in a child process, so ingest never competes
     with a scheduler in this process for its GIL; that process is started on the first ``observe()`` for a store
@@ -284,7 +286,7 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
                 lease = acquire_host_lease(run_id=fs.run_id)
                 if lease is not None:
                     sampler = HardwareSampler(fs, hardware_period).start()
-            capture = LocalSchedulerCapture(fs, io=task_io)
+            capture = LocalSchedulerCapture(fs, io=task_io, level=level)
             capture.register()
         else:
             register(dask_client, fs.address, fs.run_id, level)

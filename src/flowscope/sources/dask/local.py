@@ -15,14 +15,20 @@ thread's I/O counters (``/proc/self/task/<tid>/io``) around the task; ``posttask
 back and adds the result's size (``dask.sizeof``, what distributed records as ``nbytes``).
 
 - threaded and synchronous: the wrapper runs in this process; its readings are kept on the wrapper. As in
-  the distributed capture, a pool thread's reading at the end of one task is the baseline of its next task
-  of the same graph (one read per task); the first task of each graph on a thread reads before it starts.
+  the distributed capture, a pool thread's reading at the end of one task is the baseline of its next
+  reading in the same graph; the first task of each graph on a thread reads before it starts. Which tasks
+  are read follows the capture level, as in the distributed capture: at ``full`` every task; at
+  ``standard`` only a task whose call took ``MIN_CALL_NS`` (1 ms) or more, whose rows then hold the I/O of
+  the shorter calls before it on the thread too (span ``"io": "own"``, rows ``"tasks": n``; a shorter
+  call's span says ``"io": "next"``); what calls still pending when a graph ends did is read then, from the
+  scheduler's thread, into rows with no task.
 - processes: the wrapper travels to the worker process (``dask.multiprocessing`` pickles it with the task),
   measures there, and appends one JSON line per task (and per file the task opened, from the open audit
   hook) to a spool file of that worker process; ``finish`` reads the spool. The pid recorded is the worker
   process's own ``os.getpid()``; it is checked against the id Dask passes to ``posttask``
   (``multiprocessing.current_process().ident``, the same pid). Each task's I/O counters are read before and
-  after it in the worker process (the pool's pipes carry tasks and results between them). A task whose
+  after it in the worker process (the pool's pipes carry tasks and results between them), at both levels:
+  a worker process has no end of the graph at which pending calls could be read. A task whose
   spool line is missing (the spool could not be written) keeps the scheduler's view: [pretask, posttask]
   on the worker process's main thread, marked ``"timing": "scheduler"``.
 
@@ -60,6 +66,7 @@ except ImportError:  # a Dask without task objects: every node of the graph is a
 from flowscope.model import identifiers as ids
 from flowscope.sources import process_facts
 from flowscope.sources import semantics as _semantics
+from flowscope.sources.dask import DEFAULT_LEVEL, LEVEL_ENV, check_level
 from flowscope.sources.thread_io import AGGREGATE_JSON as AGG
 from flowscope.sources.thread_io import OpenAudit, ThreadIOReader, parse_raw, read_cost
 
@@ -74,6 +81,9 @@ _READER = ThreadIOReader()
 _LABEL_BYTES = b"abcdefghijklmnopqrstuvwxyz_:"  # what /proc/<tid>/io holds besides digits and whitespace
 FLUSH_TASKS = 4096
 FLUSH_SECONDS = 1.0
+#: level standard: a task call this long or longer has its thread's I/O counters read at its end; a shorter
+#: call's I/O is charged to the next measured call on the same thread (as the distributed capture does)
+MIN_CALL_NS = 1_000_000
 
 
 def key_group(key: Any) -> str:
@@ -95,14 +105,17 @@ def key_group(key: Any) -> str:
 # ---- on the thread or in the process that runs a task ---------------------------------------------------
 
 class _ThreadState:
-    """One executing thread, as its tasks see it: ids, name, its last counter reading and the graph it was for."""
+    """One executing thread, as its tasks see it: ids, name, its last counter reading (when it was taken), the
+    calls since then whose I/O that reading does not hold yet, and the graph they were for."""
 
-    __slots__ = ("tid", "ident", "name", "last", "gen", "key")
+    __slots__ = ("tid", "ident", "name", "last", "last_ns", "pending", "gen", "key")
 
     def __init__(self) -> None:
         t = threading.current_thread()
         self.tid, self.ident, self.name = threading.get_native_id(), threading.get_ident(), t.name
         self.last: bytes | None = None
+        self.last_ns = 0
+        self.pending = 0
         self.gen = -1
         self.key: Any = None   # the task running on this thread now (the open audit hook attributes to it)
 
@@ -122,7 +135,8 @@ class MeasuredTask:
     docstring). Calls, ``repr`` and attributes are the task's own; pickled, it becomes a
     :class:`_RemoteMeasuredTask` that measures in the worker process."""
 
-    __slots__ = ("task", "graph", "index", "submitted", "t0", "t1", "st", "before", "after", "error")
+    __slots__ = ("task", "graph", "index", "submitted", "t0", "t1", "st", "before", "after", "calls", "error",
+                 "nbytes", "worker", "seen")
 
     def __init__(self, task, graph: _Graph, index: int):
         self.task, self.graph, self.index = task, graph, index
@@ -134,7 +148,8 @@ class MeasuredTask:
         st = _tls.__dict__.get("st") or _thread_state()
         g = self.graph
         if st.gen != g.gen:  # this thread's first task of this graph: its counters before it
-            st.last, st.gen = g.read(st.tid), g.gen
+            st.last, st.last_ns, st.pending, st.gen = g.read(st.tid), _time_ns(), 0, g.gen
+            g.threads.append(st)
         st.key = self
         t0 = _time_ns()
         try:
@@ -143,13 +158,19 @@ class MeasuredTask:
             self.error = exc.__class__.__name__
             raise
         finally:
-            self.t1 = _time_ns()
+            t1 = self.t1 = _time_ns()
             self.t0 = t0
             st.key = None
-            self.st, self.before = st, st.last
-            st.last = self.after = g.read(st.tid)
+            self.st = st
+            if t1 - t0 >= g.min_ns:  # measured: its I/O and that of the calls since the last reading
+                self.before, self.calls = st.last, st.pending + 1
+                st.last = self.after = g.read(st.tid)
+                st.last_ns, st.pending = t1, 0
+            else:  # level standard, a call under 1 ms: its I/O goes into the thread's next reading
+                self.before = None
+                st.pending += 1
 
-    def __reduce__(self):
+    def __reduce__(self):  # a worker process has no end of the graph to read pending calls at: each is read
         return _RemoteMeasuredTask, (self.task, self.index, self.graph.spool, self.graph.io)
 
     def __getattr__(self, name: str):  # key, dependencies, ...: the task's
@@ -238,6 +259,9 @@ def _no_reading(tid: int) -> None:
     return None
 
 
+_NEVER = 1 << 62  # ns: a call that long is never measured (no per-task I/O)
+
+
 class _Graph:
     """One computation (one ``get`` call) being observed."""
 
@@ -250,12 +274,16 @@ class _Graph:
         self.caller = threading.get_ident()
         self.keys: list = []                 # index -> key, as pretask numbered them
         self.names: dict = {}                # key -> the key as text
-        self.done: list[tuple] = []          # (MeasuredTask, nbytes, worker_id, posttask time)
+        self.done: list[MeasuredTask] = []   # reported done (or still running when the graph failed)
         self.spool = os.path.join(capture.spool_root, str(n))
         self.flushed_at = time.monotonic()
         self.tasks = 0
         self.io = capture.io
         self.read = _READER.read_raw if capture.io else _no_reading
+        # calls shorter than this have their I/O charged to the next measured call on their thread
+        self.min_ns = (MIN_CALL_NS if capture.level == "standard" else 0) if capture.io else _NEVER
+        self.marks = capture.io and capture.level == "standard"  # rows say whose I/O they hold (io, tasks)
+        self.threads: list[_ThreadState] = []     # threads that ran tasks of this graph
         self.remote: dict[int, list] = {}         # index -> measurement a worker process spooled
         self.spool_offsets: dict[str, int] = {}   # spool file -> bytes already read
 
@@ -264,15 +292,19 @@ class LocalSchedulerCapture(Callback):
     """Observes every computation Dask's local schedulers run while registered (``register()`` / ``with``).
 
     ``client`` is a :class:`flowscope.Client`, or a callable that makes one the first time a graph runs
-    (``flowscope run`` joins the run of its environment that way). ``io=False`` leaves per-task I/O out
-    (the /proc counters read once per task and the files tasks open). ``errors`` counts the hook calls that
-    failed: a failing hook never fails the computation (its records for that call are lost)."""
+    (``flowscope run`` joins the run of its environment that way). ``level`` is the capture level
+    (``flowscope.dask.LEVELS``): at ``standard`` a task's I/O counters are read only when its call took
+    ``MIN_CALL_NS`` or more, a shorter call's I/O being charged to the next measured call on its thread; at
+    ``full`` every task's are. ``io=False`` leaves per-task I/O out (the /proc counters and the files tasks
+    open). ``errors`` counts the hook calls that failed: a failing hook never fails the computation (its
+    records for that call are lost)."""
 
-    def __init__(self, client, *, io: bool = True):
+    def __init__(self, client, *, io: bool = True, level: str = DEFAULT_LEVEL):
         super().__init__()
         self._client = client if not callable(client) or hasattr(client, "emit") else None
         self._factory = None if self._client is not None else client
         self.io = io
+        self.level = check_level(level)
         self.errors = 0
         self.graphs = 0
         self.tasks = 0
@@ -281,7 +313,7 @@ class LocalSchedulerCapture(Callback):
         self._spool_root: str | None = None
         self._declared: set[str] = set()
         self._opens: collections.deque = collections.deque()  # (row, thread state) from the open audit hook
-        self._heads: dict[tuple, tuple[str, str]] = {}
+        self._heads: dict[str, dict] = {}  # scheduler kind -> key name -> _attrs_head of a returned task
         self._rids: dict[_ThreadState, str] = {}  # threads declared in this capture's run
         self._audit: OpenAudit | None = None
         self._pid = os.getpid()
@@ -336,19 +368,14 @@ class LocalSchedulerCapture(Callback):
             now = _time_ns()
             gid = g.id
             names = g.names = {k: k if k.__class__ is str else str(k) for k in dsk}
-            deps = []
-            tasks = 0
-            for k, node in dsk.items():
-                d = node.dependencies
-                if d:
-                    ks = names[k]
-                    deps.extend((ks, names.get(x) or str(x)) for x in d)
-                if not isinstance(node, DataNode):
-                    tasks += 1
-            g.tasks = tasks
-            if deps:
-                fs.write("dependencies", {"graph_id": [gid] * len(deps), "task_key": [a for a, _ in deps],
-                                          "depends_on": [b for _, b in deps], "ts_ns": [now] * len(deps)})
+            edges = [(names[k], node.dependencies) for k, node in dsk.items()]
+            src = [k for k, d in edges for _ in d]
+            dst = [names.get(x) or str(x) for _, d in edges for x in d]
+            g.tasks = len(dsk) - sum(1 for node in dsk.values() if isinstance(node, DataNode))
+            if src:
+                n = len(src)
+                fs.write("dependencies", {"graph_id": [gid] * n, "task_key": src, "depends_on": dst,
+                                          "ts_ns": [now] * n})
             fs.log(f"graph of {g.tasks} tasks on a local Dask scheduler", category="graph-submitted",
                    resource_id=fs.process_resource(), ts_ns=now,
                    attrs={"graph_id": gid, "tasks": g.tasks, "scheduler": "local"})
@@ -376,11 +403,15 @@ class LocalSchedulerCapture(Callback):
             dsk[key] = m.task
             g = m.graph
             try:
-                nbytes = _sizeof(result)
+                m.nbytes = (_SIZEOF.get(result.__class__) or _sizeof_of(result.__class__))(result)
             except Exception:  # noqa: BLE001 - a result Dask cannot size
-                nbytes = None
-            g.done.append((m, nbytes, worker_id, _time_ns(), True))
-            if len(g.done) >= FLUSH_TASKS or time.monotonic() - g.flushed_at >= FLUSH_SECONDS:
+                m.nbytes = None
+            m.worker = worker_id
+            if not m.t0:  # not run in this process: when the scheduler saw it done, in case no measurement comes
+                m.seen = _time_ns()
+            done = g.done
+            done.append(m)
+            if len(done) >= FLUSH_TASKS or time.monotonic() - g.flushed_at >= FLUSH_SECONDS:
                 self._flush(g)  # so that a live run (flowscope run's progress line) trails by a second at most
         except Exception:
             self._failed()
@@ -395,8 +426,12 @@ class LocalSchedulerCapture(Callback):
                     m = dsk.get(key)
                     if m.__class__ is MeasuredTask:
                         dsk[key] = m.task
-                        g.done.append((m, None, None, _time_ns(), False))
+                        m.nbytes = m.worker = None  # not reported done
+                        m.seen = _time_ns()
+                        g.done.append(m)
             self._flush(g, final=True)
+            if g.marks:
+                self._pending_io(g)
         except Exception:
             self._failed()
         finally:
@@ -426,52 +461,60 @@ class LocalSchedulerCapture(Callback):
         return rid
 
     def _attrs_head(self, key, kind: str, state: str) -> tuple[str, str]:
-        """(span name, the attrs after ``nbytes``) of a task of ``key``'s group, kept per group, scheduler and
-        state: formatting them once per group keeps the per-task work small."""
+        """(span name, the attrs after ``nbytes``) of a task of ``key``'s group, for scheduler ``kind`` and task
+        ``state``."""
         grp = key_group(key)
         return key_split(grp), (f'"group": {json.dumps(grp)}, "scheduler": "{kind}", "state": "{state}", '
                                 f'"thread_ident": ')
+
+    def _heads_of(self, st: _ThreadState, g: _Graph) -> tuple:
+        """(thread resource, pthread id, heads) of the tasks of ``g`` that ran on ``st``: ``heads`` maps a key's
+        name (a tuple key's first item, a text key's group) to ``_attrs_head`` of a returned task, per scheduler
+        kind, formatted once per group."""
+        kind = "sync" if st.ident == g.caller else "threads"
+        return self._rids.get(st) or self._thread_resource(st), st.ident, self._heads.setdefault(kind, {}), kind
 
     def _flush(self, g: _Graph, final: bool = False) -> None:
         done, g.done = g.done, []
         g.flushed_at = time.monotonic()
         fs = self.fs
-        names, heads, caller, keys, threads = g.names, self._heads, g.caller, g.keys, self._rids
+        names, keys = g.names, g.keys
         # the common case, column by column: a task that ran in this process and returned
-        rids, prefixes, starts, ends, tkeys, nbytes, tails, idents = [], [], [], [], [], [], [], []
+        slow = [m for m in done if not m.t0 or m.error is not None]
+        ok = [m for m in done if m.t0 and m.error is None] if slow else done
+        rids, prefixes, tails, tkeys, idents, closes = [], [], [], [], [], []
+        marks = g.marks
         local_io: list[tuple] = []
-        slow: list[tuple] = []
-        for item in done:
-            m = item[0]
-            if not m.t0 or m.error is not None:
-                slow.append(item)
-                continue
+        on: dict[_ThreadState, tuple] = {}
+        for m in ok:
             st = m.st
+            t = on.get(st) or on.setdefault(st, self._heads_of(st, g))
             key = keys[m.index]
-            kind = "sync" if st.ident == caller else "threads"
-            hk = (key[0] if key.__class__ is tuple else key, kind)
-            head = heads.get(hk)
+            hk = key[0] if key.__class__ is tuple else key_group(key)
+            head = t[2].get(hk)
             if head is None:
-                head = heads[hk] = self._attrs_head(key, kind, "memory")
-            rid = threads.get(st) or self._thread_resource(st)
+                head = t[2][hk] = self._attrs_head(key, t[3], "memory")
             k = names.get(key) or str(key)
-            rids.append(rid)
+            rids.append(t[0])
             prefixes.append(head[0])
             tails.append(head[1])
-            starts.append(m.t0)
-            ends.append(m.t1)
             tkeys.append(k)
-            nbytes.append(item[1])
-            idents.append(st.ident)
+            idents.append(t[1])
             if m.before is not None and m.after is not None:
-                local_io.append((m, rid, k))
+                local_io.append((m, t[0], k))
+                if marks:
+                    closes.append(_OWN)
+            elif marks:
+                closes.append(_NEXT)
         if rids:
-            fs.write("spans", _span_batch(rids, prefixes, starts, ends, tkeys, nbytes, tails, idents))
+            starts, ends, nbytes = [m.t0 for m in ok], [m.t1 for m in ok], [m.nbytes for m in ok]
+            fs.write("spans", _span_batch(rids, prefixes, starts, ends, tkeys, nbytes, tails, idents,
+                                          closes if marks else "}"))
         span = fs.row_writer("spans")
         if slow or final:
-            self._flush_others(g, slow, span, final)
+            local_io += self._flush_others(g, slow, span, final)
         if local_io:
-            self._local_io(local_io)
+            self._local_io(local_io, marks)
         opens = self._opens
         while opens:
             row, st = opens.popleft()
@@ -480,21 +523,34 @@ class LocalSchedulerCapture(Callback):
         self.tasks += len(done)
         process_facts.FACTS["local_tasks"] += len(done)
 
-    def _flush_others(self, g: _Graph, items: list[tuple], span, final: bool) -> None:
-        """Tasks that failed, or ran in worker processes (their measurements come from the spool)."""
+    def _flush_others(self, g: _Graph, items: list[MeasuredTask], span, final: bool) -> list[tuple]:
+        """Tasks that failed, or ran in worker processes (their measurements come from the spool). Returns the
+        counter readings of failed tasks that ran in this process, as ``_local_io`` takes them."""
         fs = self.fs
         host = ids.hostname()
-        if final or any(not m.t0 for m, *_ in items):
+        if final or any(not m.t0 for m in items):
             self._read_spool(g)
         remote = g.remote
+        marks = g.marks
+        # at level standard a worker process reads every task (it has no end of the graph to read pending
+        # calls at): its rows say they hold their own task's I/O
+        calls = 1 if marks else None
         rows = []
-        for m, nbytes, worker_id, seen_ns, reported in items:
+        local_io = []
+        for m in items:
+            nbytes = m.nbytes
             timing = None
+            close = "}"
             if m.t0:  # ran in this process, and raised
                 st = m.st
                 rid = self._thread_resource(st)
                 kind = "sync" if st.ident == g.caller else "threads"
                 t0, t1, ident, error = m.t0, m.t1, st.ident, m.error
+                measured = m.before is not None and m.after is not None
+                if measured:
+                    local_io.append((m, rid, g.names.get(g.keys[m.index]) or str(g.keys[m.index])))
+                if marks:
+                    close = _OWN if measured else _NEXT
             else:
                 rec = remote.pop(m.index, None)
                 kind = "processes"
@@ -502,22 +558,28 @@ class LocalSchedulerCapture(Callback):
                     _, _, t0, t1, rpid, tid, ident, tname, error, delta = rec
                     rid = self._remote_resource(rpid, tid, ident, tname)
                     if delta:
-                        self._io_rows(rid, host, rpid, tid, ident, t0, t1, g.names.get(g.keys[m.index]), delta)
-                elif reported and isinstance(worker_id, int):  # no measurement reached us: the scheduler's view
-                    t0, t1, ident, error = m.submitted, seen_ns, None, m.error
-                    rid = self._remote_resource(worker_id, worker_id, None, "MainThread")
+                        self._io_rows(rid, host, rpid, tid, ident, t0, t1, g.names.get(g.keys[m.index]), delta,
+                                      calls)
+                        if marks:
+                            close = _OWN
+                elif isinstance(m.worker, int):  # reported done, no measurement reached us: the scheduler's view
+                    t0, t1, ident, error = m.submitted, m.seen, None, m.error
+                    rid = self._remote_resource(m.worker, m.worker, None, "MainThread")
                     timing = "scheduler"
                 else:
                     continue  # still running when the graph failed
-            rows.append((m.index, nbytes, rid, kind, t0, t1, ident, error, timing))
+            rows.append((m.index, nbytes, rid, kind, t0, t1, ident, error, timing, close))
         if final:  # measured in a worker process, never reported done (the graph failed)
             for index, rec in remote.items():
                 _, _, t0, t1, rpid, tid, ident, tname, error, delta = rec
                 if index < len(g.keys):
-                    rows.append((index, None, self._remote_resource(rpid, tid, ident, tname), "processes", t0, t1,
-                                 ident, error, None))
+                    rid = self._remote_resource(rpid, tid, ident, tname)
+                    if delta:
+                        self._io_rows(rid, host, rpid, tid, ident, t0, t1, g.names.get(g.keys[index]), delta, calls)
+                    rows.append((index, None, rid, "processes", t0, t1, ident, error, None,
+                                 _OWN if marks and delta else "}"))
             remote.clear()
-        for index, nbytes, rid, kind, t0, t1, ident, error, timing in rows:
+        for index, nbytes, rid, kind, t0, t1, ident, error, timing, close in rows:
             key = g.keys[index]
             k = g.names.get(key) or str(key)
             name, head = self._attrs_head(key, kind, "erred" if error else "memory")
@@ -526,7 +588,8 @@ class LocalSchedulerCapture(Callback):
                        task_key=k, attrs={"exception_type": error}, ts_ns=t1)
             span(None, None, rid, "task", name, t0, t1, k,
                  f'{{"nbytes": {"null" if nbytes is None else nbytes}, {head}{"null" if ident is None else ident}'
-                 + (f', "timing": "{timing}"}}' if timing else "}"))
+                 + (f', "timing": "{timing}"' if timing else "") + close)
+        return local_io
 
     def _read_spool(self, g: _Graph) -> None:
         """Read what the worker processes appended to this graph's spool since the last read: task records
@@ -562,21 +625,42 @@ class LocalSchedulerCapture(Callback):
             row["resource_id"] = self._remote_resource(row["pid"], row["tid"], row.get("thread_ident"), None)
             self.fs.emit("io", **row)
 
-    def _io_rows(self, rid: str, host: str, pid: int, tid: int, ident, t0: int, t1: int, k: str,
-                 d: list) -> None:
+    def _io_rows(self, rid: str, host: str, pid: int, tid: int, ident, t0: int, t1: int, k: str | None,
+                 d: list, calls: int | None = None) -> None:
+        """The ``io`` rows of one counter delta ``d`` over [t0, t1]; ``calls``: how many task calls it holds
+        (level standard, where a shorter call's I/O is charged to the next measured one)."""
         rchar, wchar, syscr, syscw, read_bytes, write_bytes, cancelled = d
         emit = self.fs.row_writer("io")
+        tasks = f', "tasks": {calls}' if calls is not None else ""
         if rchar or syscr or read_bytes:
             emit(rid, host, pid, tid, ident, None, "proc-io", "read", None, None, rchar, t0, t1, k,
-                 f'{{"syscr": {syscr}, "read_bytes": {read_bytes}, {AGG}"ops": {syscr}}}')
+                 f'{{"syscr": {syscr}, "read_bytes": {read_bytes}, {AGG}"ops": {syscr}{tasks}}}')
         if wchar or syscw or write_bytes or cancelled:
             emit(rid, host, pid, tid, ident, None, "proc-io", "write", None, None, wchar, t0, t1, k,
                  f'{{"syscw": {syscw}, "write_bytes": {write_bytes}, "cancelled_write_bytes": {cancelled}, '
-                 f'{AGG}"ops": {syscw}}}')
+                 f'{AGG}"ops": {syscw}{tasks}}}')
 
-    def _local_io(self, rows: list[tuple]) -> None:
+    def _pending_io(self, g: _Graph) -> None:
+        """What the calls still pending on each thread when graph ``g`` ends did since the thread's last reading
+        (level standard): rows with no task over that interval, ``tasks`` = their number. A thread still in a
+        task (the graph failed while it ran) is left alone."""
+        host, pid = ids.hostname(), os.getpid()
+        for st in g.threads:
+            if st.gen != g.gen or not st.pending or st.key is not None or st.last is None:
+                continue
+            now, now_ns = _READER.read_raw(st.tid), _time_ns()
+            if now is None:
+                continue
+            calls, before, since = st.pending, st.last, st.last_ns
+            st.last, st.last_ns, st.pending = now, now_ns, 0
+            # the read that gave ``before`` is in the thread's counters; this one is not yet
+            delta = parse_raw(now) - parse_raw(before) - read_cost(before)
+            self._io_rows(self._thread_resource(st), host, pid, st.tid, st.ident, since, now_ns, None, list(delta),
+                          calls)
+
+    def _local_io(self, rows: list[tuple], marks: bool = False) -> None:
         """Per-task counter deltas of tasks run in this process, parsed in bulk: (MeasuredTask, thread resource,
-        task key) per task."""
+        task key) per task; ``marks``: the rows say how many task calls each delta holds."""
         import numpy as np
 
         n = len(rows)
@@ -595,7 +679,8 @@ class LocalSchedulerCapture(Callback):
         host, pid = ids.hostname(), os.getpid()
         for i in np.flatnonzero(delta.any(axis=1)):
             m, rid, k = rows[i]
-            self._io_rows(rid, host, pid, m.st.tid, m.st.ident, m.t0, m.t1, k, delta[i].tolist())
+            self._io_rows(rid, host, pid, m.st.tid, m.st.ident, m.t0, m.t1, k, delta[i].tolist(),
+                          m.calls if marks else None)
 
     # ---- lifecycle ---------------------------------------------------------------------------------------
     def close(self) -> None:
@@ -617,26 +702,35 @@ class LocalSchedulerCapture(Callback):
             self._client.flush(30)
 
 
-def _span_batch(rids, prefixes, starts, ends, keys, nbytes, tails, idents) -> dict:
-    """Columns of ``spans`` rows for tasks that ran in this process; ``attrs`` is put together by Arrow."""
+_OWN = ', "io": "own"}'   # level standard: the span's I/O is in its own rows
+_NEXT = ', "io": "next"}'  # ... in the rows of the next measured call on its thread
+
+
+def _span_batch(rids, prefixes, starts, ends, keys, nbytes, tails, idents, closes) -> dict:
+    """Columns of ``spans`` rows for tasks that ran in this process; ``attrs`` is put together by Arrow
+    (``closes``: the end of each task's attrs, or one for all)."""
     import pyarrow as pa
     import pyarrow.compute as pc
 
     n = len(rids)
     nb = pc.fill_null(pc.cast(pa.array(nbytes, pa.int64()), pa.string()), "null")
     attrs = pc.binary_join_element_wise('{"nbytes": ', nb, ", ", pa.array(tails, pa.string()),
-                                        pc.cast(pa.array(idents, pa.int64()), pa.string()), "}", "")
+                                        pc.cast(pa.array(idents, pa.int64()), pa.string()),
+                                        closes if closes.__class__ is str else pa.array(closes, pa.string()), "")
     return {"resource_id": rids, "kind": pa.repeat("task", n),
             "name": prefixes, "start_ns": pa.array(starts, pa.int64()), "end_ns": pa.array(ends, pa.int64()),
             "task_key": keys, "attrs": attrs}
 
 
-def _sizeof(x) -> int:
+_SIZEOF: dict[type, Any] = {}  # type -> the function dask.sizeof dispatches it to
+
+
+def _sizeof_of(cls: type):
+    """``dask.sizeof``'s implementation for results of type ``cls`` (its dispatch, looked up once per type)."""
     from dask.sizeof import sizeof
 
-    global _sizeof
-    _sizeof = sizeof
-    return sizeof(x)
+    f = _SIZEOF[cls] = sizeof.dispatch(cls)
+    return f
 
 
 
@@ -646,8 +740,8 @@ _installed: LocalSchedulerCapture | None = None
 
 def install_from_env() -> LocalSchedulerCapture | None:
     """Observe every local-scheduler computation of this process into the run of $FLOWSCOPE_ADDRESS /
-    $FLOWSCOPE_RUN (as ``flowscope run`` sets them); the client is made when the first graph runs and closed
-    at exit. Does nothing without both variables, or if already installed."""
+    $FLOWSCOPE_RUN at the capture level of $FLOWSCOPE_LEVEL (as ``flowscope run`` sets them); the client is
+    made when the first graph runs and closed at exit. Does nothing without both variables, or if already installed."""
     global _installed
     address, run_id = os.environ.get("FLOWSCOPE_ADDRESS"), os.environ.get("FLOWSCOPE_RUN")
     if not address or not run_id or _installed is not None:
@@ -661,7 +755,7 @@ def install_from_env() -> LocalSchedulerCapture | None:
         _warm_arrow()  # this client is closed at exit
         return fs
 
-    _installed = LocalSchedulerCapture(client)
+    _installed = LocalSchedulerCapture(client, level=os.environ.get(LEVEL_ENV) or DEFAULT_LEVEL)
     _installed.register()
     atexit.register(_installed.close)
     return _installed
