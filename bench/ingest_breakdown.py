@@ -1,15 +1,22 @@
 """Where a record's CPU time goes on flowscope's per-record path: a profile, not a race (bench/ingest.py is the race).
 
 One thread, CPU time (``time.process_time``, steadier than wall time on a shared machine), the dask shape of
-bench/ingest.py (8 function names, one resource, a unique task key per span, no attrs). Measured per record:
+bench/ingest.py (8 function names, one resource, a unique task key per span, no attrs). ``Client.span`` is the
+compiled recorder when it is built (client/span_recorder.py, the default) and the pure-Python generated method
+otherwise (``Client(compiled=False)``); both are measured. Per record:
 
-* ``loop_and_call`` -- the producer's loop calling an empty function with Client.span's signature and the
+* ``loop_and_call`` -- the producer's loop calling an empty Python function with Client.span's signature and the
   same keyword arguments: what any Python API costs before it does anything.
-* ``span`` -- ``Client.span`` itself, buffers never flushed (so no batch conversion in the figure).
-* ``span_without_<part>`` -- Client.span's generated code with one part cut out (its value checks, its
-  string-dictionary lookup, or six of its seven column appends); the difference to ``span`` is that part's cost.
-* ``take`` -- turning a thread's buffered batch (65,536 records) into an Arrow table (``Packer.take``).
+* ``span`` -- the compiled ``Client.span``, buffers never flushed (so no batch conversion in the figure).
+* ``python_span`` -- the pure-Python ``Client.span``, the same way.
+* ``python_span_without_<part>`` -- the pure-Python method's generated code with one part cut out (its value
+  checks, its string-dictionary lookup, or six of its seven column appends); the difference to ``python_span`` is
+  that part's cost.
+* ``take`` / ``python_take`` -- turning a thread's buffered batch (65,536 records) into an Arrow table
+  (``SpanBuffer.take`` over the C buffers, ``Packer.take`` over the Python lists).
 * ``ipc`` -- serialising that table as the Arrow IPC stream the client POSTs.
+
+``value`` is span + take + ipc on the compiled path (the pure-Python path's when the extension is not built).
 
 Each variant runs ``--repeat`` times interleaved; the minimum per variant is reported (the least disturbed run).
 Writes ``bench/results/ingest_breakdown.json`` and prints a table.
@@ -23,12 +30,14 @@ import argparse
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 from _machine import cpu_model, git_commit, write_result
 
 import flowscope
 from flowscope.client import packer as packer_module
+from flowscope.client import span_recorder
 from flowscope.client.packer import Packer
 from flowscope.client.transport import ipc_bytes
 
@@ -38,7 +47,7 @@ BASE_NS = 1_763_700_000_000_000_000
 
 
 def _variants() -> dict[str, object]:
-    """Client.span as generated, and with one part of its body cut out."""
+    """The pure-Python Client.span as generated, and with one part of its body cut out."""
     source = flowscope.Client.span.__source__
     lines = source.split("\n")
     lookup = ("    try:\n        k = get((resource_id, kind, name))\n    except TypeError:\n        k = None\n"
@@ -47,11 +56,11 @@ def _variants() -> dict[str, object]:
         raise SystemExit("Client.span's generated code changed: update bench/ingest_breakdown.py")
     checks = [ln for ln in lines if ln.startswith("    if ") and "len(rows)" not in ln and "k is None" not in ln]
     texts = {
-        "span": source,
-        "span_without_checks": "\n".join(ln for ln in lines if ln not in checks),
-        "span_without_dictionary": source.replace(lookup, "    k = 0\n"),
-        "span_without_6_appends": "\n".join(ln for ln in lines
-                                            if not (ln.startswith("    append_") and not ln.startswith("    append_0("))),
+        "python_span": source,
+        "python_span_without_checks": "\n".join(ln for ln in lines if ln not in checks),
+        "python_span_without_dictionary": source.replace(lookup, "    k = 0\n"),
+        "python_span_without_6_appends": "\n".join(ln for ln in lines if not (ln.startswith("    append_") and
+                                                                               not ln.startswith("    append_0("))),
     }
     out = {}
     for name, text in texts.items():
@@ -80,11 +89,16 @@ def main(argv: list[str] | None = None) -> int:
     keys = [f"{FUNCTIONS[j % 8]}-{j:08x}" for j in range(n)]
     rid = "thread:bench-host:4242:1000"
     tmp = Path(tempfile.mkdtemp(prefix="flowscope-breakdown-"))
-    client = flowscope.Client(store=tmp / "store", spool_dir=tmp / "spool", name="breakdown",
-                              flush_records=10**9, flush_interval=10**6)
-    client.span("warm", BASE_NS, BASE_NS)
-    variants = _variants()
-    samples: dict[str, list[float]] = {k: [] for k in [*variants, "take", "ipc"]}
+    clients = {compiled: flowscope.Client(store=tmp / f"store-{compiled}", spool_dir=tmp / "spool", name="breakdown",
+                                          flush_records=10**9, flush_interval=10**6, compiled=compiled)
+               for compiled in ([True, False] if span_recorder.AVAILABLE else [False])}
+    python = clients[False]
+    variants = {label: types.MethodType(f, python) for label, f in _variants().items()}  # bound, as client.span is
+    if True in clients:
+        variants["span"] = clients[True].span
+    for c in clients.values():
+        c.span("warm", BASE_NS, BASE_NS)
+    samples: dict[str, list[float]] = {k: [] for k in [*variants, "python_take", "take", "ipc"]}
     clock = time.process_time
     for rep in range(args.repeat):
         order = list(variants)
@@ -93,45 +107,70 @@ def main(argv: list[str] | None = None) -> int:
             f = variants[label]
             t = clock()
             for name, s, e, key in zip(names, starts, ends, keys):
-                f(client, name, s, e, kind="task", resource_id=rid, task_key=key)
+                f(name, s, e, kind="task", resource_id=rid, task_key=key)
             samples[label].append((clock() - t) / n * 1e9)
-            for lst in client._local.packers["spans"]._all:  # what the variant buffered: dropped, not converted
-                lst.clear()
-        p = Packer("spans")
-        for name, s, e, key in zip(names[:65_536], starts, ends, keys):
-            p.add(None, None, rid, "task", name, s, e, key, None)
-        t = clock()
-        table = p.take()
-        t1 = clock()
-        ipc_bytes(table)
+            for c in clients.values():  # what the variant buffered: dropped, not converted
+                buffered = c._local.packers["spans"]
+                if isinstance(buffered, Packer):
+                    for lst in buffered._all:
+                        lst.clear()
+                else:
+                    buffered._take()
+        batches = {"python_take": Packer("spans")}
+        if span_recorder.AVAILABLE:
+            batches["take"] = span_recorder.SpanBuffer(flush_rows=10**9, rid=rid)
+        for label in sorted(batches, key=lambda k: (k != order[0], k)):  # alternate which goes first
+            p = batches[label]
+            for name, s, e, key in zip(names[:65_536], starts, ends, keys):
+                p.add(None, None, rid, "task", name, s, e, key, None)
+            t = clock()
+            table = p.take()
+            t1 = clock()
+            samples[label].append((t1 - t) / table.num_rows * 1e9)
         t2 = clock()
-        samples["take"].append((t1 - t) / table.num_rows * 1e9)
-        samples["ipc"].append((t2 - t1) / table.num_rows * 1e9)
-    client.close()
+        ipc_bytes(table)
+        samples["ipc"].append((clock() - t2) / table.num_rows * 1e9)
+    for c in clients.values():
+        c.close()
+    samples = {k: v for k, v in samples.items() if v}
     best = {k: round(min(v), 1) for k, v in samples.items()}
-    parts = {"call_and_loop": best["loop_and_call"],
-             "checks": round(best["span"] - best["span_without_checks"], 1),
-             "dictionary_lookup": round(best["span"] - best["span_without_dictionary"], 1),
-             "six_appends": round(best["span"] - best["span_without_6_appends"], 1)}
-    parts["rest_of_span"] = round(best["span"] - best["loop_and_call"] - parts["checks"]
-                                  - parts["dictionary_lookup"] - parts["six_appends"], 1)
-    parts["take_to_arrow"] = best["take"]
-    parts["ipc_serialise"] = best["ipc"]
-    total = best["span"] + best["take"] + best["ipc"]
+    python_parts = {"call_and_loop": best["loop_and_call"],
+                    "checks": round(best["python_span"] - best["python_span_without_checks"], 1),
+                    "dictionary_lookup": round(best["python_span"] - best["python_span_without_dictionary"], 1),
+                    "six_appends": round(best["python_span"] - best["python_span_without_6_appends"], 1)}
+    python_parts["rest_of_span"] = round(best["python_span"] - best["loop_and_call"] - python_parts["checks"]
+                                         - python_parts["dictionary_lookup"] - python_parts["six_appends"], 1)
+    python_parts["take_to_arrow"] = best["python_take"]
+    python_parts["ipc_serialise"] = best["ipc"]
+    python_total = best["python_span"] + best["python_take"] + best["ipc"]
+    if "span" in best:
+        parts = {"span": best["span"], "take_to_arrow": best["take"], "ipc_serialise": best["ipc"]}
+        total = best["span"] + best["take"] + best["ipc"]
+    else:
+        parts, total = python_parts, python_total
     result = {
         "benchmark": "ingest_breakdown", "metric": "cpu_ns_per_record", "value": round(total, 1), "unit": "ns",
         "target": None, "meets_target": None, "peers": {}, "ratio_vs_peer": None,
-        "parts_ns": parts, "variants_ns": best,
+        "compiled": "span" in best, "parts_ns": parts, "python_parts_ns": python_parts,
+        "python_value": round(python_total, 1), "variants_ns": best,
         "samples_ns": {k: [round(x, 1) for x in v] for k, v in samples.items()},
         "params": {"records": n, "repeat": args.repeat, "threads": 1, "clock": "process CPU time, minimum of the "
-                   "repetitions", "value_is": "span + take + ipc per record, one thread, no collector",
+                   "repetitions", "value_is": "span + take + ipc per record, one thread, no collector, on the "
+                   "compiled path when built (python_value: the pure-Python path)",
                    "flowscope_commit": git_commit(), "cpu_model": cpu_model()},
     }
     write_result(result, args.output)
-    for k, v in parts.items():
-        print(f"{k:<20} {v:>7.1f} ns/record")
-    print(f"ingest_breakdown: {total:,.0f} ns of CPU per record on the per-record path (span {best['span']:.0f}, "
-          f"take {best['take']:.0f}, ipc {best['ipc']:.0f}); wrote {args.output}", flush=True)
+    print("pure-Python path:")
+    for k, v in python_parts.items():
+        print(f"  {k:<20} {v:>7.1f} ns/record")
+    if "span" in best:
+        print("compiled path:")
+        for k, v in parts.items():
+            print(f"  {k:<20} {v:>7.1f} ns/record")
+        print(f"  (the loop and a call of an empty Python function with span's arguments: {best['loop_and_call']} ns)")
+    print(f"ingest_breakdown: {total:,.0f} ns of CPU per record on the per-record path "
+          f"({'compiled' if 'span' in best else 'pure Python'}; pure Python {python_total:,.0f}); wrote {args.output}",
+          flush=True)
     return 0
 
 

@@ -28,12 +28,19 @@ from typing import Any
 
 import pyarrow as pa
 
+from flowscope.client import span_recorder
 from flowscope.client.packer import Packer, recorder
 from flowscope.client.spool import Spool, default_spool_dir, replay
 from flowscope.client.transport import TOKEN_ENV, Busy, HttpTransport, Rejected, Unreachable, pick_collector
 from flowscope.model import identifiers as ids
 from flowscope.model.conform import SchemaError, conform
-from flowscope.model.provenance import check_open_request, check_run_id, collect_provenance, new_run_id, now_ns
+from flowscope.model.provenance import (
+    check_open_request,
+    check_run_id,
+    collect_provenance,
+    new_run_id,
+    now_ns,
+)
 
 log = logging.getLogger("flowscope.client")
 
@@ -56,6 +63,8 @@ class Client:
     child processes join their parent's run. A client that created its run closes it.
     ``token``: what a collector bound beyond loopback requires on every request; default the token next
     to the picked address in the address file, else $FLOWSCOPE_TOKEN.
+    ``compiled``: record spans with the compiled recorder (client/span_recorder.py; the default when it is built,
+    unless $FLOWSCOPE_COMPILED is 0) or, False, with the pure-Python packer; both store the same rows.
     """
 
     def __init__(self, address: str | None = None, *, address_file: str | Path | None = None,
@@ -64,9 +73,14 @@ class Client:
                  meta: dict | None = None, flush_records: int = 65_536, flush_interval: float = 1.0,
                  max_buffer_records: int = 500_000, spool_dir: str | Path | None = None,
                  busy_timeout: float = 30.0, senders: int = 2, serve: bool = False,
-                 collector_options: dict | None = None, token: str | None = None):
+                 collector_options: dict | None = None, token: str | None = None, compiled: bool | None = None):
         if isinstance(command, list):
             command = " ".join(command)
+        if compiled is None:
+            compiled = span_recorder.AVAILABLE and os.environ.get("FLOWSCOPE_COMPILED", "1") != "0"
+        self.compiled = bool(compiled)
+        if self.compiled:  # Client.span on this instance: the C recorder (the class attribute is the pure-Python one)
+            self.span = span_recorder.new_recorder(self._spans_buffer)
         # refused here, in the producer's call, rather than by the collector once the threads run
         check_open_request({"name": name, "command": command, **(meta or {})})
         listed_token = None  # the token written next to the address in an address file
@@ -173,14 +187,22 @@ class Client:
             return self._packer(table)
         except KeyError:
             pass
-        p = Packer(table, owner=threading.current_thread(), flush_rows=self.flush_records, on_full=self._full)
-        p.rid = local.rid
+        if table == "spans" and self.compiled:
+            p = span_recorder.SpanBuffer(threading.current_thread(), flush_rows=self.flush_records,
+                                         on_full=self._full, rid=local.rid)
+        else:
+            p = Packer(table, owner=threading.current_thread(), flush_rows=self.flush_records, on_full=self._full)
+            p.rid = local.rid
+            setattr(local, f"{table}_state", p.state())  # what the generated span() unpacks
         with self._packers_lock:
             self._packers.append(p)
         local.packers[table] = p
         setattr(local, table, p)  # metric() and log() read it as an attribute: the fastest lookup
-        setattr(local, f"{table}_state", p.state())  # what the generated span() unpacks
         return p
+
+    def _spans_buffer(self) -> span_recorder.SpanBuffer:
+        """The calling thread's span buffer, for the compiled recorder (on the thread's first span)."""
+        return self._packer("spans")
 
     def _state(self, table: str) -> tuple:
         """The calling thread's buffers for ``table`` as the generated recorders unpack them (first record)."""
@@ -201,6 +223,8 @@ class Client:
         ``flowscope.TABLES[table].names``): the fastest way to record from a hot path. It writes
         to the buffer of the thread that calls it; values are checked as they are recorded."""
         p = self._packer(table)
+        if table == "spans" and self.compiled:
+            return self.span.row  # it finds the calling thread's buffer itself
         p.keep = True  # the function may outlive its thread: the builder keeps the buffer it writes to
 
         def elsewhere(*values: Any) -> None:

@@ -271,8 +271,9 @@ class Packer:
 
 
 # ---- the code generator -------------------------------------------------------------------------------------
-def _body(p: Packer, v: list[str]) -> list[str]:
-    """Lines (indented 4) that check the values named ``v`` (one per column), append them, and flush when full.
+def _body(p: Packer, v: list[str], store: bool = True) -> list[str]:
+    """Lines (indented 4) that check the values named ``v`` (one per column), append them, and flush when full;
+    with ``store=False``, lines that only check and convert them (the coded strings as ``_code`` checks them).
 
     Names the lines use: ``append_<j>`` per buffered list, ``get``, ``rows``, ``limit``, ``code``, ``on_full``,
     ``packer``, and the module-level helpers bound in _namespace()."""
@@ -309,6 +310,8 @@ def _body(p: Packer, v: list[str]) -> list[str]:
     if interval is not None and pair is None:
         s, e = (v[p.columns.index(c)] for c in interval)
         lines.append(f"    if {s} is not None and {e} is not None and {e} < {s}: packer._interval({s}, {e})")
+    if not store:
+        return lines + [f"    if {v[i]}.__class__ is not str: {v[i]} = packer._str({i}, {v[i]})" for i in p._coded]
     appends = []
     if p._coded:
         key = v[p._coded[0]] if len(p._coded) == 1 else "(" + ", ".join(v[i] for i in p._coded) + ")"
@@ -344,6 +347,18 @@ def _compile(p: Packer, guard: tuple[int, Callable] | None = None) -> tuple[str,
     source = "\n".join([*lines, *_body(p, v)])
     exec(source, ns)  # noqa: S102 - source built from the schema, no user input
     return source, ns["add"]
+
+
+def checker(table: str) -> Callable[..., tuple]:
+    """A function taking a record of ``table`` (its values in column order) and returning them as ``Packer.add``
+    stores them (exact ints and strs, attrs as JSON), or raising the SchemaError ``Packer.add`` raises: what the
+    compiled span recorder (span_recorder.py) calls for any value outside its common case."""
+    p = Packer(table)
+    v = [f"c{i}" for i in range(len(p.columns))]
+    lines = [f"def check({', '.join(v)}):", *_body(p, v, store=False), f"    return ({', '.join(v)},)"]
+    ns = {**_namespace(), "packer": p}
+    exec("\n".join(lines), ns)  # noqa: S102 - source built from the schema, no user input
+    return ns["check"]
 
 
 def recorder(table: str, signature: str, values: dict[str, str], prologue: list[str], doc: str,
