@@ -118,8 +118,9 @@ def breakdown(run: Run) -> Breakdown:
     return b
 
 
-#: the roles whose spans :func:`task_groups` groups when it is not told which, in this order of preference
-GROUPED_ROLES = ("task", "call", "state")
+#: the roles whose spans :func:`task_groups` groups when it is not told which, in this order of preference (a run
+#: whose spans are all ``other``, e.g. a Chrome trace of async slices only, still gets its groups)
+GROUPED_ROLES = ("task", "call", "state", "other")
 
 
 def task_groups(run: Run, role: str | None = None) -> pd.DataFrame:

@@ -82,12 +82,12 @@ def _esc(text: str) -> str:
 def breakdown_chart(b: Breakdown) -> go.Figure | None:
     """Seconds of computation, communication and I/O (summed over resources), one bar each, then waiting,
     runtime overhead and idle time when the run has them."""
-    if not (b.compute_s or b.communication_s or b.io_s or b.wait_s or b.runtime_s):
+    if not (b.compute_s or b.communication_s or b.io_s or b.wait_s or b.runtime_s or b.other_s):
         return None
     cats = ["computation", "communication", "I/O" if b.io_s is not None else "I/O (time unknown)"]
     vals = [b.compute_s, b.communication_s, b.io_s or 0.0]
     extra = [(n, v, c) for n, v, c in (("waiting", b.wait_s, "#d62728"), ("runtime overhead", b.runtime_s, "#9467bd"),
-                                       ("idle", b.idle_s, "#c7c7c7")) if v]
+                                       ("other", b.other_s, "#8c564b"), ("idle", b.idle_s, "#c7c7c7")) if v]
     colors = ["#1f77b4", KIND_COLORS["transfer"], KIND_COLORS["disk-read"]]
     cats += [n for n, _, _ in extra]
     vals += [v for _, v, _ in extra]

@@ -15,6 +15,7 @@ from plotly.offline import get_plotlyjs
 
 import flowscope
 from flowscope.analysis.breakdown import IO_TIME_UNKNOWN, Breakdown, breakdown, task_groups
+from flowscope.analysis.io_summary import IO_ABSENT
 from flowscope.analysis.nothing_observed import why_nothing_observed
 from flowscope.analysis.summary import TASK_STEP, Utilisation, utilisation
 from flowscope.report import charts
@@ -287,7 +288,11 @@ def _utilisation_facts(u: Utilisation) -> list[tuple[str, str]]:
 
 
 def figure_section(sid: str, fig: go.Figure | StreamFigure | None, figs: _Figures, help_text: str, nodata: str,
-                   extra: str = "") -> str:
+                   extra: str = "", no_chart: str = "") -> str:
+    """A section of one figure and what follows it (``extra``). Without the figure: ``no_chart`` (why the rows
+    there are give no chart) above ``extra`` when there is ``extra``, else "No data" and ``nodata``."""
+    if fig is None and extra:
+        return _section(sid, f'<p class="note">{no_chart}</p>' + extra, help_text)
     if fig is None:
         return _section(sid, _nodata(nodata), help_text)
     return _section(sid, figs.html(fig, sid) + extra, help_text)
@@ -309,7 +314,7 @@ def communication_extra(ctx: Context) -> str:
                                    median_ms=("ms", "median"))
     rows = []
     for loc, r in g.iterrows():
-        bw = r["bytes"] / (r["ms"] / 1e3) if r["ms"] > 0 else None
+        bw = r["bytes"] / (r["ms"] / 1e3) if r["ms"] > 0 and r["bytes"] > 0 else None
         rows.append([loc, f"{int(r['n']):,}", fmt_bytes(r["bytes"]), fmt_s(r["ms"] / 1e3),
                      fmt_duration(r["median_ms"] / 1e3), f"{fmt_bytes(bw)}/s" if bw else "-"])
     return _table(["transfers", "count", "bytes", "total time", "median time", "bytes / time"], rows)
@@ -393,8 +398,13 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
             body.append(_path_table(path))
     body.extend(_message_path_parts(ctx, figs, failed))
     if not body:
-        return _section("critical-path", _nodata("no task spans, no messages between calls and no data states in "
-                                                 "this run."), help_text)
+        return _section("critical-path", _nodata(
+            "no units of work, no messages between calls and no data states in this run. The task graph's path "
+            "needs spans on resources that execute work, and their dependencies for the structural path (Dask's "
+            "graph, StarPU's tasks.rec beside its Paje trace, WfCommons parents); the path through messages needs "
+            "transfers that link a send call to a receive call (MPI messages in OTF2, Chrome / Perfetto flows); the "
+            "data-state path needs data states (<code>flowscope.data_states</code>, a WfCommons instance's "
+            "files)."), help_text)
     return _section("critical-path", "\n".join(body), help_text)
 
 
@@ -436,7 +446,10 @@ def groups_section(ctx: Context, groups: pd.DataFrame, limit: int = 60) -> str:
                  "CV is the coefficient of variation of the durations (standard deviation / mean): "
                  "near 0 the tasks of a group take the same time, above 1 their durations vary widely.")
     if groups.empty:
-        return _section("task-groups", _nodata("no tasks, calls or states in this run."), help_text)
+        return _section("task-groups", _nodata(
+            "no tasks, calls or states in this run. Groups come from spans: Dask tasks (by prefix), StarPU "
+            "codelets and other Paje states, OTF2 regions, Chrome / Perfetto slices, WfCommons tasks (by "
+            "category)."), help_text)
     rows = []
     for r in groups.head(limit).itertuples():
         sw = Markup(f'<span class="sw" style="background:{ctx.color(r.group)}"></span>{_e(r.group)}')
@@ -497,6 +510,8 @@ def warnings_extra(ctx: Context) -> str:
     df = ctx.sql("""SELECT category, level, count(*) AS n, min(ts_ns) AS first, arg_min(message, ts_ns) AS msg
                         FROM logs WHERE level IN ('warning', 'error') GROUP BY category, level
                         ORDER BY n DESC""")
+    if df.empty:  # logs, but none a warning or an error
+        return ""
     rows = [[r.category, r.level, f"{int(r.n):,}",
              fmt_duration((int(r.first) - ctx.t0) / 1e9) if pd.notna(r.first) else "-",
              (r.msg[:160] + "…") if isinstance(r.msg, str) and len(r.msg) > 160 else (r.msg or "")]
@@ -530,7 +545,10 @@ def build_html(ctx: Context, progress: Progress | None = None) -> str:
         "double-click to isolate it; drag to zoom, double-click the plot to reset). Red bars on a worker's own "
         "row are incoming transfers; brown bars there are spilling to and from disk. Gaps in a thread's row are "
         "time it sat idle.",
-        "no spans or transfers in this run."))
+        "no spans or transfers in this run. Spans come from a recorded run (Dask tasks, "
+        "<code>@flowscope.trace</code>, <code>Client.span</code>) or an imported trace (Paje states, OTF2 regions, "
+        "Chrome / Perfetto slices, WfCommons tasks); transfers from data moved between Dask workers, MPI messages "
+        "(OTF2), Paje links and Chrome / Perfetto flows."))
     step(2, "hardware")
     parts.append(figure_section(
         "hardware", charts.hardware(ctx), figs,
@@ -538,7 +556,9 @@ def build_html(ctx: Context, progress: Progress | None = None) -> str:
         "starts underneath on the same time axis: CPU low while tasks start means the work is waiting on "
         "something else (the scheduler, communication, I/O).",
         "no hardware metrics (<code>cpu.percent</code>, <code>memory.used_bytes</code> in namespace "
-        "<code>hardware</code>) in this run."))
+        "<code>hardware</code>) in this run. flowscope's hardware sampler records them while "
+        "<code>flowscope run</code> or <code>observe()</code> watches a run; a trace imported from another tool "
+        "carries none."))
     step(3, "I/O")
     parts.append(figure_section(
         "io", charts.io_over_time(ctx), figs,
@@ -546,7 +566,8 @@ def build_html(ctx: Context, progress: Progress | None = None) -> str:
         "middle of its interval (for per-task counters: of the task), darker for more bytes (log scale). "
         "Grey dots are files opened. Rows are the threads of the task stream. With more than 10,000 records, "
         "one mark per thread, operation and time bin (600 over the run) carries the bin's count and bytes.",
-        "no I/O records in this run.", extra=io_extra(ctx) if ctx.counts.get("io") else ""))
+        _code(IO_ABSENT), extra=io_extra(ctx) if ctx.counts.get("io") else "",
+        no_chart="None of the I/O records is a read, a write or a file open: the table below counts them."))
     parts.append(io_summary_section(ctx, figs, _section, _table, _nodata))
     step(4, "communication")
     parts.append(figure_section(
@@ -554,8 +575,12 @@ def build_html(ctx: Context, progress: Progress | None = None) -> str:
         "Each transfer between workers: its duration against its size, on log axes. Points on one diagonal move "
         "data at the same bandwidth; points high above the others at small sizes are latency-bound. Red: the two "
         "workers were on different hosts; blue: the same host.",
-        "no transfers in this run.",
-        extra=communication_extra(ctx) if ctx.counts.get("transfers") else ""))
+        "no transfers in this run. They come from data moved between Dask workers, MPI messages in an OTF2 "
+        "trace, Paje links (StarPU's data transfers, SimGrid's communications) and Chrome / Perfetto flows.",
+        extra=communication_extra(ctx) if ctx.counts.get("transfers") else "",
+        no_chart="No transfer has both a size and a duration, so none can be placed on the chart: Chrome / Perfetto "
+                 "flows and Paje links record that one piece of work led to another, not the bytes moved; "
+                 "MPI messages (OTF2) and Dask's transfers carry both."))
     step(5, "task groups")
     parts.append(groups_section(ctx, groups))
     step(6, "call profile")
@@ -567,7 +592,9 @@ def build_html(ctx: Context, progress: Progress | None = None) -> str:
         "warnings", charts.warnings(ctx), figs,
         "Warnings and errors the run logged (event loop unresponsive, long garbage collections, memory pauses, "
         "task errors...), one row per category, at the time they happened.",
-        "no warnings or errors in this run.", extra=warnings_extra(ctx) if ctx.counts.get("logs") else ""))
+        "no warnings or errors in this run. They come from what a Dask run logs (event loop unresponsive, "
+        "garbage collection, memory pauses, task errors) and from <code>Client.log(..., level=\"warning\")</code>.",
+        extra=warnings_extra(ctx) if ctx.counts.get("logs") else ""))
     anomalies = anomaly_section(ctx.run)
     if anomalies:
         parts.append(anomalies)

@@ -1,0 +1,386 @@
+"""Every trace in the shared data folder, imported, reported and opened in headless Chromium.
+
+For each trace flowscope's own format detection finds in the folder (so a trace added there gets these tests),
+each report section whose data the run's tables hold is drawn with content -- marks, boxes, bars, table rows
+counted in the page, not just a div -- and each section whose data is absent says what would supply it.
+``flowscope show RUN --json`` gives the breakdown and the critical path. WfCommons instances: the structural
+critical path the report shows is networkx's longest runtime-weighted path through the instance's DAG.
+
+Every trace is covered except in the Darshan release logs: 36 near-identical logs of one 4-process mpi-io-test job,
+one per Darshan release 3.0.0-3.5.0 on x86_64 and ppc64. Their runs have the same tables with the same kinds of rows,
+so the report draws the same sections for each; what differs between them is how the importer reads each version's
+format, which tests/test_darshan.py and tests/test_io_summary.py check on all 36. Here the newest log of each release
+series (major.minor) per architecture stands for its series (:func:`sample`: 8 logs, chosen by name, so the same
+ones each time), which spares about 28 page loads of a 5 MB report.
+One browser serves the module, one page each report; each trace is imported and its report opened once
+(module-scoped caches shared by the tests).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import itertools
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import shared_data_dir
+
+import flowscope
+from flowscope.importers import TraceError, content_files, expand, import_paths
+
+DATA = shared_data_dir()
+
+#: traces the shared data's README says are broken on purpose: their import must be refused, saying where
+INVALID = {"paje/pajeng/native_paje.trace": "pajeng's own test expects pj_dump to fail on it"}
+
+#: files in the folder that are not traces: documentation and licences, the sources and build notes of the
+#: StarPU demo, StarPU's own records beside its Paje trace (tasks.rec, data.rec, trace.rec, dag.dot: read with
+#: it), a Score-P configuration. An OTF2 archive's member files are found through the importer.
+COMPANION = re.compile(r"(^|/)(README[^/]*|LICENSE[^/]*|HOWTO[^/]*|MANIFEST[^/]*)$|\.(md|txt|c|cfg|rec|dot)$")
+
+#: per section: what a "No data" message must name as the thing that would supply the missing data
+SUPPLIED_BY = {
+    "breakdown": r"flowscope semantics",
+    "task-stream": r"OTF2|Paje|Chrome",
+    "hardware": r"hardware sampler",
+    "io": r"Darshan",
+    "io-summary": r"Darshan",
+    "communication": r"MPI|flows",
+    "task-groups": r"OTF2|Paje|Chrome",
+    "profile": r"OTF2|Chrome",
+    "critical-path": r"dependencies|messages",
+    "warnings": r"Client\.log|warning",
+}
+
+
+#: a folder of near-identical logs, one per release, named ``<job>-<architecture>-<version>.darshan``
+RELEASE_LOGS = re.compile(r"^darshan/release_logs/.*-(?P<arch>[^-]+)-(?P<series>\d+\.\d+)\.(?P<patch>\d+)(?P<pre>-[^.]+)?"
+                          r"\.darshan$")
+
+
+def sample(traces: list[str]) -> list[str]:
+    """``traces`` with the Darshan release logs cut to the newest release of each series per architecture."""
+    newest: dict[tuple[str, str], tuple[tuple[int, int], str]] = {}
+    out = []
+    for t in traces:
+        m = RELEASE_LOGS.match(t)
+        if m is None:
+            out.append(t)
+            continue
+        rank = (int(m["patch"]), 0 if m["pre"] else 1)  # 3.4.0-pre1 comes before 3.4.0
+        key = (m["arch"], m["series"])
+        if key not in newest or rank > newest[key][0]:
+            newest[key] = (rank, t)
+    return sorted(out + [t for _, t in newest.values()])
+
+
+def _discover() -> list[str]:
+    if not DATA.is_dir():
+        return []
+    todo, _ = expand([DATA])
+    return sample(sorted(p.relative_to(DATA).as_posix() for p, _ in todo))
+
+
+TRACES = _discover()
+# without the folder, one placeholder whose test asks for the ``shared_data`` fixture: skipped with the reason
+# (failed under CI, FLOWSCOPE_REQUIRE_SHARED_DATA=1)
+PARAMS = TRACES or ["(shared data folder absent)"]
+VALID = [t for t in PARAMS if t not in INVALID]
+WFCOMMONS = [t for t in TRACES if t.startswith("wfinstances/")] or ["(shared data folder absent)"]
+
+
+# ---- fixtures: one import per trace, one browser --------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """``runs(rel)``: the run of the trace ``rel``, imported on first use."""
+    store = tmp_path_factory.mktemp("every-trace")
+    cache: dict[str, flowscope.Run] = {}
+
+    def get(rel: str) -> flowscope.Run:
+        if rel not in cache:
+            cache[rel] = flowscope.open_run(import_paths([DATA / rel], store).run_dir)
+        return cache[rel]
+
+    return get
+
+
+@pytest.fixture(scope="module")
+def browser():
+    from test_report import CHROMIUM, CHROMIUM_ARGS, _browser
+
+    sync_playwright = _browser()
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@pytest.fixture(scope="module")
+def pages(runs, browser, tmp_path_factory):
+    """``pages(rel)``: what the report of the trace ``rel`` draws (:func:`page_sections`), opened on first use."""
+    from flowscope.report import write_report
+
+    out = tmp_path_factory.mktemp("reports")
+    cache: dict[str, dict] = {}
+
+    def get(rel: str) -> dict[str, dict]:
+        if rel not in cache:
+            cache[rel] = page_sections(browser, write_report(runs(rel), out / f"{len(cache)}.html"))
+        return cache[rel]
+
+    return get
+
+
+#: what each section of the page holds: its figures with the marks drawn in each, the rows of its tables, its
+#: "No data" messages, its text. Marks: scatter markers, line segments (a bar of the task stream is one),
+#: bars of non-zero size, flame-graph boxes, heat-map images, points of WebGL traces (drawn on a canvas).
+SECTIONS_JS = """() => {
+  const marks = (gd) => {
+    let n = 0;
+    gd.querySelectorAll('.scatterlayer .trace').forEach(t => {
+      n += t.querySelectorAll('path.point').length;
+      t.querySelectorAll('path.js-line').forEach(p => { n += ((p.getAttribute('d') || '').match(/M/g) || []).length; });
+    });
+    gd.querySelectorAll('.barlayer .point path').forEach(p => {
+      const d = p.getAttribute('d') || ''; if (d && d !== 'M0,0Z') n += 1; });
+    n += gd.querySelectorAll('g.slice').length;
+    n += gd.querySelectorAll('.hm image').length;
+    (gd._fullData || []).forEach(t => {
+      if (/gl$/.test(t.type) && t.visible === true)
+        n += Array.from(t.x || []).filter(v => v !== null && v === v).length; });
+    return n;
+  };
+  return Array.from(document.querySelectorAll('main > section')).map(s => ({
+    id: s.id,
+    figures: Array.from(s.querySelectorAll('.js-plotly-plot')).map(d => ({id: d.id, marks: marks(d)})),
+    undrawn: Array.from(s.querySelectorAll('div.plot:not(.js-plotly-plot)')).map(d => d.id),
+    rows: Array.from(s.querySelectorAll('table.data')).map(t => t.querySelectorAll('tbody tr').length),
+    nodata: Array.from(s.querySelectorAll('p.nodata')).map(p => p.innerText),
+    text: s.innerText,
+  }));
+}"""
+
+ALL_DRAWN_JS = """() => window.Plotly === undefined || (
+  document.querySelectorAll('.plot').length === document.querySelectorAll('.js-plotly-plot').length &&
+  Array.from(document.querySelectorAll('.js-plotly-plot')).every(d => d.flowscopeReady !== false))"""
+
+
+def page_sections(browser, report: Path) -> dict[str, dict]:
+    """The report opened in a new page of ``browser`` (offline: a request leaving the file fails the test):
+    per section id, what :data:`SECTIONS_JS` finds."""
+    page = browser.new_page(viewport={"width": 1400, "height": 900})
+    errors: list[str] = []
+    external: list[str] = []
+    try:
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+
+        def block(route):
+            external.append(route.request.url)
+            route.abort()
+
+        page.route(re.compile(r"^(?!file:|data:|blob:|about:).*"), block)
+        # a 5 MB page on a machine shared with other work can take long to load: wait for it, not for a time
+        page.goto(report.resolve().as_uri(), wait_until="load", timeout=600_000)
+        page.wait_for_function(ALL_DRAWN_JS, timeout=600_000)
+        sections = {s["id"]: s for s in page.evaluate(SECTIONS_JS)}
+    finally:
+        page.close()
+    assert not errors, errors
+    assert not external, external
+    return sections
+
+
+# ---- what the run's tables hold, read from the tables (not from the report) -----------------------------------
+
+def _n(run, sql: str) -> int:
+    return int(run.sql(sql).iloc[0, 0])
+
+
+def holds(run) -> dict[str, int]:
+    """Counts of what each report section draws from, from the run's tables and the model's views."""
+    counts = run.counts()
+    return {
+        "spans": counts.get("spans", 0),
+        "transfers": counts.get("transfers", 0),
+        # busy time of the resources that execute work, in the vocabulary's categories
+        "busy": _n(run, """SELECT count(*) FROM activity a LEFT JOIN executors e ON e.resource_id = a.resource_id
+                           WHERE coalesce(e.executes, TRUE) AND a.category <> 'idle' AND a.end_ns > a.start_ns"""),
+        "executing": _n(run, """SELECT count(DISTINCT a.resource_id) FROM activity a LEFT JOIN executors e
+                                ON e.resource_id = a.resource_id WHERE coalesce(e.executes, TRUE)"""),
+        "io": counts.get("io", 0),
+        "io_marks": _n(run, "SELECT count(*) FROM io WHERE op IN ('read', 'write', 'open')") if counts.get("io") else 0,
+        "sized_transfers": _n(run, "SELECT count(*) FROM transfers WHERE nbytes > 0 AND end_ns > start_ns")
+        if counts.get("transfers") else 0,
+        "messages": _n(run, """SELECT count(*) FROM transfers WHERE attrs LIKE '%"dst_call"%'""")
+        if counts.get("transfers") else 0,
+        "dependencies": counts.get("dependencies", 0),
+        "hardware": _n(run, """SELECT count(*) FROM metrics WHERE (namespace = 'hardware' AND name IN
+                               ('cpu.percent', 'memory.used_bytes', 'process.cpu.percent', 'process.memory.rss_bytes'))""")
+        if counts.get("metrics") else 0,
+        "warnings": _n(run, "SELECT count(*) FROM logs WHERE level IN ('warning', 'error')") if counts.get("logs") else 0,
+        "data_states": counts.get("data_states", 0) if counts.get("mutations") else 0,
+    }
+
+
+def expected_sections(h: dict[str, int]) -> dict[str, bool]:
+    """Per section: whether the run holds its data."""
+    return {
+        "breakdown": bool(h["busy"] or h["transfers"] or h["io"]),
+        "task-stream": bool(h["spans"] or h["transfers"]),
+        "hardware": bool(h["hardware"]),
+        "io": bool(h["io"]),
+        "io-summary": bool(h["io"]),
+        "communication": bool(h["transfers"]),
+        "task-groups": bool(h["spans"]),
+        "profile": bool(h["spans"]),
+        "critical-path": bool(h["busy"] or h["messages"] or h["data_states"]),
+        "warnings": bool(h["warnings"]),
+    }
+
+
+def show_json(run) -> dict:
+    """``flowscope show RUN --json``, in this process (the command's own code, its own printing)."""
+    from flowscope.cli.main import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        assert main(["show", str(run.path), "--json"]) == 0
+    return json.loads(out.getvalue())
+
+
+# ---- tests -------------------------------------------------------------------------------------------------------
+
+def test_the_folder_holds_only_traces_and_their_companions(shared_data):
+    """Every file of the shared folder is either a trace flowscope detects (and so gets the tests below), a
+    member of a detected OTF2 archive, or a companion file named in :data:`COMPANION`: a trace in a format
+    flowscope does not detect cannot slip through untested."""
+    todo, skipped = expand([shared_data])
+    assert todo, "no trace found"
+    members = {m.resolve() for p, fmt in todo for m in content_files(p, fmt)}
+    untested = [s for s in skipped if Path(s).resolve() not in members
+                and not COMPANION.search(Path(s).relative_to(shared_data).as_posix())]
+    assert not untested, f"files no importer claims and no rule explains: {untested}"
+    assert set(INVALID) <= set(TRACES), "a file named broken on purpose is no longer there"
+
+
+@pytest.mark.parametrize("rel", [t for t in PARAMS if t in INVALID] or ["(shared data folder absent)"])
+def test_a_trace_broken_on_purpose_is_refused_saying_where(shared_data, tmp_path, rel):
+    with pytest.raises(TraceError) as err:
+        import_paths([shared_data / rel], tmp_path / "store")
+    assert Path(rel).name in str(err.value), str(err.value)
+    assert re.search(rf"{re.escape(Path(rel).name)}:\d+|line \d+|byte \d+|offset \d+", str(err.value)), str(err.value)
+
+
+@pytest.mark.parametrize("rel", VALID)
+def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs, pages, rel):
+    from flowscope.analysis.breakdown import breakdown, task_groups
+    from flowscope.report.page import SECTIONS
+
+    run = runs(rel)
+    h = holds(run)
+    want = expected_sections(h)
+    got = pages(rel)
+    assert [s for s, _ in SECTIONS] == [s for s in got if s != "anomalies"]
+    problems: list[str] = []  # every problem of this trace's report, not only the first
+
+    def check(ok, sid: str, what: str) -> None:
+        if not ok:
+            problems.append(f"{sid}: {what}")
+
+    for sid, has in want.items():
+        s = got[sid]
+        if not has:
+            check(s["nodata"], sid, f"holds no data but draws {s['figures']} {s['rows']}")
+            check(s["nodata"] and re.search(SUPPLIED_BY[sid], s["nodata"][0]), sid,
+                  f"does not say what would supply its data: {s['nodata'][:1]}")
+            continue
+        check(not s["nodata"], sid, f"says {s['nodata']} though the run holds {({k: v for k, v in h.items() if v})}")
+        check(not s["undrawn"], sid, f"figures Plotly did not draw: {s['undrawn']}")
+        check(all(f["marks"] for f in s["figures"]), sid, f"a figure without a mark: {s['figures']}")
+        check(s["figures"] or any(s["rows"]), sid, "neither a figure nor a table row")
+        check(all(s["rows"]), sid, f"a table without rows: {s['rows']}")
+
+    # what each section must show when its data is there, counted
+    b, cp = got["breakdown"], got["critical-path"]
+    times = breakdown(run)
+    if any((times.compute_s, times.communication_s, times.io_s, times.wait_s, times.runtime_s, times.other_s)):
+        check(b["figures"], "breakdown", "time in some category, no breakdown chart")
+    if h["busy"]:
+        check("Utilisation per executing resource" in b["text"] and b["rows"]
+              and b["rows"][-1] == min(50, h["executing"]), "breakdown",
+              f"utilisation rows {b['rows']}, not one per executing resource ({h['executing']})")
+    if h["spans"] or h["transfers"]:
+        check(got["task-stream"]["figures"] and got["task-stream"]["figures"][0]["marks"], "task-stream", "no bars")
+    if h["io_marks"]:
+        check(got["io"]["figures"], "io", "no marks per thread")
+    if h["io"]:
+        s = got["io-summary"]
+        check(s["figures"] and s["rows"] and s["rows"][0] > 0, "io-summary", "no chart or no row per interface")
+    if h["sized_transfers"]:
+        check(got["communication"]["figures"], "communication", "transfers with a size and a duration, no chart")
+    if h["transfers"]:
+        check(got["communication"]["rows"] and got["communication"]["rows"][0] > 0, "communication",
+              "no table of the transfers")
+    if h["spans"]:
+        groups = task_groups(run)
+        check(got["task-groups"]["rows"] == [min(60, len(groups))], "task-groups",
+              f"rows {got['task-groups']['rows']} for {len(groups)} groups")
+        check(got["profile"]["figures"] and got["profile"]["rows"] and got["profile"]["rows"][-1] > 0, "profile",
+              "no flame graph or no hottest paths")
+    if want["critical-path"]:
+        check(any(f["id"].endswith("attribution") for f in cp["figures"]) and any(cp["rows"]), "critical-path",
+              "no attribution chart or no steps of a path")
+    if h["messages"]:
+        check("Critical path through messages" in cp["text"]
+              and any(f["id"] == "fig-message-path-attribution" and f["marks"] for f in cp["figures"]),
+              "critical-path", "no path through the messages drawn")
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("rel", VALID)
+def test_show_json_gives_the_breakdown_and_the_critical_path(shared_data, runs, rel):
+    run = runs(rel)
+    h = holds(run)
+    doc = show_json(run)
+    assert "breakdown" in doc and "critical_path" in doc
+    b, cp = doc["breakdown"], doc["critical_path"]
+    if h["busy"]:
+        assert b["categories"] and sum(b["categories"].values()) > 0 and b["makespan_s"] > 0, b
+        assert cp and not cp.get("error") and (cp.get("measured_ns") or cp.get("structural_ns")), cp
+    if h["io"]:
+        assert b["io_read_bytes"] + b["io_write_bytes"] > 0 or b["io_s"], b
+    if h["messages"]:
+        assert cp["messages"]["length_ns"] > 0 and cp["messages"]["messages"] > 0, cp
+    if h["dependencies"] and h["busy"] and cp["units"] == "tasks":
+        # a task graph's structural path follows its dependencies: each step is an edge of the run's graph (the
+        # dependencies of a call trace -- OTF2 messages, Chrome flows -- link inner calls, not its units of work:
+        # the path through messages above covers them)
+        ids = cp["structural_ids"]
+        edges = set(zip(run.table("dependencies")["depends_on"], run.table("dependencies")["task_key"]))
+        assert len(ids) > 1 and all((a, b_) in edges for a, b_ in itertools.pairwise(ids)), ids
+    if not (h["spans"] or h["io"] or h["transfers"] or h["data_states"]):
+        assert doc["nothing_observed"], "a run that holds no work says why"
+
+
+@pytest.mark.parametrize("rel", WFCOMMONS)
+def test_wfcommons_structural_path_is_networkxs_longest_path(shared_data, runs, pages, rel):
+    """The report's and show's structural critical path equal networkx's dag_longest_path_length over the
+    instance's runtimes, read from the instance with json.load."""
+    from test_wfcommons import _nx_longest, reference
+
+    from flowscope.report.page import fmt_s
+
+    longest = _nx_longest(reference(shared_data / rel))
+    run = runs(rel)
+    cp = show_json(run)["critical_path"]
+    assert cp["structural_ns"] / 1e9 == pytest.approx(longest, rel=1e-9, abs=1e-6)
+    got = pages(rel)["critical-path"]
+    assert f"Structural critical path: {fmt_s(longest)} through {len(cp['structural_ids']):,} tasks" in got["text"]
+    assert got["rows"][0] == min(200, len(cp["structural_ids"])), "one row per task of the path"
