@@ -68,6 +68,13 @@ def _access(args: argparse.Namespace) -> tuple[str | None, str]:
                    f"{TOKEN_ENV}={token} (or --token / ${TOKEN_ENV} to choose it, --insecure for none)")
 
 
+def dashboard_url(address: str, token: str | None) -> str:
+    """The dashboard's address on a server at ``address`` (with the token a browser hands over once)."""
+    from urllib.parse import quote
+
+    return f"{address}/ui/" + (f"?token={quote(token, safe='')}" if token else "")
+
+
 def run(args: argparse.Namespace) -> int:
     from flowscope.service.server import serve_forever
 
@@ -83,6 +90,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"flowscope collector listening on {address} (store {store})", file=sys.stderr, flush=True)
         if access:
             print(f"flowscope collector: {access}", file=sys.stderr, flush=True)
+        print(f"flowscope dashboard: {dashboard_url(address, token)}", file=sys.stderr, flush=True)
 
     serve_forever(collector, args.host, args.port, address_file=args.address_file, log_level=args.log_level,
                   on_ready=ready, token=token, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
