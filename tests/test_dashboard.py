@@ -5,6 +5,7 @@ catching up, task keys with markup shown as text, the token, and `flowscope ui` 
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -194,6 +195,46 @@ def _open_run(address: str, headers: dict, name: str) -> str:
     r = httpx.post(f"{address}/v1/runs", json={"name": name}, headers=headers, timeout=30)
     r.raise_for_status()
     return r.json()["run_id"]
+
+
+def test_with_a_token_pages_and_websocket_need_it(collector_factory, browser):
+    websockets_sync = require_module("websockets.sync.client", "uvicorn[standard] brings it")
+    token = "tok-" + "x" * 30
+    c = collector_factory("--token", token)
+    auth = {"Authorization": f"Bearer {token}"}
+    run_id = _open_run(c.address, auth, IMG)
+
+    assert httpx.get(f"{c.address}/ui/", timeout=30).status_code == 401
+    assert httpx.get(f"{c.address}/ui/?token=wrong", timeout=30).status_code == 401
+    assert httpx.get(f"{c.address}/v1/ui/runs", timeout=30).status_code == 401
+    assert httpx.get(f"{c.address}/ui/static/timeline.js", timeout=30).status_code == 401
+    ws_url = c.address.replace("http://", "ws://") + f"/v1/ui/runs/{run_id}/live"
+    refused = require_module("websockets.exceptions", "uvicorn[standard] brings it").InvalidStatus
+    with pytest.raises(refused, match="403"):  # no token: refused at the handshake
+        websockets_sync.connect(ws_url, open_timeout=30, proxy=None)
+    # the header lets a program in; a page of another origin may not open the socket, whatever it carries
+    with pytest.raises(refused, match="403"):
+        websockets_sync.connect(ws_url, additional_headers=auth, origin="http://evil.example", open_timeout=30,
+                                proxy=None)
+    with websockets_sync.connect(ws_url, additional_headers=auth, open_timeout=30, proxy=None) as ws:
+        first = json.loads(ws.recv(timeout=60))
+        assert first["type"] == "snapshot" and first["name"] == IMG
+
+    context = browser.new_context()
+    pg = _page(context)
+    # the URL `flowscope serve` prints: the token once, in the query; then a cookie, and a URL without it
+    pg.goto(f"{c.address}/ui/?token={token}", wait_until="load")
+    assert "token" not in pg.url
+    pg.wait_for_function(f"() => flowscopeRuns.runs.some(r => r.run_id === {run_id!r})", timeout=WAIT_MS)
+    pg.goto(f"{c.address}/ui/runs/{run_id}", wait_until="load")
+    _wait(pg, "s.seq !== null")
+    _shows_name(pg, IMG)
+    _no_markup_ran(pg)
+    # writing still needs the header: the cookie is for reading
+    r = pg.request.post(f"{c.address}/v1/runs", data={"name": "from the browser"})
+    assert r.status == 401
+    assert pg.errors == [] and pg.outside == []
+    context.close()
 
 
 def test_flowscope_serve_prints_the_dashboard_url(collector):
