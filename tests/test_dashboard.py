@@ -297,3 +297,19 @@ def test_flowscope_ui_serves_a_store_read_only_and_follows_a_run_written_by_anot
         proc.terminate()
         proc.wait(30)
         proc.stderr.close()
+
+
+def test_flowscope_run_serves_the_dashboard_of_its_run_while_the_command_runs(tmp_path):
+    """The command itself reads the page and the run's live view from the URL `flowscope run` prints."""
+    child = ("import json, os, urllib.request\n"
+             "base, run = os.environ['FLOWSCOPE_ADDRESS'], os.environ['FLOWSCOPE_RUN']\n"
+             "page = urllib.request.urlopen(f'{base}/ui/runs/{run}', timeout=60)\n"
+             "snap = json.load(urllib.request.urlopen(f'{base}/v1/ui/runs/{run}/snapshot', timeout=60))\n"
+             "print(page.status, 'live.js' in page.read().decode(), snap['run_id'] == run, snap['status'])\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLOWSCOPE_", "DASK_"))}
+    res = subprocess.run([sys.executable, "-m", "flowscope", "run", "--store", str(tmp_path / "store"), "--no-report",
+                          "--quiet", "--sample-period", "0", "--", sys.executable, "-c", child],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    assert "200 True True running" in res.stdout
+    assert re.search(r"^flowscope dashboard: http://127\.0\.0\.1:\d+/ui/runs/\S+$", res.stderr, re.MULTILINE), res.stderr
