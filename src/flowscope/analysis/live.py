@@ -199,6 +199,11 @@ class LiveRun:
             return
         grp = pc.coalesce(t["prefix"], t["group"], t["task_key"]).to_pylist()
         changed = set()
+        new_groups: list[dict] = []
+        for g in [g for g in dict.fromkeys(grp) if g not in self._group_of]:  # colour fixed when first known
+            self._group(g, new_groups)
+        if new_groups:
+            delta["groups"] = new_groups
         for ts, key, state, g in zip(t["ts_ns"].to_pylist(), t["task_key"].to_pylist(), t["to_state"].to_pylist(), grp):
             cur = self._state.get(key)
             if cur is None:
