@@ -203,6 +203,9 @@ def test_with_a_token_pages_and_websocket_need_it(collector_factory, browser):
     c = collector_factory("--token", token)
     auth = {"Authorization": f"Bearer {token}"}
     run_id = _open_run(c.address, auth, IMG)
+    # a token the user gave is never printed, not even in the dashboard's URL
+    log = c.log_path.read_text()
+    assert f"flowscope dashboard: {c.address}/ui/ (open" in log and token not in log
 
     assert httpx.get(f"{c.address}/ui/", timeout=30).status_code == 401
     assert httpx.get(f"{c.address}/ui/?token=wrong", timeout=30).status_code == 401

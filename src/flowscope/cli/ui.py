@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from flowscope.cli.serve import _access, dashboard_url
+    from flowscope.cli.serve import _access, _given, dashboard_url
     from flowscope.service.auth import TokenAuth
     from flowscope.service.dashboard_routes import dashboard_app
     from flowscope.service.server import address_of, bind, run_uvicorn
@@ -44,13 +44,14 @@ def run(args: argparse.Namespace) -> int:
     if token:
         app = TokenAuth(app, token)
     sock = bind(args.host, args.port)
-    url = dashboard_url(address_of(sock), token)
+    given = _given(args)
+    url = dashboard_url(address_of(sock), token, given)
     print(f"flowscope dashboard (read-only) over {store}: {url}", file=sys.stderr, flush=True)
     if access:
         print(f"flowscope ui: {access}", file=sys.stderr, flush=True)
     if not args.no_open:
         import webbrowser
 
-        webbrowser.open(url)
+        webbrowser.open(url if not (token and given) else f"{address_of(sock)}/ui/")
     run_uvicorn(app, sock)
     return 0
