@@ -634,7 +634,12 @@ def darshan_check(run_dir: Path, folder: Path, scratch: Path) -> dict:
     measure([sys.executable, "-c", DARSHAN_PEER, str(folder)], stdout=out)
     theirs = json.loads(out.read_text())
     meta = json.loads((run_dir / "run.json").read_text())
-    ours = {"logs": len(meta["imports"]), "dxt_segments": sum(i["rows"].get("io", 0) for i in meta["imports"])}
+    # io rows are DXT segments plus, per module record with counters, aggregate rows (attrs.aggregate): count
+    # the segments, which is what PyDarshan's DXT records hold
+    from flowscope.store.run import open_run
+    segments = open_run(run_dir).sql(
+        "SELECT count(*) AS n FROM io WHERE coalesce(json_extract(attrs, '$.aggregate')::BOOLEAN, false) = false")
+    ours = {"logs": len(meta["imports"]), "dxt_segments": int(segments["n"].iloc[0])}
     if ours != theirs:
         raise BenchError(f"Darshan: flowscope {ours}, PyDarshan {theirs}")
     return {"logs_and_dxt_segments_equal": True, **theirs}
