@@ -125,9 +125,12 @@ class CollectorProcess:
             raise TimeoutError("collector did not start")
         import httpx
 
+        # a collector given a token (--token) answers only requests that carry it
+        token = self.extra[self.extra.index("--token") + 1] if "--token" in self.extra else None
+        headers = {"Authorization": f"Bearer {token}"} if token else None
         while waiting.goes_on():  # the address is written just before uvicorn accepts
             try:
-                httpx.get(f"{self.address}/v1/health", timeout=1).raise_for_status()
+                httpx.get(f"{self.address}/v1/health", timeout=1, headers=headers).raise_for_status()
                 return self
             except httpx.HTTPError:
                 time.sleep(0.02)

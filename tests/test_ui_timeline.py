@@ -248,3 +248,28 @@ def test_a_worker_that_joins_late_gets_its_rows(page):
     tip = page.locator("#tl .flowscope-tooltip")
     tip.wait_for(state="visible")
     assert "<i>host-c</i>/thread-2" in tip.inner_text() and tip.locator("i").count() == 0
+
+
+def test_a_group_added_later_draws_in_its_colour_and_a_renamed_row_keeps_text_only(page):
+    late = "late<img src=x onerror=\"window.__xss=2\">"
+    page.evaluate("""g => { tl.addGroups([{name: g, color: "#17becf"}]);
+                          tl.setRowLabel(2, "renamed <b>row</b>");
+                          tl.append({start: [2], end: [4], row: [2], group: [4], key: ["late-0"]});
+                          tl.setView(0, 10); tl.draw(); }""", late)
+    r = next(r for r in page.evaluate("() => tl.inspect()")["exact"] if r["key"] == "late-0")
+    assert r["group"] == 4 and r["row"] == 2
+    assert _pixel(page, (r["x0"] + r["x1"]) / 2, r["y0"] + ROW_H / 2 - 2)[:3] == _rgb("#17becf")
+    box = page.locator("#tl canvas").bounding_box()
+    page.mouse.move(box["x"] + (r["x0"] + r["x1"]) / 2, box["y"] + r["y0"] + 2)
+    tip = page.locator("#tl .flowscope-tooltip")
+    tip.wait_for(state="visible")
+    assert late in tip.inner_text() and "renamed <b>row</b>" in tip.inner_text()
+    assert tip.locator("img, b").count() == 0
+    # a refused group (a colour not #rrggbb) or row changes nothing
+    with pytest.raises(Exception, match="not of the form"):
+        page.evaluate("() => tl.addGroups([{name: 'x', color: 'red'}])")
+    with pytest.raises(Exception, match="setRowLabel"):
+        page.evaluate("() => tl.setRowLabel(3, 'no such row')")
+    assert page.evaluate("() => [tl.groups.length, tl.rowLabels.length]") == [5, 3]
+    assert page.evaluate("() => window.__xss") is None
+    assert page.dialogs == []

@@ -8,9 +8,9 @@ import sys
 
 from flowscope import __version__
 from flowscope.cli import (anomalies, demo, export, importing, io, profile, remove, report, run, runs, semantics,
-                           serve, simulate, spool, step)
+                           serve, simulate, spool, step, ui)
 
-GROUPS = (demo, run, step, simulate, serve, runs, report, profile, anomalies, io, semantics, importing, export, spool,
+GROUPS = (demo, run, step, simulate, serve, ui, runs, report, profile, anomalies, io, semantics, importing, export, spool,
           remove)
 
 

@@ -8,6 +8,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -133,6 +134,8 @@ def run(args: argparse.Namespace) -> int:
         fs.close(status="failed")
         shutil.rmtree(facts_dir, ignore_errors=True)
         raise ValueError(f"cannot start {cmd[0]!r}: {exc.strerror or exc}") from None
+    # the embedded collector's server serves the dashboard while the command runs
+    print(f"flowscope dashboard: {fs.address}/ui/runs/{fs.run_id}", file=sys.stderr, flush=True)
     rc = None
     try:
         if args.quiet:

@@ -68,6 +68,25 @@ def _access(args: argparse.Namespace) -> tuple[str | None, str]:
                    f"{TOKEN_ENV}={token} (or --token / ${TOKEN_ENV} to choose it, --insecure for none)")
 
 
+def _given(args: argparse.Namespace) -> str | None:
+    """Where the user gave the token (None: not given, so generated or none)."""
+    from flowscope.service.auth import TOKEN_ENV
+
+    if getattr(args, "insecure", False):
+        return None
+    return "--token" if args.token else (f"${TOKEN_ENV}" if os.environ.get(TOKEN_ENV) else None)
+
+
+def dashboard_url(address: str, token: str | None, given: str | None = None) -> str:
+    """The dashboard's address on a server at ``address``, with the token a browser hands over once when it was
+    generated (and printed already); a token the user gave (``given``: where) is never printed."""
+    from urllib.parse import quote
+
+    if token and given:
+        return f"{address}/ui/ (open {address}/ui/?token=TOKEN with the token given by {given})"
+    return f"{address}/ui/" + (f"?token={quote(token, safe='')}" if token else "")
+
+
 def run(args: argparse.Namespace) -> int:
     from flowscope.service.server import serve_forever
 
@@ -83,6 +102,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"flowscope collector listening on {address} (store {store})", file=sys.stderr, flush=True)
         if access:
             print(f"flowscope collector: {access}", file=sys.stderr, flush=True)
+        print(f"flowscope dashboard: {dashboard_url(address, token, _given(args))}", file=sys.stderr, flush=True)
 
     serve_forever(collector, args.host, args.port, address_file=args.address_file, log_level=args.log_level,
                   on_ready=ready, token=token, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)

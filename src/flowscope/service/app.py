@@ -29,6 +29,8 @@ from flowscope.service.collector import Collector, CollectorBusy, UnknownRun
 from flowscope.store.catalog import list_runs, run_meta
 from flowscope.store.run import Run
 from flowscope.service.anomaly_server import anomaly_routes
+from flowscope.service.dashboard_routes import dashboard_routes
+from flowscope.service.live_hub import LiveHub
 from flowscope.service.json_batch import WINDOW_CHARS, MalformedBatch, json_batch_table
 from flowscope.service.wcp_routes import data_state_routes
 
@@ -414,6 +416,7 @@ def build_app(collector: Collector) -> Starlette:
         Route("/v1/runs/{run_id}/tables/{table}", query, methods=["GET"]),
         *data_state_routes(collector),
         *anomaly_routes(collector),
+        *dashboard_routes(LiveHub(collector.store, collector)),
     ]
     return Starlette(routes=routes, exception_handlers={
         ApiError: api_error, HTTPException: http_error, SchemaError: schema_error,

@@ -84,6 +84,8 @@ class Collector:
         self._known_runs: set[str] = set()
         self._inflight: dict[tuple[str, str, str], Future] = {}
         self.stats = {"batches": 0, "rows": 0, "duplicates": 0, "busy_refusals": 0, "errors": 0}
+        self._segment_listeners: list = []
+        self._close_listeners: list = []
         self._stopping = False
         self._writers = [threading.Thread(target=self._write_loop, name=f"flowscope-writer-{i}", daemon=True)
                          for i in range(max(1, writers))]
@@ -165,7 +167,24 @@ class Collector:
             if extra:
                 doc.update(extra)
             write_json_atomic(path, doc)
-            return doc
+        self._tell(self._close_listeners, run_id, doc)
+        return doc
+
+    def add_listener(self, on_segment, on_close=None) -> None:
+        """Call ``on_segment(run_id, table, segment_id, data)`` for every segment written, on the writer thread,
+        before the batch is acknowledged, and ``on_close(run_id, run_json)`` when a run is closed. A listener
+        that raises is logged and never fails the batch; it must be quick (it delays the acknowledgement)."""
+        self._segment_listeners.append(on_segment)
+        if on_close is not None:
+            self._close_listeners.append(on_close)
+
+    @staticmethod
+    def _tell(listeners: list, *args) -> None:
+        for fn in listeners:
+            try:
+                fn(*args)
+            except Exception:
+                log.exception("a collector listener failed on %s", args[0])
 
     def update_run(self, run_id: str, fields: dict, drop: tuple[str, ...] = ()) -> dict:
         """Merge ``fields`` into run.json, and remove the keys named in ``drop``."""
@@ -283,6 +302,8 @@ class Collector:
                     log.warning("test fault injection: killing the collector after segment %s/%s/%s",
                                 run_id, table, segment_id)
                     os.kill(os.getpid(), signal.SIGKILL)
+                if written and self._segment_listeners:
+                    self._tell(self._segment_listeners, run_id, table, segment_id, data)
                 fut.set_result(IngestResult(data.num_rows, not written, segment_id))
             except BaseException as exc:  # the future carries it to the caller
                 with self._res_lock:

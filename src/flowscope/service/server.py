@@ -77,6 +77,12 @@ def serve_forever(collector: Collector, host: str = "127.0.0.1", port: int = 876
         collector.shutdown(wait=True)  # acknowledged batches are on disk already; finish the queued ones
 
 
+def run_uvicorn(app, sock: socket.socket, log_level: str = "warning") -> None:
+    """Serve the ASGI ``app`` on ``sock`` in the foreground until interrupted (the read-only dashboard)."""
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, limit_concurrency=256, lifespan="off")
+    _run_server(uvicorn.Server(config), sock)
+
+
 def _run_server(server: uvicorn.Server, sock: socket.socket) -> None:
     """Serve on uvicorn's own event loop choice (uvloop when installed), as ``uvicorn.Server.run`` does."""
     with asyncio.Runner(loop_factory=server.config.get_loop_factory()) as runner:

@@ -17,6 +17,7 @@
  *   const tl = new FlowscopeTimeline(div, {rows: ["host/thread", ...], groups: [{name, color: "#rrggbb"}, ...]});
  *   tl.append({start, end, row, group, key}, {start, end, src, dst});  // seconds; arrays or typed arrays
  *   tl.addRows(["host/thread", ...]);  // a worker that joined late
+ *   tl.addGroups([{name, color}]);  tl.setRowLabel(i, "label");  // a group first seen later; a row named later
  *   tl.setView(t0, t1);  tl.view;  tl.count;  tl.draw();  tl.inspect()  // (inspect needs {record: true})
  */
 (function (global) {
@@ -255,6 +256,26 @@
     for (var i = 0; i < labels.length; i++) { this.rowLabels.push(String(labels[i])); this.rows.push(new GrowRow()); }
     this.resize();
     return this.rows.length;
+  };
+
+  /** Add task groups after the last one (a group first seen in a delta); returns the number of groups. */
+  P.addGroups = function (groups) {
+    if (!Array.isArray(groups)) throw new Error("addGroups: a list of {name, color}");
+    var add = groups.map(function (g) { return {name: String(g.name), color: parseColor(g.color)}; });
+    if (this.groups.length + add.length > 65535) throw new Error("addGroups: at most 65,535 groups");
+    this.groups = this.groups.concat(add);
+    this._packed = this._packColours();
+    this.requestDraw();
+    return this.groups.length;
+  };
+
+  /** Change row ``i``'s label (its resource was declared after its first task arrived). */
+  P.setRowLabel = function (i, label) {
+    if (!(i >= 0 && i < this.rowLabels.length && i === Math.floor(i))) {
+      throw new Error("setRowLabel: row " + i + " is not one of 0.." + (this.rowLabels.length - 1));
+    }
+    this.rowLabels[i] = String(label);
+    this.requestDraw();
   };
 
   /** Show [t0, t1] seconds; with no argument, the whole run (and follow it). */

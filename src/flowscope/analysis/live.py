@@ -1,0 +1,380 @@
+"""A run's live view, kept incrementally: each batch of a canonical table updates it once, and says what changed.
+
+What the dashboard shows of a run while it runs, and of a run that finished (the same state, no longer
+changing): progress by task group and tasks by state (the scheduler's transitions, else the task spans), the
+task stream per executing resource (spans whose role is ``task`` or ``call`` under the run's semantic mappings,
+and transfers), CPU and memory per host (``hardware`` metrics) and the warnings and errors logged.
+
+:class:`LiveRun` is fed with ``apply(table, segment_id, batch)``, once per segment: a segment applied twice
+counts once, so a reader may replay the run's segments from disk and the collector's newly written ones in
+any overlap. Every change gets the next sequence number; ``apply`` returns the change (a *delta*) and
+``snapshot`` the whole state at the latest number, so that a delta with number ``seq + 1`` applies on top of a
+snapshot (or delta) numbered ``seq``.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from flowscope.model.semantics import activity_sql
+
+#: the tables the live view reads; batches of the others are ignored
+LIVE_TABLES = ("resources", "transitions", "spans", "transfers", "metrics", "logs")
+#: where a task's scheduler transitions come from (transitions.observer)
+SCHEDULER = "scheduler"
+#: a task that reached one of these has finished (its group's progress counts it done)
+DONE_STATES = ("memory", "erred")
+RUNNING_STATES = ("processing", "executing")
+#: span roles drawn in the task stream
+STREAM_ROLES = ("task", "call")
+#: host metrics drawn, first present of each pair (as the static report's hardware chart)
+HOST_METRICS = {"cpu": ("cpu.percent", "process.cpu.percent"), "memory": ("memory.used_bytes", "process.memory.rss_bytes")}
+#: warnings and errors kept with their text (the count covers all of them)
+KEEP_WARNINGS = 200
+#: points per host series in a snapshot (a longer series is thinned evenly; deltas carry every new point)
+SNAPSHOT_POINTS = 2000
+PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f",
+           "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#f7b6d2", "#9edae5", "#dbdb8d", "#393b79",
+           "#637939", "#8c6d31", "#7b4173", "#3182bd")
+OTHER_COLOR = "#c7c7c7"
+
+
+def _short(address: str | None) -> str | None:
+    return address.split("://", 1)[-1] if address else None
+
+
+class _Columns:
+    """Growable columns of the task stream (start, end seconds since the run's start; row; group; key)."""
+
+    def __init__(self) -> None:
+        self.start: list[np.ndarray] = []
+        self.end: list[np.ndarray] = []
+        self.row: list[np.ndarray] = []
+        self.group: list[np.ndarray] = []
+        self.key: list[list] = []
+
+    def add(self, start, end, row, group, key) -> None:
+        self.start.append(start)
+        self.end.append(end)
+        self.row.append(row)
+        self.group.append(group)
+        self.key.append(key)
+
+    def __len__(self) -> int:
+        return sum(len(a) for a in self.start)
+
+    def as_json(self) -> dict:
+        cat = (lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt))
+        return {"start": cat(self.start, np.float64).tolist(), "end": cat(self.end, np.float64).tolist(),
+                "row": cat(self.row, np.int32).tolist(), "group": cat(self.group, np.int32).tolist(),
+                "key": [k for part in self.key for k in part]}
+
+
+class LiveRun:
+    """The live view of one run (see the module's docstring); thread-safe."""
+
+    def __init__(self, meta: dict, mappings: list[dict]):
+        self.run_id = meta["run_id"]
+        self.name = meta.get("name") or self.run_id
+        self.t0_ns = int(meta.get("start_ns") or 0)
+        self._activity = activity_sql(mappings)
+        self._lock = threading.Lock()
+        self.seq = 0
+        self._segments: set[tuple[str, str]] = set()
+        self.last_ns = self.t0_ns
+        # resources: kind, name, parent, address, tid per id (for row labels)
+        self._res: dict[str, dict] = {}
+        # progress: per task key its group and latest state, whether it ever finished
+        self._state: dict[str, list] = {}     # key -> [ts_ns, state, group]
+        self._done: set[str] = set()
+        self._by_state: Counter = Counter()
+        self._groups: dict[str, Counter] = {}  # group -> Counter(total, done, running, erred)
+        self._span_tasks: Counter = Counter()  # group -> task spans seen (runs without scheduler transitions)
+        # task stream
+        self._rows: list[str] = []
+        self._row_of: dict[str, int] = {}
+        self._labels: list[str] = []
+        self._stream_groups: list[str] = []
+        self._group_of: dict[str, int] = {}
+        self._tasks = _Columns()
+        self._xfers: list[tuple[np.ndarray, ...]] = []
+        # host metrics: (panel, resource_id) -> (ts list, value list)
+        self._metric_names: dict[str, str] = {}
+        self._series: dict[tuple[str, str], tuple[list, list]] = {}
+        # warnings
+        self._warnings: list[dict] = []
+        self._warning_count = 0
+        self._con = duckdb.connect(":memory:")
+
+    # ---- feeding -------------------------------------------------------------------------------------------
+    def apply(self, table: str, segment_id: str, batch: pa.Table) -> dict | None:
+        """Take one segment of ``table``; returns the delta (with its ``seq``), or None when it changes nothing
+        (a table the view does not read, an empty batch, a segment already applied)."""
+        if table not in LIVE_TABLES or not batch.num_rows:
+            return None
+        with self._lock:
+            if (table, segment_id) in self._segments:
+                return None
+            self._segments.add((table, segment_id))
+            delta: dict[str, Any] = {}
+            getattr(self, f"_apply_{table}")(batch, delta)
+            if not delta:
+                return None
+            self.seq += 1
+            delta["seq"] = self.seq
+            delta["last_s"] = (self.last_ns - self.t0_ns) / 1e9
+            return delta
+
+    def applied(self, table: str, segment_id: str) -> bool:
+        with self._lock:
+            return (table, segment_id) in self._segments
+
+    def _label(self, rid: str) -> str:
+        r = self._res.get(rid)
+        if r is None:
+            return _short(rid.split(":", 1)[-1] if rid.startswith(("worker:", "host:")) else rid) or rid
+        if r["kind"] == "thread":
+            p = self._res.get(r["parent_id"]) if r["parent_id"] else None
+            owner = self._owner(p, r["parent_id"]) if r["parent_id"] else \
+                ":".join(str(x) for x in (r["host"], r["pid"]) if x is not None) or "threads"
+            name, tid = r["name"], r["tid"]
+            sub = name if name and len(name) <= 20 else (f"tid {tid}" if tid is not None else (name or rid))
+            return f"{owner} / {sub}"
+        return self._owner(r, rid)
+
+    @staticmethod
+    def _owner(r: dict | None, rid: str | None) -> str:
+        if r is None:
+            return _short(rid.split(":", 1)[-1] if rid and rid.startswith("worker:") else rid) or "unknown"
+        address = _short(r["address"])
+        if r["kind"] == "worker":
+            return f"worker {address or r['name'] or rid}"
+        return r["name"] or address or str(rid)
+
+    def _apply_resources(self, batch: pa.Table, delta: dict) -> None:
+        for r in batch.select(["resource_id", "kind", "name", "parent_id", "host", "pid", "tid", "address"]).to_pylist():
+            old = self._res.get(r["resource_id"])
+            self._res[r["resource_id"]] = {k: (v if v is not None else (old or {}).get(k)) for k, v in r.items()}
+        relabel = {}
+        for i, rid in enumerate(self._rows):
+            label = self._label(rid)
+            if label != self._labels[i]:
+                self._labels[i] = label
+                relabel[i] = label
+        if relabel:
+            delta["relabel"] = relabel
+
+    def _row(self, rid: str, new_rows: list) -> int:
+        i = self._row_of.get(rid)
+        if i is None:
+            i = self._row_of[rid] = len(self._rows)
+            self._rows.append(rid)
+            self._labels.append(self._label(rid))
+            new_rows.append(self._labels[-1])
+        return i
+
+    def _group(self, name: str, new_groups: list) -> int:
+        g = self._group_of.get(name)
+        if g is None:
+            g = self._group_of[name] = len(self._stream_groups)
+            self._stream_groups.append(name)
+            new_groups.append({"name": name, "color": self._color(g)})
+        return g
+
+    @staticmethod
+    def _color(g: int) -> str:
+        return PALETTE[g] if g < len(PALETTE) else OTHER_COLOR
+
+    def _apply_transitions(self, batch: pa.Table, delta: dict) -> None:
+        t = batch.filter(pc.equal(batch["observer"], SCHEDULER))
+        if not t.num_rows:
+            return
+        grp = pc.coalesce(t["prefix"], t["group"], t["task_key"]).to_pylist()
+        changed = set()
+        new_groups: list[dict] = []
+        for g in [g for g in dict.fromkeys(grp) if g not in self._group_of]:  # colour fixed when first known
+            self._group(g, new_groups)
+        if new_groups:
+            delta["groups"] = new_groups
+        for ts, key, state, g in zip(t["ts_ns"].to_pylist(), t["task_key"].to_pylist(), t["to_state"].to_pylist(), grp):
+            cur = self._state.get(key)
+            if cur is None:
+                cur = self._state[key] = [ts, None, g]
+                self._groups.setdefault(g, Counter())["total"] += 1
+            elif ts < cur[0]:
+                continue  # an older transition arriving late: the key's state is the latest one
+            counts = self._groups.setdefault(cur[2], Counter())
+            if cur[1] is not None:
+                self._by_state[cur[1]] -= 1
+                if cur[1] in RUNNING_STATES:
+                    counts["running"] -= 1
+            cur[0], cur[1] = ts, state
+            self._by_state[state] += 1
+            if state in RUNNING_STATES:
+                counts["running"] += 1
+            if state in DONE_STATES and key not in self._done:
+                self._done.add(key)
+                counts["done"] += 1
+                if state == "erred":
+                    counts["erred"] += 1
+            changed.add(cur[2])
+        self.last_ns = max(self.last_ns, int(pc.max(t["ts_ns"]).as_py()))
+        delta["progress"] = self._progress(changed)
+        delta["states"] = self._states()
+
+    def _progress(self, groups) -> dict:
+        if self._state:
+            return {g: {"total": c["total"], "done": c["done"], "running": c["running"], "erred": c["erred"]}
+                    for g in groups for c in (self._groups[g],)}
+        return {g: {"total": self._span_tasks[g], "done": self._span_tasks[g], "running": 0, "erred": 0}
+                for g in groups}
+
+    def _states(self) -> dict:
+        if self._state:
+            return {s: n for s, n in self._by_state.items() if n}
+        return {"finished": sum(self._span_tasks.values())} if self._span_tasks else {}
+
+    def _apply_spans(self, batch: pa.Table, delta: dict) -> None:
+        self._con.register("spans", batch)
+        self._con.register("resources", pa.table({"resource_id": list(self._res),
+                                                  "kind": [r["kind"] for r in self._res.values()]},
+                                                 schema=pa.schema([("resource_id", pa.string()), ("kind", pa.string())])))
+        try:
+            roles = ", ".join(f"'{r}'" for r in STREAM_ROLES)
+            rel = self._con.sql(f"""SELECT resource_id, start_ns, end_ns, task_key, role, "group"
+                                    FROM ({self._activity}) WHERE role IN ({roles})""")
+            a = (getattr(rel, "to_arrow_table", None) or rel.arrow)()
+        finally:
+            self._con.unregister("spans")
+            self._con.unregister("resources")
+        if not a.num_rows:
+            return
+        new_rows: list[str] = []
+        new_groups: list[dict] = []
+        row = np.array([self._row(r, new_rows) for r in a["resource_id"].to_pylist()], dtype=np.int32)
+        names = a["group"].to_pylist()
+        group = np.array([self._group(g if g is not None else "?", new_groups) for g in names], dtype=np.int32)
+        start = (a["start_ns"].to_numpy() - self.t0_ns) / 1e9
+        end = (a["end_ns"].to_numpy() - self.t0_ns) / 1e9
+        keys = a["task_key"].to_pylist()
+        self._tasks.add(start, end, row, group, keys)
+        self.last_ns = max(self.last_ns, int(pc.max(a["end_ns"]).as_py()))
+        tasks = a.filter(pc.equal(a["role"], "task"))
+        changed = set()
+        for g in tasks["group"].to_pylist():
+            self._span_tasks[g] += 1
+            changed.add(g)
+        if new_rows:
+            delta["rows"] = new_rows
+        if new_groups:
+            delta["groups"] = new_groups
+        delta["tasks"] = {"start": start.tolist(), "end": end.tolist(), "row": row.tolist(), "group": group.tolist(),
+                          "key": keys}
+        if changed and not self._state:
+            delta["progress"] = self._progress(changed)
+            delta["states"] = self._states()
+
+    def _apply_transfers(self, batch: pa.Table, delta: dict) -> None:
+        new_rows: list[str] = []
+        src = np.array([self._row(r, new_rows) for r in batch["src_resource_id"].to_pylist()], dtype=np.int32)
+        dst = np.array([self._row(r, new_rows) for r in batch["dst_resource_id"].to_pylist()], dtype=np.int32)
+        start = (batch["start_ns"].to_numpy() - self.t0_ns) / 1e9
+        end = (batch["end_ns"].to_numpy() - self.t0_ns) / 1e9
+        self._xfers.append((start, end, src, dst))
+        if new_rows:
+            delta["rows"] = new_rows
+        delta["transfers"] = {"start": start.tolist(), "end": end.tolist(), "src": src.tolist(), "dst": dst.tolist()}
+
+    def _apply_metrics(self, batch: pa.Table, delta: dict) -> None:
+        hw = batch.filter(pc.equal(batch["namespace"], "hardware"))
+        if not hw.num_rows:
+            return
+        names = set(pc.unique(hw["name"]).to_pylist())
+        points: dict[str, dict[str, dict]] = {}
+        for panel, choices in HOST_METRICS.items():
+            name = self._metric_names.get(panel) or next((n for n in choices if n in names), None)
+            if name is None or name not in names:
+                continue
+            self._metric_names[panel] = name
+            m = hw.filter(pc.and_(pc.equal(hw["name"], name), pc.is_finite(hw["value"])))  # JSON has no NaN
+            if not m.num_rows:
+                continue
+            for rid, ts, v in zip(m["resource_id"].to_pylist(), m["ts_ns"].to_pylist(), m["value"].to_pylist()):
+                xs, ys = self._series.setdefault((panel, rid), ([], []))
+                t = (ts - self.t0_ns) / 1e9
+                xs.append(t)
+                ys.append(v)
+                p = points.setdefault(panel, {}).setdefault(rid, {"label": self._label(rid), "t": [], "v": []})
+                p["t"].append(t)
+                p["v"].append(v)
+            self.last_ns = max(self.last_ns, int(pc.max(m["ts_ns"]).as_py()))
+        if points:
+            delta["metrics"] = {"names": dict(self._metric_names), "series": points}
+
+    def _apply_logs(self, batch: pa.Table, delta: dict) -> None:
+        w = batch.filter(pc.is_in(batch["level"], pa.array(["warning", "error"])))
+        if not w.num_rows:
+            return
+        rows = w.select(["ts_ns", "level", "category", "message", "task_key", "resource_id"]).to_pylist()
+        out = [{"t": (r["ts_ns"] - self.t0_ns) / 1e9, "level": r["level"], "category": r["category"],
+                "message": (r["message"] or "")[:500], "task_key": r["task_key"],
+                "resource": self._label(r["resource_id"]) if r["resource_id"] else None} for r in rows]
+        self._warning_count += len(out)
+        self._warnings = (self._warnings + out)[-KEEP_WARNINGS:]
+        delta["warnings"] = out[-KEEP_WARNINGS:]
+        delta["warning_count"] = self._warning_count
+
+    # ---- reading -------------------------------------------------------------------------------------------
+    def counts(self) -> dict:
+        """Tasks known and done, and warnings, for a list of runs."""
+        with self._lock:
+            if self._state:
+                total, done = len(self._state), len(self._done)
+            else:
+                total = done = sum(self._span_tasks.values())
+            return {"tasks": total, "done": done, "warnings": self._warning_count,
+                    "last_s": (self.last_ns - self.t0_ns) / 1e9}
+
+    def snapshot(self) -> dict:
+        """The whole view at sequence number ``seq``."""
+        with self._lock:
+            series: dict[str, dict] = {}
+            for (panel, rid), (xs, ys) in self._series.items():
+                step = max(1, -(-len(xs) // SNAPSHOT_POINTS))
+                series.setdefault(panel, {})[rid] = {"label": self._label(rid), "t": xs[::step], "v": ys[::step]}
+            xf = self._xfers
+            cat = (lambda i: np.concatenate([x[i] for x in xf]).tolist() if xf else [])
+            return {
+                "seq": self.seq, "run_id": self.run_id, "name": self.name, "t0_ns": self.t0_ns,
+                "last_s": (self.last_ns - self.t0_ns) / 1e9,
+                "progress": self._progress(self._groups if self._state else self._span_tasks),
+                "states": self._states(),
+                "rows": list(self._labels),
+                "groups": [{"name": g, "color": self._color(i)} for i, g in enumerate(self._stream_groups)],
+                "tasks": self._tasks.as_json(),
+                "transfers": {"start": cat(0), "end": cat(1), "src": cat(2), "dst": cat(3)},
+                "metrics": {"names": dict(self._metric_names), "series": series},
+                "warnings": list(self._warnings), "warning_count": self._warning_count,
+            }
+
+
+def pending_segments(run_dir: Path, live: LiveRun) -> list[tuple[str, str, Path]]:
+    """The segments of ``run_dir`` (of the tables the view reads) that ``live`` has not applied, resources
+    first (they label the rows), each as (table, segment id, path)."""
+    from flowscope.store.layout import SEGMENT_SUFFIX, segment_files
+
+    out = []
+    for table in LIVE_TABLES:
+        for path in segment_files(run_dir, table):
+            sid = path.name[: -len(SEGMENT_SUFFIX)]
+            if not live.applied(table, sid):
+                out.append((table, sid, path))
+    return out

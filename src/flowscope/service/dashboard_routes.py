@@ -1,0 +1,230 @@
+"""The dashboard's routes: its pages and assets (``/ui/...``), the runs list and a run's live view as JSON
+(``/v1/ui/...``), and a WebSocket per run that sends the view and then every change as the collector writes it.
+
+Protocol of ``/v1/ui/runs/{run_id}/live?epoch=E&since=N``: the server sends ``{"type": "snapshot", ...}`` (the
+whole view, with its ``seq`` and ``epoch``) unless the page says it has applied ``N`` of epoch ``E`` and the
+deltas after ``N`` are still kept, in which case it sends ``{"type": "deltas", "deltas": [...]}``; then one
+``deltas`` message per change (or a new snapshot when the page fell too far behind). Each delta has
+``seq``; a page applies them in order and reconnects with the last ``seq`` it applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import lru_cache
+from pathlib import Path
+from urllib.parse import urlsplit
+
+from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route, WebSocketRoute
+from starlette.staticfiles import StaticFiles
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from flowscope.model.provenance import check_run_id
+from flowscope.service.live_hub import LiveHub
+from flowscope.store.catalog import list_runs, run_state
+from flowscope.store.layout import segment_files
+from flowscope.store.run import Run
+from flowscope.ui import static_dir
+
+#: without a collector, how often a connected page's run is checked for new segments on disk, seconds
+DISK_POLL_S = 1.0
+
+
+@lru_cache(maxsize=1)
+def _plotly_js() -> bytes:
+    from plotly.offline import get_plotlyjs
+
+    return get_plotlyjs().encode()
+
+
+def _cold_counts(run_dir: Path, cache: dict) -> dict:
+    """Tasks, done and warnings of a run nobody watches, read from its tables (cached until a segment is added)."""
+    sig = tuple(len(segment_files(run_dir, t)) for t in ("spans", "transitions", "logs"))
+    hit = cache.get(run_dir)
+    if hit and hit[0] == sig:
+        return hit[1]
+    run = Run(run_dir)
+    try:
+        sched = run.sql("""SELECT count(DISTINCT task_key) AS n,
+                                  count(DISTINCT CASE WHEN to_state IN ('memory', 'erred') THEN task_key END) AS done
+                           FROM transitions WHERE observer = 'scheduler'""").iloc[0]
+        if int(sched["n"]):
+            tasks, done = int(sched["n"]), int(sched["done"])
+        else:
+            tasks = done = int(run.sql("SELECT count(*) AS n FROM activity WHERE role = 'task'")["n"].iloc[0])
+        warnings = int(run.sql("SELECT count(*) AS n FROM logs WHERE level IN ('warning', 'error')")["n"].iloc[0])
+    finally:
+        run.close()
+    out = {"tasks": tasks, "done": done, "warnings": warnings}
+    cache[run_dir] = (sig, out)
+    return out
+
+
+class _Findings:
+    """The summary's findings (``analysis.summary.findings``) of runs that are no longer running, computed once per
+    run in one background thread (a list of runs never waits for them) and kept until a segment is added."""
+
+    def __init__(self) -> None:
+        self._done: dict[Path, tuple] = {}
+        self._queued: set[Path] = set()
+        self._lock = threading.Lock()
+        self._pool: ThreadPoolExecutor | None = None
+
+    def get(self, run_dir: Path) -> list[str] | None:
+        """The findings' messages, or None while they are being computed."""
+        sig = tuple(len(segment_files(run_dir, t)) for t in ("spans", "transitions", "transfers", "dependencies"))
+        with self._lock:
+            hit = self._done.get(run_dir)
+            if hit and hit[0] == sig:
+                return hit[1]
+            if run_dir not in self._queued:
+                self._queued.add(run_dir)
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(1, thread_name_prefix="flowscope-findings")
+                self._pool.submit(self._compute, run_dir, sig)
+        return None
+
+    def _compute(self, run_dir: Path, sig: tuple) -> None:
+        from flowscope.analysis.summary import summarize
+
+        try:
+            run = Run(run_dir)
+            try:
+                out = [f["message"] for f in summarize(run).findings]
+            finally:
+                run.close()
+        except Exception as exc:  # noqa: BLE001  (a run the analyses cannot read says why, in its row)
+            out = [f"no findings: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"]
+        with self._lock:
+            self._done[run_dir] = (sig, out)
+            self._queued.discard(run_dir)
+
+
+def dashboard_routes(hub: LiveHub) -> list:
+    """The dashboard's routes over ``hub``'s store."""
+    cold: dict = {}
+    findings = _Findings()
+    pages = static_dir()
+
+    async def index(request) -> Response:
+        return RedirectResponse("/ui/", status_code=307)
+
+    async def runs_page(request) -> Response:
+        return FileResponse(pages / "runs.html", headers={"cache-control": "no-store"})
+
+    async def run_page(request) -> Response:
+        try:
+            check_run_id(request.path_params["run_id"])
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        return FileResponse(pages / "run.html", headers={"cache-control": "no-store"})
+
+    async def plotly_js(request) -> Response:
+        return Response(_plotly_js(), media_type="text/javascript", headers={"cache-control": "max-age=3600"})
+
+    def runs_doc() -> dict:
+        out = []
+        now = time.time_ns()
+        for m in list_runs(hub.store):
+            row = {"run_id": m.get("run_id"), "name": m.get("name"), "error": m.get("error"),
+                   "status": run_state(m) if "error" not in m else "unreadable", "start_ns": m.get("start_ns"),
+                   "end_ns": m.get("end_ns"), "command": m.get("command")}
+            start, end = m.get("start_ns"), m.get("end_ns")
+            w = hub.watched(row["run_id"]) if row["run_id"] else None
+            if w is not None:
+                row.update(w.live.counts())
+            elif "error" not in m:
+                try:
+                    row.update(_cold_counts(Path(m["path"]), cold))
+                except Exception as exc:  # noqa: BLE001  (a damaged run, whatever the error, must not hide the others)
+                    row["error"] = str(exc).splitlines()[0]
+            row["duration_s"] = ((end if end else now) - start) / 1e9 if start else None
+            if "error" not in m and row["status"] not in ("running", "importing"):
+                row["findings"] = findings.get(Path(m["path"]))
+            out.append(row)
+        out.reverse()  # newest first
+        return {"store": str(hub.store), "runs": out}
+
+    async def runs_json(request) -> JSONResponse:
+        return JSONResponse(await asyncio.to_thread(runs_doc))
+
+    async def snapshot_json(request) -> JSONResponse:
+        try:
+            w = await asyncio.to_thread(hub.watch, check_run_id(request.path_params["run_id"]))
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        except FileNotFoundError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+        _, snap = await asyncio.to_thread(w.since, None, None)
+        return JSONResponse(snap)
+
+    async def live(ws: WebSocket) -> None:
+        origin = ws.headers.get("origin")
+        if origin and urlsplit(origin).netloc != ws.headers.get("host"):
+            await ws.close(code=1008)  # another site's page may not read runs through the user's browser
+            return
+        try:
+            run_id = check_run_id(ws.path_params["run_id"])
+            since = ws.query_params.get("since")
+            since = int(since) if since not in (None, "") else None
+        except ValueError:
+            await ws.close(code=1008)
+            return
+        try:
+            w = await asyncio.to_thread(hub.watch, run_id)
+        except FileNotFoundError:
+            await ws.close(code=1008)
+            return
+        await ws.accept()
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        w.waiters.add((loop, wake))
+        gone = asyncio.ensure_future(ws.receive())  # a closed page ends the wait at once
+        try:
+            kind, body = await asyncio.to_thread(w.since, ws.query_params.get("epoch"), since)
+            while True:
+                if kind == "snapshot":
+                    await ws.send_json({"type": "snapshot", **body})
+                    since = body["seq"]
+                elif body:
+                    await ws.send_json({"type": "deltas", "epoch": w.epoch, "deltas": body})
+                    since = body[-1]["seq"]
+                waiting = asyncio.ensure_future(wake.wait())
+                done, _ = await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED,
+                                             timeout=DISK_POLL_S if hub.collector is None else None)
+                if not waiting.done():
+                    waiting.cancel()
+                if gone in done:
+                    return
+                wake.clear()
+                if hub.collector is None:
+                    await asyncio.to_thread(w.catch_up, True)
+                kind, body = w.since(w.epoch, since)
+        except (WebSocketDisconnect, OSError):  # the page went away while a message was being sent
+            return
+        finally:
+            w.waiters.discard((loop, wake))
+            gone.cancel()
+
+    return [
+        Route("/", index, methods=["GET"]),
+        Route("/ui", index, methods=["GET"]),
+        Route("/ui/", runs_page, methods=["GET"]),
+        Route("/ui/runs/{run_id}", run_page, methods=["GET"]),
+        Route("/ui/static/plotly.min.js", plotly_js, methods=["GET"]),
+        Mount("/ui/static", app=StaticFiles(directory=pages), name="ui-static"),
+        Route("/v1/ui/runs", runs_json, methods=["GET"]),
+        Route("/v1/ui/runs/{run_id}/snapshot", snapshot_json, methods=["GET"]),
+        WebSocketRoute("/v1/ui/runs/{run_id}/live", live),
+    ]
+
+
+def dashboard_app(store: str | Path):
+    """The dashboard alone over ``store``, read-only (``flowscope ui``): no ingest, nothing written."""
+    from starlette.applications import Starlette
+
+    return Starlette(routes=dashboard_routes(LiveHub(Path(store))))

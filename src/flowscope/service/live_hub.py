@@ -1,0 +1,182 @@
+"""The runs a dashboard is watching, each kept live as the collector acknowledges its batches.
+
+A run is watched from the first time a page asks for it (nobody watching: no cost): its live view
+(:class:`flowscope.analysis.live.LiveRun`) is built once from the segments on disk, then updated by every
+segment the collector writes for it, and each change is kept in a bounded ring with its sequence number
+so that a page that reconnects gets what it missed instead of the whole view. Without a collector
+(``flowscope ui STORE``: a store read by nobody else's collector) new segments are read from disk when
+a page asks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections import deque
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from flowscope.analysis.live import LiveRun, pending_segments
+from flowscope.model.schemas import schema
+from flowscope.store.layout import RUN_JSON, read_json
+from flowscope.store.run import Run
+
+log = logging.getLogger("flowscope.dashboard")
+
+#: deltas kept per run for pages that reconnect; one that missed more gets the whole view again
+RING = 2000
+
+
+class Watched:
+    """One watched run: its live view, the recent deltas and the pages waiting for the next one."""
+
+    def __init__(self, run_dir: Path):
+        self.run_dir = run_dir
+        self.epoch = uuid.uuid4().hex  # a page's sequence numbers are those of this epoch only
+        self.lock = threading.Lock()
+        self.loaded = threading.Event()
+        self.live: LiveRun | None = None
+        self.pending: list[tuple] = []
+        self.deltas: deque = deque(maxlen=RING)
+        self.waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
+        self.failed: BaseException | None = None
+        self._closed: tuple | None = None  # (status, end_ns) of run.json last told to the pages
+
+    def _publish(self, delta: dict | None) -> None:
+        """Keep ``delta`` and wake the pages (called with ``lock`` held)."""
+        if delta is None:
+            return
+        self.deltas.append(delta)
+        for loop, event in list(self.waiters):
+            try:
+                loop.call_soon_threadsafe(event.set)
+            except RuntimeError:  # that page's loop is closed
+                self.waiters.discard((loop, event))
+
+    def apply(self, table: str, segment_id: str, data) -> None:
+        with self.lock:
+            if not self.loaded.is_set():
+                self.pending.append((table, segment_id, data))
+                return
+            self._apply(table, segment_id, data)
+
+    def _apply(self, table: str, segment_id: str, data) -> None:
+        """Apply one segment and publish its delta (with ``lock`` held). A segment the view cannot take is left
+        out of it, and logged: the dashboard must never fail ingest or stop following the run."""
+        try:
+            delta = self.live.apply(table, segment_id, data)
+        except Exception:
+            log.exception("the dashboard's view of %s left out segment %s/%s", self.run_dir.name, table, segment_id)
+            return
+        self._publish(delta)
+
+    def status(self, status: str | None, end_ns: int | None) -> None:
+        with self.lock:
+            if self.live is None or self._closed == (status, end_ns):
+                return
+            self._closed = (status, end_ns)
+            self.live.seq += 1
+            self._publish({"seq": self.live.seq, "status": status,
+                           "end_s": (end_ns - self.live.t0_ns) / 1e9 if end_ns else None})
+
+    def catch_up(self, read_status: bool = False) -> None:
+        """Apply the segments on disk that the view has not seen (what another process wrote); with
+        ``read_status``, tell the pages when run.json's status or end changed (another process closed the run)."""
+        if read_status:
+            try:
+                meta = read_json(self.run_dir / RUN_JSON)
+            except (OSError, ValueError):
+                meta = None
+            if meta is not None and self._closed is not None:
+                self.status(meta.get("status"), meta.get("end_ns"))
+        for table, sid, path in pending_segments(self.run_dir, self.live):
+            try:
+                data = pq.read_table(path, schema=schema(table))
+            except (OSError, pa.ArrowInvalid) as exc:  # a damaged segment must not stop the view: left out, logged
+                log.warning("the dashboard skips %s: %s", path, exc)
+                continue
+            with self.lock:
+                self._apply(table, sid, data)
+
+    def since(self, epoch: str | None, seq: int | None) -> tuple[str, object]:
+        """What a page that has applied ``seq`` of ``epoch`` needs: ("deltas", [...]) or ("snapshot", {...})."""
+        with self.lock:
+            live = self.live
+            if epoch == self.epoch and seq is not None and 0 <= seq <= live.seq:
+                if seq == live.seq:
+                    return "deltas", []
+                if self.deltas and self.deltas[0]["seq"] <= seq + 1:
+                    return "deltas", [d for d in self.deltas if d["seq"] > seq]
+            snap = live.snapshot()
+            snap["epoch"] = self.epoch
+            meta = read_json(self.run_dir / RUN_JSON)
+            if self._closed is None:
+                self._closed = (meta.get("status"), meta.get("end_ns"))
+            snap["status"] = meta.get("status")
+            snap["end_s"] = (meta["end_ns"] - live.t0_ns) / 1e9 if meta.get("end_ns") else None
+            return "snapshot", snap
+
+
+class LiveHub:
+    """The watched runs of one store; fed by ``collector`` (None: read from disk on demand)."""
+
+    def __init__(self, store: Path, collector=None):
+        self.store = Path(store)
+        self.collector = collector
+        self._runs: dict[str, Watched] = {}
+        self._lock = threading.Lock()
+        if collector is not None:
+            collector.add_listener(self._on_segment, self._on_close)
+
+    def _on_segment(self, run_id: str, table: str, segment_id: str, data) -> None:
+        w = self._runs.get(run_id)
+        if w is not None:
+            w.apply(table, segment_id, data)
+
+    def _on_close(self, run_id: str, doc: dict) -> None:
+        w = self._runs.get(run_id)
+        if w is not None and w.loaded.is_set():
+            w.status(doc.get("status"), doc.get("end_ns"))
+
+    def watched(self, run_id: str) -> Watched | None:
+        w = self._runs.get(run_id)
+        return w if w is not None and w.loaded.is_set() and w.failed is None else None
+
+    def watch(self, run_id: str) -> Watched:
+        """The live view of ``run_id``, built from disk on first use (blocking: call it off the event loop).
+        FileNotFoundError when the store has no such run."""
+        with self._lock:
+            w = self._runs.get(run_id)
+            creator = w is None or w.failed is not None
+            if creator:
+                run_dir = self.store / run_id
+                if not (run_dir / RUN_JSON).is_file():
+                    raise FileNotFoundError(f"unknown run {run_id!r} in store {self.store}")
+                w = self._runs[run_id] = Watched(run_dir)
+        if not creator:
+            w.loaded.wait()
+            if w.failed is not None:
+                raise w.failed
+            if self.collector is None:
+                w.catch_up(read_status=True)
+            return w
+        try:
+            run = Run(w.run_dir)
+            w.live = LiveRun(run.meta, run.mappings())
+            w.catch_up()
+            with w.lock:  # what the collector wrote meanwhile; a segment already read from disk counts once
+                for table, sid, data in w.pending:
+                    w._apply(table, sid, data)
+                w.pending.clear()
+                meta = read_json(w.run_dir / RUN_JSON)
+                w._closed = (meta.get("status"), meta.get("end_ns"))
+                w.loaded.set()
+        except BaseException as exc:
+            w.failed = exc
+            w.loaded.set()
+            raise
+        return w

@@ -1,0 +1,240 @@
+/* flowscope run overview, live: one WebSocket per page brings the run's view (a snapshot) and then every change
+ * (deltas, numbered); a page that loses the connection reconnects with the last number it applied and gets
+ * what it missed. A finished run is the same page with nothing more arriving.
+ * Every string from the observed program is set as text (textContent, canvas fillText), never as HTML. */
+(function (global) {
+  "use strict";
+  var UI = global.flowscopeUI, el = UI.el;
+  var runId = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop());
+
+  var S = {  // what the page holds of the run
+    epoch: null, seq: null, name: "", status: null, lastS: 0, endS: null,
+    progress: {}, states: {}, rows: [], groups: [], warnings: [], warningCount: 0,
+    metrics: {names: {}, series: {}},          // panel -> resource -> {label, t, v}
+    pendingTasks: [], pendingTransfers: []     // before the stream exists (no rows or groups yet)
+  };
+  var live = global.flowscopeLive = {
+    runId: runId, snapshots: 0, deltas: 0, lastCatchUp: null, connects: 0, socket: null, paused: false,
+    timeline: null, state: S, errors: []
+  };
+
+  // ---- applying what the server sends ------------------------------------------------------------
+  function ensureTimeline() {
+    if (live.timeline || !S.rows.length || !S.groups.length) return;
+    var div = document.getElementById("stream");
+    live.timeline = new FlowscopeTimeline(div, {rows: S.rows.slice(), groups: S.groups.slice(), maxHeight: 480,
+                                                labelWidth: 240});
+    S.pendingTasks.concat(S.pendingTransfers).forEach(function (p) { live.timeline.append(p[0], p[1]); });
+    S.pendingTasks = []; S.pendingTransfers = [];
+  }
+
+  function addTasks(tasks, transfers) {
+    var empty = {start: [], end: [], row: [], group: [], key: []};
+    var t = tasks || empty, x = transfers || null;
+    if (live.timeline) live.timeline.append(t, x);
+    else (tasks ? S.pendingTasks : S.pendingTransfers).push([t, x]);
+  }
+
+  function addSeries(series) {
+    for (var panel in series) {
+      var into = S.metrics.series[panel] = S.metrics.series[panel] || {};
+      for (var rid in series[panel]) {
+        var p = series[panel][rid], s = into[rid] = into[rid] || {label: p.label, t: [], v: []};
+        s.label = p.label;
+        Array.prototype.push.apply(s.t, p.t);
+        Array.prototype.push.apply(s.v, p.v);
+      }
+    }
+  }
+
+  function applySnapshot(m) {
+    if (live.timeline) { document.getElementById("stream").replaceChildren(); live.timeline = null; }
+    S.epoch = m.epoch; S.seq = m.seq; S.name = m.name; S.status = m.status; S.lastS = m.last_s; S.endS = m.end_s;
+    S.progress = m.progress; S.states = m.states; S.rows = m.rows.slice(); S.groups = m.groups.slice();
+    S.warnings = m.warnings.slice(); S.warningCount = m.warning_count;
+    S.metrics = {names: m.metrics.names, series: {}};
+    S.pendingTasks = []; S.pendingTransfers = [];
+    addSeries(m.metrics.series);
+    ensureTimeline();
+    addTasks(m.tasks, null);
+    if (m.transfers.start.length) addTasks(null, m.transfers);
+    live.snapshots++;
+  }
+
+  function applyDelta(d) {
+    if (d.seq !== S.seq + 1) throw new Error("delta " + d.seq + " does not follow " + S.seq);
+    if (d.rows) {
+      Array.prototype.push.apply(S.rows, d.rows);
+      if (live.timeline) live.timeline.addRows(d.rows);
+    }
+    if (d.groups) {
+      Array.prototype.push.apply(S.groups, d.groups);
+      if (live.timeline) live.timeline.addGroups(d.groups);
+    }
+    ensureTimeline();
+    if (d.relabel) for (var i in d.relabel) {
+      S.rows[+i] = d.relabel[i];
+      if (live.timeline) live.timeline.setRowLabel(+i, d.relabel[i]);
+    }
+    if (d.tasks) addTasks(d.tasks, null);
+    if (d.transfers) addTasks(null, d.transfers);
+    if (d.progress) for (var g in d.progress) S.progress[g] = d.progress[g];
+    if (d.states) S.states = d.states;
+    if (d.metrics) { S.metrics.names = d.metrics.names; addSeries(d.metrics.series); }
+    if (d.warnings) { S.warnings = S.warnings.concat(d.warnings).slice(-200); S.warningCount = d.warning_count; }
+    if (d.status !== undefined) { S.status = d.status; S.endS = d.end_s; }
+    if (d.last_s !== undefined) S.lastS = d.last_s;
+    S.seq = d.seq;
+    live.deltas++;
+  }
+
+  // ---- drawing (at most once per animation frame) -------------------------------------------------
+  var drawPending = false;
+  function requestRender() {
+    if (drawPending) return;
+    drawPending = true;
+    global.requestAnimationFrame(function () { drawPending = false; render(); });
+  }
+
+  function totals() {
+    var t = {total: 0, done: 0, running: 0, erred: 0};
+    for (var g in S.progress) for (var k in t) t[k] += S.progress[g][k] || 0;
+    return t;
+  }
+
+  function colourOf(group) {
+    for (var i = 0; i < S.groups.length; i++) if (S.groups[i].name === group) return S.groups[i].color;
+    return "#7f7f7f";
+  }
+
+  function render() {
+    document.title = "flowscope: " + S.name;
+    document.getElementById("run-name").textContent = S.name;
+    document.getElementById("run-id").textContent = runId;
+    document.getElementById("run-status").replaceChildren(UI.statusBadge(S.status));
+    document.getElementById("run-elapsed").textContent = UI.fmtSeconds(S.endS !== null && S.endS !== undefined ? S.endS : S.lastS);
+    var t = totals();
+    document.getElementById("tasks-done").textContent = UI.fmtInt(t.done);
+    document.getElementById("tasks-total").textContent = UI.fmtInt(t.total);
+    document.getElementById("tasks-running").textContent = UI.fmtInt(t.running);
+    document.getElementById("warning-count").textContent = UI.fmtInt(S.warningCount);
+
+    var body = document.querySelector("#progress tbody");
+    body.replaceChildren();
+    Object.keys(S.progress).sort().forEach(function (g) {
+      var p = S.progress[g], tr = el("tr", null, {"data-group": g});
+      tr.appendChild(el("td", g, {"class": "key"}));
+      var bar = el("div", null, {"class": "bar", role: "progressbar", "aria-valuemin": "0",
+                                 "aria-valuemax": String(p.total), "aria-valuenow": String(p.done)});
+      var done = el("div"), run = el("div", null, {"class": "running"}), c = colourOf(g);
+      var frac = p.total ? p.done / p.total : 0, rfrac = p.total ? p.running / p.total : 0;
+      done.style.width = (100 * frac) + "%"; done.style.background = c;
+      run.style.left = (100 * frac) + "%"; run.style.width = (100 * rfrac) + "%"; run.style.background = c;
+      bar.appendChild(done); bar.appendChild(run);
+      var td = el("td"); td.appendChild(bar); tr.appendChild(td);
+      tr.appendChild(el("td", UI.fmtInt(p.done) + " / " + UI.fmtInt(p.total), {"class": "num"}));
+      tr.appendChild(el("td", UI.fmtInt(p.running), {"class": "num"}));
+      tr.appendChild(el("td", UI.fmtInt(p.erred), {"class": "num"}));
+      body.appendChild(tr);
+    });
+
+    var sb = document.querySelector("#states tbody");
+    sb.replaceChildren();
+    Object.keys(S.states).sort().forEach(function (s) {
+      var tr = el("tr", null, {"data-state": s});
+      tr.appendChild(el("td", s));
+      tr.appendChild(el("td", UI.fmtInt(S.states[s]), {"class": "num"}));
+      sb.appendChild(tr);
+    });
+
+    document.getElementById("stream-count").textContent =
+      live.timeline ? "(" + UI.fmtInt(live.timeline.count) + " tasks)" : "(no tasks yet)";
+
+    var wl = document.getElementById("warnings");
+    wl.replaceChildren();
+    S.warnings.slice(-50).reverse().forEach(function (w) {
+      var text = "[" + UI.fmtSeconds(w.t) + "] " + w.level + " " + w.category + ": " + w.message +
+                 (w.task_key ? " (task " + w.task_key + ")" : "") + (w.resource ? " on " + w.resource : "");
+      wl.appendChild(el("li", text));
+    });
+    renderHosts();
+    live.renders = (live.renders || 0) + 1;
+  }
+
+  var PANELS = {cpu: {"cpu.percent": ["CPU busy, % of all cores", 1], "process.cpu.percent": ["process CPU, % of one core", 1]},
+                memory: {"memory.used_bytes": ["memory in use, GiB", 1 / 1073741824],
+                         "process.memory.rss_bytes": ["process memory (RSS), GiB", 1 / 1073741824]}};
+  var COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
+  function renderHosts() {
+    var panels = ["cpu", "memory"].filter(function (p) { return S.metrics.series[p]; });
+    var div = document.getElementById("hosts");
+    if (!panels.length || !global.Plotly) return;
+    if (!live.hostsPlotted) div.replaceChildren();
+    var traces = [], layout = {height: 180 * panels.length + 60, margin: {l: 50, r: 10, t: 24, b: 36},
+                               legend: {orientation: "h"}, showlegend: true, annotations: []};
+    var seen = {}, hostColour = {};
+    panels.forEach(function (p, i) {
+      var name = S.metrics.names[p], spec = PANELS[p][name] || [name, 1];
+      var axis = i ? "y" + (i + 1) : "y";
+      var dom = [1 - (i + 1) / panels.length + 0.08, 1 - i / panels.length];
+      layout[i ? "yaxis" + (i + 1) : "yaxis"] = {domain: dom, rangemode: "tozero", title: {text: spec[0], font: {size: 11}}};
+      Object.keys(S.metrics.series[p]).sort().forEach(function (rid) {
+        var s = S.metrics.series[p][rid];
+        if (!(rid in hostColour)) hostColour[rid] = COLOURS[Object.keys(hostColour).length % COLOURS.length];
+        traces.push({type: "scatter", mode: "lines", x: s.t, y: s.v.map(function (v) { return v * spec[1]; }),
+                     yaxis: axis, name: s.label, legendgroup: rid, showlegend: !seen[rid],
+                     line: {color: hostColour[rid], width: 1.6},
+                     hovertemplate: "%{x:.1f} s: %{y:.3~f}<extra></extra>"});
+        seen[rid] = true;
+      });
+    });
+    layout.xaxis = {title: {text: "seconds since the run started"}, anchor: panels.length > 1 ? "y" + panels.length : "y"};
+    Plotly.react(div, traces, layout, {displaylogo: false, responsive: true});
+    live.hostsPlotted = true;
+  }
+
+  // ---- the connection ---------------------------------------------------------------------------
+  var backoff = 250;
+  function connect() {
+    if (live.paused) return;
+    var proto = location.protocol === "https:" ? "wss:" : "ws:";
+    var q = S.epoch !== null ? "?epoch=" + encodeURIComponent(S.epoch) + "&since=" + S.seq : "";
+    var ws = live.socket = new WebSocket(proto + "//" + location.host + "/v1/ui/runs/" + encodeURIComponent(runId) + "/live" + q);
+    var conn = document.getElementById("conn");
+    var first = true;
+    live.connects++;
+    ws.onopen = function () { conn.textContent = "live"; backoff = 250; };
+    ws.onmessage = function (ev) {
+      var m = JSON.parse(ev.data);
+      try {
+        if (m.type === "snapshot") applySnapshot(m);
+        else if (m.epoch !== S.epoch) throw new Error("deltas of another epoch");
+        else m.deltas.forEach(applyDelta);
+      } catch (e) {  // out of step: start again from a snapshot
+        live.errors.push(String(e.message || e));
+        S.epoch = null;
+        ws.close();
+        return;
+      }
+      if (first) { live.lastCatchUp = m.type; first = false; }
+      requestRender();
+    };
+    ws.onclose = function () {
+      if (live.socket === ws) live.socket = null;
+      conn.textContent = live.paused ? "paused" : "reconnecting";
+      if (!live.paused) { setTimeout(connect, backoff); backoff = Math.min(5000, backoff * 2); }
+    };
+  }
+  /** Close the connection and stay away until resume() (tests use it to miss deltas). */
+  live.pause = function () { live.paused = true; if (live.socket) live.socket.close(); };
+  live.resume = function () { live.paused = false; if (!live.socket) connect(); };
+  /** What the page shows, for tests: totals of the progress table, tasks in the stream, states, seq. */
+  live.summary = function () {
+    var t = totals();
+    return {seq: S.seq, epoch: S.epoch, total: t.total, done: t.done, running: t.running,
+            stream: live.timeline ? live.timeline.count : 0, states: S.states, status: S.status,
+            rows: S.rows.length, groups: S.groups.length, warnings: S.warningCount,
+            shown_done: document.getElementById("tasks-done").textContent};
+  };
+  connect();
+})(window);

@@ -1,0 +1,318 @@
+"""The live dashboard in Debian's chromium, against a real `flowscope serve` fed by a real Dask LocalCluster: the runs
+list, the run overview following the workflow as it runs (the workflow is held on a file this test creates, so
+what the page must show is set by the workflow's progress, never by waiting), a page that reconnects or reloads
+catching up, task keys with markup shown as text, the token, and `flowscope ui` over a store read-only."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import missing_dependency, require_module
+
+CHROMIUM = os.environ.get("FLOWSCOPE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--disable-sync", "--no-first-run"]
+#: a bound on waits for the workflow's records to reach the page (a busy machine is slow; this is no timing test)
+WAIT_MS = 180_000
+
+#: set to a PNG path to take the screenshot of the overview in docs/ (docs/img/dashboard-overview.png)
+SCREENSHOT_ENV = "FLOWSCOPE_DASHBOARD_SCREENSHOT"
+# markup in task keys, hence in their groups (Dask's key_split keeps it when the key starts with a word)
+IMG = "img<img src=x onerror=window.pwned=1>"
+SCRIPT = "script<script>window.pwned=2</script>"
+RUN_NAME = "dash <b>bold</b> " + SCRIPT
+
+
+def quick(i):
+    time.sleep(0.05)
+    return i
+
+
+def gated(i, gate):
+    while not os.path.exists(gate):
+        time.sleep(0.02)
+    return i
+
+
+@pytest.fixture
+def browser():
+    sync_playwright = require_module("playwright.sync_api", "drives chromium: pip install -e '.[test]'").sync_playwright
+    if not Path(CHROMIUM).exists():
+        missing_dependency(f"{CHROMIUM} is missing (apt-get install chromium)")
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _page(context):
+    pg = context.new_page()
+    pg.dialogs, pg.errors, pg.outside = [], [], []
+    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    # every asset is served by flowscope: a request anywhere but the collector is recorded
+    pg.on("request", lambda r: None if r.url.startswith(("http://127.0.0.1", "ws://127.0.0.1", "data:", "blob:"))
+          else pg.outside.append(r.url))
+    return pg
+
+
+def _summary(pg) -> dict:
+    return pg.evaluate("() => flowscopeLive.summary()")
+
+
+def _wait(pg, condition: str) -> dict:
+    """Wait until ``condition`` (a JS expression over ``s``, the page's summary) holds; returns the summary."""
+    pg.wait_for_function(f"() => {{ const s = window.flowscopeLive && flowscopeLive.summary(); return s && ({condition}); }}",
+                         timeout=WAIT_MS, polling=100)
+    return _summary(pg)
+
+
+def _shows_done(pg, n: int) -> None:
+    """The page's plain-HTML facts show ``n`` tasks done (drawn on the next animation frame)."""
+    pg.wait_for_function(f"() => document.getElementById('tasks-done').textContent === '{n:,}'", timeout=WAIT_MS)
+
+
+def _shows_name(pg, name: str) -> None:
+    pg.wait_for_function("n => document.getElementById('run-name').textContent === n", arg=name, timeout=WAIT_MS)
+
+
+def _no_markup_ran(pg) -> None:
+    assert pg.evaluate("() => window.pwned") is None
+    assert pg.dialogs == []
+    # no element was made of the markup: no image, no <b> around 'bold', no script beyond the page's own
+    assert pg.evaluate("() => document.querySelectorAll('img').length") == 0
+    assert pg.evaluate("() => Array.from(document.querySelectorAll('b')).filter(b => b.textContent === 'bold').length") == 0
+    assert pg.evaluate("() => Array.from(document.scripts).every(s => !s.textContent.includes('pwned'))")
+
+
+def test_overview_follows_a_live_dask_workflow_and_a_reconnecting_page_catches_up(collector, browser, tmp_path):
+    from dask import delayed
+    from distributed import Client, LocalCluster
+
+    import flowscope
+    from flowscope.sources import semantics
+    from flowscope.sources.dask import register, unregister
+    from flowscope.store.run import Run
+
+    gate = str(tmp_path / "gate")
+    n_quick, n_gated = 8, 6
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                      worker_dashboard_address=None) as cl, Client(cl) as client:
+        fs = flowscope.Client(collector.address, name=RUN_NAME,
+                              meta={"capture_level": "standard", "semantics": [semantics.DASK_DISTRIBUTED]})
+        register(client, fs.address, fs.run_id)
+        context = browser.new_context(viewport={"width": 1300, "height": 1100})
+        try:
+            # phase 1: quick tasks whose keys carry markup
+            futures = client.compute([delayed(quick, pure=True)(i, dask_key_name=f"{IMG}-{i}") for i in range(n_quick)])
+            assert client.gather(futures) == list(range(n_quick))
+
+            runs = _page(context)
+            runs.goto(f"{collector.address}/ui/", wait_until="load")
+            runs.wait_for_function(f"() => flowscopeRuns.runs.some(r => r.run_id === {fs.run_id!r})", timeout=WAIT_MS)
+            row = runs.locator(f"tr[data-run='{fs.run_id}']")
+            assert row.locator("td").nth(1).inner_text() == RUN_NAME  # the name as text, markup and all
+            assert row.locator(".status").inner_text() == "running"
+
+            row.locator("a").click()
+            runs.wait_for_url(f"**/ui/runs/{fs.run_id}")
+            page = runs
+            first = _wait(page, f"s.done >= {n_quick} && s.stream >= {n_quick}")
+            assert first["total"] == n_quick and first["done"] == n_quick and first["stream"] == n_quick
+            _shows_done(page, n_quick)  # the plain-HTML progress says so too
+            assert page.locator(f"#progress tr[data-group='{IMG}'] td").first.inner_text() == IMG
+
+            # a second page that will miss what happens next
+            other = _page(context)
+            other.goto(f"{collector.address}/ui/runs/{fs.run_id}", wait_until="load")
+            _wait(other, f"s.done >= {n_quick} && s.stream >= {n_quick}")
+            other.evaluate("() => flowscopeLive.pause()")
+            missed_from = _summary(other)
+
+            # phase 2: tasks held until this test creates the gate file: the page sees them known, not done
+            held = client.compute([delayed(gated, pure=True)(i, gate, dask_key_name=f"{SCRIPT}-{i}")
+                                   for i in range(n_gated)])
+            mid = _wait(page, f"s.total >= {n_quick + n_gated} && s.running >= 1")
+            assert mid["done"] == n_quick  # none of the held tasks can have finished
+            assert mid["states"].get("processing", 0) >= 1
+            if os.environ.get(SCREENSHOT_ENV):  # the docs' picture of a run while it runs
+                page.wait_for_function("() => { const d = document.getElementById('hosts'); return d.data && "
+                                       "d.data.length >= 2; }", timeout=WAIT_MS)
+                page.screenshot(path=os.environ[SCREENSHOT_ENV], full_page=True)
+
+            Path(gate).touch()
+            assert client.gather(held) == list(range(n_gated))
+            n = n_quick + n_gated
+            last = _wait(page, f"s.done >= {n} && s.stream >= {n}")
+            assert last["done"] == n and last["total"] == n and last["stream"] == n
+            assert last["done"] > mid["done"] > 0 and last["stream"] > first["stream"]
+            assert last["seq"] > mid["seq"] > first["seq"]
+            _shows_done(page, n)
+
+            # the paused page reconnects with the last number it applied and gets only what it missed
+            other.evaluate("() => flowscopeLive.resume()")
+            caught = _wait(other, f"s.done >= {n} && s.stream >= {n}")
+            assert caught["done"] == n and caught["total"] == n and caught["stream"] == n
+            assert caught["seq"] > missed_from["seq"]
+            assert other.evaluate("() => [flowscopeLive.snapshots, flowscopeLive.lastCatchUp, flowscopeLive.connects]") \
+                == [1, "deltas", 2]
+
+            # CPU and memory per host, drawn with the plotly.js flowscope serves
+            page.wait_for_function("() => { const d = document.getElementById('hosts'); return d.data && "
+                                   "d.data.length >= 2 && d.data.every(t => t.x.length >= 1); }", timeout=WAIT_MS)
+        finally:
+            unregister(client)
+            fs.close()
+
+        # finished: the same page, reloaded, shows the same counts from a fresh snapshot
+        run = Run(Path(collector.store) / fs.run_id)
+        spans = int(run.sql("SELECT count(*) AS n FROM activity WHERE role = 'task'")["n"].iloc[0])
+        assert spans == n
+        page.reload(wait_until="load")
+        again = _wait(page, f"s.status === 'finished' && s.stream >= {n}")
+        assert (again["done"], again["total"], again["stream"]) == (n, n, n)
+        assert page.evaluate("() => flowscopeLive.snapshots") == 1
+        assert page.locator(f"#progress tr[data-group='{SCRIPT}'] td").first.inner_text() == SCRIPT
+        _shows_name(page, RUN_NAME)
+        for pg in (page, other):
+            _no_markup_ran(pg)
+            assert pg.errors == [] and pg.outside == []
+            assert pg.evaluate("() => flowscopeLive.errors") == []
+        context.close()
+
+
+def _open_run(address: str, headers: dict, name: str) -> str:
+    r = httpx.post(f"{address}/v1/runs", json={"name": name}, headers=headers, timeout=30)
+    r.raise_for_status()
+    return r.json()["run_id"]
+
+
+def test_with_a_token_pages_and_websocket_need_it(collector_factory, browser):
+    websockets_sync = require_module("websockets.sync.client", "uvicorn[standard] brings it")
+    token = "tok-" + "x" * 30
+    c = collector_factory("--token", token)
+    auth = {"Authorization": f"Bearer {token}"}
+    run_id = _open_run(c.address, auth, IMG)
+    # a token the user gave is never printed, not even in the dashboard's URL
+    log = c.log_path.read_text()
+    assert f"flowscope dashboard: {c.address}/ui/ (open" in log and token not in log
+
+    assert httpx.get(f"{c.address}/ui/", timeout=30).status_code == 401
+    assert httpx.get(f"{c.address}/ui/?token=wrong", timeout=30).status_code == 401
+    assert httpx.get(f"{c.address}/v1/ui/runs", timeout=30).status_code == 401
+    assert httpx.get(f"{c.address}/ui/static/timeline.js", timeout=30).status_code == 401
+    ws_url = c.address.replace("http://", "ws://") + f"/v1/ui/runs/{run_id}/live"
+    refused = require_module("websockets.exceptions", "uvicorn[standard] brings it").InvalidStatus
+    with pytest.raises(refused, match="403"):  # no token: refused at the handshake
+        websockets_sync.connect(ws_url, open_timeout=30, proxy=None)
+    # the header lets a program in; a page of another origin may not open the socket, whatever it carries
+    with pytest.raises(refused, match="403"):
+        websockets_sync.connect(ws_url, additional_headers=auth, origin="http://evil.example", open_timeout=30,
+                                proxy=None)
+    with websockets_sync.connect(ws_url, additional_headers=auth, open_timeout=30, proxy=None) as ws:
+        first = json.loads(ws.recv(timeout=60))
+        assert first["type"] == "snapshot" and first["name"] == IMG
+
+    context = browser.new_context()
+    pg = _page(context)
+    # the URL `flowscope serve` prints: the token once, in the query; then a cookie, and a URL without it
+    pg.goto(f"{c.address}/ui/?token={token}", wait_until="load")
+    assert "token" not in pg.url
+    pg.wait_for_function(f"() => flowscopeRuns.runs.some(r => r.run_id === {run_id!r})", timeout=WAIT_MS)
+    pg.goto(f"{c.address}/ui/runs/{run_id}", wait_until="load")
+    _wait(pg, "s.seq !== null")
+    _shows_name(pg, IMG)
+    _no_markup_ran(pg)
+    # writing still needs the header: the cookie is for reading
+    r = pg.request.post(f"{c.address}/v1/runs", data={"name": "from the browser"})
+    assert r.status == 401
+    assert pg.errors == [] and pg.outside == []
+    context.close()
+
+
+def test_flowscope_serve_prints_the_dashboard_url(collector):
+    log = collector.log_path.read_text()
+    assert f"flowscope dashboard: {collector.address}/ui/" in log
+    assert httpx.get(f"{collector.address}/ui/static/plotly.min.js", timeout=30).status_code == 200
+
+
+def _spans(fs, names, t0):
+    for i, name in enumerate(names):
+        fs.span(name, t0 + i * 1_000_000, t0 + (i + 1) * 1_000_000, kind="task", task_key=f"{name}-{i}")
+    fs.flush()
+
+
+def test_flowscope_ui_serves_a_store_read_only_and_follows_a_run_written_by_another_process(tmp_path, browser):
+    import flowscope
+
+    store = tmp_path / "store"
+    fs = flowscope.Client(store=store, name="written " + IMG)
+    t0 = flowscope.now_ns()
+    _spans(fs, ["load", SCRIPT, "load"], t0)
+    proc = subprocess.Popen([sys.executable, "-m", "flowscope", "ui", str(store), "--port", "0", "--no-open"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:  # the URL it prints
+            found = re.search(r"dashboard \(read-only\) over .*: (http://\S+/ui/)", line)
+            if found:
+                break
+        else:
+            pytest.fail("flowscope ui printed no URL")
+        url = found.group(1)
+        address = url.rsplit("/ui/", 1)[0]
+        assert httpx.post(f"{address}/v1/runs", json={"name": "x"}, timeout=30).status_code in (404, 405)
+        context = browser.new_context()
+        pg = _page(context)
+        pg.goto(url, wait_until="load")
+        pg.wait_for_function(f"() => flowscopeRuns.runs.some(r => r.run_id === {fs.run_id!r} && r.tasks === 3)",
+                             timeout=WAIT_MS)
+        pg.goto(f"{address}/ui/runs/{fs.run_id}", wait_until="load")
+        first = _wait(pg, "s.stream >= 3")
+        assert first["stream"] == 3 and first["done"] == 3
+        # the run goes on in this process, written by its own embedded collector: the page follows from disk
+        _spans(fs, ["more", "more"], t0 + 10_000_000)
+        later = _wait(pg, "s.stream >= 5")
+        assert later["stream"] == 5 and later["done"] == 5 and later["groups"] == 3
+        assert pg.evaluate("() => flowscopeLive.snapshots") == 1
+        fs.close()
+        _wait(pg, "s.status === 'finished'")
+        _no_markup_ran(pg)
+        # the list gives a finished run the summary's findings (computed once, in the background)
+        pg.goto(url, wait_until="load")
+        pg.wait_for_function(f"() => flowscopeRuns.runs.some(r => r.run_id === {fs.run_id!r} && r.findings)",
+                             timeout=WAIT_MS)
+        cell = pg.locator(f"tr[data-run='{fs.run_id}'] td.findings")
+        cell.filter(has_text="of the time recorded").wait_for(timeout=WAIT_MS)
+        _no_markup_ran(pg)
+        assert pg.errors == [] and pg.outside == []
+        context.close()
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        proc.stderr.close()
+
+
+def test_flowscope_run_serves_the_dashboard_of_its_run_while_the_command_runs(tmp_path):
+    """The command itself reads the page and the run's live view from the URL `flowscope run` prints."""
+    child = ("import json, os, urllib.request\n"
+             "base, run = os.environ['FLOWSCOPE_ADDRESS'], os.environ['FLOWSCOPE_RUN']\n"
+             "page = urllib.request.urlopen(f'{base}/ui/runs/{run}', timeout=60)\n"
+             "snap = json.load(urllib.request.urlopen(f'{base}/v1/ui/runs/{run}/snapshot', timeout=60))\n"
+             "print(page.status, 'live.js' in page.read().decode(), snap['run_id'] == run, snap['status'])\n")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FLOWSCOPE_", "DASK_"))}
+    res = subprocess.run([sys.executable, "-m", "flowscope", "run", "--store", str(tmp_path / "store"), "--no-report",
+                          "--quiet", "--sample-period", "0", "--", sys.executable, "-c", child],
+                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300, check=False)
+    assert res.returncode == 0, res.stderr
+    assert "200 True True running" in res.stdout
+    assert re.search(r"^flowscope dashboard: http://127\.0\.0\.1:\d+/ui/runs/\S+$", res.stderr, re.MULTILINE), res.stderr
