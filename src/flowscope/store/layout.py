@@ -94,8 +94,8 @@ def write_json_atomic(path: Path, obj: dict) -> None:
 
 
 def read_json(path: Path) -> dict:
-    with open(path) as f:
-        return json.load(f)
+    """The JSON object in ``path`` (UTF-8, whatever the locale)."""
+    return json.loads(Path(path).read_bytes())
 
 
 def write_segment(run_dir: Path, table: str, segment_id: str, data: pa.Table, *,
