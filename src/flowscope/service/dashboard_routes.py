@@ -322,9 +322,9 @@ def dashboard_routes(hub: LiveHub) -> list:
                 if kind == "snapshot":
                     await ws.send_json({"type": "snapshot", **body})
                     since = body["seq"]
-                elif body:
-                    await ws.send_json({"type": "deltas", "epoch": w.epoch, "deltas": body})
-                    since = body[-1]["seq"]
+                elif body is not None:
+                    message, since = body
+                    await ws.send_text(message)  # encoded once for every page (live_hub.Encoded)
                 waiting = asyncio.ensure_future(wake.wait())
                 done, _ = await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED,
                                              timeout=DISK_POLL_S if hub.collector is None else None)

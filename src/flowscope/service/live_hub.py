@@ -11,6 +11,8 @@ a page asks.
 from __future__ import annotations
 
 import asyncio
+import itertools
+import json
 import logging
 import threading
 import uuid
@@ -31,6 +33,30 @@ log = logging.getLogger("flowscope.dashboard")
 RING = 2000
 
 
+def encode(doc: dict) -> str:
+    """``doc`` as the JSON text a page receives (Starlette's ``send_json`` encoding)."""
+    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
+
+
+class Encoded:
+    """One delta, JSON-encoded once for every page: its text, and the whole ``deltas`` message that carries it
+    alone (what a page that is up to date receives: the same string object for every page)."""
+
+    __slots__ = ("message", "seq", "text")
+
+    def __init__(self, epoch: str, delta: dict):
+        self.seq = delta["seq"]
+        self.text = encode(delta)
+        self.message = deltas_message(epoch, [self])
+
+
+def deltas_message(epoch: str, deltas: list[Encoded]) -> str:
+    """The ``{"type": "deltas", "epoch": E, "deltas": [...]}`` message of already encoded ``deltas``."""
+    if len(deltas) == 1 and hasattr(deltas[0], "message"):  # Encoded.__init__ builds its own message here
+        return deltas[0].message
+    return f'{{"type":"deltas","epoch":{encode(epoch)},"deltas":[{",".join(d.text for d in deltas)}]}}'
+
+
 class Watched:
     """One watched run: its live view, the recent deltas and the pages waiting for the next one."""
 
@@ -41,16 +67,16 @@ class Watched:
         self.loaded = threading.Event()
         self.live: LiveRun | None = None
         self.pending: list[tuple] = []
-        self.deltas: deque = deque(maxlen=RING)
+        self.deltas: deque[Encoded] = deque(maxlen=RING)
         self.waiters: set[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = set()
         self.failed: BaseException | None = None
         self._closed: tuple | None = None  # (status, end_ns) of run.json last told to the pages
 
     def _publish(self, delta: dict | None) -> None:
-        """Keep ``delta`` and wake the pages (called with ``lock`` held)."""
+        """Keep ``delta``, encoded once for all pages, and wake the pages (called with ``lock`` held)."""
         if delta is None:
             return
-        self.deltas.append(delta)
+        self.deltas.append(Encoded(self.epoch, delta))
         for loop, event in list(self.waiters):
             try:
                 loop.call_soon_threadsafe(event.set)
@@ -103,14 +129,19 @@ class Watched:
                 self._apply(table, sid, data)
 
     def since(self, epoch: str | None, seq: int | None) -> tuple[str, object]:
-        """What a page that has applied ``seq`` of ``epoch`` needs: ("deltas", [...]) or ("snapshot", {...})."""
+        """What a page that has applied ``seq`` of ``epoch`` needs: ("deltas", (message text, last seq)), None
+        when it has everything, or ("snapshot", {...})."""
         with self.lock:
             live = self.live
             if epoch == self.epoch and seq is not None and 0 <= seq <= live.seq:
                 if seq == live.seq:
-                    return "deltas", []
-                if self.deltas and self.deltas[0]["seq"] <= seq + 1:
-                    return "deltas", [d for d in self.deltas if d["seq"] > seq]
+                    return "deltas", None
+                if self.deltas and self.deltas[0].seq <= seq + 1:
+                    # the ring's numbers are gapless and end at live.seq: the missed ones are its last entries
+                    missed = list(itertools.islice(self.deltas, max(0, len(self.deltas) - (live.seq - seq)), None))
+                    if missed[0].seq != seq + 1:
+                        missed = [d for d in self.deltas if d.seq > seq]
+                    return "deltas", (deltas_message(self.epoch, missed), missed[-1].seq)
             snap = live.snapshot()
             snap["epoch"] = self.epoch
             meta = read_json(self.run_dir / RUN_JSON)
