@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 
-from flowscope.analysis.live import LiveRun, pending_segments
+from flowscope.analysis.live import HOST_METRICS, PALETTE, LiveRun, pending_segments
 from flowscope.model.schemas import schema
 from flowscope.store.run import Run
 
@@ -46,6 +48,145 @@ def _segments(run_dir: Path) -> list[tuple[str, str, pa.Table]]:
     run = Run(run_dir)
     probe = LiveRun(run.meta, run.mappings())
     return [(table, sid, pq.read_table(path, schema=schema(table))) for table, sid, path in pending_segments(run_dir, probe)]
+
+
+# ---- the per-record update as it was, kept as the reference the vectorised one must match -----------------------
+class ReferenceLiveRun(LiveRun):
+    """LiveRun with its per-record Python update of task spans, transfers and host metrics (before issue 15)."""
+
+    def _apply_spans(self, batch: pa.Table, delta: dict) -> None:
+        a = self._stream_spans(batch)
+        if not a.num_rows:
+            return
+        new_rows: list[str] = []
+        new_groups: list[dict] = []
+        row = np.array([self._row(r, new_rows) for r in a["resource_id"].to_pylist()], dtype=np.int32)
+        names = a["group"].to_pylist()
+        group = np.array([self._group(g if g is not None else "?", new_groups) for g in names], dtype=np.int32)
+        start = (a["start_ns"].to_numpy() - self.t0_ns) / 1e9
+        end = (a["end_ns"].to_numpy() - self.t0_ns) / 1e9
+        keys = a["task_key"].to_pylist()
+        self._tasks.add(start, end, row, group, keys)
+        self.last_ns = max(self.last_ns, int(pc.max(a["end_ns"]).as_py()))
+        tasks = a.filter(pc.equal(a["role"], "task"))
+        changed = set()
+        for g in tasks["group"].to_pylist():
+            self._span_tasks[g] += 1
+            changed.add(g)
+        if tasks.num_rows:
+            secs = (tasks["end_ns"].to_numpy() - self.t0_ns) // 1_000_000_000
+            s, n = np.unique(secs, return_counts=True)
+            for sec, k in zip(s.tolist(), n.tolist()):
+                self._finished[sec] += k
+            delta["throughput"] = {str(sec): self._finished[sec] for sec in s.tolist()}
+        if new_rows:
+            delta["rows"] = new_rows
+        if new_groups:
+            delta["groups"] = new_groups
+        delta["tasks"] = {"start": start.tolist(), "end": end.tolist(), "row": row.tolist(), "group": group.tolist(),
+                          "key": keys}
+        if changed and not self._state:
+            delta["progress"] = self._progress(changed)
+            delta["states"] = self._states()
+
+    def _apply_transfers(self, batch: pa.Table, delta: dict) -> None:
+        new_rows: list[str] = []
+        src = np.array([self._row(r, new_rows) for r in batch["src_resource_id"].to_pylist()], dtype=np.int32)
+        dst = np.array([self._row(r, new_rows) for r in batch["dst_resource_id"].to_pylist()], dtype=np.int32)
+        start = (batch["start_ns"].to_numpy() - self.t0_ns) / 1e9
+        end = (batch["end_ns"].to_numpy() - self.t0_ns) / 1e9
+        self._xfers.append((start, end, src, dst))
+        if new_rows:
+            delta["rows"] = new_rows
+        delta["transfers"] = {"start": start.tolist(), "end": end.tolist(), "src": src.tolist(), "dst": dst.tolist()}
+
+    def _apply_metrics(self, batch: pa.Table, delta: dict) -> None:
+        hw = batch.filter(pc.equal(batch["namespace"], "hardware"))
+        if not hw.num_rows:
+            return
+        names = set(pc.unique(hw["name"]).to_pylist())
+        points: dict[str, dict[str, dict]] = {}
+        for panel, choices in HOST_METRICS.items():
+            name = self._metric_names.get(panel) or next((n for n in choices if n in names), None)
+            if name is None or name not in names:
+                continue
+            self._metric_names[panel] = name
+            m = hw.filter(pc.and_(pc.equal(hw["name"], name), pc.is_finite(hw["value"])))
+            if not m.num_rows:
+                continue
+            for rid, ts, v in zip(m["resource_id"].to_pylist(), m["ts_ns"].to_pylist(), m["value"].to_pylist()):
+                xs, ys = self._series.setdefault((panel, rid), ([], []))
+                t = (ts - self.t0_ns) / 1e9
+                xs.append(t)
+                ys.append(v)
+                p = points.setdefault(panel, {}).setdefault(rid, {"label": self._label(rid), "t": [], "v": []})
+                p["t"].append(t)
+                p["v"].append(v)
+            self.last_ns = max(self.last_ns, int(pc.max(m["ts_ns"]).as_py()))
+        if points:
+            delta["metrics"] = {"names": dict(self._metric_names), "series": points}
+
+
+def _feed_both(run_dir: Path, feed: list[tuple[str, str, pa.Table]]) -> tuple[LiveRun, LiveRun]:
+    run = Run(run_dir)
+    new, ref = LiveRun(run.meta, run.mappings()), ReferenceLiveRun(run.meta, run.mappings())
+    for i, (table, sid, data) in enumerate(feed):
+        got, want = new.apply(table, sid, data), ref.apply(table, sid, data)
+        assert got == want, (i, table, sid)
+        # the same JSON a page receives (dict equality ignores the order of keys; a page's arrays do not)
+        if got is not None:
+            assert json.loads(json.dumps(got)) == json.loads(json.dumps(want))
+    assert new.snapshot() == ref.snapshot()
+    assert json.dumps(new.snapshot()) == json.dumps(ref.snapshot())
+    assert new.counts() == ref.counts()
+    return new, ref
+
+
+def _rows(t: pa.Table) -> list[pa.Table]:
+    return [t.slice(i, 1) for i in range(t.num_rows)]
+
+
+def test_the_vectorised_update_matches_the_per_record_one_on_a_real_dask_run(recorded):
+    segs = _segments(recorded)
+    tables = {t for t, _, _ in segs}
+    assert {"resources", "spans", "transitions", "transfers", "metrics"} <= tables, tables
+    new, _ = _feed_both(recorded, segs)
+    snap = new.snapshot()
+    assert len(snap["tasks"]["key"]) >= 121 and {"inc-0", "add-0", "total-0"} <= set(snap["tasks"]["key"])
+    assert snap["transfers"]["start"] and snap["metrics"]["series"]
+
+    # each batch again, row by row, as one-row segments: spans of keys seen before, rows known before
+    again = [(t, f"{sid}-row{i}", r) for t, sid, d in segs if t in ("spans", "transfers", "metrics")
+             for i, r in enumerate(_rows(d))]
+    _feed_both(recorded, segs + again)
+
+
+def test_the_vectorised_update_matches_with_nulls_many_groups_and_batches_seen_in_any_order(recorded):
+    segs = _segments(recorded)
+    spans = pa.concat_tables([d for t, _, d in segs if t == "spans"])
+    n = spans.num_rows
+    rng = np.random.default_rng(15)
+    # many groups (more than the palette's colours): Dask key prefixes the semantic mapping reads
+    many = spans.set_column(spans.schema.get_field_index("name"), "name",
+                            pa.array([f"g{int(i)}" for i in rng.integers(0, 400, n)], spans.schema.field("name").type))
+    # nulls where the schema allows them: task keys
+    nullable = [f.name for f in spans.schema if f.nullable and f.name == "task_key"]
+    holes = spans
+    for name in nullable:
+        col = holes[name].combine_chunks()
+        holes = holes.set_column(holes.schema.get_field_index(name), name,
+                                 pc.if_else(pa.array(rng.random(n) < 0.3), pa.nulls(n, col.type), col))
+    # transfers whose resources no span named, metrics of hosts in a shuffled order
+    xfers = pa.concat_tables([d for t, _, d in segs if t == "transfers"])
+    metrics = pa.concat_tables([d for t, _, d in segs if t == "metrics"])
+    shuffled = metrics.take(pa.array(rng.permutation(metrics.num_rows)))
+    head = [(t, sid, d) for t, sid, d in segs if t in ("resources", "transitions")]
+    feed = [("spans", "many", many), ("spans", "holes", holes), ("metrics", "shuffled", shuffled)]
+    feed += [("spans", "many-shuffled", many.take(pa.array(rng.permutation(n))))]
+    _feed_both(recorded, [("transfers", "xfers-first", xfers)] + head + feed)
+    _feed_both(recorded, feed)  # without resources or transitions: progress from the task spans
+    new, _ = _feed_both(recorded, [(t, sid, d) for t, sid, d in segs if t != "transitions"] + feed)
+    assert len(new.snapshot()["groups"]) > 3 * len(PALETTE)  # the colours run out: the rest share one
 
 
 def test_a_delta_is_encoded_once_and_the_same_message_goes_to_every_page(recorded, tmp_path):
@@ -87,3 +228,4 @@ def test_a_delta_is_encoded_once_and_the_same_message_goes_to_every_page(recorde
         assert [d["seq"] for d in msg["deltas"]] == list(range(1, last + 1))
     finally:
         collector.shutdown()
+

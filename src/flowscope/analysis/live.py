@@ -247,7 +247,8 @@ class LiveRun:
             return {s: n for s, n in self._by_state.items() if n}
         return {"finished": sum(self._span_tasks.values())} if self._span_tasks else {}
 
-    def _apply_spans(self, batch: pa.Table, delta: dict) -> None:
+    def _stream_spans(self, batch: pa.Table) -> pa.Table:
+        """The spans of ``batch`` drawn in the task stream, with their role and group (the run's mappings)."""
         self._con.register("spans", batch)
         self._con.register("resources", pa.table({"resource_id": list(self._res),
                                                   "kind": [r["kind"] for r in self._res.values()]},
@@ -260,13 +261,16 @@ class LiveRun:
         finally:
             self._con.unregister("spans")
             self._con.unregister("resources")
+        return a
+
+    def _apply_spans(self, batch: pa.Table, delta: dict) -> None:
+        a = self._stream_spans(batch)
         if not a.num_rows:
             return
         new_rows: list[str] = []
         new_groups: list[dict] = []
-        row = np.array([self._row(r, new_rows) for r in a["resource_id"].to_pylist()], dtype=np.int32)
-        names = a["group"].to_pylist()
-        group = np.array([self._group(g if g is not None else "?", new_groups) for g in names], dtype=np.int32)
+        row = self._indices(a["resource_id"], lambda r: self._row(r, new_rows))
+        group = self._indices(pc.fill_null(a["group"], "?"), lambda g: self._group(g, new_groups))
         start = (a["start_ns"].to_numpy() - self.t0_ns) / 1e9
         end = (a["end_ns"].to_numpy() - self.t0_ns) / 1e9
         keys = a["task_key"].to_pylist()
@@ -274,10 +278,11 @@ class LiveRun:
         self.last_ns = max(self.last_ns, int(pc.max(a["end_ns"]).as_py()))
         tasks = a.filter(pc.equal(a["role"], "task"))
         changed = set()
-        for g in tasks["group"].to_pylist():
-            self._span_tasks[g] += 1
-            changed.add(g)
         if tasks.num_rows:
+            names, counts = self._counts(tasks["group"])
+            for g, n in zip(names, counts):
+                self._span_tasks[g] += n
+                changed.add(g)
             secs = (tasks["end_ns"].to_numpy() - self.t0_ns) // 1_000_000_000
             s, n = np.unique(secs, return_counts=True)
             for sec, k in zip(s.tolist(), n.tolist()):
@@ -293,10 +298,30 @@ class LiveRun:
             delta["progress"] = self._progress(changed)
             delta["states"] = self._states()
 
+    @staticmethod
+    def _encoded(values) -> tuple[list, np.ndarray]:
+        """The distinct ``values`` (None for a null) in order of first appearance, and each value's index in them."""
+        d = pc.dictionary_encode(values, null_encoding="encode")
+        if isinstance(d, pa.ChunkedArray):
+            d = d.unify_dictionaries().combine_chunks() if d.num_chunks != 1 else d.chunk(0)
+        return d.dictionary.to_pylist(), d.indices.to_numpy(zero_copy_only=False)
+
+    @classmethod
+    def _indices(cls, values, index_of) -> np.ndarray:
+        """``index_of(v)`` for every value, called once per distinct value in order of first appearance."""
+        distinct, idx = cls._encoded(values)
+        return np.array([index_of(v) for v in distinct], dtype=np.int32)[idx]
+
+    @classmethod
+    def _counts(cls, values) -> tuple[list, list]:
+        """The distinct ``values`` (None for a null) in order of first appearance and how many times each occurs."""
+        distinct, idx = cls._encoded(values)
+        return distinct, np.bincount(idx, minlength=len(distinct)).tolist()
+
     def _apply_transfers(self, batch: pa.Table, delta: dict) -> None:
         new_rows: list[str] = []
-        src = np.array([self._row(r, new_rows) for r in batch["src_resource_id"].to_pylist()], dtype=np.int32)
-        dst = np.array([self._row(r, new_rows) for r in batch["dst_resource_id"].to_pylist()], dtype=np.int32)
+        src = self._indices(batch["src_resource_id"], lambda r: self._row(r, new_rows))
+        dst = self._indices(batch["dst_resource_id"], lambda r: self._row(r, new_rows))
         start = (batch["start_ns"].to_numpy() - self.t0_ns) / 1e9
         end = (batch["end_ns"].to_numpy() - self.t0_ns) / 1e9
         self._xfers.append((start, end, src, dst))
@@ -318,14 +343,18 @@ class LiveRun:
             m = hw.filter(pc.and_(pc.equal(hw["name"], name), pc.is_finite(hw["value"])))  # JSON has no NaN
             if not m.num_rows:
                 continue
-            for rid, ts, v in zip(m["resource_id"].to_pylist(), m["ts_ns"].to_pylist(), m["value"].to_pylist()):
+            rids, idx = self._encoded(m["resource_id"])
+            t = (m["ts_ns"].to_numpy() - self.t0_ns) / 1e9
+            v = m["value"].to_numpy()
+            order = np.argsort(idx, kind="stable")  # each resource's points together, in the batch's order
+            bounds = np.cumsum(np.bincount(idx, minlength=len(rids)))
+            panel_points = points.setdefault(panel, {})
+            for rid, lo, hi in zip(rids, [0, *bounds[:-1].tolist()], bounds.tolist()):
+                ts, vs = t[order[lo:hi]].tolist(), v[order[lo:hi]].tolist()
                 xs, ys = self._series.setdefault((panel, rid), ([], []))
-                t = (ts - self.t0_ns) / 1e9
-                xs.append(t)
-                ys.append(v)
-                p = points.setdefault(panel, {}).setdefault(rid, {"label": self._label(rid), "t": [], "v": []})
-                p["t"].append(t)
-                p["v"].append(v)
+                xs.extend(ts)
+                ys.extend(vs)
+                panel_points[rid] = {"label": self._label(rid), "t": ts, "v": vs}
             self.last_ns = max(self.last_ns, int(pc.max(m["ts_ns"]).as_py()))
         if points:
             delta["metrics"] = {"names": dict(self._metric_names), "series": points}
