@@ -14,9 +14,9 @@ schedule (its achieved rate is reported; a run that could not keep it says so). 
 the key ``mark-<batch>``. Latency of a batch = the time its ``mark`` key is drawn on a page's canvas (a wrapper the
 bench installs around the page's ``FlowscopeTimeline.prototype.draw`` from outside: the page has no test hook)
 minus the time the bench received the collector's acknowledgement of that batch (both on this machine's wall clock,
-``performance.timeOrigin + performance.now()`` in the page). The collector updates its live view and queues the
-delta before it acknowledges, so a latency may be slightly negative; the same figure measured from the POST being
-sent is kept beside it. Collector CPU: its process's CPU seconds from the first batch until every page drew every
+``performance.timeOrigin + performance.now()`` in the page). The collector acknowledges a batch before its live view
+takes it (one thread of the dashboard applies the batches in order, issue 15); the same figure measured from the
+POST being sent is kept beside it. Collector CPU: its process's CPU seconds from the first batch until every page drew every
 batch (0 pages: until the last acknowledgement), per second of ingest; the dashboard's extra CPU is that with pages
 minus that with none, at the same rate.
 

@@ -208,6 +208,7 @@ def test_a_delta_is_encoded_once_and_the_same_message_goes_to_every_page(recorde
         seen = 0  # the seq two pages that keep up have applied; a third stays at 0
         for table, sid, data in segs:
             collector.ingest(doc["run_id"], table, sid, data, timeout=60)
+            hub.flush()  # the view takes the batch after its acknowledgement
             bodies = [w.since(w.epoch, seen) for _ in range(2)]
             if w.live.seq == seen:
                 assert all(b == ("deltas", None) for b in bodies)
@@ -229,3 +230,39 @@ def test_a_delta_is_encoded_once_and_the_same_message_goes_to_every_page(recorde
     finally:
         collector.shutdown()
 
+
+def test_the_collector_acknowledges_batches_without_waiting_for_the_live_view(recorded, tmp_path):
+    """The view is updated after the acknowledgement, in the order the batches were written: a view held busy
+    (here by its lock, as while a page's snapshot is built) does not hold up ingest, and its deltas stay numbered
+    without gaps, the run's close last."""
+    from flowscope.service.collector import Collector
+    from flowscope.service.live_hub import LiveHub
+
+    src = Run(recorded)
+    collector = Collector(tmp_path / "store")
+    try:
+        hub = LiveHub(collector.store, collector)
+        doc = collector.open_run({"name": "replay", "start_ns": src.meta["start_ns"],
+                                  "semantics": src.meta.get("semantics")})
+        w = hub.watch(doc["run_id"])
+        segs = _segments(recorded)
+        with w.lock:  # the view is busy the whole time these batches are sent
+            for table, sid, data in segs:
+                res = collector.ingest(doc["run_id"], table, sid, data, timeout=120)
+                assert res.rows == data.num_rows and not res.duplicate
+            assert w.live.seq == 0  # nothing applied yet: every batch was acknowledged first
+        collector.close_run(doc["run_id"])
+        hub.flush()
+        kind, (message, last) = w.since(w.epoch, 0)
+        deltas = json.loads(message)["deltas"]
+        assert kind == "deltas" and [d["seq"] for d in deltas] == list(range(1, last + 1))
+        assert deltas[-1]["status"] == "finished" and all("status" not in d for d in deltas[:-1])
+        # the same view as one fed directly, batch by batch
+        direct = LiveRun(w.live.snapshot() | {"start_ns": src.meta["start_ns"]}, Run(recorded).mappings())
+        for table, sid, data in segs:
+            direct.apply(table, sid, data)
+        got, want = w.live.snapshot(), direct.snapshot()
+        for k in ("tasks", "transfers", "progress", "states", "rows", "groups", "throughput", "warning_count"):
+            assert got[k] == want[k], k
+    finally:
+        collector.shutdown()

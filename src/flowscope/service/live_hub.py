@@ -3,7 +3,9 @@
 A run is watched from the first time a page asks for it (nobody watching: no cost): its live view
 (:class:`flowscope.analysis.live.LiveRun`) is built once from the segments on disk, then updated by every
 segment the collector writes for it, and each change is kept in a bounded ring with its sequence number
-so that a page that reconnects gets what it missed instead of the whole view. Without a collector
+so that a page that reconnects gets what it missed instead of the whole view. The collector acknowledges a
+batch without waiting for the view: one thread of the hub applies the written segments (and closes) in the
+order the collector told them, and encodes each delta once for every page, off the event loop. Without a collector
 (``flowscope ui STORE``: a store read by nobody else's collector) new segments are read from disk when
 a page asks.
 """
@@ -31,6 +33,9 @@ log = logging.getLogger("flowscope.dashboard")
 
 #: deltas kept per run for pages that reconnect; one that missed more gets the whole view again
 RING = 2000
+#: bytes of acknowledged batches the hub may hold before its view takes them; beyond, the collector waits for the
+#: view (as it always did before issue 15) instead of holding ever more batches outside its memory budget
+FEED_BYTES = 64 * 1024 * 1024
 
 
 def encode(doc: dict) -> str:
@@ -160,18 +165,59 @@ class LiveHub:
         self.collector = collector
         self._runs: dict[str, Watched] = {}
         self._lock = threading.Lock()
+        # what the collector told, in its order, for the feed thread: ((function, args), bytes held)
+        self._feed: deque = deque()
+        self._feed_bytes = 0
+        self._feed_cv = threading.Condition()
         if collector is not None:
+            threading.Thread(target=self._feed_loop, name="flowscope-dashboard-feed", daemon=True).start()
             collector.add_listener(self._on_segment, self._on_close)
 
     def _on_segment(self, run_id: str, table: str, segment_id: str, data) -> None:
         w = self._runs.get(run_id)
         if w is not None:
-            w.apply(table, segment_id, data)
+            self._enqueue(w.apply, (table, segment_id, data), data.nbytes)
 
     def _on_close(self, run_id: str, doc: dict) -> None:
         w = self._runs.get(run_id)
-        if w is not None and w.loaded.is_set():
+        if w is not None:
+            self._enqueue(self._closed, (w, doc), 0)
+
+    @staticmethod
+    def _closed(w: Watched, doc: dict) -> None:
+        if w.loaded.is_set():
             w.status(doc.get("status"), doc.get("end_ns"))
+
+    def _enqueue(self, fn, args: tuple, nbytes: int) -> None:
+        """Hand one change to the feed thread; waits only while the batches it holds exceed FEED_BYTES."""
+        with self._feed_cv:
+            while self._feed and self._feed_bytes + nbytes > FEED_BYTES:
+                self._feed_cv.wait()
+            self._feed.append(((fn, args), nbytes))
+            self._feed_bytes += nbytes
+            self._feed_cv.notify_all()
+
+    def _feed_loop(self) -> None:
+        while True:
+            with self._feed_cv:
+                while not self._feed:
+                    self._feed_cv.wait()
+                (fn, args), _ = self._feed[0]  # left queued until applied: flush() waits for it
+            try:
+                fn(*args)
+            except Exception:  # the dashboard must never stop following the runs
+                log.exception("the dashboard's live view failed to take a change")
+            del fn, args
+            with self._feed_cv:
+                _, nbytes = self._feed.popleft()
+                self._feed_bytes -= nbytes
+                self._feed_cv.notify_all()
+
+    def flush(self) -> None:
+        """Wait until the views hold every segment and close the collector acknowledged so far."""
+        with self._feed_cv:
+            while self._feed:
+                self._feed_cv.wait()
 
     def watched(self, run_id: str) -> Watched | None:
         w = self._runs.get(run_id)
