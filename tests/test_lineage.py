@@ -94,3 +94,19 @@ def test_lineage_of_an_imported_starpu_task(shared_data, tmp_path):
     assert lineage(run, on_path).critical_path == {**lineage(run, on_path).critical_path, "on_structural": True,
                                                    "slack_ns": 0}
     assert lin.anomaly is not None and len(lin.anomaly["executions"]) == 1
+
+
+def test_lineage_of_an_imported_wfcommons_task(shared_data, tmp_path):
+    """WfCommons tasks have derived times (no measured critical path): lineage says so instead of guessing."""
+    path = sorted((shared_data / "wfinstances").glob("*.json"))[0]
+    res = import_paths([path], tmp_path / "store")
+    run = flowscope.open_run(res.run_dir)
+    deps = run.table("dependencies")
+    key = deps["task_key"].value_counts().index[0]
+    lin = lineage(run, key)
+    assert len(lin.executions) == 1 and lin.executions["role"].iloc[0] == "task"
+    assert sorted(lin.dependencies["key"]) == sorted(deps.loc[deps["task_key"] == key, "depends_on"])
+    assert sorted(lin.dependants["key"]) == sorted(deps.loc[deps["depends_on"] == key, "task_key"])
+    assert lin.critical_path["on_measured"] is None and lin.critical_path["task_times"] == "derived"
+    tp = task_graph_paths(work_units(run), deps, run.table("transfers"))
+    assert lin.critical_path["on_structural"] is (key in tp.structural.ids)
