@@ -13,13 +13,15 @@ _LAZY = {
     "TABLES": "flowscope.model.schemas",
     "Run": "flowscope.store.run",
     "open_run": "flowscope.store.run",
+    "open_store": "flowscope.store.run_set",
+    "RunSet": "flowscope.store.run_set",
     "step": "flowscope.embedded",
     "trace": "flowscope.sources.python_tracing",
     "trace_modules": "flowscope.sources.python_tracing",
     "observe": "flowscope.sources.dask",
 }
 
-__all__ = ["Client", "FlowscopeError", "Run", "TABLES", "open_run", "now_ns", "observe", "step", "trace",
+__all__ = ["Client", "FlowscopeError", "Run", "RunSet", "TABLES", "open_run", "open_store", "now_ns", "observe", "step", "trace",
            "trace_modules", "__version__"]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import re
 import sys
 
@@ -35,10 +36,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "transfers, io, metrics, logs, resources, data_states, mutations) is a view, "
                                    "and so are activity (spans with their category, role and group), "
                                    "executors (resources with executes and slots) and call_tree, the call-path "
-                                   "profile (flowscope profile).")
-    p.add_argument("run", help="run directory, run id in the store, or 'latest'")
+                                   "profile (flowscope profile). With --all, every run of a store (or of "
+                                   "several) together: each view has a run_id column, and a runs table holds "
+                                   "each run's provenance (docs/compare.md).")
+    p.add_argument("run", help="run directory, run id in the store, or 'latest'; with --all, a store directory "
+                               f"(several joined with {os.pathsep!r})")
     p.add_argument("query", help='e.g. "SELECT name, count(*) FROM spans GROUP BY name"')
     p.add_argument("--store", default=None, help=LOOKUP_STORE_HELP)
+    p.add_argument("--all", action="store_true", dest="all_runs",
+                   help="query every run of the store(s) RUN names, with a run_id column and a runs table")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print JSON records")
     fmt.add_argument("--csv", action="store_true", help="print CSV")
@@ -147,9 +153,16 @@ def _print_paths_and_utilisation(s) -> None:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    run = open_for(args)
+    if args.all_runs:
+        from flowscope.store.run_set import open_store
+
+        run = open_store(*[s for s in args.run.split(os.pathsep) if s])
+    else:
+        run = open_for(args)
     try:
-        if re.search(r"\bcall_tree\b", args.query, re.IGNORECASE):  # a derived view, computed when asked for
+        if args.all_runs:
+            df = run.sql(args.query)
+        elif re.search(r"\bcall_tree\b", args.query, re.IGNORECASE):  # a derived view, computed when asked for
             from flowscope.analysis.call_tree import query
 
             df = query(run, args.query)

@@ -239,6 +239,18 @@ def _explain_if_empty(obs: Observation, work_seen: bool) -> None:
                       + " ".join(r.text() for r in obs.nothing_observed), NothingObservedWarning, stacklevel=4)
 
 
+def run_provenance(argv: list[str] | None = None) -> dict:
+    """What run.json keeps about what was run, to group runs by: the client script with its hash (``script``:
+    the command's script given ``argv``, else this program's main script) and Dask's configuration as this
+    process sees it (``dask_config``: its YAML files, DASK_* variables and any ``dask.config.set`` in force)."""
+    import dask
+
+    from flowscope.model.provenance import jsonable, main_script, script_of_command
+
+    script = script_of_command(argv) if argv is not None else main_script()
+    return {"script": script, "dask_config": jsonable(dask.config.config)}
+
+
 @contextmanager
 def observe(dask_client=None, *, store: str | Path | None = None, name: str | None = None,
             command: str | None = None, collector: str = "process", anomalies: bool | object = False,
@@ -280,7 +292,7 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
     # what the run's rows will mean (model/semantics.py): the plugins' mapping, or the local schedulers'
     declared = [_semantics.DASK_DISTRIBUTED if dask_client is not None else _semantics.DASK_LOCAL]
     server = None
-    meta = {"capture_level": level, "semantics": declared}
+    meta = {"capture_level": level, "semantics": declared, **run_provenance()}
     if collector == "process":
         server = start_collector(store)
         fs = Client(server.address, name=name or "dask", command=command, meta=meta)
