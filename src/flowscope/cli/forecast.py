@@ -1,4 +1,5 @@
-"""``flowscope forecast``: benchmark runs into a window-size model (``bench``)."""
+"""``flowscope forecast``: benchmark runs into a window-size model (``bench``) and predict, frame by frame,
+what a run's resources will do next (``predict``)."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from flowscope.cli.output import LOOKUP_STORE_HELP, console, fmt_ns, print_json, print_table, progress
+from flowscope.cli.output import LOOKUP_STORE_HELP, console, err_console, fmt_ns, print_json, print_table, progress
+from flowscope.cli.semantics import add_semantics_option, open_for
 
 EVENT_HELP = "event kind: idle, compute, communication, io, wait, runtime or other (default idle)"
 
@@ -37,6 +39,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     b.add_argument("--store", default=None, help=LOOKUP_STORE_HELP)
     b.add_argument("--json", action="store_true", help="print the model's summary as JSON")
     b.set_defaults(func=cmd_bench)
+
+    q = verbs.add_parser("predict", help="predict, frame by frame, what a run's resources do next",
+                         description="Over a run (finished, or live: what it holds so far), frame by frame: the "
+                                     "likelihood that at least FRACTION of the resources are in EVENT during the "
+                                     "next frame (from the current frame's ECDF), what happened, and whether the "
+                                     "two frames agreed (KS test at 5 %%). The frame size comes from --model "
+                                     "when one fits the run's size; otherwise the default (docs/forecast.md).")
+    q.add_argument("run", help="run directory, run id in the store, or 'latest'")
+    q.add_argument("--event", default="idle", help=EVENT_HELP)
+    q.add_argument("--fraction", default="0.25", help="share of the resources, within [0, 1] (default 0.25)")
+    q.add_argument("--model", default=None, help="window-size model written by `flowscope forecast bench`")
+    q.add_argument("--window", type=int, default=None, help="frame size in samples (overrides the model)")
+    q.add_argument("--store", default=None, help=LOOKUP_STORE_HELP)
+    q.add_argument("--frames", type=int, default=20, help="frames to print, the last ones (default 20)")
+    q.add_argument("--json", action="store_true", help="print the prediction as JSON")
+    add_semantics_option(q)
+    q.set_defaults(func=cmd_predict)
 
 
 def _sizes(text: str) -> list[int]:
@@ -100,4 +119,37 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 [[r, t, "none reaches the cut" if w is None or pd.isna(w) else int(w)]
                  for r, t, w in cuts.itertuples(index=False)])
     console.print(f"model of {len(entries)} run(s) written to {out}", markup=False, highlight=False, soft_wrap=True)
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from flowscope.analysis.forecast import check_fraction, load_model, predict
+    from flowscope.analysis.forecast.signal import check_event
+
+    event = check_event(args.event)
+    fraction = check_fraction(args.fraction)
+    model = load_model(args.model) if args.model else None
+    run = open_for(args)
+    pred = predict(run, event, fraction, model, window=args.window)
+    if args.json:
+        print_json(pred.as_dict())
+        return 0
+    doc = pred.as_dict()
+    err_console.print(pred.note, markup=False, highlight=False, soft_wrap=True)
+    console.print(f"run {pred.run_id}: {pred.resources} resources, {pred.tasks} tasks; signal of {doc['signal']['samples']} "
+                  f"samples every {fmt_ns(pred.signal.period_ns)}; frames of {pred.window} samples "
+                  f"({fmt_ns(doc['frame_ns'])}); query: at least {pred.threshold} of {pred.resources} resources "
+                  f"{event}", markup=False, highlight=False, soft_wrap=True)
+    frames = doc["frames"][-max(args.frames, 0):] if args.frames else []
+    if frames:
+        t0 = pred.signal.t0_ns
+        print_table(None, ["frame", "from", "to", "predicted", "observed", "KS", "hit"],
+                    [[f["frame"], fmt_ns(f["start_ns"] - t0), fmt_ns(f["end_ns"] - t0),
+                      "-" if f["likelihood"] is None else f"{f['likelihood']:.2f}", f"{f['observed']:.2f}",
+                      "-" if f["ks_statistic"] is None else f"{f['ks_statistic']:.3f}",
+                      "-" if f["hit"] is None else ("hit" if f["hit"] else "miss")] for f in frames])
+    rate = "n/a (fewer than 2 frames)" if pred.hit_rate is None else f"{pred.hit_rate:.1%}"
+    console.print(f"hit rate {rate} over {doc['judged']} judged frames"
+                  + (f"; next frame: likelihood {doc['next']['likelihood']:.2f}" if doc["next"] else ""),
+                  markup=False, highlight=False, soft_wrap=True)
     return 0
