@@ -7,8 +7,6 @@ import argparse
 import tempfile
 from pathlib import Path
 
-import pandas as pd
-
 from flowscope.cli.output import LOOKUP_STORE_HELP, console, err_console, fmt_ns, print_json, print_table, progress
 from flowscope.cli.semantics import add_semantics_option, open_for
 
@@ -69,6 +67,8 @@ def _sizes(text: str) -> list[int]:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
+    import pandas as pd
+
     from flowscope.analysis.forecast import bench_run, build_model
     from flowscope.analysis.forecast.signal import check_event
     from flowscope.importers import import_paths
