@@ -61,8 +61,8 @@ else:
         warnings.simplefilter("ignore")
         for w in windows:
             m = len(counts) // w
-            hits.append(sum(ks_2samp(counts[(i - 1) * w:i * w], counts[i * w:(i + 1) * w]).pvalue >= 0.05
-                            for i in range(1, m)))
+            hits.append(int(sum(ks_2samp(counts[(i - 1) * w:i * w], counts[i * w:(i + 1) * w]).pvalue >= 0.05
+                            for i in range(1, m))))
 print(json.dumps({"hits": hits, "wall_s": time.perf_counter() - w0, "cpu_s": time.process_time() - c0,
                   "process_s": time.perf_counter() - t_start}))
 """

@@ -160,7 +160,7 @@ def test_route_forecasts_a_live_dask_run_as_the_function_does(collector):
         register(client, fs.address, fs.run_id)
         url = f"{collector.address}/v1/runs/{fs.run_id}/forecast"
         # tasks of uneven lengths in waves, so that workers sit idle between waves
-        for wave in range(3):
+        for _wave in range(3):
             futures = client.compute([delayed(_sleep_task, pure=False)(i, 0.01 * (1 + i % 4)) for i in range(12)])
             assert sorted(client.gather(futures)) == list(range(12))
         run = Run(collector.store / fs.run_id)
@@ -178,7 +178,7 @@ def test_route_forecasts_a_live_dask_run_as_the_function_does(collector):
                 break
             time.sleep(0.5)
         doc = r.json()
-        assert doc["tasks"] == 36 and 2 <= doc["resources"] <= 4 and len(doc["frames"]) >= 2
+        assert doc["tasks"] == 36 and doc["resources"] >= 2 and len(doc["frames"]) >= 2  # threads (lanes: more if spans overlap)
         assert doc["window_source"] == "default" and doc["judged"] == len(doc["frames"]) - 1
         assert doc == mine
         assert httpx.get(f"{collector.address}/v1/runs/{fs.run_id}", timeout=30).json()["status"] == "running"

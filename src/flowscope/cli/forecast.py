@@ -92,7 +92,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 try:
                     run_dir = resolve_run(name, args.store)
                 except FileNotFoundError:
-                    raise FileNotFoundError(f"{name}: not a trace file, a run directory, nor a run id in the store")
+                    raise FileNotFoundError(f"{name}: not a trace file, a run directory, nor a run id in the store") from None
             run = open_run(run_dir)
             bar.update(task, description=f"{p.name}: KS over window sizes")
             entries.append(bench_run(run, event, sizes, count=args.windows, source=name,

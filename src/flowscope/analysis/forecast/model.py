@@ -77,7 +77,7 @@ class Surface:
     def __call__(self, w: np.ndarray | float, tasks: np.ndarray | float) -> np.ndarray:
         """The fitted hit rate at window size(s) ``w`` and DAG size(s) ``tasks``."""
         x, y = self._xy(np.asarray(w), np.asarray(tasks))
-        return sum(c * x ** i * y ** j for c, (i, j) in zip(self.coefficients, self.terms))
+        return sum(c * x ** i * y ** j for c, (i, j) in zip(self.coefficients, self.terms, strict=True))
 
     def cut(self, tasks: float, cut: float = CUT) -> int | None:
         """The largest window whose fitted hit rate, and that of every smaller candidate size, is >= ``cut``
