@@ -25,7 +25,15 @@ __all__ = ["Client", "FlowscopeError", "Run", "RunSet", "TABLES", "open_run", "o
            "trace_modules", "__version__"]
 
 
+#: submodules reachable as attributes without importing them first (``flowscope.forecast.when(...)``)
+_SUBMODULES = ("forecast",)
+
+
 def __getattr__(name: str):
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"flowscope.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'flowscope' has no attribute {name!r}")
@@ -37,4 +45,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+    return sorted([*globals(), *_LAZY, *_SUBMODULES])
