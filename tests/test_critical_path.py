@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 
 import networkx as nx
@@ -574,3 +575,85 @@ def test_derived_states_never_precede_their_sources():
     assert json.loads(fixed["attrs"][1]) == {"ts_adjusted_from": 90}
     assert json.loads(fixed["attrs"][2]) == {"ts_adjusted_from": 95}
     assert data_state_path(fixed, muts).ids == ["a", "b", "c"]
+
+
+# ---- a run whose only timed work is I/O operations (a Darshan log with DXT, recorded here through the client) ----
+
+MS_ = 1_000_000
+
+
+def _io_only_run(tmp_path):
+    """Two ranks that only do I/O, recorded through flowscope.Client: rank:0 writes 0-10 ms (an operation of a
+    layer above holding two of a layer below, 1-4 and 5-9) and reads 30-40; rank:1 writes 2-20 and 25-45. Decoys
+    that must not count: a per-file aggregate of rank:0 whose window runs to 100 ms, an instantaneous open at 70 ms,
+    and a write to 60 ms on a container (which executes nothing)."""
+    import flowscope
+
+    t = 1_700_000_000 * 1_000_000_000
+    with flowscope.Client(name="io-only", store=tmp_path) as fs:
+        for r in ("rank:0", "rank:1"):
+            fs.resource("rank", r, start_ns=t)
+        fs.resource("container", "shared", start_ns=t)
+
+        def op(rid, kind, a, b, attrs=None, **kw):
+            fs.emit("io", resource_id=rid, source="test", op=kind, path=f"/data/{rid}", nbytes=4096,
+                    start_ns=t + a * MS_, end_ns=None if b is None else t + b * MS_,
+                    attrs=json.dumps(attrs) if attrs else None, **kw)
+
+        op("rank:0", "write", 0, 10, {"interface": "MPI-IO"})
+        op("rank:0", "write", 1, 4, {"interface": "POSIX"})
+        op("rank:0", "write", 5, 9, {"interface": "POSIX"})
+        op("rank:0", "read", 30, 40)
+        op("rank:1", "write", 2, 20)
+        op("rank:1", "write", 25, 45)
+        op("rank:0", "write", 0, 100, {"aggregate": True, "ops": 3})
+        op("rank:0", "open", 70, None)
+        op("shared", "write", 0, 60)
+        run_dir = fs.run_dir
+    return flowscope.open_run(run_dir), t
+
+
+def test_a_run_of_timed_io_operations_gets_the_io_timeline_of_the_rank_that_ended_last(tmp_path):
+    from flowscope.analysis.critical_path import IDLE_COMPONENT, IO_UNIT, work_units
+    from flowscope.analysis.summary import summarize
+
+    run, t = _io_only_run(tmp_path)
+    units = work_units(run)
+    assert set(units["unit"]) == {IO_UNIT} and set(units["category"]) == {"io"}
+    # the outermost timed operations of the resources that execute: not the inner writes, the aggregate, the
+    # instantaneous open or the container's write
+    got = sorted((r.resource_id, r.name, (r.start_ns - t) // MS_, (r.end_ns - t) // MS_)
+                 for r in units.itertuples())
+    assert got == [("rank:0", "read", 30, 40), ("rank:0", "write", 0, 10),
+                   ("rank:1", "write", 2, 20), ("rank:1", "write", 25, 45)]
+    m = task_graph_paths(units, run.table("dependencies"), run.table("transfers")).measured
+    steps = [(r.kind, (r.start_ns - t) // MS_, (r.end_ns - t) // MS_, r.component, r.location)
+             for r in m.steps.itertuples()]
+    assert steps == [("IDLE", 0, 2, IDLE_COMPONENT, "rank:1"), ("task", 2, 20, "io", "rank:1"),
+                     ("IDLE", 20, 25, IDLE_COMPONENT, "rank:1"), ("task", 25, 45, "io", "rank:1")]
+    assert m.length_ns == 45 * MS_
+    cp = summarize(run).critical_path
+    assert cp["units"] == "I/O operations" and cp["measured_ns"] == 45 * MS_ and cp["measured_tasks"] == 2
+    assert cp["measured_components"] == {"io": 38 * MS_, "idle": 7 * MS_}
+    assert cp["measured_end_location"] == "rank:1"
+
+
+def test_a_run_without_a_path_says_why_and_what_would_supply_one(tmp_path):
+    import flowscope
+    from flowscope.analysis.summary import summarize
+
+    with flowscope.Client(name="counters", store=tmp_path / "a") as fs:
+        fs.resource("rank", "rank:0")
+        fs.emit("io", resource_id="rank:0", source="test", op="write", path="/data/x", nbytes=1 << 20,
+                start_ns=1_000, end_ns=9_000_000, attrs=json.dumps({"aggregate": True, "ops": 12}))
+        counters = fs.run_dir
+    with flowscope.Client(name="metrics", store=tmp_path / "b") as fs:
+        fs.metric("residual", 1e-6, namespace="application")
+        metrics = fs.run_dir
+    cp = summarize(flowscope.open_run(counters)).critical_path
+    assert cp["path"] is None and set(cp) == {"path", "reason"}
+    assert "its 1 I/O records are totals" in cp["reason"] and "DXT_ENABLE_IO_TRACE=1" in cp["reason"]
+    cp = summarize(flowscope.open_run(metrics)).critical_path
+    assert cp["path"] is None and "it holds no timed work" in cp["reason"]
+    assert re.search(r"only .*\b[\d,]+ metrics rows", cp["reason"]), cp["reason"]
+    assert "dependencies" in cp["reason"] and "messages" in cp["reason"]

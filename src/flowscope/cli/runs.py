@@ -135,9 +135,21 @@ def _print_paths_and_utilisation(s) -> None:
     elif cp and "structural_ns" in cp and cp["measured_ns"] is None:
         console.print(f"critical path: {fmt_ns(cp['structural_ns'])} through {len(cp['structural_ids'])} tasks "
                       f"(structural: the task times are derived, not measured)")
+    elif cp and "structural_ns" in cp and cp.get("units") == "I/O operations":
+        comp = cp.get("measured_components") or {}
+        console.print(f"critical path: {fmt_ns(cp['measured_ns'])} measured on {cp.get('measured_end_location')} "
+                      f"(the resource whose I/O ended last): {cp['measured_tasks']} I/O operations, "
+                      f"{fmt_ns(comp.get('io', 0))} in I/O, {fmt_ns(comp.get('idle', 0))} between them",
+                      markup=False, highlight=False, soft_wrap=True)
     elif cp and "structural_ns" in cp:
         console.print(f"critical path: {fmt_ns(cp['measured_ns'])} measured through {cp['measured_tasks']} tasks, "
                       f"{fmt_ns(cp['structural_ns'])} structural (unlimited workers)")
+    elif cp and cp.get("data_states"):
+        ds = cp["data_states"]
+        console.print(f"critical path: not computed ({ds['error']})" if ds.get("error") else
+                      f"critical path: {fmt_ns(ds['length_ns'])} through {ds['states']} data states")
+    elif cp and cp.get("reason"):
+        console.print(cp["reason"], markup=False, highlight=False, soft_wrap=True)
     mp = (cp or {}).get("messages")
     if mp and mp.get("error"):
         console.print(f"critical path through messages: not computed ({mp['error']})")
