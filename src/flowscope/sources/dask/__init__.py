@@ -126,6 +126,7 @@ class Observation:
     hook_errors: dict[str, int] = field(default_factory=dict)
     anomaly_stats: dict[str, dict] = field(default_factory=dict)  # per worker, with observe(anomalies=True)
     nothing_observed: list = field(default_factory=list)          # analysis.nothing_observed.Reason
+    local_compiled: bool | None = None  # no client: the local capture's per-task path is the compiled one
 
     @property
     def run(self):
@@ -332,7 +333,8 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
         fs.close(status="failed")
         raise
     obs = Observation(fs, fs.run_id, store / fs.run_id, level=level,
-                      collector_pid=server.proc.pid if server is not None else None, dashboard_url=url)
+                      collector_pid=server.proc.pid if server is not None else None, dashboard_url=url,
+                      local_compiled=capture.compiled if capture is not None else None)
     status = "failed"
     seen: dict = {}
     facts: dict = {}
