@@ -187,3 +187,17 @@ def test_a_damaged_segment_is_named_by_every_reader(run_dir):
             read()
     hurt.rename(run_dir / "hurt.parquet.bad")
     assert run.counts()["spans"] == 1
+
+
+def test_run_json_round_trips_text_beyond_ascii_and_integers_beyond_64_bits(tmp_path):
+    from flowscope.store.layout import read_json, write_json_atomic
+
+    obj = {"name": "café ✓ 数据", "big": 2**70, "small": -1, "nested": {"b": [1.5, None], "a": True}}
+    path = tmp_path / "run.json"
+    write_json_atomic(path, obj)  # beyond 64 bits: the standard library writes it
+    assert read_json(path) == obj
+    del obj["big"]
+    write_json_atomic(path, obj)
+    assert read_json(path) == obj
+    text = path.read_bytes().decode("utf-8")
+    assert text.endswith("\n") and text.index('"name"') < text.index('"nested"') < text.index('"small"')

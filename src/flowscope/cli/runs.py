@@ -8,8 +8,6 @@ import json
 import re
 import sys
 
-import pandas as pd
-
 from flowscope.cli.output import LOOKUP_STORE_HELP, STORE_HELP, console, fmt_ns, print_json, print_table
 from flowscope.store.catalog import default_store, interruption, list_runs, run_state
 from flowscope.cli.semantics import add_semantics_option, open_for
@@ -165,6 +163,8 @@ def cmd_sql(args: argparse.Namespace) -> int:
         df.to_csv(sys.stdout, index=False)
     else:
         shown = df.head(args.max_rows)
+        import pandas as pd  # only here: every command imports this module at start
+
         print_table(None, list(df.columns), [[None if pd.isna(v) else v for v in row]
                                              for row in shown.astype(object).itertuples(index=False)])
         if len(df) > len(shown):

@@ -6,8 +6,6 @@ from __future__ import annotations
 import argparse
 import json
 
-import pandas as pd
-
 from flowscope.cli.output import LOOKUP_STORE_HELP, console, print_json, print_table
 from flowscope.store.catalog import resolve_run
 from flowscope.store.run import Run, open_run
@@ -71,6 +69,8 @@ def cmd_semantics(args: argparse.Namespace) -> int:
     console.print(f"declared by: {', '.join(declared) or 'no source (generic defaults only)'}; override: "
                   f"{'yes' if meta.get('semantics_override') else 'none'}")
     for title, df in (("spans", mapping), ("resources", execs)):
+        import pandas as pd  # only here: every command imports this module at start
+
         print_table(title, list(df.columns), [["-" if pd.isna(v) else v for v in row]
                                               for row in df.astype(object).values.tolist()])
     return 0

@@ -126,7 +126,7 @@ def replay(root: str | Path, transport, run_id: str | None = None,
     done = 0
     for d in run_dirs:
         meta_path = d / "run.json"
-        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {"run_id": d.name}
+        meta = json.loads(meta_path.read_bytes()) if meta_path.is_file() else {"run_id": d.name}
         rid = meta.get("run_id") or d.name
         transport.open_run(meta)
         report.runs += 1
@@ -151,7 +151,7 @@ def replay(root: str | Path, transport, run_id: str | None = None,
                 progress(done, total)
         close_path = d / "close.json"
         if close_path.is_file() and len(report.failed) == failed_before:
-            transport.close_run(rid, json.loads(close_path.read_text()))
+            transport.close_run(rid, json.loads(close_path.read_bytes()))
             close_path.unlink()
             report.closed += 1
         if {p.name for p in d.iterdir()} <= {"run.json"}:  # all delivered; rejected/ and the like stay

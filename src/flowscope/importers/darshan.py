@@ -449,15 +449,30 @@ def read(path: Path, sink: ImportSink) -> None:
         log.close()
 
 
+#: run directory -> (resource segments already read, resource_id -> attrs): one import of many logs reads each
+#: segment once, not the whole table again per log
+_RESOURCE_CACHE: dict[Path, tuple[set[Path], dict[str, str | None]]] = {}
+
+
 def _existing_resources(sink: ImportSink) -> dict[str, str | None]:
     """resource_id -> attrs of the resources the run already has (from earlier imports or its own sources)."""
     run_dir = sink.run_dir
     if run_dir is None or not (run_dir / "resources").is_dir():
         return {}
-    from flowscope.store.run import open_run
+    import pyarrow.parquet as pq
 
-    t = open_run(run_dir).sql_arrow("select resource_id, attrs from resources")
-    return dict(zip(t.column("resource_id").to_pylist(), t.column("attrs").to_pylist()))
+    from flowscope.store.layout import segment_files
+
+    seen, known = _RESOURCE_CACHE.setdefault(Path(run_dir).resolve(), (set(), {}))
+    for f in segment_files(run_dir, "resources"):
+        if f in seen:
+            continue
+        t = pq.read_table(f, columns=["resource_id", "attrs"])
+        for rid, attrs in zip(t.column("resource_id").to_pylist(), t.column("attrs").to_pylist()):
+            if known.get(rid) is None:  # the first non-null attrs, as the run's merged view keeps
+                known[rid] = attrs
+        seen.add(f)
+    return dict(known)
 
 
 def _log_resource(path: Path, existing: dict[str, str | None]) -> str:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import orjson
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -350,7 +351,10 @@ def load(path: Path) -> tuple[dict, _Instance]:
     malformed JSON (with line, column and offset) or a field of the wrong type (with task and field)."""
     data = Path(path).read_bytes()
     try:
-        doc = json.loads(data)
+        try:
+            doc = orjson.loads(data)
+        except orjson.JSONDecodeError:  # the standard library says where, and reads what orjson refuses (NaN)
+            doc = json.loads(data)
     except UnicodeDecodeError as exc:
         raise _error(path, f"not UTF-8 text at byte {exc.start}") from None
     except json.JSONDecodeError as exc:

@@ -19,6 +19,7 @@ import re
 import shutil
 from pathlib import Path
 
+import orjson
 import pyarrow as pa
 import pyarrow.parquet as pq
 
@@ -79,16 +80,22 @@ def write_bytes_atomic(path: Path, data: bytes) -> None:
 
 
 def write_json_atomic(path: Path, obj: dict) -> None:
+    """Write ``obj`` as indented JSON with sorted keys, replacing ``path`` atomically."""
     tmp = temp_path(path)
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=2, sort_keys=True, default=str)
-        f.write("\n")
+    try:  # the standard library's encoder is pure Python when it indents: an import rewrites run.json per file
+        body = orjson.dumps(obj, default=str,
+                            option=orjson.OPT_INDENT_2 | orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS
+                            | orjson.OPT_APPEND_NEWLINE)
+    except orjson.JSONEncodeError:  # e.g. an integer beyond 64 bits, which the standard library writes
+        body = (json.dumps(obj, indent=2, sort_keys=True, default=str) + "\n").encode()
+    with open(tmp, "wb") as f:
+        f.write(body)
     os.replace(tmp, path)
 
 
 def read_json(path: Path) -> dict:
-    with open(path) as f:
-        return json.load(f)
+    """The JSON object in ``path`` (UTF-8, whatever the locale)."""
+    return json.loads(Path(path).read_bytes())
 
 
 def write_segment(run_dir: Path, table: str, segment_id: str, data: pa.Table, *,
