@@ -185,6 +185,39 @@ def test_structural_length_agrees_with_networkx_on_real_dask_graphs():
         assert longest_path_length(n, src, dst, w) == pytest.approx(_networkx_length(n, src, dst, w), rel=1e-12)
 
 
+def test_longest_to_on_a_large_shuffled_graph_equals_a_level_by_level_reference():
+    """A graph large enough that the sweep's scratch buffers take its large-buffer allocation (over 1 MiB each:
+    300,000 vertices, 900,000 edges with duplicates), vertex numbers shuffled, weights on edges and vertices:
+    every vertex's longest arrival equals a numpy pass level by level, to the bit (the same additions and
+    maxima), and so does the length."""
+    from flowscope.analysis.graph_kernels import longest_to
+
+    rng = np.random.default_rng(21)
+    n, m, levels = 300_000, 900_000, 40
+    level = np.sort(np.concatenate([np.arange(levels), rng.integers(0, levels, n - levels)]))  # none empty
+    src = rng.integers(0, n, m)
+    later = level[src] < levels - 1
+    src = src[later]
+    to_level = np.minimum(level[src] + rng.integers(1, 4, len(src)), levels - 1)
+    first = np.searchsorted(level, to_level)
+    count = np.searchsorted(level, to_level, side="right") - first
+    dst = first + (rng.random(len(src)) * count).astype(np.int64)
+    dup = rng.integers(0, len(src), len(src) // 10)
+    src, dst = np.concatenate([src, src[dup]]), np.concatenate([dst, dst[dup]])
+    w, vw = rng.random(len(src)), rng.random(n)
+    expect = np.full(n, -np.inf)
+    for lv in range(levels):                   # vertices in level order: all in-edges come from earlier levels
+        at = np.flatnonzero(level == lv)
+        into = np.flatnonzero(level[dst] == lv)
+        best = np.full(n, -np.inf)
+        np.maximum.at(best, dst[into], expect[src[into]] + w[into])
+        expect[at] = np.where(np.isfinite(best[at]), best[at], 0.0) + vw[at]
+    perm = rng.permutation(n)
+    got = longest_to(n, perm[src], perm[dst], w, vw[np.argsort(perm)])
+    np.testing.assert_array_equal(got[perm], expect)
+    assert longest_path_length(n, perm[src], perm[dst], w, vw[np.argsort(perm)]) == expect.max()
+
+
 def test_a_cycle_is_named_by_a_vertex_on_it():
     # 0 -> 1 -> 2 -> 3 -> 1 is a cycle; 4 hangs behind it; 5 -> 6 is fine
     with pytest.raises(ValueError, match=r"cycle through vertex 1 \(1 -> 2 -> 3 -> 1\)") as e:

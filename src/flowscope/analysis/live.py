@@ -3,7 +3,8 @@
 What the dashboard shows of a run while it runs, and of a run that finished (the same state, no longer
 changing): progress by task group and tasks by state (the scheduler's transitions, else the task spans), the
 task stream per executing resource (spans whose role is ``task`` or ``call`` under the run's semantic mappings,
-and transfers), CPU and memory per host (``hardware`` metrics) and the warnings and errors logged.
+and transfers), tasks finished per second (task spans by the second they ended in), CPU, memory, network and disk
+per host (``hardware`` metrics) and the warnings and errors logged.
 
 :class:`LiveRun` is fed with ``apply(table, segment_id, batch)``, once per segment: a segment applied twice
 counts once, so a reader may replay the run's segments from disk and the collector's newly written ones in
@@ -35,8 +36,11 @@ DONE_STATES = ("memory", "erred")
 RUNNING_STATES = ("processing", "executing")
 #: span roles drawn in the task stream
 STREAM_ROLES = ("task", "call")
-#: host metrics drawn, first present of each pair (as the static report's hardware chart)
-HOST_METRICS = {"cpu": ("cpu.percent", "process.cpu.percent"), "memory": ("memory.used_bytes", "process.memory.rss_bytes")}
+#: host metrics drawn per panel, the first present of each choice (CPU and memory as the static report's hardware
+#: chart; network and disk from the hardware sampler, docs/metrics.md)
+HOST_METRICS = {"cpu": ("cpu.percent", "process.cpu.percent"), "memory": ("memory.used_bytes", "process.memory.rss_bytes"),
+                "net_rx": ("net.rx_bytes_per_s",), "net_tx": ("net.tx_bytes_per_s",),
+                "disk_read": ("disk.read_bytes_per_s",), "disk_write": ("disk.write_bytes_per_s",)}
 #: warnings and errors kept with their text (the count covers all of them)
 KEEP_WARNINGS = 200
 #: points per host series in a snapshot (a longer series is thinned evenly; deltas carry every new point)
@@ -98,6 +102,7 @@ class LiveRun:
         self._by_state: Counter = Counter()
         self._groups: dict[str, Counter] = {}  # group -> Counter(total, done, running, erred)
         self._span_tasks: Counter = Counter()  # group -> task spans seen (runs without scheduler transitions)
+        self._finished: Counter = Counter()    # second since the run's start -> task spans that ended in it
         # task stream
         self._rows: list[str] = []
         self._row_of: dict[str, int] = {}
@@ -272,6 +277,12 @@ class LiveRun:
         for g in tasks["group"].to_pylist():
             self._span_tasks[g] += 1
             changed.add(g)
+        if tasks.num_rows:
+            secs = (tasks["end_ns"].to_numpy() - self.t0_ns) // 1_000_000_000
+            s, n = np.unique(secs, return_counts=True)
+            for sec, k in zip(s.tolist(), n.tolist()):
+                self._finished[sec] += k
+            delta["throughput"] = {str(sec): self._finished[sec] for sec in s.tolist()}
         if new_rows:
             delta["rows"] = new_rows
         if new_groups:
@@ -363,6 +374,7 @@ class LiveRun:
                 "transfers": {"start": cat(0), "end": cat(1), "src": cat(2), "dst": cat(3)},
                 "metrics": {"names": dict(self._metric_names), "series": series},
                 "warnings": list(self._warnings), "warning_count": self._warning_count,
+                "throughput": {str(sec): n for sec, n in sorted(self._finished.items())},
             }
 
 

@@ -78,13 +78,10 @@ def _given(args: argparse.Namespace) -> str | None:
 
 
 def dashboard_url(address: str, token: str | None, given: str | None = None) -> str:
-    """The dashboard's address on a server at ``address``, with the token a browser hands over once when it was
-    generated (and printed already); a token the user gave (``given``: where) is never printed."""
-    from urllib.parse import quote
+    """The dashboard's runs list on a server at ``address`` (``flowscope.ui.dashboard_url``)."""
+    from flowscope.ui import dashboard_url as url
 
-    if token and given:
-        return f"{address}/ui/ (open {address}/ui/?token=TOKEN with the token given by {given})"
-    return f"{address}/ui/" + (f"?token={quote(token, safe='')}" if token else "")
+    return url(address, None, token, given)
 
 
 def run(args: argparse.Namespace) -> int:

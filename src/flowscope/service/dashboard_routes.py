@@ -11,6 +11,7 @@ deltas after ``N`` are still kept, in which case it sends ``{"type": "deltas", "
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -26,12 +27,19 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 from flowscope.model.provenance import check_run_id
 from flowscope.service.live_hub import LiveHub
 from flowscope.store.catalog import list_runs, run_state
-from flowscope.store.layout import segment_files
+from flowscope.store.layout import RUN_JSON, read_json, segment_files
 from flowscope.store.run import Run
 from flowscope.ui import static_dir
 
+log = logging.getLogger("flowscope.dashboard")
+
 #: without a collector, how often a connected page's run is checked for new segments on disk, seconds
 DISK_POLL_S = 1.0
+#: an analysis page's view is recomputed at most this often while its run changes (changes meanwhile fold into
+#: one recomputation), seconds
+VIEW_DEBOUNCE_S = 1.0
+#: the run's analysis pages (``/ui/runs/RUN_ID/PAGE``), each served by ``view.html`` with the view of that name
+VIEW_PAGES = ("critical-path", "profile", "anomalies", "logs")
 
 
 @lru_cache(maxsize=1)
@@ -104,10 +112,63 @@ class _Findings:
             self._queued.discard(run_dir)
 
 
+class _Views:
+    """The analysis views (``report.views.VIEWS``) of watched runs, each computed by one background thread (the
+    analyses never run on the event loop nor side by side with each other) and kept until the segments of the
+    tables it reads, or the run's status, change; pages of the same run and view share one computation."""
+
+    def __init__(self) -> None:
+        self._done: dict[tuple, tuple] = {}
+        self._locks: dict[tuple, asyncio.Lock] = {}
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="flowscope-views")
+
+    @staticmethod
+    def signature(run_dir: Path, view: str) -> tuple:
+        """What the view depends on: the number of segments of each table it reads, and the run's status."""
+        from flowscope.report.views import VIEWS
+
+        try:
+            status = read_json(run_dir / RUN_JSON).get("status")
+        except (OSError, ValueError):
+            status = None
+        return (status, *(len(segment_files(run_dir, t)) for t in VIEWS[view][1]))
+
+    def _compute(self, run_dir: Path, view: str, sig: tuple) -> dict:
+        from flowscope.report.views import VIEWS, json_safe
+
+        fn, tables = VIEWS[view]
+        run = Run(run_dir)
+        try:
+            doc = json_safe(fn(run))
+        except Exception as exc:  # a run the analysis cannot read says why, on its page
+            log.exception("the %s view of %s failed", view, run_dir.name)
+            doc = {"failed": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+        finally:
+            run.close()
+        doc["view"] = view
+        doc["status"] = sig[0]
+        doc["segments"] = dict(zip(tables, sig[1:]))
+        return doc
+
+    async def get(self, run_dir: Path, view: str) -> dict:
+        """The view of the run as its tables are now (computed if they changed since it was last computed)."""
+        key = (run_dir, view)
+        lock = self._locks.setdefault(key, asyncio.Lock())
+        async with lock:
+            sig = await asyncio.to_thread(self.signature, run_dir, view)
+            hit = self._done.get(key)
+            if hit is None or hit[0] != sig:
+                loop = asyncio.get_running_loop()
+                doc = await loop.run_in_executor(self._pool, self._compute, run_dir, view, sig)
+                hit = self._done[key] = (sig, doc)
+            return hit[1]
+
+
 def dashboard_routes(hub: LiveHub) -> list:
     """The dashboard's routes over ``hub``'s store."""
     cold: dict = {}
     findings = _Findings()
+    views = _Views()
     pages = static_dir()
 
     async def index(request) -> Response:
@@ -122,6 +183,77 @@ def dashboard_routes(hub: LiveHub) -> list:
         except ValueError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
         return FileResponse(pages / "run.html", headers={"cache-control": "no-store"})
+
+    async def view_page(request) -> Response:
+        try:
+            check_run_id(request.path_params["run_id"])
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        if request.path_params["page"] not in VIEW_PAGES:
+            return JSONResponse({"error": f"page: no page {request.path_params['page']!r}; the pages of a run: "
+                                          f"{', '.join(VIEW_PAGES)}"}, status_code=404)
+        return FileResponse(pages / "view.html", headers={"cache-control": "no-store"})
+
+    def _view_target(params) -> tuple[str, str]:
+        """(run id, view) of a view's route; ValueError naming the field that is wrong."""
+        run_id = check_run_id(params["run_id"])
+        if params["view"] not in VIEW_PAGES:
+            raise ValueError(f"view: no view {params['view']!r}; the views: {', '.join(VIEW_PAGES)}")
+        return run_id, params["view"]
+
+    async def view_json(request) -> JSONResponse:
+        try:
+            run_id, view = _view_target(request.path_params)
+            w = await asyncio.to_thread(hub.watch, run_id)
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        except FileNotFoundError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=404)
+        return JSONResponse(await views.get(w.run_dir, view))
+
+    async def view_live(ws: WebSocket) -> None:
+        """The view, then the view again each time the run changed (at most once per VIEW_DEBOUNCE_S)."""
+        origin = ws.headers.get("origin")
+        if origin and urlsplit(origin).netloc != ws.headers.get("host"):
+            await ws.close(code=1008)
+            return
+        try:
+            run_id, view = _view_target(ws.path_params)
+            w = await asyncio.to_thread(hub.watch, run_id)
+        except (ValueError, FileNotFoundError):
+            await ws.close(code=1008)
+            return
+        await ws.accept()
+        loop = asyncio.get_running_loop()
+        wake = asyncio.Event()
+        w.waiters.add((loop, wake))
+        gone = asyncio.ensure_future(ws.receive())
+        try:
+            doc = await views.get(w.run_dir, view)
+            await ws.send_json({"type": "view", "doc": doc})
+            sent = doc["segments"], doc["status"]
+            while True:
+                waiting = asyncio.ensure_future(wake.wait())
+                done, _ = await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED,
+                                             timeout=DISK_POLL_S if hub.collector is None else None)
+                if not waiting.done():
+                    waiting.cancel()
+                if gone in done:
+                    return
+                # the changes of the next VIEW_DEBOUNCE_S fold into this recomputation
+                done, _ = await asyncio.wait({gone}, timeout=VIEW_DEBOUNCE_S)
+                if gone in done:
+                    return
+                wake.clear()
+                doc = await views.get(w.run_dir, view)
+                if (doc["segments"], doc["status"]) != sent:
+                    await ws.send_json({"type": "view", "doc": doc})
+                    sent = doc["segments"], doc["status"]
+        except (WebSocketDisconnect, OSError):
+            return
+        finally:
+            w.waiters.discard((loop, wake))
+            gone.cancel()
 
     async def plotly_js(request) -> Response:
         return Response(_plotly_js(), media_type="text/javascript", headers={"cache-control": "max-age=3600"})
@@ -215,11 +347,14 @@ def dashboard_routes(hub: LiveHub) -> list:
         Route("/ui", index, methods=["GET"]),
         Route("/ui/", runs_page, methods=["GET"]),
         Route("/ui/runs/{run_id}", run_page, methods=["GET"]),
+        Route("/ui/runs/{run_id}/{page}", view_page, methods=["GET"]),
         Route("/ui/static/plotly.min.js", plotly_js, methods=["GET"]),
         Mount("/ui/static", app=StaticFiles(directory=pages), name="ui-static"),
         Route("/v1/ui/runs", runs_json, methods=["GET"]),
         Route("/v1/ui/runs/{run_id}/snapshot", snapshot_json, methods=["GET"]),
         WebSocketRoute("/v1/ui/runs/{run_id}/live", live),
+        Route("/v1/ui/runs/{run_id}/views/{view}", view_json, methods=["GET"]),
+        WebSocketRoute("/v1/ui/runs/{run_id}/views/{view}/live", view_live),
     ]
 
 

@@ -4,6 +4,7 @@ process it observes (a LocalCluster's scheduler runs in the user's process)."""
 from __future__ import annotations
 
 import http.client
+import os
 import signal
 import subprocess
 import sys
@@ -15,11 +16,15 @@ from urllib.parse import urlsplit
 
 def _answers(address: str) -> bool:
     """Whether the collector at ``address`` (``http://127.0.0.1:PORT``) answers its health check; False while it
-    cannot be reached, an error if it answers with one."""
+    cannot be reached, an error if it answers with one. The child inherits $FLOWSCOPE_TOKEN, and then requires
+    it: the check sends it."""
+    from flowscope.service.auth import TOKEN_ENV
+
     u = urlsplit(address)
+    token = os.environ.get(TOKEN_ENV)
     conn = http.client.HTTPConnection(u.hostname, u.port, timeout=2.0)
     try:
-        conn.request("GET", "/v1/health")
+        conn.request("GET", "/v1/health", headers={"Authorization": f"Bearer {token}"} if token else {})
         resp = conn.getresponse()
         body = resp.read()
     except (OSError, http.client.HTTPException):

@@ -124,6 +124,7 @@ class Observation:
     run_dir: Path
     level: str = DEFAULT_LEVEL
     collector_pid: int | None = None  # the collector process the run was recorded by (None: embedded)
+    dashboard_url: str | None = None  # the run's dashboard page, served while the block runs (printed on stderr)
     hook_errors: dict[str, int] = field(default_factory=dict)
     anomaly_stats: dict[str, dict] = field(default_factory=dict)  # per worker, with observe(anomalies=True)
     nothing_observed: list = field(default_factory=list)          # analysis.nothing_observed.Reason
@@ -171,6 +172,17 @@ def stop_collector() -> None:
         server, _collector = _collector, None
     if server is not None and server.owner == os.getpid():
         server.stop()
+
+
+def _dashboard_url(address: str, run_id: str, served_by_process: bool) -> str:
+    """The run's dashboard page on the collector at ``address``. A collector process is ``flowscope serve``, which
+    requires $FLOWSCOPE_TOKEN when the user set it (a token the user gave is never printed); the embedded one's
+    server requires none on loopback."""
+    from flowscope.service.auth import TOKEN_ENV
+    from flowscope.ui import dashboard_url
+
+    token = os.environ.get(TOKEN_ENV) if served_by_process else None
+    return dashboard_url(address, run_id, token, f"${TOKEN_ENV}" if token else None)
 
 
 def _default_client_address(exclude=None) -> str | None:
@@ -276,6 +288,8 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
         fs = Client(server.address, name=name or "dask", command=command, meta=meta)
     else:
         fs = Client("embedded", store=store, serve=True, name=name or "dask", command=command, meta=meta)
+    url = _dashboard_url(fs.address, fs.run_id, served_by_process=server is not None)
+    print(f"flowscope dashboard: {url}", file=sys.stderr, flush=True)
     capture = sampler = lease = None
     facts_before = process_facts.snapshot()
     try:
@@ -308,7 +322,7 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
         fs.close(status="failed")
         raise
     obs = Observation(fs, fs.run_id, store / fs.run_id, level=level,
-                      collector_pid=server.proc.pid if server is not None else None)
+                      collector_pid=server.proc.pid if server is not None else None, dashboard_url=url)
     status = "failed"
     seen: dict = {}
     facts: dict = {}

@@ -11,6 +11,7 @@
     epoch: null, seq: null, name: "", status: null, lastS: 0, endS: null,
     progress: {}, states: {}, rows: [], groups: [], warnings: [], warningCount: 0,
     metrics: {names: {}, series: {}},          // panel -> resource -> {label, t, v}
+    throughput: {},                            // second since the start -> task spans that ended in it
     pendingTasks: [], pendingTransfers: []     // before the stream exists (no rows or groups yet)
   };
   var live = global.flowscopeLive = {
@@ -52,6 +53,7 @@
     S.epoch = m.epoch; S.seq = m.seq; S.name = m.name; S.status = m.status; S.lastS = m.last_s; S.endS = m.end_s;
     S.progress = m.progress; S.states = m.states; S.rows = m.rows.slice(); S.groups = m.groups.slice();
     S.warnings = m.warnings.slice(); S.warningCount = m.warning_count;
+    S.throughput = Object.assign({}, m.throughput || {});
     S.metrics = {names: m.metrics.names, series: {}};
     S.pendingTasks = []; S.pendingTransfers = [];
     addSeries(m.metrics.series);
@@ -82,6 +84,7 @@
     if (d.states) S.states = d.states;
     if (d.metrics) { S.metrics.names = d.metrics.names; addSeries(d.metrics.series); }
     if (d.warnings) { S.warnings = S.warnings.concat(d.warnings).slice(-200); S.warningCount = d.warning_count; }
+    if (d.throughput) for (var sec in d.throughput) S.throughput[sec] = d.throughput[sec];
     if (d.status !== undefined) { S.status = d.status; S.endS = d.end_s; }
     if (d.last_s !== undefined) S.lastS = d.last_s;
     S.seq = d.seq;
@@ -158,19 +161,25 @@
       wl.appendChild(el("li", text));
     });
     renderHosts();
+    renderThroughput();
     live.renders = (live.renders || 0) + 1;
   }
 
   var PANELS = {cpu: {"cpu.percent": ["CPU busy, % of all cores", 1], "process.cpu.percent": ["process CPU, % of one core", 1]},
                 memory: {"memory.used_bytes": ["memory in use, GiB", 1 / 1073741824],
-                         "process.memory.rss_bytes": ["process memory (RSS), GiB", 1 / 1073741824]}};
+                         "process.memory.rss_bytes": ["process memory (RSS), GiB", 1 / 1073741824]},
+                net_rx: {"net.rx_bytes_per_s": ["network received, MiB/s", 1 / 1048576]},
+                net_tx: {"net.tx_bytes_per_s": ["network sent, MiB/s", 1 / 1048576]},
+                disk_read: {"disk.read_bytes_per_s": ["disk read, MiB/s", 1 / 1048576]},
+                disk_write: {"disk.write_bytes_per_s": ["disk written, MiB/s", 1 / 1048576]}};
+  var PANEL_ORDER = ["cpu", "memory", "net_rx", "net_tx", "disk_read", "disk_write"];
   var COLOURS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"];
   function renderHosts() {
-    var panels = ["cpu", "memory"].filter(function (p) { return S.metrics.series[p]; });
+    var panels = PANEL_ORDER.filter(function (p) { return S.metrics.series[p]; });
     var div = document.getElementById("hosts");
     if (!panels.length || !global.Plotly) return;
     if (!live.hostsPlotted) div.replaceChildren();
-    var traces = [], layout = {height: 180 * panels.length + 60, margin: {l: 50, r: 10, t: 24, b: 36},
+    var traces = [], layout = {height: 150 * panels.length + 60, margin: {l: 50, r: 10, t: 24, b: 36},
                                legend: {orientation: "h"}, showlegend: true, annotations: []};
     var seen = {}, hostColour = {};
     panels.forEach(function (p, i) {
@@ -191,6 +200,22 @@
     layout.xaxis = {title: {text: "seconds since the run started"}, anchor: panels.length > 1 ? "y" + panels.length : "y"};
     Plotly.react(div, traces, layout, {displaylogo: false, responsive: true});
     live.hostsPlotted = true;
+  }
+
+  /** Tasks finished per second (task spans by the second they ended in), as bars. */
+  function renderThroughput() {
+    var div = document.getElementById("throughput");
+    var secs = Object.keys(S.throughput).map(Number).sort(function (a, b) { return a - b; });
+    if (!secs.length || !global.Plotly) return;
+    if (!live.throughputPlotted) div.replaceChildren();
+    Plotly.react(div, [{type: "bar", x: secs.map(function (s) { return s + 0.5; }),
+                        y: secs.map(function (s) { return S.throughput[s]; }), width: 1, marker: {color: "#3182bd"},
+                        hovertemplate: "%{x:.0f} s: %{y} tasks<extra></extra>"}],
+                 {height: 200, margin: {l: 50, r: 10, t: 10, b: 36}, bargap: 0.05,
+                  xaxis: {title: {text: "seconds since the run started"}, rangemode: "tozero"},
+                  yaxis: {title: {text: "tasks finished / s"}, rangemode: "tozero"}},
+                 {displaylogo: false, responsive: true});
+    live.throughputPlotted = true;
   }
 
   // ---- the connection ---------------------------------------------------------------------------
@@ -236,5 +261,10 @@
             rows: S.rows.length, groups: S.groups.length, warnings: S.warningCount,
             shown_done: document.getElementById("tasks-done").textContent};
   };
+  document.querySelectorAll("#run-nav a").forEach(function (a) {
+    var page = a.getAttribute("data-page");
+    a.setAttribute("href", "/ui/runs/" + encodeURIComponent(runId) + (page ? "/" + page : ""));
+    if (!page) a.setAttribute("aria-current", "page");
+  });
   connect();
 })(window);

@@ -1,0 +1,350 @@
+"""The dashboard's analysis views of a run as JSON documents: the critical path with its attribution and the
+data-state graph, the time breakdown with per-group statistics and the call profile, the anomalies in Chimbuko's
+views, and the logs with their tasks.
+
+Each view is computed by the analysis functions the report and ``flowscope show`` call, over the run's tables
+as they are on disk now (a running run: as far as it got), so a page shows the same figures as they do. Every
+view reads only the model's vocabulary (``activity`` roles and groups, ``transfers``, ``data_states``), never
+one source's names, so the same pages serve a Dask run, an imported Paje trace and an OTF2 trace.
+
+    doc = VIEWS["critical-path"](run)        # JSON-ready dict
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from flowscope.store.run import Run
+
+#: steps of a path listed (the attribution covers all of them)
+STEP_LIMIT = 500
+#: up to this many data states each state is drawn; above, each group (origin) is one mark
+GRAPH_STATES = 2000
+#: anomalies listed with their call-stack window (the ranking and the steps count all of them)
+ANOMALY_LIMIT = 500
+#: normal calls drawn in the function scatter beside the anomalies (evenly thinned above)
+NORMAL_POINTS = 5000
+#: log records listed, latest first (the counts cover all of them)
+LOG_LIMIT = 2000
+
+
+def _num(v: Any) -> Any:
+    """A JSON-safe number: NaN and infinities become None, numpy scalars plain Python."""
+    if v is None:
+        return None
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        f = float(v)
+        return None if math.isnan(f) or math.isinf(f) else f
+    return v
+
+
+def _text(v: Any) -> str | None:
+    return None if v is None or (isinstance(v, float) and math.isnan(v)) else str(v)
+
+
+def json_safe(doc: Any) -> Any:
+    """``doc`` with every NaN or infinite float replaced by None (JSON has neither)."""
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: json_safe(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [json_safe(v) for v in doc]
+    return doc
+
+
+def _t0(run: Run) -> int:
+    return int(run.meta.get("start_ns") or 0)
+
+
+# ---- critical path -------------------------------------------------------------------------------------------
+
+def _attribution(df: pd.DataFrame, column: str) -> list[dict]:
+    return [{"name": _text(r[column]), "seconds": int(r["duration_ns"]) / 1e9, "share": _num(r["share"]),
+             "steps": int(r["steps"])} for r in df.to_dict("records")]
+
+
+def path_doc(path, t0_ns: int, limit: int = STEP_LIMIT) -> dict:
+    """A critical path (:class:`flowscope.analysis.critical_path.CriticalPath`) as the page shows it: its length,
+    its time per component, application and location (``CriticalPath.by_*``) and its first ``limit`` steps."""
+    from flowscope.analysis.summary import TASK_STEP
+
+    s = path.steps
+    length = int(path.length_ns)
+    steps = [{"id": _text(r["id"]), "label": _text(r["label"]), "kind": _text(r["kind"]),
+              "component": _text(r["component"]), "application": _text(r["application"]),
+              "location": _text(r["location"]), "start_s": (int(r["start_ns"]) - t0_ns) / 1e9,
+              "seconds": int(r["duration_ns"]) / 1e9,
+              "share": int(r["duration_ns"]) / length if length else 0.0}
+             for r in s.head(limit).to_dict("records")]
+    return {"length_s": length / 1e9, "vertices": len(path.ids), "tasks": int((s["kind"] == TASK_STEP).sum()),
+            "start_s": (path.start_ns - t0_ns) / 1e9 if path.start_ns is not None else None,
+            "components": _attribution(path.by_component(), "component"),
+            "applications": _attribution(path.by_application(), "application"),
+            "locations": _attribution(path.by_location(), "location"),
+            "steps": steps, "steps_total": len(s)}
+
+
+def _graph_doc(states: pd.DataFrame, mutations: pd.DataFrame, path) -> dict:
+    """The data-state graph laid out as the report lays it out (report.critical_path.GraphLayout): x seconds since
+    the first state, one lane per group; every state up to GRAPH_STATES, else one mark per group."""
+    from flowscope.report.critical_path import GraphLayout
+
+    g = GraphLayout(states, mutations, path)
+    p = g.path[g.path >= 0]
+    doc: dict[str, Any] = {"group_by": g.group_by, "groups": g.groups, "locations": g.locations,
+                           "path": {"x": g.x[p].tolist(), "y": g.y[p].tolist(), "ids": g.ids[p].tolist()}}
+    if g.n <= GRAPH_STATES:
+        doc.update(mode="states", x=g.x.tolist(), y=g.y.tolist(), ids=g.ids.tolist(), loc=g.loc.tolist(),
+                   src=g.src.tolist(), dst=g.dst.tolist())
+    else:
+        counts = g.counts()
+        first = [float(g.x[a:b].min()) if b > a else 0.0 for a, b in zip(g.start[:-1], g.start[1:])]
+        last = [float(g.x[a:b].max()) if b > a else 0.0 for a, b in zip(g.start[:-1], g.start[1:])]
+        ge = g.group_edges()
+        doc.update(mode="groups", counts=counts.tolist(), first=first, last=last,
+                   edges={"src": ge["src"].tolist(), "dst": ge["dst"].tolist(), "n": ge["n"].tolist()})
+    return doc
+
+
+def critical_path_view(run: Run) -> dict:
+    """The task graph's critical path (measured, else structural), the path through messages with its wait states
+    (runs whose transfers link calls), and the data-state graph with its path (recorded data states, else those
+    derived from the tasks), as the report's critical-path section computes them."""
+    from flowscope.analysis.critical_path import (
+        data_state_path,
+        task_graph_paths,
+        work_units,
+    )
+    from flowscope.analysis.dataflow import data_states_from_tasks
+    from flowscope.analysis.message_path import LATE_RECEIVER, LATE_SENDER, message_path
+
+    t0 = _t0(run)
+    out: dict[str, Any] = {"task_path": None, "message_path": None, "data_states": None, "errors": []}
+    units = work_units(run)
+    tasks = int(units["task_key"].notna().sum())
+    if tasks:
+        try:
+            tp = task_graph_paths(units, run.table("dependencies"), run.table("transfers"))
+        except ValueError as exc:
+            out["errors"].append(f"the task graph's critical path: {exc}")
+        else:
+            chosen = tp.measured if tp.measured is not None else tp.structural
+            doc = path_doc(chosen, t0)
+            doc.update(kind="measured" if tp.measured is not None else "structural",
+                       structural_s=tp.structural.length_ns / 1e9,
+                       difference_s=None if tp.difference_ns is None else tp.difference_ns / 1e9)
+            out["task_path"] = doc
+    states, mutations = run.table("data_states"), run.table("mutations")
+    derived = False
+    if states.empty and tasks:
+        states, mutations = data_states_from_tasks(run)
+        derived = True
+    if not states.empty and not mutations.empty:
+        try:
+            path = data_state_path(states, mutations)
+        except ValueError as exc:
+            out["errors"].append(f"the data-state graph's critical path: {exc}")
+        else:
+            out["data_states"] = {"states": len(states), "mutations": len(mutations), "derived": derived,
+                                  "path": path_doc(path, t0), "graph": _graph_doc(states, mutations, path)}
+    transfers = run.sql("SELECT * FROM transfers WHERE attrs LIKE '%\"dst_call\"%'")
+    if len(transfers):
+        try:
+            mp = message_path(run.table("spans"), transfers)
+        except ValueError as exc:
+            out["errors"].append(f"the critical path through messages: {exc}")
+        else:
+            if mp is not None:
+                w = mp.wait_totals()
+                doc = path_doc(mp.path, t0)
+                doc.update(messages=mp.messages, resources=len(set(mp.path.ids)), waits=len(mp.waits),
+                           late_sender_s=w[LATE_SENDER] / 1e9, late_receiver_s=w[LATE_RECEIVER] / 1e9,
+                           waits_by_resource=[{"resource": _text(r.resource_id), "kind": r.kind,
+                                               "count": int(r.count), "seconds": int(r.wait_ns) / 1e9}
+                                              for r in mp.waits_by_resource().head(50).itertuples(index=False)])
+                out["message_path"] = doc
+    return out
+
+
+# ---- profile and breakdown ---------------------------------------------------------------------------------
+
+def profile_view(run: Run) -> dict:
+    """Where the time went (:func:`flowscope.analysis.breakdown.breakdown`), per-group statistics
+    (:func:`~flowscope.analysis.breakdown.task_groups`) and the call paths with the most exclusive time
+    (:func:`flowscope.report.profile.hot_paths`), as ``flowscope show`` and the report give them."""
+    from flowscope.analysis.breakdown import IO_TIME_UNKNOWN, breakdown, task_groups
+
+    b = breakdown(run)
+    groups = task_groups(run)
+    out: dict[str, Any] = {
+        "makespan_s": b.makespan_s, "tasks": b.tasks, "transfers": b.transfers, "executors": b.executors,
+        "transfer_s": b.transfer_s, "io_untimed": b.io_untimed,
+        "io_note": IO_TIME_UNKNOWN if b.io_s is None else None,
+        "breakdown": [{"category": r["category"], "seconds": _num(r["seconds"]), "bytes": _num(r["bytes"]),
+                       "count": _num(r["count"])} for r in b.to_frame().to_dict("records")],
+        "groups": [{"group": _text(r["group"]), "role": _text(r["role"]), "category": _text(r["category"]),
+                    "count": int(r["count"]), "total_s": _num(r["total_s"]), "mean_s": _num(r["mean_s"]),
+                    "std_s": _num(r["std_s"]), "cv": _num(r["cv"]), "max_s": _num(r["max_s"])}
+                   for r in groups.to_dict("records")],
+        "hot_paths": [], "errors": [],
+    }
+    if run.counts().get("spans"):
+        from flowscope.analysis.call_tree import run_call_tree
+        from flowscope.report.profile import hot_paths
+
+        try:
+            tree = run_call_tree(run)
+        except ValueError as exc:
+            out["errors"].append(f"the call tree: {exc}")
+        else:
+            out["hot_paths"] = [{"call_path": [str(n) for n in r["call_path"]], "calls": int(r["calls"]),
+                                 "exclusive_s": r["exclusive_ns"] / 1e9, "inclusive_s": r["inclusive_ns"] / 1e9,
+                                 "exclusive_mean_s": r["exclusive_mean_ns"] / 1e9,
+                                 "exclusive_max_s": r["exclusive_max_ns"] / 1e9,
+                                 "imbalance": _num(r["exclusive_imbalance"])} for r in hot_paths(tree)]
+    return out
+
+
+# ---- anomalies -----------------------------------------------------------------------------------------------
+
+def run_anomalies(run: Run) -> tuple[pd.DataFrame, int, str, int | None]:
+    """The run's anomalies (most severe first), its number of steps, where they come from and the step length:
+    the anomalies table when the run has one (as the report reads it), else the offline detector
+    (:func:`flowscope.analysis.anomalies.detect_run`, Chimbuko's defaults) over its calls as they are now."""
+    from flowscope.store.layout import segment_files
+
+    if segment_files(run.path, "anomalies"):
+        from flowscope.report.anomalies import _read_anomalies
+
+        a = _read_anomalies(run)
+        step_ns = None
+        try:
+            from flowscope.analysis.anomalies.reduce import load_model
+
+            step_ns = load_model(run.path)[0].step_ns
+        except (ValueError, OSError):
+            pass
+        nsteps = int(a["step"].max()) + 1 if len(a) else 0
+        return a, nsteps, "recorded", step_ns
+    from flowscope.analysis.anomalies.detect import detect_run
+
+    det = detect_run(run)
+    a = det.anomalies.to_pandas()
+    nsteps = int(det.step.max()) + 1 if len(det.step) else 0
+    return a, nsteps, "detected", det.config.step_ns
+
+
+def anomalies_view(run: Run) -> dict:
+    """Chimbuko's views of the run's anomalies (:func:`run_anomalies`): per resource its anomalies per step and
+    their statistics (:func:`flowscope.report.anomalies.resource_ranking`), the anomalies with their call stack
+    and the calls around them, and the function scatter's points (anomalies and normal calls)."""
+    from flowscope.analysis.anomalies.config import AnomalyConfig
+    from flowscope.report.anomalies import _kept_calls, resource_ranking
+
+    a, nsteps, source, step_ns = run_anomalies(run)
+    out: dict[str, Any] = {"source": source, "step_s": None if step_ns is None else step_ns / 1e9,
+                           "anomalies": len(a), "steps": nsteps, "ranking": [], "per_step": {}, "list": [],
+                           "points": None, "config": None}
+    if a.empty:
+        return out
+    out["config"] = f"{a['algo'].iloc[0]} on {a['metric'].iloc[0]} time"
+    rank = resource_ranking(a, nsteps)
+    out["ranking"] = [{"resource": _text(rid), **{k: _num(r[k]) for k in ("mean", "std", "max", "min", "total")}}
+                      for rid, r in rank.iterrows()]
+    per = a.groupby(["resource_id", "step"]).size()
+    for (rid, step), n in per.items():
+        out["per_step"].setdefault(str(rid), {})[int(step)] = int(n)
+    calls = _kept_calls(run, a)
+    t0 = min(int(a["start_ns"].min()), int(calls["start_ns"].min()) if len(calls) else int(a["start_ns"].min()))
+    out["t0_ns"] = t0
+    by_res = {rid: c.sort_values("pos") for rid, c in calls.groupby("resource_id")} if len(calls) else {}
+    for row in a.head(ANOMALY_LIMIT).to_dict("records"):
+        win = []
+        c = by_res.get(row["resource_id"])
+        if c is not None:
+            me = c[c["call_id"] == row["call_id"]]
+            if len(me):
+                p = int(me["pos"].iloc[0])
+                w = c[(c["pos"] >= p - len(row["window_before"])) & (c["pos"] <= p + len(row["window_after"]))]
+                win = [{"call_id": int(x["call_id"]), "function": _text(x["function"]), "depth": int(x["depth"]),
+                        "entry_s": (int(x["start_ns"]) - t0) / 1e9,
+                        "seconds": (int(x["end_ns"]) - int(x["start_ns"])) / 1e9} for x in w.to_dict("records")]
+        out["list"].append({
+            "anomaly_id": int(row["anomaly_id"]), "call_id": int(row["call_id"]), "resource": _text(row["resource_id"]),
+            "function": _text(row["function"]), "task_key": _text(row.get("task_key")), "step": int(row["step"]),
+            "entry_s": (int(row["start_ns"]) - t0) / 1e9, "exit_s": (int(row["end_ns"]) - t0) / 1e9,
+            "inclusive_ms": int(row["inclusive_ns"]) / 1e6, "exclusive_ms": int(row["exclusive_ns"]) / 1e6,
+            "score": _num(row["score"]), "severity_ms": int(row["severity_ns"]) / 1e6,
+            "children": int(row["children"]), "messages": int(row["messages"]),
+            "call_stack": [str(s) for s in (row["call_stack"] if row["call_stack"] is not None else [])],
+            "window": win})
+    anom = set(a["call_id"].tolist())
+    normal = calls[~calls["call_id"].isin(anom)] if len(calls) else calls
+    thinned = len(normal) > NORMAL_POINTS
+    if thinned:
+        normal = normal.iloc[np.linspace(0, len(normal) - 1, NORMAL_POINTS).astype(np.int64)]
+
+    origin = int(run.meta.get("start_ns") or t0)
+    every_ns = step_ns or AnomalyConfig().step_ns
+
+    def pts(df: pd.DataFrame, messages, label: str, steps=None) -> dict:
+        if steps is None:  # a normal call's step, counted as the detector counts it (steps_of)
+            steps = (np.maximum(df["start_ns"].to_numpy(np.int64) - origin, 0) // every_ns).tolist()
+        return {"step": steps, "label": [label] * len(df),
+                "entry": ((df["start_ns"] - t0) / 1e9).tolist(), "exit": ((df["end_ns"] - t0) / 1e9).tolist(),
+                "inclusive": (df["inclusive_ns"] / 1e6).tolist(), "exclusive": (df["exclusive_ns"] / 1e6).tolist(),
+                "function": [str(f) for f in df["function"]], "children": [int(x) for x in df["children"]],
+                "messages": messages, "resource": [str(r) for r in df["resource_id"]],
+                "call_id": [int(x) for x in df["call_id"]]}
+
+    out["points"] = {"anomaly": pts(a, [int(m) for m in a["messages"]], "anomaly", [int(x) for x in a["step"]]),
+                     "normal": pts(normal, [None] * len(normal), "normal"), "normal_thinned": thinned,
+                     "normal_total": int((~calls["call_id"].isin(anom)).sum()) if len(calls) else 0}
+    return out
+
+
+# ---- logs ----------------------------------------------------------------------------------------------------
+
+def logs_view(run: Run) -> dict:
+    """The run's log records, latest first (at most LOG_LIMIT), each with the task it names (its group, resource,
+    start and duration, from the ``activity`` view), and the count per level."""
+    t0 = _t0(run)
+    counts = run.sql("SELECT level, count(*) AS n FROM logs GROUP BY level ORDER BY n DESC")
+    df = run.sql(f"""
+        WITH l AS (SELECT ts_ns, level, category, message, task_key, resource_id FROM logs
+                   ORDER BY ts_ns DESC LIMIT {LOG_LIMIT}),
+             t AS (SELECT task_key, arg_max("group", end_ns) AS grp, arg_max(resource_id, end_ns) AS res,
+                          max(end_ns) AS end_ns, arg_max(start_ns, end_ns) AS start_ns
+                   FROM activity WHERE role = 'task' AND task_key IN (SELECT task_key FROM l) GROUP BY task_key)
+        SELECT l.*, t.grp, t.res, t.start_ns AS task_start_ns, t.end_ns AS task_end_ns
+        FROM l LEFT JOIN t USING (task_key) ORDER BY l.ts_ns DESC""")
+    rows = []
+    for r in df.to_dict("records"):
+        has_task = r["task_start_ns"] is not None and not pd.isna(r["task_start_ns"])
+        rows.append({"t": (int(r["ts_ns"]) - t0) / 1e9, "level": _text(r["level"]), "category": _text(r["category"]),
+                     "message": _text(r["message"]), "task_key": _text(r["task_key"]),
+                     "resource": _text(r["resource_id"]),
+                     "task": {"group": _text(r["grp"]), "resource": _text(r["res"]),
+                              "start_s": (int(r["task_start_ns"]) - t0) / 1e9,
+                              "seconds": (int(r["task_end_ns"]) - int(r["task_start_ns"])) / 1e9}
+                     if has_task else None})
+    return {"counts": {str(k): int(n) for k, n in zip(counts["level"], counts["n"])},
+            "total": int(counts["n"].sum()) if len(counts) else 0, "records": rows}
+
+
+#: view name -> (the function computing it, the tables whose new segments change it)
+VIEWS: dict[str, tuple[Callable[[Run], dict], tuple[str, ...]]] = {
+    "critical-path": (critical_path_view, ("spans", "dependencies", "transfers", "data_states", "mutations",
+                                           "resources")),
+    "profile": (profile_view, ("spans", "transfers", "io", "resources")),
+    "anomalies": (anomalies_view, ("spans", "anomalies", "transfers", "logs", "resources")),
+    "logs": (logs_view, ("logs", "spans")),
+}

@@ -1,0 +1,564 @@
+/* flowscope analysis pages of a run (/ui/runs/RUN_ID/PAGE): the critical path, the profile and breakdown, the
+ * anomalies (Chimbuko's views) and the logs. One WebSocket per page brings the view, computed by the collector
+ * with the analysis functions the report uses, and brings it again whenever the run changed (at most once a
+ * second). Selections live in the URL's query, so every page and selection has a link that reopens it.
+ * Every string from the observed program is set as text (textContent), and escaped for plotly.js's labels. */
+(function (global) {
+  "use strict";
+  var UI = global.flowscopeUI, el = UI.el;
+  var parts = location.pathname.split("/").filter(Boolean);  // ui, runs, RUN_ID, PAGE
+  var runId = decodeURIComponent(parts[2]), view = parts[3];
+  var V = global.flowscopeView = {runId: runId, view: view, doc: null, updates: 0, connects: 0, renders: 0,
+                                  errors: [], socket: null, paused: false};
+  var params = new URLSearchParams(location.search);
+  var TITLES = {"critical-path": "Critical path", "profile": "Profile and breakdown", "anomalies": "Anomalies",
+                "logs": "Logs and warnings"};
+
+  // ---- small helpers -----------------------------------------------------------------------------
+  function param(k, dflt) { var v = params.get(k); return v === null ? dflt : v; }
+  /** Keep a selection in the URL (replaceState: the link reopens the page as it is). */
+  function setParam(k, v) {
+    if (v === null || v === undefined || v === "") params.delete(k); else params.set(k, String(v));
+    var q = params.toString();
+    history.replaceState(null, "", location.pathname + (q ? "?" + q : ""));
+  }
+  function fmtDur(s) {
+    if (s === null || s === undefined || !isFinite(s)) return "-";
+    var a = Math.abs(s);
+    if (a === 0) return "0 s";
+    if (a < 1e-3) return (s * 1e6).toFixed(1) + " µs";
+    if (a < 1) return (s * 1e3).toFixed(2) + " ms";
+    if (a < 120) return s.toFixed(3) + " s";
+    return UI.fmtSeconds(s);
+  }
+  function pct(x) { return (x === null || x === undefined) ? "-" : (100 * x).toFixed(1) + " %"; }
+  function fmtBytes(n) {
+    if (n === null || n === undefined) return "-";
+    var u = ["B", "KiB", "MiB", "GiB", "TiB"], i = 0;
+    while (Math.abs(n) >= 1024 && i < u.length - 1) { n /= 1024; i++; }
+    return (i ? n.toFixed(1) : String(n)) + " " + u[i];
+  }
+  /** A table cell showing `text` for the number `value` (kept exactly in data-value). */
+  function numCell(text, value, cls) {
+    var a = {"class": "num" + (cls ? " " + cls : "")};
+    if (value !== null && value !== undefined) a["data-value"] = String(value);
+    return el("td", text, a);
+  }
+  /** Text for plotly.js, which reads a few HTML tags in labels: shown literally. */
+  function pt(s) {
+    return String(s === null || s === undefined ? "" : s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
+  function table(cls, heads) {
+    var t = el("table", null, {"class": cls}), tr = el("tr");
+    heads.forEach(function (h) { tr.appendChild(el("th", h[0], h[1] ? {"class": "num"} : null)); });
+    var th = el("thead"); th.appendChild(tr); t.appendChild(th);
+    t.appendChild(el("tbody"));
+    return t;
+  }
+  /** A new section of the page, appended to `root` at once (plotly.js sizes a chart by its place on the page). */
+  function section(root, id, title, help) {
+    var s = el("section", null, {id: id, "aria-labelledby": id + "-h"});
+    s.appendChild(el("h2", title, {id: id + "-h"}));
+    if (help) s.appendChild(el("p", help, {"class": "muted"}));
+    root.appendChild(s);
+    return s;
+  }
+  function fx(v, n) { return (v === null || v === undefined) ? "-" : v.toFixed(n); }
+  function plot(div, traces, layout) {
+    if (!global.Plotly) return;
+    layout.margin = layout.margin || {l: 60, r: 10, t: 30, b: 40};
+    Plotly.react(div, traces, layout, {displaylogo: false, responsive: true});
+  }
+  function nodata(text) { return el("p", text, {"class": "nodata muted"}); }
+
+  // ---- critical path -----------------------------------------------------------------------------
+  function attributionTable(rows, what) {
+    var t = table("attribution " + what, [[what], ["time", 1], ["share", 1], ["steps", 1]]), b = t.tBodies[0];
+    rows.forEach(function (r) {
+      var tr = el("tr", null, {"data-name": r.name === null ? "" : r.name});
+      tr.appendChild(el("td", r.name === null ? "(none)" : r.name, {"class": "key name"}));
+      tr.appendChild(numCell(fmtDur(r.seconds), r.seconds, "seconds"));
+      tr.appendChild(numCell(pct(r.share), r.share, "share"));
+      tr.appendChild(numCell(UI.fmtInt(r.steps), r.steps, "steps"));
+      b.appendChild(tr);
+    });
+    return t;
+  }
+
+  function renderPath(into, p, id) {
+    var chart = el("div", null, {"class": "plot", id: id + "-chart"});
+    into.appendChild(chart);
+    var traces = [];
+    [["component", p.components], ["application", p.applications], ["location", p.locations]].forEach(function (a) {
+      var rows = a[1].filter(function (r) { return r.seconds > 0; });
+      traces.push({type: "bar", orientation: "h", name: a[0], x: rows.map(function (r) { return r.seconds; }),
+                   y: rows.map(function (r) { return pt(a[0] + ": " + (r.name === null ? "(none)" : r.name)); }),
+                   text: rows.map(function (r) { return pct(r.share); }), hovertemplate: "%{y}: %{x:.6f} s<extra></extra>"});
+    });
+    var n = traces.reduce(function (k, t) { return k + t.x.length; }, 0);
+    plot(chart, traces, {title: {text: "Where the critical path's time goes"}, xaxis: {title: {text: "seconds"}},
+                         yaxis: {autorange: "reversed", automargin: true}, height: Math.max(220, 60 + 22 * n)});
+    var grid = el("div", null, {"class": "grid3"});
+    grid.appendChild(attributionTable(p.components, "component"));
+    grid.appendChild(attributionTable(p.applications, "application"));
+    grid.appendChild(attributionTable(p.locations, "location"));
+    into.appendChild(grid);
+    into.appendChild(el("h3", "Steps (" + UI.fmtInt(p.steps_total) + ")"));
+    var t = table("steps", [["task / state"], ["kind"], ["component"], ["group / application"], ["location"],
+                            ["starts", 1], ["time", 1], ["share", 1]]), b = t.tBodies[0];
+    p.steps.forEach(function (s) {
+      var tr = el("tr", null, {"data-id": s.id === null ? "" : s.id});
+      tr.appendChild(el("td", s.id, {"class": "key id"}));
+      tr.appendChild(el("td", s.kind));
+      tr.appendChild(el("td", s.component, {"class": "component"}));
+      tr.appendChild(el("td", s.application, {"class": "key"}));
+      tr.appendChild(el("td", s.location, {"class": "key"}));
+      tr.appendChild(numCell(fmtDur(s.start_s), s.start_s, "start"));
+      tr.appendChild(numCell(fmtDur(s.seconds), s.seconds, "seconds"));
+      tr.appendChild(numCell(pct(s.share), s.share, "share"));
+      b.appendChild(tr);
+    });
+    into.appendChild(t);
+    if (p.steps_total > p.steps.length)
+      into.appendChild(el("p", UI.fmtInt(p.steps_total - p.steps.length) + " more steps not listed (the attribution counts them).", {"class": "muted"}));
+  }
+
+  function pathFacts(p, id) {
+    return el("p", null, {"class": "path-facts", id: id});
+  }
+
+  function renderGraph(div, g) {
+    var traces = [];
+    if (g.mode === "states") {
+      var xs = [], ys = [];
+      for (var i = 0; i < g.src.length; i++) {
+        xs.push(g.x[g.src[i]], g.x[g.dst[i]], null); ys.push(g.y[g.src[i]], g.y[g.dst[i]], null);
+      }
+      traces.push({type: "scatter", mode: "lines", x: xs, y: ys, name: "mutations", hoverinfo: "skip",
+                   line: {color: "#bbb", width: 1}});
+      g.locations.forEach(function (loc, code) {
+        var idx = [];
+        for (var k = 0; k < g.loc.length; k++) if (g.loc[k] === code) idx.push(k);
+        traces.push({type: "scattergl", mode: "markers", name: pt(loc), x: idx.map(function (k) { return g.x[k]; }),
+                     y: idx.map(function (k) { return g.y[k]; }), text: idx.map(function (k) { return pt(g.ids[k]); }),
+                     hoverinfo: "text+x", marker: {size: 7}});
+      });
+    } else {
+      var ex = [], ey = [];
+      for (var e = 0; e < g.edges.src.length; e++) {
+        ex.push(g.last[g.edges.src[e]], g.first[g.edges.dst[e]], null); ey.push(g.edges.src[e], g.edges.dst[e], null);
+      }
+      traces.push({type: "scatter", mode: "lines", x: ex, y: ey, name: "mutations between groups", hoverinfo: "skip",
+                   line: {color: "#bbb", width: 1}});
+      traces.push({type: "scatter", mode: "markers", name: "groups (collapsed)",
+                   x: g.first.map(function (f, k) { return (f + g.last[k]) / 2; }), y: g.groups.map(function (_, k) { return k; }),
+                   text: g.groups.map(function (n, k) { return pt(n) + ": " + UI.fmtInt(g.counts[k]) + " states"; }),
+                   hoverinfo: "text", marker: {size: g.counts.map(function (c) { return Math.min(40, 6 + 3 * Math.log2(Math.max(c, 1))); })}});
+    }
+    traces.push({type: "scattergl", mode: "lines+markers", name: "critical path", x: g.path.x, y: g.path.y,
+                 text: g.path.ids.map(pt), hoverinfo: "text+x", line: {color: "crimson", width: 3},
+                 marker: {color: "crimson", size: 9}});
+    plot(div, traces, {height: Math.max(360, Math.min(800, 80 + 28 * g.groups.length)), showlegend: true,
+                       xaxis: {title: {text: "seconds since the first state"}},
+                       yaxis: {tickvals: g.groups.map(function (_, k) { return k; }), ticktext: g.groups.map(pt),
+                               automargin: true}});
+  }
+
+  function renderCriticalPath(d, root) {
+    d.errors.forEach(function (e) { root.appendChild(el("p", "could not be computed: " + e, {"class": "error"})); });
+    var s = section(root, "cp-task", "Task graph",
+      "Measured: traced back from the last task to finish through the input that arrived last (with the transfer " +
+      "that brought it) or the wait for a thread. Structural: the longest path through the task graph with the " +
+      "tasks' durations (unlimited workers). Recomputed from the run's tables as it grows.");
+    if (!d.task_path) s.appendChild(nodata("No tasks with dependencies in this run (yet)."));
+    else {
+      var p = d.task_path, f = pathFacts(p, "cp-task-facts");
+      f.appendChild(document.createTextNode(p.kind === "measured" ? "Measured critical path " : "Structural critical path (task times derived) "));
+      f.appendChild(el("b", fmtDur(p.length_s), {"data-value": String(p.length_s), id: "cp-task-length"}));
+      f.appendChild(document.createTextNode(" through " + UI.fmtInt(p.tasks) + " tasks; structural (unlimited workers) "));
+      f.appendChild(el("b", fmtDur(p.structural_s), {"data-value": String(p.structural_s), id: "cp-task-structural"}));
+      if (p.difference_s !== null) f.appendChild(document.createTextNode("; scheduling and contention cost " + fmtDur(p.difference_s)));
+      f.setAttribute("data-tasks", String(p.tasks));
+      s.appendChild(f);
+      renderPath(s, p, "cp-task");
+    }
+    if (d.message_path) {
+      var m = d.message_path, ms = section(root, "cp-messages", "Through messages",
+        "The chain of work and messages that bounds the run, walked back from the resource that finished last; " +
+        "wait states after Scalasca (late sender, late receiver).");
+      var mf = pathFacts(m, "cp-messages-facts");
+      mf.appendChild(document.createTextNode("Critical path through messages "));
+      mf.appendChild(el("b", fmtDur(m.length_s), {"data-value": String(m.length_s), id: "cp-messages-length"}));
+      mf.appendChild(document.createTextNode(" over " + UI.fmtInt(m.messages) + " messages between " + UI.fmtInt(m.resources) +
+        " resources; " + UI.fmtInt(m.waits) + " wait states: late sender " + fmtDur(m.late_sender_s) + ", late receiver " +
+        fmtDur(m.late_receiver_s) + "."));
+      ms.appendChild(mf);
+      renderPath(ms, m, "cp-messages");
+      if (m.waits_by_resource.length) {
+        var wt = table("waits", [["waiting resource"], ["wait state"], ["count", 1], ["time waited", 1]]);
+        m.waits_by_resource.forEach(function (r) {
+          var tr = el("tr"); tr.appendChild(el("td", r.resource, {"class": "key"})); tr.appendChild(el("td", r.kind));
+          tr.appendChild(numCell(UI.fmtInt(r.count), r.count)); tr.appendChild(numCell(fmtDur(r.seconds), r.seconds));
+          wt.tBodies[0].appendChild(tr);
+        });
+        ms.appendChild(wt);
+      }
+    }
+    var ds = section(root, "cp-data", "Data-state graph",
+      "States (task outputs, transfers, files) and the mutations between them, laid out by time and by group; " +
+      "the critical path in red: traced back from the final state through the input that arrived last.");
+    if (!d.data_states) ds.appendChild(nodata("No data states in this run (yet): they come from flowscope.data_states, " +
+                                               "a WfCommons instance's files, or are derived from a task graph's outputs."));
+    else {
+      var x = d.data_states, df = pathFacts(x.path, "cp-data-facts");
+      df.appendChild(document.createTextNode(UI.fmtInt(x.states) + " states, " + UI.fmtInt(x.mutations) + " mutations" +
+        (x.derived ? " (derived from the tasks)" : "") + "; the path passes " + UI.fmtInt(x.path.vertices) + " states over "));
+      df.appendChild(el("b", fmtDur(x.path.length_s), {"data-value": String(x.path.length_s), id: "cp-data-length"}));
+      df.setAttribute("data-states", String(x.states));
+      ds.appendChild(df);
+      var gd = el("div", null, {"class": "plot", id: "cp-graph"});
+      ds.appendChild(gd);
+      renderGraph(gd, x.graph);
+      if (!d.task_path) renderPath(ds, x.path, "cp-data");
+    }
+  }
+
+  // ---- profile and breakdown --------------------------------------------------------------------
+  function renderProfile(d, root) {
+    d.errors.forEach(function (e) { root.appendChild(el("p", "could not be computed: " + e, {"class": "error"})); });
+    var s = section(root, "pf-breakdown", "Where the time went",
+      "Slot-time over the executing resources, by category of the semantic vocabulary (the innermost span wins); " +
+      "as flowscope show and the report give it.");
+    var f = el("p", null, {id: "pf-facts"});
+    f.appendChild(document.createTextNode("makespan "));
+    f.appendChild(el("b", fmtDur(d.makespan_s), {"data-value": String(d.makespan_s), id: "pf-makespan"}));
+    f.appendChild(document.createTextNode(", " + UI.fmtInt(d.tasks) + " tasks, " + UI.fmtInt(d.transfers) +
+      " transfers, " + UI.fmtInt(d.executors) + " executing resources"));
+    s.appendChild(f);
+    var total = 0;
+    d.breakdown.forEach(function (r) { total += r.seconds || 0; });
+    var chart = el("div", null, {"class": "plot", id: "pf-chart"});
+    s.appendChild(chart);
+    var known = d.breakdown.filter(function (r) { return r.seconds; });
+    plot(chart, [{type: "bar", orientation: "h", x: known.map(function (r) { return r.seconds; }),
+                  y: known.map(function (r) { return r.category; }), hovertemplate: "%{y}: %{x:.6f} s<extra></extra>"}],
+         {height: 60 + 30 * Math.max(known.length, 1), yaxis: {autorange: "reversed"}, xaxis: {title: {text: "seconds"}}});
+    var t = table("breakdown", [["category"], ["time", 1], ["share", 1], ["bytes", 1], ["count", 1]]);
+    d.breakdown.forEach(function (r) {
+      var tr = el("tr", null, {"data-category": r.category});
+      tr.appendChild(el("td", r.category));
+      tr.appendChild(numCell(r.seconds === null ? "unknown" : fmtDur(r.seconds), r.seconds, "seconds"));
+      tr.appendChild(numCell(r.seconds === null || !total ? "-" : pct(r.seconds / total), null));
+      tr.appendChild(numCell(fmtBytes(r.bytes), r.bytes, "bytes"));
+      tr.appendChild(numCell(UI.fmtInt(r.count), r.count, "count"));
+      t.tBodies[0].appendChild(tr);
+    });
+    s.appendChild(t);
+    if (d.io_note) s.appendChild(el("p", d.io_note, {"class": "muted"}));
+
+    var g = section(root, "pf-groups", "Per group",
+      "Spans grouped by their group (a Dask task prefix, a StarPU codelet, an MPI function), largest total first. " +
+      "CV: standard deviation / mean of the durations.");
+    var gt = table("groups", [["group"], ["role"], ["category"], ["count", 1], ["total", 1], ["mean", 1], ["CV", 1], ["max", 1]]);
+    d.groups.forEach(function (r) {
+      var tr = el("tr", null, {"data-group": r.group === null ? "" : r.group});
+      tr.appendChild(el("td", r.group, {"class": "key name"}));
+      tr.appendChild(el("td", r.role)); tr.appendChild(el("td", r.category));
+      tr.appendChild(numCell(UI.fmtInt(r.count), r.count, "count"));
+      tr.appendChild(numCell(fmtDur(r.total_s), r.total_s, "total"));
+      tr.appendChild(numCell(fmtDur(r.mean_s), r.mean_s, "mean"));
+      tr.appendChild(numCell(r.cv === null ? "-" : r.cv.toFixed(2), r.cv, "cv"));
+      tr.appendChild(numCell(fmtDur(r.max_s), r.max_s, "max"));
+      gt.tBodies[0].appendChild(tr);
+    });
+    g.appendChild(d.groups.length ? gt : nodata("No spans in this run (yet)."));
+
+    var h = section(root, "pf-hot", "Call paths with the most exclusive time",
+      "The call tree of the spans that nest (OTF2 regions, Chrome slices, traced functions), merged across resources.");
+    var ht = table("hot-paths", [["call path"], ["calls", 1], ["exclusive", 1], ["inclusive", 1], ["exclusive mean / resource", 1],
+                                 ["exclusive max / resource", 1], ["imbalance", 1]]);
+    d.hot_paths.forEach(function (r) {
+      var tr = el("tr");
+      tr.appendChild(el("td", r.call_path.join(" > "), {"class": "key"}));
+      tr.appendChild(numCell(UI.fmtInt(r.calls), r.calls, "calls"));
+      tr.appendChild(numCell(fmtDur(r.exclusive_s), r.exclusive_s, "exclusive"));
+      tr.appendChild(numCell(fmtDur(r.inclusive_s), r.inclusive_s, "inclusive"));
+      tr.appendChild(numCell(fmtDur(r.exclusive_mean_s), r.exclusive_mean_s));
+      tr.appendChild(numCell(fmtDur(r.exclusive_max_s), r.exclusive_max_s));
+      tr.appendChild(numCell(pct(r.imbalance), r.imbalance));
+      ht.tBodies[0].appendChild(tr);
+    });
+    h.appendChild(d.hot_paths.length ? ht : nodata("No spans in this run (yet)."));
+  }
+
+  // ---- anomalies (Chimbuko's views) ------------------------------------------------------------
+  var STATS = ["mean", "std", "max", "min", "total"];
+  var AXES = ["entry", "exit", "inclusive", "exclusive", "function", "label", "children", "messages"];
+  var AXIS_TITLES = {entry: "entry (s)", exit: "exit (s)", inclusive: "inclusive (ms)", exclusive: "exclusive (ms)",
+                     "function": "function", label: "anomaly or normal", children: "children",
+                     messages: "messages (transfers)"};
+  var CATEGORICAL = {"function": 1, label: 1};
+
+  function select(id, label, options, value, onchange) {
+    var l = el("label", label + " "), s = el("select", null, {id: id});
+    options.forEach(function (o) { var op = el("option", o[1], {value: o[0]}); if (o[0] === value) op.selected = true; s.appendChild(op); });
+    s.addEventListener("change", function () { onchange(s.value); });
+    l.appendChild(s);
+    return l;
+  }
+
+  /** The ranking as the page shows it: sorted by the statistic (ties by total), top or bottom N. */
+  function ranked(d) {
+    var stat = param("stat", "mean"), side = param("side", "top"), n = Math.max(1, parseInt(param("n", "10"), 10) || 10);
+    var r = d.ranking.slice();
+    r.sort(function (a, b) {
+      var k = side === "top" ? (b[stat] - a[stat]) || (b.total - a.total) : (a[stat] - b[stat]) || (a.total - b.total);
+      return k;
+    });
+    return r.slice(0, n);
+  }
+
+  function renderAnomalies(d, root) {
+    var head = el("p", null, {id: "an-facts"});
+    if (!d.anomalies) {
+      root.appendChild(nodata(d.source === "recorded" ? "The anomalies table of this run is empty." :
+        "No anomalies found (yet) among the run's calls (the offline detector, Chimbuko's defaults)."));
+      return;
+    }
+    head.textContent = UI.fmtInt(d.anomalies) + " anomalies (" + d.config + ", " +
+      (d.source === "recorded" ? "the run's anomalies table" : "detected over the calls recorded so far") + ") on " +
+      UI.fmtInt(d.ranking.length) + " resources over " + UI.fmtInt(d.steps) + " step(s)" +
+      (d.step_s ? " of " + d.step_s + " s" : "") + ".";
+    head.setAttribute("data-anomalies", String(d.anomalies));
+    root.appendChild(head);
+
+    // 1. resources ranked by anomalies per step
+    var rs = section(root, "an-ranking", "Resources ranked by anomalies per step",
+      "Per resource, statistics of its anomalies per step (steps without any count 0). Click a bar or a row to see " +
+      "that resource's anomalies per step.");
+    var controls = el("p");
+    controls.appendChild(select("an-stat", "statistic", STATS.map(function (s) { return [s, s]; }), param("stat", "mean"),
+                                function (v) { setParam("stat", v); render(); }));
+    controls.appendChild(select("an-side", "", [["top", "top"], ["bottom", "bottom"]], param("side", "top"),
+                                function (v) { setParam("side", v); render(); }));
+    var nl = el("label", " N "), ni = el("input", null, {id: "an-n", type: "number", min: "1", value: param("n", "10"), style: "width:5em"});
+    ni.addEventListener("change", function () { setParam("n", ni.value); render(); });
+    nl.appendChild(ni); controls.appendChild(nl);
+    rs.appendChild(controls);
+    var top = ranked(d), stat = param("stat", "mean");
+    var chart = el("div", null, {"class": "plot", id: "an-ranking-chart"});
+    rs.appendChild(chart);
+    plot(chart, [{type: "bar", x: top.map(function (r) { return pt(r.resource); }), y: top.map(function (r) { return r[stat]; }),
+                  customdata: top.map(function (r) { return r.resource; }), hovertemplate: "%{x}: %{y}<extra></extra>"}],
+         {height: 320, xaxis: {title: {text: "resource"}, type: "category", automargin: true},
+          yaxis: {title: {text: "anomalies per step: " + stat}}});
+    if (chart.on) chart.on("plotly_click", function (ev) { selectResource(ev.points[0].customdata); });
+    var rt = table("ranking", [["resource"]].concat(STATS.map(function (s) { return [s, 1]; })));
+    top.forEach(function (r) {
+      var tr = el("tr", null, {"data-resource": r.resource, tabindex: "0", "class": "pick" + (r.resource === param("resource") ? " picked" : "")});
+      tr.appendChild(el("td", r.resource, {"class": "key name"}));
+      STATS.forEach(function (s) { tr.appendChild(numCell(s === "mean" || s === "std" ? fx(r[s], 3) : UI.fmtInt(r[s]), r[s], s)); });
+      tr.addEventListener("click", function () { selectResource(r.resource); });
+      tr.addEventListener("keydown", function (e) { if (e.key === "Enter") selectResource(r.resource); });
+      rt.tBodies[0].appendChild(tr);
+    });
+    rs.appendChild(rt);
+
+    // 2. anomalies per step of the selected resources (default: the first of the ranking)
+    var sel = param("resource", top.length ? top[0].resource : null);
+    var ss = section(root, "an-steps", "Anomalies per step", "Click a step to list its anomalies on the resource.");
+    var sc = el("div", null, {"class": "plot", id: "an-steps-chart"});
+    ss.appendChild(sc);
+    var steps = []; for (var k = 0; k < Math.max(d.steps, 1); k++) steps.push(k);
+    var shown = [sel].concat(top.map(function (r) { return r.resource; }).filter(function (r) { return r !== sel; }).slice(0, 4));
+    plot(sc, shown.filter(function (r) { return r !== null; }).map(function (rid, i) {
+      var per = d.per_step[rid] || {};
+      return {type: "scatter", mode: "lines+markers", name: pt(rid), x: steps, y: steps.map(function (s) { return per[s] || 0; }),
+              customdata: steps.map(function () { return rid; }), visible: i === 0 ? true : "legendonly"};
+    }), {height: 300, xaxis: {title: {text: "step"}}, yaxis: {title: {text: "anomalies"}}});
+    if (sc.on) sc.on("plotly_click", function (ev) { selectStep(ev.points[0].customdata, ev.points[0].x); });
+    var stepList = el("p", null, {id: "an-step-links"});
+    if (sel !== null) {
+      stepList.appendChild(document.createTextNode("steps with anomalies on "));
+      stepList.appendChild(el("b", sel, {"class": "key"}));
+      stepList.appendChild(document.createTextNode(": "));
+      Object.keys(d.per_step[sel] || {}).map(Number).sort(function (a, b) { return a - b; }).forEach(function (s) {
+        var a = el("a", "step " + s + " (" + d.per_step[sel][s] + ")", {href: "#", "data-step": String(s), "data-count": String(d.per_step[sel][s])});
+        a.addEventListener("click", function (e) { e.preventDefault(); selectStep(sel, s); });
+        stepList.appendChild(a); stepList.appendChild(document.createTextNode(" "));
+      });
+    }
+    ss.appendChild(stepList);
+    var step = param("step", null);
+    if (sel !== null && step !== null) {
+      var inStep = d.list.filter(function (a) { return a.resource === sel && String(a.step) === step; });
+      var lt = table("step-anomalies", [["anomaly"], ["function"], ["task"], ["entry", 1], ["exclusive", 1], ["inclusive", 1], ["score", 1]]);
+      inStep.forEach(function (a) {
+        var tr = el("tr", null, {"data-call": String(a.call_id), tabindex: "0", "class": "pick" + (String(a.call_id) === param("call") ? " picked" : "")});
+        tr.appendChild(el("td", "#" + a.anomaly_id)); tr.appendChild(el("td", a["function"], {"class": "key"}));
+        tr.appendChild(el("td", a.task_key, {"class": "key"}));
+        tr.appendChild(numCell(fmtDur(a.entry_s), a.entry_s)); tr.appendChild(numCell(fx(a.exclusive_ms, 3) + " ms", a.exclusive_ms));
+        tr.appendChild(numCell(fx(a.inclusive_ms, 3) + " ms", a.inclusive_ms)); tr.appendChild(numCell(fx(a.score, 2), a.score));
+        tr.addEventListener("click", function () { selectCall(a.call_id); });
+        tr.addEventListener("keydown", function (e) { if (e.key === "Enter") selectCall(a.call_id); });
+        lt.tBodies[0].appendChild(tr);
+      });
+      ss.appendChild(el("h3", "Anomalies of step " + step + " on " + sel));
+      ss.appendChild(lt);
+    }
+
+    // 3. the call: its stack and the calls around it on its resource
+    var call = param("call", null);
+    var picked = call === null ? null : d.list.filter(function (a) { return String(a.call_id) === call; })[0];
+    var cs = section(root, "an-call", "The call", "Its call stack and the calls before and after it on its resource (rows are nesting depths).");
+    if (!picked) cs.appendChild(nodata(call === null ? "Pick an anomaly above (rank, then step, then call)." : "Call " + call + " is not among the anomalies listed."));
+    else {
+      var facts = el("p", null, {id: "an-call-facts", "data-call": String(picked.call_id)});
+      facts.textContent = "#" + picked.anomaly_id + " " + picked["function"] + " on " + picked.resource + ", step " + picked.step +
+        ": exclusive " + fx(picked.exclusive_ms, 3) + " ms, inclusive " + fx(picked.inclusive_ms, 3) + " ms, " +
+        picked.children + " children, " + picked.messages + " message(s), severity " + fx(picked.severity_ms, 3) + " ms" +
+        (picked.task_key ? ", task " + picked.task_key : "");
+      cs.appendChild(facts);
+      cs.appendChild(el("p", "call stack: " + picked.call_stack.join(" > "), {"class": "key", id: "an-call-stack"}));
+      var wc = el("div", null, {"class": "plot", id: "an-window-chart"});
+      cs.appendChild(wc);
+      var w = picked.window;
+      plot(wc, [{type: "bar", orientation: "h", base: w.map(function (c) { return c.entry_s; }), x: w.map(function (c) { return c.seconds; }),
+                 y: w.map(function (c) { return "depth " + c.depth; }), text: w.map(function (c) { return pt(c["function"]); }),
+                 marker: {color: w.map(function (c) { return c.call_id === picked.call_id ? "#d62728" : "#9ecae1"; })},
+                 hovertemplate: "%{text}<br>entry %{base:.6f} s, %{x:.6f} s<extra></extra>"}],
+           {height: 240, yaxis: {autorange: "reversed"}, xaxis: {title: {text: "seconds"}}, barmode: "overlay"});
+    }
+
+    // 4. the function scatter with selectable axes
+    var fs = section(root, "an-functions", "Function view", "The calls of the selected resource in the selected step " +
+      "(all calls until a step is selected): each anomaly (red) and the normal calls (grey); choose the axes; " +
+      "click an anomaly for its call stack." +
+      (d.points.normal_thinned ? " Normal calls thinned to " + UI.fmtInt(d.points.normal.entry.length) + " of " +
+                                 UI.fmtInt(d.points.normal_total) + "." : ""));
+    var fc = el("p");
+    fc.appendChild(select("an-x", "x", AXES.map(function (a) { return [a, a]; }), param("x", "entry"), function (v) { setParam("x", v); render(); }));
+    fc.appendChild(select("an-y", " y", AXES.map(function (a) { return [a, a]; }), param("y", "exclusive"), function (v) { setParam("y", v); render(); }));
+    fs.appendChild(fc);
+    var fd = el("div", null, {"class": "plot", id: "an-functions-chart"});
+    fs.appendChild(fd);
+    var ax = param("x", "entry"), ay = param("y", "exclusive");
+    var cat = function (a) { return CATEGORICAL[a] ? "category" : "linear"; };
+    var inFrame = function (p, i) { return sel === null || step === null || (p.resource[i] === sel && String(p.step[i]) === step); };
+    plot(fd, [["normal", "#7f7f7f", 5], ["anomaly", "#d62728", 7]].map(function (spec) {
+      var p = d.points[spec[0]], idx = [];
+      for (var i = 0; i < p.call_id.length; i++) if (inFrame(p, i)) idx.push(i);
+      var conv = function (a) { return idx.map(function (i) { return CATEGORICAL[a] ? pt(p[a][i]) : p[a][i]; }); };
+      return {type: "scattergl", mode: "markers", name: spec[0], x: conv(ax), y: conv(ay), marker: {color: spec[1], size: spec[2]},
+              customdata: idx.map(function (i) { return p.call_id[i]; }),
+              text: idx.map(function (i) { return pt(p["function"][i] + " on " + p.resource[i]); }),
+              hovertemplate: "%{text}<br>x %{x}<br>y %{y}<extra>" + spec[0] + "</extra>"};
+    }), {height: 420, xaxis: {title: {text: AXIS_TITLES[ax]}, type: cat(ax)}, yaxis: {title: {text: AXIS_TITLES[ay]}, type: cat(ay)}});
+    if (fd.on) fd.on("plotly_click", function (ev) {
+      var pnt = ev.points[0];
+      if (pnt.data.name === "anomaly") {
+        var a = d.list.filter(function (x) { return x.call_id === pnt.customdata; })[0];
+        if (a) { setParam("resource", a.resource); setParam("step", a.step); selectCall(a.call_id); }
+      }
+    });
+  }
+
+  function selectResource(rid) { setParam("resource", rid); setParam("step", null); setParam("call", null); render(); }
+  function selectStep(rid, s) { setParam("resource", rid); setParam("step", s); setParam("call", null); render(); }
+  function selectCall(c) { setParam("call", c); render(); }
+
+  // ---- logs ------------------------------------------------------------------------------------
+  function renderLogs(d, root) {
+    var s = section(root, "lg-logs", "Log records, latest first",
+      "Every record the run logged (warnings and errors of the program, of the runtime, of flowscope), each with the task " +
+      "it names: its group, where it ran, when it started and how long it took.");
+    var counts = el("p", null, {id: "lg-counts", "data-total": String(d.total)});
+    counts.textContent = UI.fmtInt(d.total) + " records: " + Object.keys(d.counts).map(function (k) { return k + " " + UI.fmtInt(d.counts[k]); }).join(", ");
+    s.appendChild(counts);
+    var controls = el("p");
+    controls.appendChild(select("lg-level", "level", [["", "any"]].concat(Object.keys(d.counts).map(function (k) { return [k, k]; })),
+                                param("level", ""), function (v) { setParam("level", v); render(); }));
+    var tl = el("label", " task "), ti = el("input", null, {id: "lg-task", type: "search", value: param("task", ""), placeholder: "task key"});
+    ti.addEventListener("change", function () { setParam("task", ti.value); render(); });
+    tl.appendChild(ti); controls.appendChild(tl);
+    s.appendChild(controls);
+    var level = param("level", ""), task = param("task", "");
+    var rows = d.records.filter(function (r) { return (!level || r.level === level) && (!task || (r.task_key || "").indexOf(task) >= 0); });
+    var t = table("logs", [["at", 1], ["level"], ["category"], ["message"], ["task"], ["task group"], ["task ran on"], ["task start", 1], ["task time", 1]]);
+    rows.forEach(function (r) {
+      var tr = el("tr", null, {"class": "log-row level-" + String(r.level).replace(/[^a-z]/g, "")});
+      tr.appendChild(numCell(fmtDur(r.t), r.t, "t"));
+      tr.appendChild(el("td", r.level, {"class": "level"}));
+      tr.appendChild(el("td", r.category, {"class": "category"}));
+      tr.appendChild(el("td", r.message, {"class": "key message"}));
+      var td = el("td", null, {"class": "key task"});
+      if (r.task_key) {
+        var a = el("a", r.task_key, {href: "?task=" + encodeURIComponent(r.task_key)});
+        a.addEventListener("click", function (e) { e.preventDefault(); setParam("task", r.task_key); render(); });
+        td.appendChild(a);
+      }
+      tr.appendChild(td);
+      var k = r.task || {};
+      tr.appendChild(el("td", r.task ? k.group : "", {"class": "key"}));
+      tr.appendChild(el("td", r.task ? k.resource : (r.resource || ""), {"class": "key"}));
+      tr.appendChild(numCell(r.task ? fmtDur(k.start_s) : "", r.task ? k.start_s : null, "task-start"));
+      tr.appendChild(numCell(r.task ? fmtDur(k.seconds) : "", r.task ? k.seconds : null, "task-seconds"));
+      t.tBodies[0].appendChild(tr);
+    });
+    s.appendChild(rows.length ? t : nodata(d.total ? "No record matches the filter." : "No log records in this run (yet)."));
+    if (d.total > d.records.length) s.appendChild(el("p", "The latest " + UI.fmtInt(d.records.length) + " records are listed.", {"class": "muted"}));
+  }
+
+  // ---- page --------------------------------------------------------------------------------------
+  var RENDER = {"critical-path": renderCriticalPath, "profile": renderProfile, "anomalies": renderAnomalies, "logs": renderLogs};
+
+  function render() {
+    var d = V.doc, root = document.getElementById("view");
+    document.title = "flowscope: " + (TITLES[view] || view) + " of " + runId;
+    document.getElementById("view-title").textContent = TITLES[view] || view;
+    document.getElementById("run-where").textContent = "run " + runId;
+    if (!d) return;
+    document.getElementById("view-facts").textContent = "status " + (d.status || "unknown") + "; computed from " +
+      Object.keys(d.segments).map(function (t) { return d.segments[t] + " " + t + " segment(s)"; }).join(", ");
+    var scroll = global.scrollY;
+    var fresh = el("div", null, {id: "view"});
+    root.replaceWith(fresh);
+    if (d.failed) fresh.appendChild(el("p", "This view could not be computed: " + d.failed, {"class": "error"}));
+    else RENDER[view](d, fresh);
+    global.scrollTo(0, scroll);
+    V.renders++;
+  }
+
+  document.querySelectorAll("#run-nav a").forEach(function (a) {
+    var page = a.getAttribute("data-page");
+    a.setAttribute("href", "/ui/runs/" + encodeURIComponent(runId) + (page ? "/" + page : ""));
+    if (page === view) a.setAttribute("aria-current", "page");
+  });
+
+  var backoff = 250;
+  function connect() {
+    if (V.paused) return;
+    var proto = location.protocol === "https:" ? "wss:" : "ws:";
+    var ws = V.socket = new WebSocket(proto + "//" + location.host + "/v1/ui/runs/" + encodeURIComponent(runId) +
+                                      "/views/" + encodeURIComponent(view) + "/live");
+    var conn = document.getElementById("conn");
+    V.connects++;
+    ws.onopen = function () { conn.textContent = "live"; backoff = 250; };
+    ws.onmessage = function (ev) {
+      var m = JSON.parse(ev.data);
+      if (m.type !== "view") return;
+      V.doc = m.doc; V.updates++;
+      try { render(); } catch (e) { V.errors.push(String(e.message || e)); throw e; }
+    };
+    ws.onclose = function () {
+      if (V.socket === ws) V.socket = null;
+      conn.textContent = V.paused ? "paused" : "reconnecting";
+      if (!V.paused) { setTimeout(connect, backoff); backoff = Math.min(5000, backoff * 2); }
+    };
+  }
+  V.render = render;
+  V.pause = function () { V.paused = true; if (V.socket) V.socket.close(); };
+  V.resume = function () { V.paused = false; if (!V.socket) connect(); };
+  render();
+  connect();
+})(window);

@@ -1,0 +1,496 @@
+"""The dashboard's analysis pages (critical path, profile and breakdown, anomalies, logs) in Debian's chromium.
+
+Against a real `flowscope serve` fed by a real Dask LocalCluster whose second part is held on a file this test
+creates (so what a page must show is set by the workflow's progress, never by waiting), and against `flowscope ui`
+over real traces of other tools (StarPU's Paje trace, Score-P's OTF2 ping-pong): each page shows the figures the
+analysis functions compute on the same tables (numbers compared, read from the page's cells), follows the run as
+it grows, keeps its selections in its URL, and shows markup in names as text."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from test_dashboard import (  # noqa: F401  (fixture)
+    IMG,
+    RUN_NAME,
+    SCRIPT,
+    WAIT_MS,
+    _no_markup_ran,
+    _page,
+    browser,
+)
+
+WAIT_S = WAIT_MS / 1000
+#: set to a folder to take the docs' screenshots of the pages (docs/img)
+SCREENSHOTS_ENV = "FLOWSCOPE_DASHBOARD_SCREENSHOTS"
+
+
+#: calls of one function in the first part of the Dask run, and the one slowed down (an anomaly)
+N_PARTS, SLOW = 40, 5
+
+
+def work(i):
+    time.sleep(0.35 if i == SLOW else 0.01 + 0.002 * ((i * 7919) % 5))
+    return i
+
+
+def total(*xs):
+    time.sleep(0.01)
+    return sum(xs)
+
+
+def gated(x, gate):
+    while not os.path.exists(gate):
+        time.sleep(0.02)
+    return x
+
+
+# ---- what the analyses compute on the run's tables now ----------------------------------------------------
+
+def _segments(run_dir: Path, view: str) -> dict:
+    from flowscope.report.views import VIEWS
+    from flowscope.store.layout import segment_files
+
+    return {t: len(segment_files(run_dir, t)) for t in VIEWS[view][1]}
+
+
+def _at_rest(pg, run_dir: Path, view: str, expect):
+    """Wait until the page shows the view of the run's segments as they are on disk, then return ``expect(run)``
+    computed over those same segments (retried when a segment arrived meanwhile)."""
+    from flowscope.store.run import Run
+
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        disk = _segments(run_dir, view)
+        shown = pg.evaluate("() => window.flowscopeView && flowscopeView.doc && flowscopeView.doc.segments")
+        if shown == disk:
+            run = Run(run_dir)
+            try:
+                out = expect(run)
+            finally:
+                run.close()
+            if _segments(run_dir, view) == disk:
+                pg.wait_for_function("n => flowscopeView.renders >= n", arg=1, timeout=WAIT_MS)
+                return out
+        assert time.monotonic() < deadline, f"the {view} page never showed segments {disk} (shows {shown})"
+        pg.wait_for_timeout(200)
+
+
+def _cells(pg, rows: str, *cols: str) -> list[list]:
+    """Per row matched by ``rows``: its data-* key (the first col, an attribute name) and the numbers of the cells
+    with the other classes (their data-value)."""
+    return pg.evaluate("""([rows, key, cols]) => Array.from(document.querySelectorAll(rows)).map(tr =>
+        [tr.getAttribute(key)].concat(cols.map(c => { const td = tr.querySelector('td.' + c);
+            return td && td.dataset.value !== undefined ? Number(td.dataset.value) : null; })))""",
+                       [rows, cols[0], list(cols[1:])])
+
+
+def _value(pg, selector: str) -> float:
+    return float(pg.locator(selector).get_attribute("data-value"))
+
+
+def expected_critical_path(run) -> dict:
+    from flowscope.analysis.critical_path import (
+        data_state_path,
+        task_graph_paths,
+        work_units,
+    )
+    from flowscope.analysis.dataflow import data_states_from_tasks
+    from flowscope.analysis.message_path import message_path
+
+    out = {"task": None, "data": None, "messages": None}
+    units = work_units(run)
+    tasks = int(units["task_key"].notna().sum())
+    if tasks:
+        tp = task_graph_paths(units, run.table("dependencies"), run.table("transfers"))
+        out["task"] = tp.measured if tp.measured is not None else tp.structural
+        out["structural"] = tp.structural
+    states, mutations = run.table("data_states"), run.table("mutations")
+    if states.empty and tasks:
+        states, mutations = data_states_from_tasks(run)
+    if len(states) and len(mutations):
+        out["data"] = (len(states), data_state_path(states, mutations))
+    transfers = run.sql("SELECT * FROM transfers WHERE attrs LIKE '%\"dst_call\"%'")
+    if len(transfers):
+        mp = message_path(run.table("spans"), transfers)
+        out["messages"] = mp.path if mp is not None else None
+    return out
+
+
+def _check_path(pg, prefix: str, path) -> None:
+    """The page's path ``prefix`` shows ``path``'s length, attribution and steps."""
+    assert _value(pg, f"#{prefix}-length") == path.length_ns / 1e9
+    for what, df in (("component", path.by_component()), ("application", path.by_application()),
+                     ("location", path.by_location())):
+        shown = _cells(pg, f"#{prefix} table.attribution.{what} tbody tr", "data-name", "seconds", "share", "steps")
+        want = [[str(r[what]) if r[what] is not None else "", r["duration_ns"] / 1e9, float(r["share"]), int(r["steps"])]
+                for r in df.to_dict("records")]
+        assert shown == want, what
+    ids = pg.evaluate(f"() => Array.from(document.querySelectorAll('#{prefix} table.steps tbody tr td.id'))"
+                      ".map(td => td.textContent)")
+    assert ids == [str(i) for i in path.steps["id"].head(500)]
+    secs = _cells(pg, f"#{prefix} table.steps tbody tr", "data-id", "seconds")
+    assert [s[1] for s in secs] == (path.steps["duration_ns"].head(500) / 1e9).tolist()
+
+
+def check_critical_path_page(pg, run_dir: Path) -> dict:
+    exp = _at_rest(pg, run_dir, "critical-path", expected_critical_path)
+    if exp["task"] is not None:
+        _check_path(pg, "cp-task", exp["task"])
+        assert _value(pg, "#cp-task-structural") == exp["structural"].length_ns / 1e9
+    else:
+        assert pg.locator("#cp-task .nodata").count() == 1
+    if exp["data"] is not None:
+        n, dpath = exp["data"]
+        assert _value(pg, "#cp-data-length") == dpath.length_ns / 1e9
+        assert pg.locator("#cp-data-facts").get_attribute("data-states") == str(n)
+        # the data-state graph is drawn, its path with every state of the analysis' path
+        pg.wait_for_function("() => { const d = document.getElementById('cp-graph'); return d && d.data; }",
+                             timeout=WAIT_MS)
+        drawn = pg.evaluate("() => document.getElementById('cp-graph').data.find(t => t.name === 'critical path').x.length")
+        assert drawn == len(dpath.ids)
+    if exp["messages"] is not None:
+        _check_path(pg, "cp-messages", exp["messages"])
+    else:
+        assert pg.locator("#cp-messages").count() == 0
+    return exp
+
+
+def expected_profile(run) -> dict:
+    from flowscope.analysis.breakdown import breakdown, task_groups
+
+    b = breakdown(run)
+    return {"breakdown": b, "groups": task_groups(run)}
+
+
+def check_profile_page(pg, run_dir: Path) -> dict:
+    import math
+
+    exp = _at_rest(pg, run_dir, "profile", expected_profile)
+    b = exp["breakdown"]
+    assert _value(pg, "#pf-makespan") == b.makespan_s
+    shown = _cells(pg, "table.breakdown tbody tr", "data-category", "seconds", "bytes", "count")
+    none = (lambda v: None if v is None or (isinstance(v, float) and math.isnan(v)) else v)
+    want = [[r["category"], none(r["seconds"]), none(r["bytes"]), none(r["count"])]
+            for r in b.to_frame().to_dict("records")]
+    assert shown == want
+    g = exp["groups"]
+    shown = _cells(pg, "table.groups tbody tr", "data-group", "count", "total", "mean", "max")
+    assert shown == [[r["group"], r["count"], r["total_s"], r["mean_s"], r["max_s"]] for r in g.to_dict("records")]
+    return exp
+
+
+def expected_anomalies(run):
+    from flowscope.analysis.anomalies.detect import detect_run
+    from flowscope.report.anomalies import resource_ranking
+
+    det = detect_run(run)
+    a = det.anomalies.to_pandas()
+    nsteps = int(det.step.max()) + 1 if len(det.step) else 0
+    return a, (resource_ranking(a, nsteps) if len(a) else None)
+
+
+def check_anomalies_ranking(pg, run_dir: Path):
+    a, rank = _at_rest(pg, run_dir, "anomalies", expected_anomalies)
+    if rank is None:
+        assert pg.locator("#view .nodata").count() == 1
+        return a, rank
+    assert pg.locator("#an-facts").get_attribute("data-anomalies") == str(len(a))
+    shown = _cells(pg, "table.ranking tbody tr", "data-resource", "mean", "std", "max", "min", "total")
+    stat, n = pg.locator("#an-stat").input_value(), int(pg.locator("#an-n").input_value())
+    side = pg.locator("#an-side").input_value()
+    for row in shown:  # each resource's statistics are the analysis' numbers
+        assert row[1:] == [float(rank.loc[row[0], k]) for k in ("mean", "std", "max", "min", "total")]
+    col = ["mean", "std", "max", "min", "total"].index(stat) + 1
+    want = sorted(rank[stat].tolist(), reverse=side == "top")[:n]
+    assert [r[col] for r in shown] == want  # the top (bottom) N by the statistic
+    return a, rank
+
+
+def expected_logs(run):
+    return run.sql("""SELECT l.ts_ns, l.level, l.message, l.task_key, t."group" AS grp FROM logs l
+                      LEFT JOIN (SELECT task_key, arg_max("group", end_ns) AS "group" FROM activity
+                                 WHERE role = 'task' GROUP BY task_key) t USING (task_key)
+                      ORDER BY l.ts_ns DESC""")
+
+
+def check_logs_page(pg, run_dir: Path):
+    from flowscope.store.layout import RUN_JSON, read_json
+
+    logs = _at_rest(pg, run_dir, "logs", expected_logs)
+    start = int(read_json(run_dir / RUN_JSON).get("start_ns") or 0)
+    assert pg.locator("#lg-counts").get_attribute("data-total") == str(len(logs))
+    rows = pg.evaluate("""() => Array.from(document.querySelectorAll('table.logs tbody tr')).map(tr =>
+        [Number(tr.querySelector('td.t').dataset.value), tr.querySelector('td.level').textContent,
+         tr.querySelector('td.message').textContent, tr.querySelector('td.task').textContent,
+         tr.children[5].textContent])""")
+    assert rows == [[(int(r.ts_ns) - start) / 1e9, r.level, r.message, r.task_key or "",
+                     r.grp if r.task_key and isinstance(r.grp, str) else ""] for r in logs.itertuples()]
+    return logs
+
+
+def check_overview_extras(context, base: str, run_dir: Path) -> None:
+    """The overview of the finished run: tasks finished per second, and network and disk per host, as the run's
+    tables hold them."""
+    from flowscope.store.run import Run
+
+    run = Run(run_dir)
+    try:
+        t0 = int(run.meta["start_ns"])
+        tasks = int(run.sql("SELECT count(*) AS n FROM activity WHERE role = 'task'")["n"].iloc[0])
+        per = run.sql("SELECT (end_ns - ?) // 1000000000 AS s, count(*) AS n FROM activity WHERE role = 'task' "
+                      "GROUP BY s ORDER BY s", [t0])
+        hw = run.sql("""SELECT name, resource_id, count(*) AS n FROM metrics WHERE namespace = 'hardware'
+                        AND name IN ('net.rx_bytes_per_s', 'net.tx_bytes_per_s', 'disk.read_bytes_per_s',
+                                     'disk.write_bytes_per_s') AND isfinite(value) GROUP BY ALL""")
+    finally:
+        run.close()
+    pg = _page(context)
+    pg.goto(base, wait_until="load")
+    pg.wait_for_function(f"() => {{ const s = window.flowscopeLive && flowscopeLive.summary(); return s && "
+                         f"s.status === 'finished' && s.stream >= {tasks}; }}", timeout=WAIT_MS)
+    shown = pg.evaluate("() => flowscopeLive.state.throughput")
+    assert shown == {str(int(r.s)): int(r.n) for r in per.itertuples()}
+    pg.wait_for_function("() => { const d = document.getElementById('throughput'); return d.data; }", timeout=WAIT_MS)
+    bars = pg.evaluate("() => { const t = document.getElementById('throughput').data[0]; return [t.x, t.y]; }")
+    assert bars == [[int(r.s) + 0.5 for r in per.itertuples()], [int(r.n) for r in per.itertuples()]]
+    panel = {"net.rx_bytes_per_s": "net_rx", "net.tx_bytes_per_s": "net_tx", "disk.read_bytes_per_s": "disk_read",
+             "disk.write_bytes_per_s": "disk_write"}
+    series = pg.evaluate("() => flowscopeLive.state.metrics.series")
+    for r in hw.itertuples():  # every sample of the table is drawn (a machine without physical disks has none)
+        assert len(series[panel[r.name]][r.resource_id]["t"]) == r.n, r
+    assert {panel[n] for n in set(hw["name"])} == set(series) & set(panel.values())
+    drawn = pg.evaluate("() => document.getElementById('hosts').layout")
+    titles = {v["title"]["text"] for k, v in drawn.items() if k.startswith("yaxis")}
+    title = {"net.rx_bytes_per_s": "network received, MiB/s", "net.tx_bytes_per_s": "network sent, MiB/s",
+             "disk.read_bytes_per_s": "disk read, MiB/s", "disk.write_bytes_per_s": "disk written, MiB/s"}
+    assert {title[n] for n in set(hw["name"])} <= titles
+    _shot(pg, "overview-finished")
+    _no_markup_ran(pg)
+    assert pg.errors == [] and pg.outside == []
+
+
+def _open(context, url: str):
+    pg = _page(context)
+    pg.goto(url, wait_until="load")
+    pg.wait_for_function("() => window.flowscopeView && flowscopeView.doc", timeout=WAIT_MS)
+    return pg
+
+
+def _shot(pg, name: str) -> None:
+    folder = os.environ.get(SCREENSHOTS_ENV)
+    if folder:
+        pg.screenshot(path=str(Path(folder) / f"dashboard-{name}.png"), full_page=True)
+
+
+def test_analysis_pages_follow_a_live_dask_run_with_the_figures_of_the_analyses(collector, browser, tmp_path):  # noqa: F811
+    from dask import delayed
+    from distributed import Client, LocalCluster
+
+    import flowscope
+    from flowscope.sources import semantics
+    from flowscope.sources.dask import register, unregister
+
+    gate = str(tmp_path / "gate")
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=None,
+                      worker_dashboard_address=None) as cl, Client(cl) as client:
+        fs = flowscope.Client(collector.address, name=RUN_NAME,
+                              meta={"capture_level": "standard", "semantics": [semantics.DASK_DISTRIBUTED]})
+        register(client, fs.address, fs.run_id)
+        run_dir = Path(collector.store) / fs.run_id
+        base = f"{collector.address}/ui/runs/{fs.run_id}"
+        context = browser.new_context(viewport={"width": 1300, "height": 1000})
+        try:
+            # phase 1: many calls of one function, one of them far slower (an anomaly), summed by one task
+            parts = [delayed(work, pure=True)(i, dask_key_name=f"{IMG}-{i}") for i in range(N_PARTS)]
+            first = client.compute(delayed(total, pure=True)(*parts, dask_key_name=f"{SCRIPT}-sum-1"))
+            assert first.result() == sum(range(N_PARTS))  # kept: phase 2 depends on it
+            fs.log(f"slow <b>bold</b> part {IMG}-{SLOW}", level="warning", task_key=f"{IMG}-{SLOW}")
+            fs.flush()
+
+            cp = _open(context, f"{base}/critical-path")
+            pf = _open(context, f"{base}/profile")
+            an = _open(context, f"{base}/anomalies")
+            lg = _open(context, f"{base}/logs")
+            cp1 = check_critical_path_page(cp, run_dir)
+            assert cp1["task"] is not None and cp1["data"] is not None
+            # markup in task keys is text in the steps table
+            assert f"{SCRIPT}-sum-1" in cp.evaluate("() => Array.from(document.querySelectorAll('#cp-task td.id'))"
+                                                   ".map(td => td.textContent)")
+            pf1 = check_profile_page(pf, run_dir)
+            assert pf.locator(f"table.groups tr[data-group='{IMG}'] td.name").inner_text() == IMG
+            a1, rank1 = check_anomalies_ranking(an, run_dir)
+            assert rank1 is not None and len(a1) >= 1
+            # the slowed call is an anomaly, and its thread is ranked first (by the mean per step) while the run runs
+            slow_on = a1.loc[a1["task_key"] == f"{IMG}-{SLOW}", "resource_id"]
+            assert len(slow_on) == 1 and rank1.loc[slow_on.iloc[0], "mean"] == rank1["mean"].max()
+            first_shown = an.locator("table.ranking tbody tr").first.get_attribute("data-resource")
+            assert rank1.loc[first_shown, "mean"] == rank1["mean"].max()
+            logs1 = check_logs_page(lg, run_dir)
+            assert len(logs1) >= 1
+            assert lg.locator("table.logs td.message", has_text="slow").first.inner_text() == \
+                f"slow <b>bold</b> part {IMG}-{SLOW}"  # the runtime logs too (Dask's long GC pauses): the one of this test
+            updates = {n: p.evaluate("() => flowscopeView.updates") for n, p in
+                       (("cp", cp), ("pf", pf), ("an", an), ("lg", lg))}
+
+            # phase 2: tasks held until the gate file exists, depending on phase 1's sum; then they finish
+            held = [delayed(gated, pure=True)(first, gate, dask_key_name=f"held-{i}") for i in range(4)]
+            second = delayed(total, pure=True)(*held, dask_key_name="sum-2")
+            fut = client.compute(second)
+            # while they are held, a warning about one of them reaches the logs page
+            fs.log("held <i>up</i>", level="warning", task_key="held-0")
+            fs.flush()
+            held_logs = check_logs_page(lg, run_dir)
+            assert not fut.done() and "held <i>up</i>" in set(held_logs["message"])
+            assert lg.locator("table.logs td.message", has_text="held").first.inner_text() == "held <i>up</i>"
+            Path(gate).touch()
+            assert fut.result() == 4 * sum(range(N_PARTS))
+            fs.log("second part done", level="warning", task_key="sum-2")
+            fs.flush()
+            cp2 = check_critical_path_page(cp, run_dir)
+            assert cp2["task"].length_ns > cp1["task"].length_ns  # the path grew with the run
+            assert "sum-2" in cp.evaluate("() => Array.from(document.querySelectorAll('#cp-task td.id'))"
+                                          ".map(td => td.textContent)")
+            pf2 = check_profile_page(pf, run_dir)
+            assert pf2["breakdown"].tasks == pf1["breakdown"].tasks + 5
+            check_anomalies_ranking(an, run_dir)
+            logs2 = check_logs_page(lg, run_dir)
+            assert len(logs2) > len(logs1)
+            for n, p in (("cp", cp), ("pf", pf), ("lg", lg)):
+                assert p.evaluate("() => flowscopeView.updates") > updates[n], n
+
+            # click through: rank -> step -> call, each selection in the URL
+            an.locator("table.ranking tbody tr").first.click()
+            rid = an.locator("table.ranking tbody tr").first.get_attribute("data-resource")
+            assert parse_qs(urlsplit(an.url).query)["resource"] == [rid]
+            _shot(cp, "critical-path")
+            _shot(pf, "profile")
+            _shot(lg, "logs")
+        finally:
+            unregister(client)
+            fs.close()
+
+    check_overview_extras(context, base, run_dir)
+    a, _ = check_anomalies_ranking(an, run_dir)
+    an.locator("table.ranking tbody tr").first.click()
+    rid = an.locator("table.ranking tbody tr").first.get_attribute("data-resource")
+    per = a[a["resource_id"] == rid].groupby("step").size()
+    links = an.evaluate("() => Array.from(document.querySelectorAll('#an-step-links a')).map(a => "
+                        "[Number(a.dataset.step), Number(a.dataset.count)])")
+    assert links == [[int(s), int(n)] for s, n in per.items()]
+    step = int(per.index[0])
+    an.locator(f"#an-step-links a[data-step='{step}']").click()
+    calls = an.evaluate("() => Array.from(document.querySelectorAll('table.step-anomalies tbody tr'))"
+                        ".map(tr => Number(tr.dataset.call))")
+    mine = a[(a["resource_id"] == rid) & (a["step"] == step)]
+    assert calls == mine["call_id"].tolist()
+    an.locator("table.step-anomalies tbody tr").first.click()
+    call = mine.iloc[0]
+    assert an.locator("#an-call-facts").get_attribute("data-call") == str(call["call_id"])
+    assert an.locator("#an-call-stack").inner_text() == "call stack: " + " > ".join(call["call_stack"])
+    # the function view's axes are selectable; the selection is in the URL too
+    an.select_option("#an-x", "function")
+    an.select_option("#an-y", "inclusive")
+    an.wait_for_function("() => document.getElementById('an-functions-chart').layout.xaxis.type === 'category'",
+                         timeout=WAIT_MS)
+    # Chimbuko's function view: the calls of the selected resource in the selected step
+    ys = an.evaluate("() => document.getElementById('an-functions-chart').data.find(t => t.name === 'anomaly').y")
+    assert ys == (mine["inclusive_ns"] / 1e6).tolist()
+    _shot(an, "anomalies")
+    # the URL reopens the page as it was: resource, step, call and axes
+    url = an.url
+    assert parse_qs(urlsplit(url).query) == {"resource": [rid], "step": [str(step)], "call": [str(call["call_id"])],
+                                             "x": ["function"], "y": ["inclusive"]}
+    again = _open(context, url)
+    again.wait_for_function("() => document.getElementById('an-call-facts')", timeout=WAIT_MS)
+    assert again.locator("#an-call-facts").get_attribute("data-call") == str(call["call_id"])
+    assert again.locator("#an-x").input_value() == "function"
+    # logs filtered by a task, by its link; the URL keeps the filter
+    lg.locator("table.logs td.task a", has_text=f"{IMG}-{SLOW}").first.click()
+    assert parse_qs(urlsplit(lg.url).query) == {"task": [f"{IMG}-{SLOW}"]}
+    assert lg.locator("table.logs tbody tr").count() == 1
+    for pg in (cp, pf, an, lg, again):
+        _no_markup_ran(pg)
+        assert pg.errors == [] and pg.outside == [] and pg.evaluate("() => flowscopeView.errors") == []
+    context.close()
+
+
+@pytest.fixture(scope="module")
+def imported_store(tmp_path_factory, shared_data) -> tuple[Path, dict]:
+    from flowscope.importers import import_paths
+
+    store = tmp_path_factory.mktemp("pages-store")
+    runs = {}
+    for name, path, fmt in (("starpu", shared_data / "paje" / "starpu-demo" / "paje.trace", "paje"),
+                            ("otf2", shared_data / "otf2" / "ping-pong-otf2" / "traces.otf2", None)):
+        res = import_paths([path], store, fmt=fmt, name=f"{name} {IMG}")
+        runs[name] = res.run_id
+    return store, runs
+
+
+@pytest.fixture(scope="module")
+def ui_server(imported_store):
+    store, _ = imported_store
+    proc = subprocess.Popen([sys.executable, "-m", "flowscope", "ui", str(store), "--port", "0", "--no-open"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:
+            found = re.search(r"dashboard \(read-only\) over .*: (http://\S+)/ui/", line)
+            if found:
+                break
+        else:
+            pytest.fail("flowscope ui printed no URL")
+        yield found.group(1)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        proc.stderr.close()
+
+
+@pytest.mark.parametrize("source", ["starpu", "otf2"])
+def test_analysis_pages_of_imported_traces_show_the_figures_of_the_analyses(source, imported_store, ui_server,
+                                                                            browser):  # noqa: F811
+    store, runs = imported_store
+    run_dir = store / runs[source]
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    base = f"{ui_server}/ui/runs/{runs[source]}"
+    cp = _open(context, f"{base}/critical-path")
+    exp = check_critical_path_page(cp, run_dir)
+    if source == "starpu":  # StarPU's tasks.rec gives the task graph
+        assert exp["task"] is not None and exp["task"].length_ns > 0
+    else:  # MPI: the path through messages, with its wait states
+        assert exp["messages"] is not None and exp["messages"].length_ns > 0
+    pf = _open(context, f"{base}/profile")
+    exp = check_profile_page(pf, run_dir)
+    assert len(exp["groups"]) >= 1
+    an = _open(context, f"{base}/anomalies?stat=total&side=bottom&n=3")
+    check_anomalies_ranking(an, run_dir)
+    lg = _open(context, f"{base}/logs")
+    check_logs_page(lg, run_dir)
+    # the pages link to each other, the overview included
+    hrefs = cp.evaluate("() => Array.from(document.querySelectorAll('#run-nav a')).map(a => a.getAttribute('href'))")
+    assert hrefs == [f"/ui/runs/{runs[source]}"] + [f"/ui/runs/{runs[source]}/{p}" for p in
+                                                     ("critical-path", "profile", "anomalies", "logs")]
+    for pg in (cp, pf, an, lg):
+        _no_markup_ran(pg)
+        assert pg.errors == [] and pg.outside == []
+    context.close()
+
+
+def test_a_page_that_does_not_exist_is_refused_naming_it(ui_server, imported_store):
+    import httpx
+
+    _, runs = imported_store
+    r = httpx.get(f"{ui_server}/ui/runs/{runs['otf2']}/nonsense", timeout=30)
+    assert r.status_code == 404 and "nonsense" in r.json()["error"]
+    r = httpx.get(f"{ui_server}/v1/ui/runs/{runs['otf2']}/views/nonsense", timeout=30)
+    assert r.status_code == 400 and r.json()["error"].startswith("view:")
+    r = httpx.get(f"{ui_server}/v1/ui/runs/{runs['otf2']}/views/profile", timeout=60)
+    assert r.status_code == 200 and r.json()["view"] == "profile"
