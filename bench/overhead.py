@@ -529,8 +529,8 @@ def _variant_worker(want: tuple, dask_worker=None) -> list[str]:
     if "X1" in want and executor is not None and dask_worker.executors.get("default") is executor:
         dask_worker.executors["default"] = executor.inner  # teardown checks identity before restoring
         applied.append("X1")
-    if "X2" in want and hasattr(plugin, "_emit_transition") and plugin.level == "full":
-        plugin._emit_transition = lambda *row: None
+    if "X2" in want and hasattr(plugin, "_append") and plugin.level == "full":
+        plugin._append = lambda row: None
         applied.append("X2")
     return applied
 
@@ -562,10 +562,10 @@ def _timed_hooks(mode: str, detail: bool) -> tuple[list, list]:
     """(scheduler [(plugin name, hooks, instance attrs)], worker [...]) to time in ``mode``."""
     if mode in LEVEL_MODES:
         sched = [(FlowscopeSchedulerPlugin.name, ("transition", "update_graph"),
-                  ("_emit_transition",) if detail else ())]
+                  ("_append",) if detail else ())]
         if LEVEL_MODES[mode] == "full":
             work = [(FlowscopeWorkerPlugin.name, ("transition",),
-                     ("_audit.emit", "_io_reader.read") + (("_emit_transition", "_record_startstops",
+                     ("_audit.emit", "_io_reader.read") + (("_append", "_record_startstops",
                                                             "_drain_transfers", "_emit_span", "_thread_resource",
                                                             "_record_task_io") if detail else ()))]
         else:  # no transition hook: what the handle_stimulus wrapper calls per execution and per fetch

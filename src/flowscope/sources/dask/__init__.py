@@ -84,16 +84,18 @@ async def _close_scheduler_plugin(dask_scheduler) -> tuple[int, int]:
     plugin = dask_scheduler.plugins.get(FlowscopeSchedulerPlugin.name)
     if plugin is None:
         return 0, 0
-    errors, finished = plugin.errors, plugin.finished
-    await plugin.close()
-    return errors, finished
+    await plugin.close()  # delivers what it holds first: a batch that could not be made counts as a failure
+    return plugin.errors, plugin.finished
 
 
 def _worker_errors(dask_worker) -> int:
     from flowscope.sources.dask.plugins import FlowscopeWorkerPlugin
 
     plugin = dask_worker.plugins.get(FlowscopeWorkerPlugin.name)
-    return plugin.errors if plugin is not None else 0
+    if plugin is None:
+        return 0
+    plugin.flush()  # rows are made into batches when delivered: a batch that could not be made counts as a failure
+    return plugin.errors
 
 
 def unregister(dask_client, seen: dict | None = None) -> dict[str, int]:
