@@ -429,8 +429,10 @@ class MeasuringThreadPoolExecutor(Executor):
             if first is not None:
                 self._last[tid] = first
         t0 = time.time()
+        result = None
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            return result
         finally:
             t1 = time.time()
             tid = threading.get_native_id()
@@ -439,17 +441,26 @@ class MeasuringThreadPoolExecutor(Executor):
             if now is not None:
                 self._last[tid] = now
                 if before is not None:  # the delta is worked out only for the call a task is matched to
-                    self._windows[ident].append((t0, t1, before, now))
+                    # Dask's task message carries the compute times it will store: the exact key of this call
+                    reported = None
+                    if isinstance(result, dict):
+                        reported = (result.get("start"), result.get("stop"))
+                    self._windows[ident].append((t0, t1, before, now, reported))
 
     def window(self, ident: int | None, submitted: float | None, start: float,
-               stop: float) -> tuple[float, float, ThreadIO] | None:
+               stop: float, reported: tuple[float, float] | None = None) -> tuple[float, float, ThreadIO] | None:
         """The call on thread ``ident`` that ran a task submitted at ``submitted`` whose compute interval is about
-        [start, stop] (all in this process's clock), as (its start, its end, its I/O counter delta): of the
-        calls that began after the submission, the one whose middle is nearest. Dask's own times carry an
-        estimate of the offset to the scheduler's clock that moves with each heartbeat, so an exact match
-        would be fragile."""
+        [start, stop] (all in this process's clock), as (its start, its end, its I/O counter delta): the call
+        whose result reported the task's compute times exactly as Dask stored them (``reported``, offset
+        included), else, of the calls that began after the submission, the one whose middle is nearest. Dask's
+        own times carry an estimate of the offset to the scheduler's clock that moves with each heartbeat, so
+        matching on time alone can take a neighbouring call when the machine is busy."""
         # a copy: the thread may append while we look (iterating a deque being appended to raises)
         calls = tuple(self._windows.get(ident, ()))
+        if reported is not None:
+            for c in reversed(calls):
+                if c[4] == reported:
+                    return c[0], c[1], c[3] - c[2] - self._own_read(c[2])
         floor = (submitted - 0.001) if submitted is not None else float("-inf")
         mid2 = start + stop
         best, best_d = None, float("inf")
@@ -463,11 +474,13 @@ class MeasuringThreadPoolExecutor(Executor):
                 break
         if best is None:
             return None
-        before, now = best[2], best[3]
-        # the read that gave ``before`` is itself counted in ``now``: one read call and the text it
-        # returned, whose length follows from the values it showed
-        own = ThreadIO(rchar=_PROC_IO_LABELS + sum(len(str(v)) for v in before), syscr=1)
-        return best[0], best[1], now - before - own
+        return best[0], best[1], best[3] - best[2] - self._own_read(best[2])
+
+    @staticmethod
+    def _own_read(before: ThreadIO) -> ThreadIO:
+        """What the read that gave ``before`` itself added to the next reading: one read call and the text it
+        returned, whose length follows from the values it showed."""
+        return ThreadIO(rchar=_PROC_IO_LABELS + sum(len(str(v)) for v in before), syscr=1)
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self.inner.shutdown(wait=wait, cancel_futures=cancel_futures)
@@ -698,7 +711,7 @@ class FlowscopeWorkerPlugin(_WorkerCapture):
         offset lies in [stop - call end, start - call start]: the current estimate, moved into that
         range when a heartbeat took it out."""
         shift = self.worker.scheduler_delay
-        call = self._executor.window(ident, submitted, start - shift, stop - shift)
+        call = self._executor.window(ident, submitted, start - shift, stop - shift, reported=(start, stop))
         if call is None:
             return shift, None
         c0, c1, delta = call
