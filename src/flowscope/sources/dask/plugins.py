@@ -460,7 +460,7 @@ class MeasuringThreadPoolExecutor(Executor):
         if reported is not None:
             for c in reversed(calls):
                 if c[4] == reported:
-                    return c[0], c[1], c[3] - c[2] - self._own_read(c[2])
+                    return c[0], c[1], c[3] - c[2] - _own_read(c[2])
         floor = (submitted - 0.001) if submitted is not None else float("-inf")
         mid2 = start + stop
         best, best_d = None, float("inf")
@@ -474,13 +474,7 @@ class MeasuringThreadPoolExecutor(Executor):
                 break
         if best is None:
             return None
-        return best[0], best[1], best[3] - best[2] - self._own_read(best[2])
-
-    @staticmethod
-    def _own_read(before: ThreadIO) -> ThreadIO:
-        """What the read that gave ``before`` itself added to the next reading: one read call and the text it
-        returned, whose length follows from the values it showed."""
-        return ThreadIO(rchar=_PROC_IO_LABELS + sum(len(str(v)) for v in before), syscr=1)
+        return best[0], best[1], best[3] - best[2] - _own_read(best[2])
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self.inner.shutdown(wait=wait, cancel_futures=cancel_futures)
