@@ -58,8 +58,9 @@ span, the I/O of tasks of 1 ms or more, shorter tasks' charged to the next measu
 hardware sampled every second; setup and teardown timed apart). Checked: the Profiler and flowscope
 each record every task Dask ran. Then ``--local-micro N`` no-op tasks on the synchronous scheduler
 (one thread, so the hooks' cost is not blurred by thread hand-offs), timed by the calling thread's CPU
-clock: the cost of the capture per task at level ``standard``, at level ``full`` (every task's I/O read)
-and without per-task I/O, beside the Profiler's.
+clock: the cost of the capture per task at level ``standard``, at level ``full`` (every task's I/O read),
+without per-task I/O, and at ``standard`` on the capture's pure-Python per-task path (``flowscope-reference``,
+FLOWSCOPE_COMPILED=0), beside the Profiler's.
 
 Writes ``bench/results/overhead.json`` (format: bench/README.md; ``levels.<level>.<workload>`` holds
 ``ratio`` with ``ratio_ci95``, ``cpu_ratio`` with ``cpu_ratio_ci95``, ``setup_s``, ``teardown_s`` and the
@@ -528,8 +529,8 @@ def _variant_worker(want: tuple, dask_worker=None) -> list[str]:
     if "X1" in want and executor is not None and dask_worker.executors.get("default") is executor:
         dask_worker.executors["default"] = executor.inner  # teardown checks identity before restoring
         applied.append("X1")
-    if "X2" in want and hasattr(plugin, "_emit_transition") and plugin.level == "full":
-        plugin._emit_transition = lambda *row: None
+    if "X2" in want and hasattr(plugin, "_append") and plugin.level == "full":
+        plugin._append = lambda row: None
         applied.append("X2")
     return applied
 
@@ -561,10 +562,10 @@ def _timed_hooks(mode: str, detail: bool) -> tuple[list, list]:
     """(scheduler [(plugin name, hooks, instance attrs)], worker [...]) to time in ``mode``."""
     if mode in LEVEL_MODES:
         sched = [(FlowscopeSchedulerPlugin.name, ("transition", "update_graph"),
-                  ("_emit_transition",) if detail else ())]
+                  ("_append",) if detail else ())]
         if LEVEL_MODES[mode] == "full":
             work = [(FlowscopeWorkerPlugin.name, ("transition",),
-                     ("_audit.emit", "_io_reader.read") + (("_emit_transition", "_record_startstops",
+                     ("_audit.emit", "_io_reader.read") + (("_append", "_record_startstops",
                                                             "_drain_transfers", "_emit_span", "_thread_resource",
                                                             "_record_task_io") if detail else ()))]
         else:  # no transition hook: what the handle_stimulus wrapper calls per execution and per fetch
@@ -893,9 +894,19 @@ def local_micro(n: int, repeat: int, store: Path) -> dict:
         with Profiler():
             out["profiler"].append(timed())
         for mode, io, level in (("flowscope", True, "standard"), ("flowscope-full", True, "full"),
-                                ("flowscope-no-task-io", False, "standard")):
-            with observe(store=store, hardware_period=0, task_io=io, level=level) as obs:
-                out[mode].append(timed())
+                                ("flowscope-no-task-io", False, "standard"), ("flowscope-reference", True, "standard")):
+            # flowscope-reference: level standard on the capture's pure-Python per-task path (FLOWSCOPE_COMPILED=0,
+            # which the capture reads when observe() makes it), to show what the compiled one saves
+            before = os.environ.get("FLOWSCOPE_COMPILED")
+            os.environ["FLOWSCOPE_COMPILED"] = "0" if mode == "flowscope-reference" else (before or "1")
+            try:
+                with observe(store=store, hardware_period=0, task_io=io, level=level) as obs:
+                    out[mode].append(timed())
+            finally:
+                if before is None:
+                    os.environ.pop("FLOWSCOPE_COMPILED")
+                else:
+                    os.environ["FLOWSCOPE_COMPILED"] = before
             spans = int(obs.run.sql("SELECT count(*) AS n FROM spans WHERE kind = 'task'")["n"][0])
             if spans != n:
                 raise BenchError(f"micro-benchmark: {n} tasks, {spans} task spans")

@@ -170,3 +170,53 @@ def collector_factory(tmp_path):
 @pytest.fixture
 def collector(collector_factory) -> CollectorProcess:
     return collector_factory()
+
+
+# ---- several recorded runs of one small Dask workflow, one with a planted slowdown ---------------------------
+#: the task group made slower in the planted run, and by how much per task (against tasks of about 1 ms)
+PLANTED_GROUP, PLANTED_SLEEP_S = "work", 0.2
+
+
+def _pipeline(delay: float):
+    """load-i -> work-i -> combine-i (with work-(i+1)) -> total: four task groups with fixed key names."""
+    from dask import delayed
+
+    def load(i):
+        return list(range(i, i + 1000))
+
+    def work(xs, delay):
+        if delay:
+            time.sleep(delay)
+        return sum(x * x for x in xs)
+
+    def combine(a, b):
+        return a + b
+
+    n = 12
+    loads = [delayed(load, pure=True)(i, dask_key_name=f"load-{i}") for i in range(n)]
+    works = [delayed(work, pure=True)(loads[i], delay, dask_key_name=f"work-{i}") for i in range(n)]
+    combs = [delayed(combine, pure=True)(works[i], works[(i + 1) % n], dask_key_name=f"combine-{i}")
+             for i in range(n)]
+    return delayed(sum, pure=True)(combs, dask_key_name="total")
+
+
+@pytest.fixture(scope="session")
+def repeated_runs(tmp_path_factory) -> dict:
+    """Four runs named 'pipeline' of the same workflow on one real LocalCluster (2 worker processes, 2
+    threads each) in a fresh store: three as written and, last, one whose ``work`` tasks each sleep
+    PLANTED_SLEEP_S. Returns the store, the run ids in order, and the planted run's id."""
+    from distributed import Client, LocalCluster
+
+    import flowscope
+
+    store = tmp_path_factory.mktemp("repeated") / "store"
+    ids = []
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=":0",
+                      worker_dashboard_address=None) as cl, Client(cl) as client:
+        for delay in (0.0, 0.0, 0.0, PLANTED_SLEEP_S):
+            graph = _pipeline(delay)
+            with flowscope.observe(client, store=store, name="pipeline") as obs:
+                client.compute(graph).result()
+            ids.append(obs.run_id)
+    return {"store": store, "run_ids": ids, "baseline": ids[:3], "planted": ids[3],
+            "group": PLANTED_GROUP}

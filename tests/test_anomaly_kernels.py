@@ -131,3 +131,86 @@ def test_compiled_step_without_keep_and_with_a_growing_name_list(algo):
         np.testing.assert_array_equal(f1, f2)
     _assert_same_model(out[True][0].view, out[False][0].view)
     _assert_same_model(out[True][0].take_local(), out[False][0].take_local())
+
+
+@pytest.mark.parametrize("algo", ["sstd", "hbos"])
+def test_compiled_sync_merges_in_place_what_exchange_rows_merges(algo, monkeypatch):
+    """Compiled detectors sync through ParameterServer.exchange_moments (the moments merged in C, no per-function
+    arrays; functions new to the server or to the detector named first), falling back to exchange_rows where it
+    does not apply (HBOS's first exchange, which takes whole histogram rows); views (names included), servers,
+    flags and final verdicts stay those of the numpy detectors, which always take exchange_rows."""
+    calls = {"moments": 0, "moments_refused": 0, "rows": 0}
+    moments, rows = ParameterServer.exchange_moments, ParameterServer.exchange_rows
+
+    def counted_moments(self, *a, **k):
+        out = moments(self, *a, **k)
+        calls["moments" if out is not None else "moments_refused"] += 1
+        return out
+
+    def counted_rows(self, *a, **k):
+        calls["rows"] += 1
+        return rows(self, *a, **k)
+
+    monkeypatch.setattr(ParameterServer, "exchange_moments", counted_moments)
+    monkeypatch.setattr(ParameterServer, "exchange_rows", counted_rows)
+    names, codes, values = _skewed(30_000, 300, seed=5)
+    steps = _run_both(names, codes, values, 500, AnomalyConfig(algo=algo), producers=3, mature=200)
+    assert sum(int(f.sum()) for _, f in steps) > 0
+    syncs = len(steps)  # the numpy side syncs as often, through exchange_rows only
+    assert calls["moments"] > syncs // 2             # most compiled syncs took the in-place path
+    assert calls["moments"] + calls["rows"] == 2 * syncs   # each sync once, by one path or the other
+    # and a refusal (names to exchange first) or a fallback (HBOS's first exchange) was exercised
+    assert calls["moments_refused"] + calls["rows"] - syncs > 0
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+@pytest.mark.parametrize("algo", ["sstd", "hbos"])
+def test_process_steps_equals_one_process_call_per_step(algo, compiled):
+    """Detector.process_steps (several steps in one call, as a producer handing over a few steps at a time
+    would) gives every step the scores and flags, and leaves the views, local models, kept calls, server and
+    final verdicts, that one ``process`` call per step gives, bit for bit; two producers sync after each
+    hand-over. Steps of irregular sizes, empty ones included."""
+    names, codes, values = _skewed(36_000, 250, seed=17)
+    rng = np.random.default_rng(3)
+    bounds = np.unique(np.concatenate([[0], rng.integers(0, len(codes), 240), [len(codes)]]))
+    bounds = np.sort(np.concatenate([bounds, bounds[5::9]]))   # repeated bounds: empty steps
+    steps = list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
+    config = AnomalyConfig(algo=algo)
+    sides = {}
+    for batched in (False, True):
+        server = ParameterServer()
+        dets = [Detector(config, keep=True, mature=300, compiled=compiled) for _ in range(2)]
+        out = []
+        for r, g in enumerate(range(0, len(steps), 7)):   # hand-overs of 7 steps, producers in turn
+            det, group = dets[r % 2], steps[g:g + 7]
+            lo, hi = group[0][0], group[-1][1]
+            if batched:
+                local = np.array([a for a, _ in group] + [hi]) - lo
+                s, f = det.process_steps(names, codes[lo:hi], values[lo:hi], local, ids=np.arange(lo, hi))
+                out += [(s[a - lo:b - lo], f[a - lo:b - lo]) for a, b in group]
+            else:
+                out += [det.process(names, codes[a:b], values[a:b], ids=np.arange(a, b)) for a, b in group]
+            det.sync(server)
+        sides[batched] = (dets, out, server)
+    (d1, o1, s1), (d2, o2, s2) = sides[False], sides[True]
+    assert len(o1) == len(o2) == len(steps)
+    for k, ((a, fa), (b, fb)) in enumerate(zip(o1, o2)):
+        np.testing.assert_array_equal(a, b, err_msg=f"step {k} scores")
+        np.testing.assert_array_equal(fa, fb, err_msg=f"step {k} flags")
+    assert sum(int(f.sum()) for _, f in o1) > 0
+    for a, b in zip(d1, d2):
+        _assert_same_model(a.view, b.view)
+        _assert_same_model(a.local, b.local)
+        assert a.kept == b.kept and a.seen == b.seen
+    _assert_same_model(s1.snapshot(), s2.snapshot())
+    final = s1.snapshot()
+    np.testing.assert_array_equal(np.sort(np.concatenate([d.final(final) for d in d1])),
+                                  np.sort(np.concatenate([d.final(final) for d in d2])))
+
+
+def test_process_steps_refuses_bounds_that_do_not_cover_the_calls():
+    det = Detector(AnomalyConfig(algo="sstd"))
+    for bad in ([1, 3], [0, 2], [0, 2, 1, 3], [0, 4]):
+        with pytest.raises(ValueError, match="bounds must run from 0 to the 3 calls"):
+            det.process_steps(["f"], [0, 0, 0], [1.0, 2.0, 3.0], bad)
+    assert det.seen == 0 and len(det.view) == 0

@@ -167,7 +167,7 @@ def test_flowscope_run_anomalies_option(tmp_path):
     """`flowscope run --anomalies`: workers started by the command get the detector through the Dask preload and
     post-prune on teardown."""
     script = tmp_path / "job.py"
-    script.write_text(SCRIPT.format(SLOW={37: 0.15, 111: 0.25, 190: 0.35}))
+    script.write_text(SCRIPT.format(SLOW={37: 0.6, 111: 0.9, 190: 1.2}))  # far beyond what load stretches a 10 ms call to
     store = tmp_path / "store"
     out = subprocess.run([sys.executable, "-m", "flowscope", "run", "--store", str(store), "--no-report", "--quiet",
                           "--sample-period", "0", "--anomalies", "--", sys.executable, str(script)],

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import re
 import time
 
 import networkx as nx
@@ -183,6 +184,39 @@ def test_structural_length_agrees_with_networkx_on_real_dask_graphs():
         perm = rng.permutation(n)
         src, dst = perm[src], perm[dst]
         assert longest_path_length(n, src, dst, w) == pytest.approx(_networkx_length(n, src, dst, w), rel=1e-12)
+
+
+def test_longest_to_on_a_large_shuffled_graph_equals_a_level_by_level_reference():
+    """A graph large enough that the sweep's scratch buffers take its large-buffer allocation (over 1 MiB each:
+    300,000 vertices, 900,000 edges with duplicates), vertex numbers shuffled, weights on edges and vertices:
+    every vertex's longest arrival equals a numpy pass level by level, to the bit (the same additions and
+    maxima), and so does the length."""
+    from flowscope.analysis.graph_kernels import longest_to
+
+    rng = np.random.default_rng(21)
+    n, m, levels = 300_000, 900_000, 40
+    level = np.sort(np.concatenate([np.arange(levels), rng.integers(0, levels, n - levels)]))  # none empty
+    src = rng.integers(0, n, m)
+    later = level[src] < levels - 1
+    src = src[later]
+    to_level = np.minimum(level[src] + rng.integers(1, 4, len(src)), levels - 1)
+    first = np.searchsorted(level, to_level)
+    count = np.searchsorted(level, to_level, side="right") - first
+    dst = first + (rng.random(len(src)) * count).astype(np.int64)
+    dup = rng.integers(0, len(src), len(src) // 10)
+    src, dst = np.concatenate([src, src[dup]]), np.concatenate([dst, dst[dup]])
+    w, vw = rng.random(len(src)), rng.random(n)
+    expect = np.full(n, -np.inf)
+    for lv in range(levels):                   # vertices in level order: all in-edges come from earlier levels
+        at = np.flatnonzero(level == lv)
+        into = np.flatnonzero(level[dst] == lv)
+        best = np.full(n, -np.inf)
+        np.maximum.at(best, dst[into], expect[src[into]] + w[into])
+        expect[at] = np.where(np.isfinite(best[at]), best[at], 0.0) + vw[at]
+    perm = rng.permutation(n)
+    got = longest_to(n, perm[src], perm[dst], w, vw[np.argsort(perm)])
+    np.testing.assert_array_equal(got[perm], expect)
+    assert longest_path_length(n, perm[src], perm[dst], w, vw[np.argsort(perm)]) == expect.max()
 
 
 def test_a_cycle_is_named_by_a_vertex_on_it():
@@ -541,3 +575,85 @@ def test_derived_states_never_precede_their_sources():
     assert json.loads(fixed["attrs"][1]) == {"ts_adjusted_from": 90}
     assert json.loads(fixed["attrs"][2]) == {"ts_adjusted_from": 95}
     assert data_state_path(fixed, muts).ids == ["a", "b", "c"]
+
+
+# ---- a run whose only timed work is I/O operations (a Darshan log with DXT, recorded here through the client) ----
+
+MS_ = 1_000_000
+
+
+def _io_only_run(tmp_path):
+    """Two ranks that only do I/O, recorded through flowscope.Client: rank:0 writes 0-10 ms (an operation of a
+    layer above holding two of a layer below, 1-4 and 5-9) and reads 30-40; rank:1 writes 2-20 and 25-45. Decoys
+    that must not count: a per-file aggregate of rank:0 whose window runs to 100 ms, an instantaneous open at 70 ms,
+    and a write to 60 ms on a container (which executes nothing)."""
+    import flowscope
+
+    t = 1_700_000_000 * 1_000_000_000
+    with flowscope.Client(name="io-only", store=tmp_path) as fs:
+        for r in ("rank:0", "rank:1"):
+            fs.resource("rank", r, start_ns=t)
+        fs.resource("container", "shared", start_ns=t)
+
+        def op(rid, kind, a, b, attrs=None, **kw):
+            fs.emit("io", resource_id=rid, source="test", op=kind, path=f"/data/{rid}", nbytes=4096,
+                    start_ns=t + a * MS_, end_ns=None if b is None else t + b * MS_,
+                    attrs=json.dumps(attrs) if attrs else None, **kw)
+
+        op("rank:0", "write", 0, 10, {"interface": "MPI-IO"})
+        op("rank:0", "write", 1, 4, {"interface": "POSIX"})
+        op("rank:0", "write", 5, 9, {"interface": "POSIX"})
+        op("rank:0", "read", 30, 40)
+        op("rank:1", "write", 2, 20)
+        op("rank:1", "write", 25, 45)
+        op("rank:0", "write", 0, 100, {"aggregate": True, "ops": 3})
+        op("rank:0", "open", 70, None)
+        op("shared", "write", 0, 60)
+        run_dir = fs.run_dir
+    return flowscope.open_run(run_dir), t
+
+
+def test_a_run_of_timed_io_operations_gets_the_io_timeline_of_the_rank_that_ended_last(tmp_path):
+    from flowscope.analysis.critical_path import IDLE_COMPONENT, IO_UNIT, work_units
+    from flowscope.analysis.summary import summarize
+
+    run, t = _io_only_run(tmp_path)
+    units = work_units(run)
+    assert set(units["unit"]) == {IO_UNIT} and set(units["category"]) == {"io"}
+    # the outermost timed operations of the resources that execute: not the inner writes, the aggregate, the
+    # instantaneous open or the container's write
+    got = sorted((r.resource_id, r.name, (r.start_ns - t) // MS_, (r.end_ns - t) // MS_)
+                 for r in units.itertuples())
+    assert got == [("rank:0", "read", 30, 40), ("rank:0", "write", 0, 10),
+                   ("rank:1", "write", 2, 20), ("rank:1", "write", 25, 45)]
+    m = task_graph_paths(units, run.table("dependencies"), run.table("transfers")).measured
+    steps = [(r.kind, (r.start_ns - t) // MS_, (r.end_ns - t) // MS_, r.component, r.location)
+             for r in m.steps.itertuples()]
+    assert steps == [("IDLE", 0, 2, IDLE_COMPONENT, "rank:1"), ("task", 2, 20, "io", "rank:1"),
+                     ("IDLE", 20, 25, IDLE_COMPONENT, "rank:1"), ("task", 25, 45, "io", "rank:1")]
+    assert m.length_ns == 45 * MS_
+    cp = summarize(run).critical_path
+    assert cp["units"] == "I/O operations" and cp["measured_ns"] == 45 * MS_ and cp["measured_tasks"] == 2
+    assert cp["measured_components"] == {"io": 38 * MS_, "idle": 7 * MS_}
+    assert cp["measured_end_location"] == "rank:1"
+
+
+def test_a_run_without_a_path_says_why_and_what_would_supply_one(tmp_path):
+    import flowscope
+    from flowscope.analysis.summary import summarize
+
+    with flowscope.Client(name="counters", store=tmp_path / "a") as fs:
+        fs.resource("rank", "rank:0")
+        fs.emit("io", resource_id="rank:0", source="test", op="write", path="/data/x", nbytes=1 << 20,
+                start_ns=1_000, end_ns=9_000_000, attrs=json.dumps({"aggregate": True, "ops": 12}))
+        counters = fs.run_dir
+    with flowscope.Client(name="metrics", store=tmp_path / "b") as fs:
+        fs.metric("residual", 1e-6, namespace="application")
+        metrics = fs.run_dir
+    cp = summarize(flowscope.open_run(counters)).critical_path
+    assert cp["path"] is None and set(cp) == {"path", "reason"}
+    assert "its 1 I/O records are totals" in cp["reason"] and "DXT_ENABLE_IO_TRACE=1" in cp["reason"]
+    cp = summarize(flowscope.open_run(metrics)).critical_path
+    assert cp["path"] is None and "it holds no timed work" in cp["reason"]
+    assert re.search(r"only .*\b[\d,]+ metrics rows", cp["reason"]), cp["reason"]
+    assert "dependencies" in cp["reason"] and "messages" in cp["reason"]

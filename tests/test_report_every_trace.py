@@ -3,8 +3,11 @@
 For each trace flowscope's own format detection finds in the folder (so a trace added there gets these tests),
 each report section whose data the run's tables hold is drawn with content -- marks, boxes, bars, table rows
 counted in the page, not just a div -- and each section whose data is absent says what would supply it.
-``flowscope show RUN --json`` gives the breakdown and the critical path. WfCommons instances: the structural
-critical path the report shows is networkx's longest runtime-weighted path through the instance's DAG.
+``flowscope show RUN --json`` gives the breakdown and the critical path: a path wherever the run has units of work
+(tasks, spans on resources that execute, timed I/O operations), messages or data states, else the reason, which the
+report's critical-path section says too. WfCommons instances: the structural critical path the report shows is
+networkx's longest runtime-weighted path through the instance's DAG. Darshan logs with DXT: the measured path is
+the I/O timeline of the rank whose I/O ended last, checked against the log's operations.
 
 Every trace is covered except in the Darshan release logs: 36 near-identical logs of one 4-process mpi-io-test job,
 one per Darshan release 3.0.0-3.5.0 on x86_64 and ppc64. Their runs have the same tables with the same kinds of rows,
@@ -25,6 +28,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import shared_data_dir
 
@@ -203,6 +207,14 @@ def _n(run, sql: str) -> int:
     return int(run.sql(sql).iloc[0, 0])
 
 
+#: the run's I/O operations with a start and an end on resources that execute work (not the aggregate rows that
+#: total many operations over a window, docs/data-model.md), every layer (an MPI-IO write and its POSIX writes)
+TIMED_OPS_SQL = """SELECT i.resource_id, i.start_ns, i.end_ns FROM io i LEFT JOIN executors e
+                   ON e.resource_id = i.resource_id
+                   WHERE i.resource_id IS NOT NULL AND coalesce(e.executes, TRUE) AND i.end_ns > i.start_ns
+                     AND coalesce(json_extract_string(i.attrs, '$.aggregate'), 'false') <> 'true'"""
+
+
 def holds(run) -> dict[str, int]:
     """Counts of what each report section draws from, from the run's tables and the model's views."""
     counts = run.counts()
@@ -216,6 +228,8 @@ def holds(run) -> dict[str, int]:
                                 ON e.resource_id = a.resource_id WHERE coalesce(e.executes, TRUE)"""),
         "io": counts.get("io", 0),
         "io_marks": _n(run, "SELECT count(*) FROM io WHERE op IN ('read', 'write', 'open')") if counts.get("io") else 0,
+        # I/O operations with a start and an end (not totals) on resources that execute work: a Darshan log's DXT
+        "timed_io": _n(run, f"SELECT count(*) FROM ({TIMED_OPS_SQL})") if counts.get("io") else 0,
         "sized_transfers": _n(run, "SELECT count(*) FROM transfers WHERE nbytes > 0 AND end_ns > start_ns")
         if counts.get("transfers") else 0,
         "messages": _n(run, """SELECT count(*) FROM transfers WHERE attrs LIKE '%"dst_call"%'""")
@@ -240,7 +254,7 @@ def expected_sections(h: dict[str, int]) -> dict[str, bool]:
         "communication": bool(h["transfers"]),
         "task-groups": bool(h["spans"]),
         "profile": bool(h["spans"]),
-        "critical-path": bool(h["busy"] or h["messages"] or h["data_states"]),
+        "critical-path": bool(h["busy"] or h["timed_io"] or h["messages"] or h["data_states"]),
         "warnings": bool(h["warnings"]),
     }
 
@@ -298,6 +312,9 @@ def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs,
         s = got[sid]
         if not has:
             check(s["nodata"], sid, f"holds no data but draws {s['figures']} {s['rows']}")
+            if sid == "critical-path":  # the reason `flowscope show --json` gives, word for word
+                reason = show_json(run)["critical_path"]["reason"].removeprefix("No critical path: ")
+                check(s["nodata"] and reason in s["nodata"][0], sid, f"says {s['nodata'][:1]}, not {reason!r}")
             check(s["nodata"] and re.search(SUPPLIED_BY[sid], s["nodata"][0]), sid,
                   f"does not say what would supply its data: {s['nodata'][:1]}")
             continue
@@ -337,6 +354,9 @@ def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs,
     if want["critical-path"]:
         check(any(f["id"].endswith("attribution") for f in cp["figures"]) and any(cp["rows"]), "critical-path",
               "no attribution chart or no steps of a path")
+    if h["timed_io"] and not h["busy"]:
+        check("the resource whose I/O ended last" in cp["text"], "critical-path",
+              "timed I/O operations, no path through the last resource's I/O")
     if h["messages"]:
         check("Critical path through messages" in cp["text"]
               and any(f["id"] == "fig-message-path-attribution" and f["marks"] for f in cp["figures"]),
@@ -351,9 +371,24 @@ def test_show_json_gives_the_breakdown_and_the_critical_path(shared_data, runs, 
     doc = show_json(run)
     assert "breakdown" in doc and "critical_path" in doc
     b, cp = doc["breakdown"], doc["critical_path"]
+    assert isinstance(cp, dict), cp  # a path, or the reason there is none: never a bare null
     if h["busy"]:
         assert b["categories"] and sum(b["categories"].values()) > 0 and b["makespan_s"] > 0, b
-        assert cp and not cp.get("error") and (cp.get("measured_ns") or cp.get("structural_ns")), cp
+    if h["busy"] or h["timed_io"]:
+        assert not cp.get("error") and (cp.get("measured_ns") or cp.get("structural_ns")), cp
+    elif not (h["messages"] or h["data_states"]):
+        # no units of work, no messages, no data states: the reason, naming what the run holds instead
+        assert set(cp) == {"path", "reason"} and cp["path"] is None, cp
+        reason = cp["reason"]
+        assert reason.startswith("No critical path: ") and re.search(r"dependencies|messages", reason), reason
+        if h["spans"]:
+            assert f"its {h['spans']:,} spans" in reason, reason
+        if h["io"]:
+            assert f"its {h['io']:,} I/O records are totals" in reason and "DXT_ENABLE_IO_TRACE=1" in reason, reason
+        if h["transfers"]:
+            assert f"its {h['transfers']:,} transfers" in reason, reason
+        if not (h["spans"] or h["io"] or h["transfers"]):
+            assert "it holds no timed work" in reason, reason
     if h["io"]:
         assert b["io_read_bytes"] + b["io_write_bytes"] > 0 or b["io_s"], b
     if h["messages"]:
@@ -384,3 +419,59 @@ def test_wfcommons_structural_path_is_networkxs_longest_path(shared_data, runs, 
     got = pages(rel)["critical-path"]
     assert f"Structural critical path: {fmt_s(longest)} through {len(cp['structural_ids']):,} tasks" in got["text"]
     assert got["rows"][0] == min(200, len(cp["structural_ids"])), "one row per task of the path"
+
+
+DARSHAN = [t for t in VALID if t.startswith("darshan/")] or ["(shared data folder absent)"]
+
+
+def _union_ns(start: np.ndarray, end: np.ndarray) -> int:
+    """The length of the union of the intervals [start, end)."""
+    order = np.argsort(start, kind="stable")
+    total, cur_s, cur_e = 0, None, None
+    for s, e in zip(start[order].tolist(), end[order].tolist()):
+        if cur_e is None or s > cur_e:
+            total += (cur_e - cur_s) if cur_e is not None else 0
+            cur_s, cur_e = s, e
+        else:
+            cur_e = max(cur_e, e)
+    return total + ((cur_e - cur_s) if cur_e is not None else 0)
+
+
+@pytest.mark.parametrize("rel", DARSHAN)
+def test_a_darshan_log_gets_the_io_timeline_of_its_last_rank_or_says_dxt_is_missing(shared_data, runs, rel):
+    """A log with DXT: the measured critical path is the I/O timeline of the rank whose I/O ended last, from the
+    run's first traced operation: its length is that rank's last end minus the first start, its steps are that
+    rank's operations (each within one of its traced operations) and the gaps between them (idle: none of its
+    operations runs there), contiguous and in time order, and the I/O on the path is exactly the time that rank
+    spent in traced I/O. A log with counters only: the reason, naming DXT."""
+    from flowscope.analysis.critical_path import task_graph_paths, work_units
+
+    run = runs(rel)
+    h = holds(run)
+    cp = show_json(run)["critical_path"]
+    if not h["timed_io"]:
+        assert cp["path"] is None, cp
+        assert ("DXT_ENABLE_IO_TRACE=1" if h["io"] else "it holds no timed work") in cp["reason"], cp
+        return
+    ops = run.sql(TIMED_OPS_SQL)
+    t0, t1 = int(ops["start_ns"].min()), int(ops["end_ns"].max())
+    rank = cp["measured_end_location"]
+    mine = ops[ops["resource_id"] == rank]
+    s_ops, e_ops = mine["start_ns"].to_numpy(np.int64), mine["end_ns"].to_numpy(np.int64)
+    assert cp["units"] == "I/O operations" and len(mine) and int(e_ops.max()) == t1, (cp, t1)
+    assert cp["measured_ns"] == t1 - t0, (cp, t0, t1)
+    comp = cp["measured_components"]
+    assert set(comp) <= {"io", "idle"} and sum(comp.values()) == t1 - t0 and comp["io"] > 0, comp
+    # the same path, step by step, as the analysis gives it
+    steps = task_graph_paths(work_units(run), run.table("dependencies"), run.table("transfers")).measured.steps
+    s, e = steps["start_ns"].to_numpy(np.int64), steps["end_ns"].to_numpy(np.int64)
+    assert s[0] == t0 and e[-1] == t1 and (e >= s).all() and (s[1:] == e[:-1]).all()
+    assert set(steps["location"]) == {rank}, set(steps["location"])
+    assert set(steps["component"]) <= {"io", "idle"}
+    for a, b, c in zip(s.tolist(), e.tolist(), steps["component"]):
+        if c == "io":
+            assert ((s_ops <= a) & (e_ops >= b)).any(), f"I/O step {a}..{b} lies in no operation of {rank}"
+        else:
+            assert not ((s_ops < b) & (e_ops > a)).any(), f"idle step {a}..{b} overlaps an operation of {rank}"
+    io_ns = int(steps.loc[steps["component"] == "io", "duration_ns"].sum())
+    assert io_ns == comp["io"] == _union_ns(s_ops, e_ops), (io_ns, comp)

@@ -512,3 +512,37 @@ def test_rows_go_through_a_real_client_into_the_io_table(tmp_path):
     # the open joins the task's row by thread and time
     o = opens.iloc[0]
     assert o.tid == w.tid and w.start_ns <= o.start_ns <= w.end_ns
+
+
+def test_a_task_is_matched_to_the_call_that_reported_its_own_compute_times(tmp_path):
+    """Dask stamps a task's compute times with the scheduler offset of the moment it ran; when a heartbeat has
+    moved the offset since, the nearest call by time can be another task's. The call whose result reported
+    exactly those times is the one that ran the task, whatever the offset did."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from flowscope.sources.dask.plugins import MeasuringThreadPoolExecutor
+
+    delay = 1000.0  # the offset Dask added when both tasks ran
+
+    def task(path: Path, n: int) -> dict:
+        start = time.time()
+        path.write_bytes(b"x" * n)
+        return {"op": "task-finished", "start": start + delay, "stop": time.time() + delay}
+
+    inner = ThreadPoolExecutor(1)
+    ex = MeasuringThreadPoolExecutor(inner, tio.ThreadIOReader())
+    try:
+        submitted = time.time()
+        first = ex.submit(task, tmp_path / "a", 300_000).result()
+        second = ex.submit(task, tmp_path / "b", 900_000).result()
+        ident = inner.submit(threading.get_ident).result()
+        # a heartbeat moved the estimate by the length of both calls: looked up with the current estimate, the
+        # first task's times fall on the second call
+        moved = delay - (second["stop"] - first["start"])
+        for msg, n in ((first, 300_000), (second, 900_000)):
+            call = ex.window(ident, submitted, msg["start"] - moved, msg["stop"] - moved,
+                             reported=(msg["start"], msg["stop"]))
+            assert call is not None
+            assert n <= call[2].wchar < n + 64 * 1024, (n, call[2])
+    finally:
+        inner.shutdown()

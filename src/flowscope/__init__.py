@@ -13,17 +13,27 @@ _LAZY = {
     "TABLES": "flowscope.model.schemas",
     "Run": "flowscope.store.run",
     "open_run": "flowscope.store.run",
+    "open_store": "flowscope.store.run_set",
+    "RunSet": "flowscope.store.run_set",
     "step": "flowscope.embedded",
     "trace": "flowscope.sources.python_tracing",
     "trace_modules": "flowscope.sources.python_tracing",
     "observe": "flowscope.sources.dask",
 }
 
-__all__ = ["Client", "FlowscopeError", "Run", "TABLES", "open_run", "now_ns", "observe", "step", "trace",
+__all__ = ["Client", "FlowscopeError", "Run", "RunSet", "TABLES", "open_run", "open_store", "now_ns", "observe", "step", "trace",
            "trace_modules", "__version__"]
 
 
+#: submodules reachable as attributes without importing them first (``flowscope.forecast.when(...)``)
+_SUBMODULES = ("forecast",)
+
+
 def __getattr__(name: str):
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"flowscope.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'flowscope' has no attribute {name!r}")
@@ -35,4 +45,4 @@ def __getattr__(name: str):
 
 
 def __dir__() -> list[str]:
-    return sorted([*globals(), *_LAZY])
+    return sorted([*globals(), *_LAZY, *_SUBMODULES])

@@ -20,6 +20,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#if defined(__linux__)
+#include <sys/mman.h>
+#endif
 
 /* Per vertex, in one 16-byte line: the best arrival so far (its length once final), the in-edges not yet seen,
    and where its out-edges start in adj (out-edges of v: adj[state[v].start .. state[v + 1].start)). One array
@@ -31,11 +34,52 @@ typedef struct {
     uint32_t start;
 } vertex_state;
 
-/* an out-edge: its head and weight */
+/* an out-edge: its head and weight (12 bytes, packed: the scatter and the sweep are bound by memory traffic) */
+#if defined(__GNUC__) || defined(__clang__)
+typedef struct __attribute__((packed)) {
+    uint32_t to;
+    double w;
+} out_edge;
+#else
 typedef struct {
     uint32_t to;
     double w;
 } out_edge;
+#endif
+
+/* Zeroed scratch memory. Large buffers are mapped with their pages populated up front (one system call)
+   rather than faulted in one by one as the passes first touch them in random order: the call is often the
+   first in its process, where every page is new. */
+typedef struct {
+    void *p;
+    size_t len;
+    int mapped;
+} scratch;
+
+static void *scratch_zeroed(scratch *b, size_t len) {
+    b->len = len;
+    b->mapped = 0;
+#if defined(__linux__) && defined(MAP_POPULATE)
+    if (len >= ((size_t)1 << 20)) {
+        void *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+        if (p != MAP_FAILED) {
+            b->mapped = 1;
+            return b->p = p;
+        }
+    }
+#endif
+    return b->p = calloc(len, 1);
+}
+
+static void scratch_free(scratch *b) {
+#if defined(__linux__) && defined(MAP_POPULATE)
+    if (b->mapped) {
+        munmap(b->p, b->len);
+        return;
+    }
+#endif
+    free(b->p);
+}
 
 #if defined(__GNUC__) || defined(__clang__)
 #define PREFETCH(p) __builtin_prefetch(p)
@@ -56,9 +100,10 @@ typedef struct {
 /* vertex_w and dist may be NULL. n and m below 2^32 - 1 (checked by the caller). */
 static int sweep(int64_t n, int64_t m, const int64_t *src, const int64_t *dst, const double *edge_w,
                  const double *vertex_w, double *dist, sweep_result *r) {
-    vertex_state *state = calloc((size_t)n + 1, sizeof(vertex_state));
-    out_edge *adj = malloc(((size_t)m + 1) * sizeof(out_edge));
-    uint32_t *queue = malloc(((size_t)n + 1) * sizeof(uint32_t));
+    scratch b_state, b_adj, b_queue;
+    vertex_state *state = scratch_zeroed(&b_state, ((size_t)n + 1) * sizeof(vertex_state));
+    out_edge *adj = scratch_zeroed(&b_adj, ((size_t)m + 1) * sizeof(out_edge));
+    uint32_t *queue = scratch_zeroed(&b_queue, ((size_t)n + 1) * sizeof(uint32_t));
     int status = NO_MEMORY;
     const int64_t ahead = 16;   /* how far the edge passes fetch ahead */
     if (!state || !adj || !queue) goto done;
@@ -83,24 +128,9 @@ static int sweep(int64_t n, int64_t m, const int64_t *src, const int64_t *dst, c
         state[s].start++;
         state[d].remaining++;
     }
-    /* start = first out-edge; the scatter moves it to the first out-edge of the next vertex, and the shift
-       after it moves it back */
+    /* in one pass over the vertices: start = the end of the vertex's out-edges (the scatter, taking the edges
+       backwards, moves it down to their first), best = nothing arrived yet, the vertices with no in-edge queued */
     uint32_t total = 0;
-    for (int64_t v = 0; v < n; v++) {
-        uint32_t count = state[v].start;
-        state[v].start = total;
-        total += count;
-    }
-    for (int64_t i = 0; i < m; i++) {
-        if (i + ahead < m) PREFETCH_W(&state[src[i + ahead]]);
-        uint32_t p = state[src[i]].start++;
-        adj[p].to = (uint32_t)dst[i];
-        adj[p].w = edge_w[i];
-    }
-    for (int64_t v = n; v > 0; v--) state[v].start = state[v - 1].start;
-    state[0].start = 0;
-
-    /* Kahn's algorithm: a vertex is final once its last in-edge has been seen */
     int64_t tail = 0;
     for (int64_t v = 0; v < n; v++) {
         if (vertex_w && !isfinite(vertex_w[v])) {
@@ -108,19 +138,40 @@ static int sweep(int64_t n, int64_t m, const int64_t *src, const int64_t *dst, c
             r->index = v;
             goto done;
         }
+        total += state[v].start;
+        state[v].start = total;
         state[v].best = -INFINITY;
         if (state[v].remaining == 0) queue[tail++] = (uint32_t)v;
     }
+    state[n].start = total;
+    for (int64_t i = m - 1; i >= 0; i--) {   /* backwards: each vertex's out-edges keep the input's order */
+        /* two stages ahead: the source's state, then (its state in cache by then) about where its edge goes */
+        if (i >= 2 * ahead) PREFETCH_W(&state[src[i - 2 * ahead]]);
+        if (i >= ahead) {
+            uint32_t at = state[src[i - ahead]].start;
+            PREFETCH_W(&adj[at ? at - 1 : 0]);
+        }
+        uint32_t p = --state[src[i]].start;
+        adj[p].to = (uint32_t)dst[i];
+        adj[p].w = edge_w[i];
+    }
+
+    /* Kahn's algorithm: a vertex is final once its last in-edge has been seen */
     double longest = -INFINITY;
     for (int64_t head = 0; head < tail; head++) {
-        /* the queue says which vertices come next: fetch their state and edges ahead of time */
-        if (head + 4 < tail) {
-            uint32_t x = queue[head + 4];
+        /* the queue says which vertices come next: fetch their state, then (in cache by then) their edges, then
+           (those in cache by then) the states of their edges' heads, ahead of time */
+        if (head + 8 < tail) {
+            uint32_t x = queue[head + 8];
             PREFETCH(&state[x]);
             PREFETCH(&state[x + 1]);
             if (vertex_w) PREFETCH(&vertex_w[x]);
         }
-        if (head + 2 < tail) PREFETCH(&adj[state[queue[head + 2]].start]);
+        if (head + 4 < tail) PREFETCH(&adj[state[queue[head + 4]].start]);
+        if (head + 2 < tail) {
+            uint32_t x = queue[head + 2];
+            for (uint32_t k = state[x].start, end = state[x + 1].start; k < end; k++) PREFETCH_W(&state[adj[k].to]);
+        }
         uint32_t u = queue[head];
         double b = state[u].best;
         double du = b == -INFINITY ? 0.0 : b;   /* -inf only where nothing comes in */
@@ -140,9 +191,9 @@ static int sweep(int64_t n, int64_t m, const int64_t *src, const int64_t *dst, c
     r->longest = longest;
     status = DONE;
 done:
-    free(state);
-    free(adj);
-    free(queue);
+    scratch_free(&b_state);
+    scratch_free(&b_adj);
+    scratch_free(&b_queue);
     return status;
 }
 

@@ -17,6 +17,8 @@ from flowscope.store.run import Run
 
 #: the kind of a critical path's step that is a unit of work (analysis/critical_path.py)
 TASK_STEP = "task"
+#: what the critical path runs through, per kind of unit of work (critical_path.work_units' ``unit``)
+UNITS_NAMED = {"task": "tasks", "span": "outermost spans", "io operation": "I/O operations"}
 #: utilisation a little above 1 is read as 1: task spans of one thread may overlap by microseconds (where
 #: each span's end is taken); beyond this it means the capacity recorded does not cover what ran
 UTILISATION_SLACK = 0.01
@@ -89,10 +91,12 @@ class RunSummary:
     resources_by_kind: dict[str, int] = field(default_factory=dict)
     top_spans: list[dict] = field(default_factory=list)   # name, kind, count, total_ns, mean_ns, max_ns
     logs_by_level: dict[str, int] = field(default_factory=dict)
-    #: task_times ("measured" or "derived"), measured_ns and measured_tasks (None when derived),
-    #: structural_ns, structural_ids (with task spans); messages: the path through messages (length_ns,
-    #: resources, messages, wait_ns per late-sender / late-receiver, wait_states, steps) where transfers link
-    #: calls; None with neither
+    #: task_times ("measured" or "derived"), measured_ns, measured_tasks, measured_components and
+    #: measured_end_location (None when derived), structural_ns, structural_ids, units ("tasks", "outermost
+    #: spans", "I/O operations": what the path runs through) with units of work; messages: the path through
+    #: messages (length_ns, resources, messages, wait_ns per late-sender / late-receiver, wait_states, steps)
+    #: where transfers link calls; with neither, data_states (length_ns, states) when the run records data
+    #: states; with none, ``{"path": None, "reason": ...}`` saying why and what would supply a path
     critical_path: dict | None = None
     utilisation: Utilisation | None = None
     #: where the executing resources' time went (analysis/breakdown.py), for any source
@@ -132,14 +136,36 @@ def messages_critical_path(run: Run) -> dict | None:
     return mp.to_dict() if mp is not None else None
 
 
-def task_critical_path(run: Run) -> dict | None:
+def data_state_critical_path(run: Run) -> dict | None:
+    """The data-state graph's critical path in brief (``length_ns``, ``states``: how many it passes); None
+    without recorded data states and mutations."""
+    from flowscope.analysis.critical_path import data_state_path
+
+    counts = run.counts()
+    if not counts.get("data_states") or not counts.get("mutations"):
+        return None
+    try:
+        p = data_state_path(run.table("data_states"), run.table("mutations"))
+    except ValueError as exc:
+        return {"error": str(exc)}
+    return {"length_ns": int(p.length_ns), "states": len(p.ids)}
+
+
+def task_critical_path(run: Run) -> dict:
     """The critical paths in brief (see :attr:`RunSummary.critical_path`): the task graph's, and under
-    ``messages`` the path through messages where transfers link calls; None with neither."""
+    ``messages`` the path through messages where transfers link calls; with neither, under ``data_states`` the
+    data-state graph's path; with none of them ``{"path": None, "reason": ...}``
+    (:func:`~flowscope.analysis.critical_path.missing_path_reason`: why, and what would supply one)."""
+    from flowscope.analysis.critical_path import missing_path_reason
+
     messages = messages_critical_path(run)
     out = _task_graph_path(run)
     if messages is not None:
         out = dict(out or {})
         out["messages"] = messages
+    if out is None:
+        states = data_state_critical_path(run)
+        out = {"data_states": states} if states is not None else {"path": None, "reason": missing_path_reason(run)}
     return out
 
 
@@ -180,7 +206,7 @@ def findings(run: Run, b: Breakdown, u: Utilisation | None, cp: dict | None, top
     elif u is not None and u.value is not None:
         out.append({"what": "utilisation", "value": u.value,
                     "message": f"the executing resources were busy {_pct(u.value)} of their capacity"})
-    if cp and not cp.get("error") and b.makespan_s > 0:
+    if cp and not cp.get("error") and not cp.get("reason") and b.makespan_s > 0:
         length = cp.get("measured_ns") or cp.get("structural_ns") or 0
         kind = "measured" if cp.get("measured_ns") else "structural"
         out.append({"what": "critical_path", "value": length / 1e9,
@@ -204,12 +230,19 @@ def _task_graph_path(run: Run) -> dict | None:
     except ValueError as exc:  # a table that breaks the analysis' rules must not cost the whole summary
         return {"task_times": task_timeline(spans), "error": str(exc)}
     m = tp.measured
+    by = m.by_component() if m is not None else None
     return {"task_times": tp.timeline,
             "measured_ns": int(m.length_ns) if m is not None else None,
             "measured_tasks": int((m.steps["kind"] == TASK_STEP).sum()) if m is not None else None,
+            # where the measured path's time went (compute, transfer, io, wait, queue; idle between the units of a
+            # resource's own sequence), and the resource it ends on (the one that finished last)
+            "measured_components": ({c: int(d) for c, d in zip(by["component"], by["duration_ns"]) if d}
+                                    if by is not None else None),
+            "measured_end_location": (str(m.steps["location"].iloc[-1])
+                                      if m is not None and len(m.steps) and m.steps["location"].iloc[-1] is not None
+                                      else None),
             "structural_ns": int(tp.structural.length_ns), "structural_ids": list(tp.structural.ids),
-            "units": "tasks" if int(run.sql("SELECT count(*) AS n FROM activity WHERE role = 'task'")["n"].iloc[0])
-            else "outermost spans"}
+            "units": UNITS_NAMED[str(spans["unit"].iloc[0])]}
 
 
 def summarize(run: Run, top: int = 10) -> RunSummary:

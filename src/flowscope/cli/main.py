@@ -7,11 +7,11 @@ import os
 import sys
 
 from flowscope import __version__
-from flowscope.cli import (anomalies, demo, export, importing, io, profile, remove, report, run, runs, semantics,
-                           serve, simulate, spool, step, ui)
+from flowscope.cli import (anomalies, compare, demo, export, forecast, importing, io, lineage, profile, remove, report,
+                           run, runs, semantics, serve, simulate, spool, step, ui)
 
-GROUPS = (demo, run, step, simulate, serve, ui, runs, report, profile, anomalies, io, semantics, importing, export, spool,
-          remove)
+GROUPS = (demo, run, step, simulate, serve, ui, runs, report, lineage, compare, profile, anomalies, forecast, io,
+          semantics, importing, export, spool, remove)
 
 
 class UserError(Exception):

@@ -95,6 +95,7 @@ def _hardware(fs, period: float):
 
 def run(args: argparse.Namespace) -> int:
     from flowscope import Client
+    from flowscope.sources.dask import run_provenance
     from flowscope.sources.semantics import LIVE
     from flowscope.model import identifiers as ids
 
@@ -109,7 +110,7 @@ def run(args: argparse.Namespace) -> int:
         _parse(args.trace)  # a bad pattern is refused here, not in the child
     level = getattr(args, "level", None) or "standard"
     fs = Client("embedded", store=args.store, serve=True, name=args.name or Path(cmd[0]).name,
-                command=shlex.join(cmd), meta={"semantics": LIVE, "capture_level": level})
+                command=shlex.join(cmd), meta={"semantics": LIVE, "capture_level": level, **run_provenance(cmd)})
     facts_dir = tempfile.mkdtemp(prefix="flowscope-facts-")
     # every Python process the command starts loads sources/_boot/sitecustomize.py: the local schedulers'
     # capture once it imports dask, and the facts that explain a run with no tasks

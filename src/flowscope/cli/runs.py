@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import os
 import re
 import sys
 
@@ -35,10 +36,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "transfers, io, metrics, logs, resources, data_states, mutations) is a view, "
                                    "and so are activity (spans with their category, role and group), "
                                    "executors (resources with executes and slots) and call_tree, the call-path "
-                                   "profile (flowscope profile).")
-    p.add_argument("run", help="run directory, run id in the store, or 'latest'")
+                                   "profile (flowscope profile). With --all, every run of a store (or of "
+                                   "several) together: each view has a run_id column, and a runs table holds "
+                                   "each run's provenance (docs/compare.md).")
+    p.add_argument("run", help="run directory, run id in the store, or 'latest'; with --all, a store directory "
+                               f"(several joined with {os.pathsep!r})")
     p.add_argument("query", help='e.g. "SELECT name, count(*) FROM spans GROUP BY name"')
     p.add_argument("--store", default=None, help=LOOKUP_STORE_HELP)
+    p.add_argument("--all", action="store_true", dest="all_runs",
+                   help="query every run of the store(s) RUN names, with a run_id column and a runs table")
     fmt = p.add_mutually_exclusive_group()
     fmt.add_argument("--json", action="store_true", help="print JSON records")
     fmt.add_argument("--csv", action="store_true", help="print CSV")
@@ -129,9 +135,21 @@ def _print_paths_and_utilisation(s) -> None:
     elif cp and "structural_ns" in cp and cp["measured_ns"] is None:
         console.print(f"critical path: {fmt_ns(cp['structural_ns'])} through {len(cp['structural_ids'])} tasks "
                       f"(structural: the task times are derived, not measured)")
+    elif cp and "structural_ns" in cp and cp.get("units") == "I/O operations":
+        comp = cp.get("measured_components") or {}
+        console.print(f"critical path: {fmt_ns(cp['measured_ns'])} measured on {cp.get('measured_end_location')} "
+                      f"(the resource whose I/O ended last): {cp['measured_tasks']} I/O operations, "
+                      f"{fmt_ns(comp.get('io', 0))} in I/O, {fmt_ns(comp.get('idle', 0))} between them",
+                      markup=False, highlight=False, soft_wrap=True)
     elif cp and "structural_ns" in cp:
         console.print(f"critical path: {fmt_ns(cp['measured_ns'])} measured through {cp['measured_tasks']} tasks, "
                       f"{fmt_ns(cp['structural_ns'])} structural (unlimited workers)")
+    elif cp and cp.get("data_states"):
+        ds = cp["data_states"]
+        console.print(f"critical path: not computed ({ds['error']})" if ds.get("error") else
+                      f"critical path: {fmt_ns(ds['length_ns'])} through {ds['states']} data states")
+    elif cp and cp.get("reason"):
+        console.print(cp["reason"], markup=False, highlight=False, soft_wrap=True)
     mp = (cp or {}).get("messages")
     if mp and mp.get("error"):
         console.print(f"critical path through messages: not computed ({mp['error']})")
@@ -147,9 +165,16 @@ def _print_paths_and_utilisation(s) -> None:
 
 
 def cmd_sql(args: argparse.Namespace) -> int:
-    run = open_for(args)
+    if args.all_runs:
+        from flowscope.store.run_set import open_store
+
+        run = open_store(*[s for s in args.run.split(os.pathsep) if s])
+    else:
+        run = open_for(args)
     try:
-        if re.search(r"\bcall_tree\b", args.query, re.IGNORECASE):  # a derived view, computed when asked for
+        if args.all_runs:
+            df = run.sql(args.query)
+        elif re.search(r"\bcall_tree\b", args.query, re.IGNORECASE):  # a derived view, computed when asked for
             from flowscope.analysis.call_tree import query
 
             df = query(run, args.query)

@@ -232,6 +232,16 @@ class Client:
 
         return p.writer(elsewhere)
 
+    def add_buffer(self, buffer: Any) -> None:
+        """Have the builder take batches from ``buffer`` too, as it does from each thread's own buffers: for a
+        producer on a hot path that keeps its rows in a form of its own (a list of tuples) and turns them into
+        Arrow a batch at a time. ``buffer`` has ``table``, ``flush_rows``, ``len()`` (rows waiting) and ``take()``
+        (those rows as an Arrow table of ``table``'s canonical schema, or None), which runs on the builder's
+        thread while producers go on adding; it is taken from until the client closes."""
+        buffer.since, buffer.owner, buffer.keep = 0.0, None, True
+        with self._packers_lock:
+            self._packers.append(buffer)
+
     def emit(self, table: str, **fields: Any) -> None:
         """Append one record to ``table``; fields are the table's columns (docs/data-model.md).
 

@@ -233,3 +233,64 @@ def collect_provenance() -> dict:
         "cwd": os.getcwd(),
         "user": os.environ.get("USER") or os.environ.get("LOGNAME"),
     }
+
+
+# ---- what was run: the client script, so that runs of the same code can be grouped -------------------------
+
+def file_digest(path: str | os.PathLike) -> dict | None:
+    """``{"path", "sha256", "bytes"}`` of the file at ``path`` (absolute path), or None if it cannot be read."""
+    import hashlib
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    return {"path": os.path.abspath(path), "sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def script_of_command(argv: list[str]) -> dict | None:
+    """The script a command runs, with its hash (:func:`file_digest`): for ``python [options] FILE ...`` the
+    FILE, for ``python -m MODULE`` the module's source file, else the program itself when it is a file (a shell
+    script); None when there is none to hash."""
+    if not argv:
+        return None
+    prog = os.path.basename(argv[0])
+    if re.match(r"^python[0-9.]*$", prog):
+        args = iter(argv[1:])
+        for a in args:
+            if a == "-m":
+                module = next(args, None)
+                if module is None:
+                    return None
+                try:
+                    import importlib.util
+
+                    spec = importlib.util.find_spec(module)
+                except (ImportError, ValueError):
+                    spec = None
+                found = file_digest(spec.origin) if spec is not None and spec.origin else None
+                return {**found, "module": module} if found else {"module": module}
+            if a == "-c":
+                return None
+            if a.startswith("-"):
+                continue
+            return file_digest(a)
+        return None
+    path = shutil.which(argv[0]) or argv[0]
+    return file_digest(path) if os.path.isfile(path) else None
+
+
+def main_script() -> dict | None:
+    """The calling program's main script with its hash (:func:`file_digest`), None in an interactive session."""
+    main = sys.modules.get("__main__")
+    path = getattr(main, "__file__", None)
+    return file_digest(path) if path else None
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as plain JSON types: what json.dumps cannot write becomes its str, and so do NaN and the
+    infinities (JSON has none; Dask's configuration holds ``inf``), as "NaN", "Infinity", "-Infinity"."""
+    import json
+
+    return json.loads(json.dumps(value, default=str), parse_constant=str)

@@ -240,17 +240,24 @@ def ordered(override: Sequence[Mapping] = (), declared_: Sequence[Mapping] = ())
     return [*override, *declared_, GENERIC]
 
 
-def activity_sql(mappings: Sequence[Mapping]) -> str:
-    """SELECT of the ``activity`` view: every span with ``resource_kind``, ``category``, ``role``, ``group``."""
+def activity_sql(mappings: Sequence[Mapping], spans: str = "spans", resources: str = "resources",
+                 run_key: str | None = None) -> str:
+    """SELECT of the ``activity`` view: every span with ``resource_kind``, ``category``, ``role``, ``group``.
+    ``spans`` and ``resources`` name the relations to read; ``run_key`` a column both have that also joins them
+    (``run_id`` when they hold several runs, whose resource ids may repeat)."""
     cat = _case(mappings, "spans", "category", "s", "'other'")
     role = _case(mappings, "spans", "role", "s", "'other'")
     grp = _case(mappings, "spans", "group", "s", "s.name")
+    key = f', "{run_key}"' if run_key else ""
+    also = f' AND r."{run_key}" = s."{run_key}"' if run_key else ""
     return (f'SELECT s.*, r.kind AS resource_kind, {cat} AS category, {role} AS role, {grp} AS "group" '
-            f"FROM spans s LEFT JOIN (SELECT resource_id, kind FROM resources) r ON r.resource_id = s.resource_id")
+            f"FROM {spans} s LEFT JOIN (SELECT resource_id, kind{key} FROM {resources}) r "
+            f"ON r.resource_id = s.resource_id{also}")
 
 
-def executors_sql(mappings: Sequence[Mapping]) -> str:
-    """SELECT of the ``executors`` view: every resource with ``executes`` and ``slots``."""
+def executors_sql(mappings: Sequence[Mapping], resources: str = "resources") -> str:
+    """SELECT of the ``executors`` view: every resource (of the relation ``resources``) with ``executes`` and
+    ``slots``."""
     ex = _case(mappings, "resources", "executes", "r", "FALSE")
     slots = _case(mappings, "resources", "slots", "r", "CAST(NULL AS BIGINT)")
-    return f"SELECT r.*, {ex} AS executes, {slots} AS slots FROM resources r"
+    return f"SELECT r.*, {ex} AS executes, {slots} AS slots FROM {resources} r"

@@ -334,7 +334,8 @@ def _path_table(path, limit: int = 200) -> str:
 
 def critical_path_section(ctx: Context, figs: _Figures) -> str:
     """The task graph's measured and structural critical paths, and the data-state graph with its path."""
-    from flowscope.analysis.critical_path import data_state_path, task_graph_paths, work_units
+    from flowscope.analysis.critical_path import (IDLE_COMPONENT, IO_UNIT, data_state_path, missing_path_reason,
+                                                  task_graph_paths, work_units)
     from flowscope.analysis.dataflow import data_states_from_tasks
     from flowscope.report.critical_path import attribution_figure, graph_view
 
@@ -347,6 +348,8 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
                  "durations and dependencies, not observed) has no measured path, only the structural one. "
                  "<b>Through messages</b> (runs whose transfers link a send call to a receive call, e.g. MPI): "
                  "the chain of work and messages that bounds the run, and the wait states messages caused. "
+                 "A run whose only timed work is I/O operations (a Darshan log with DXT) gets the timeline of the "
+                 "resource whose I/O ended last: its operations and the idle gaps between them. "
                  "Below, the data-state graph (task outputs, transfers and files "
                  "as states; recorded with the data-state API or derived from the tasks) with its critical path "
                  "in red.")
@@ -371,6 +374,19 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
                     f'(the longest path through the dependencies with the tasks\' durations).</p>')
         body.append(figs.html(attribution_figure(st), "critical-path-attribution"))
         body.append(_path_table(st))
+    elif tp is not None and str(units["unit"].iloc[0]) == IO_UNIT:
+        m = tp.measured
+        by = m.by_component().set_index("component")["duration_ns"]
+        body.append(f'<p>Measured critical path: <b>{fmt_s(m.length_ns / 1e9)}</b>, the timeline of '
+                    f'<b>{_e(str(m.steps["location"].iloc[-1]))}</b>, the resource whose I/O ended last: '
+                    f'{int((m.steps["kind"] == TASK_STEP).sum()):,} I/O operations, <b>{fmt_s(by.get("io", 0) / 1e9)}'
+                    f'</b> in I/O and <b>{fmt_s(by.get(IDLE_COMPONENT, 0) / 1e9)}</b> between them (the resource ran '
+                    f'no traced I/O: it computed, communicated or waited), from the first traced operation of the run. '
+                    f'The run has no tasks or spans, only timed I/O operations, and nothing links the operations of '
+                    f'one resource to another\'s (no dependencies, no messages): the path is that resource\'s own '
+                    f'sequence.</p>')
+        body.append(figs.html(attribution_figure(m), "critical-path-attribution"))
+        body.append(_path_table(m))
     elif tp is not None:
         m, st = tp.measured, tp.structural
         body.append(f'<p>Measured critical path: <b>{fmt_s(m.length_ns / 1e9)}</b> through '
@@ -398,13 +414,8 @@ def critical_path_section(ctx: Context, figs: _Figures) -> str:
             body.append(_path_table(path))
     body.extend(_message_path_parts(ctx, figs, failed))
     if not body:
-        return _section("critical-path", _nodata(
-            "no units of work, no messages between calls and no data states in this run. The task graph's path "
-            "needs spans on resources that execute work, and their dependencies for the structural path (Dask's "
-            "graph, StarPU's tasks.rec beside its Paje trace, WfCommons parents); the path through messages needs "
-            "transfers that link a send call to a receive call (MPI messages in OTF2, Chrome / Perfetto flows); the "
-            "data-state path needs data states (<code>flowscope.data_states</code>, a WfCommons instance's "
-            "files)."), help_text)
+        reason = missing_path_reason(ctx.run).removeprefix("No critical path: ")
+        return _section("critical-path", _nodata(_e(reason)), help_text)
     return _section("critical-path", "\n".join(body), help_text)
 
 

@@ -17,14 +17,29 @@
  *   touched: int64[n], the functions of the step in order of first call                    (written)
  *   score: float64[n]; flagged: bool[n]; keep_rows: int64[n], the positions of kept calls  (written)
  *   status: 0 done; 1 call `index` has a code outside [0, F) (nothing changed)
+ *   bounds (optional, last): int64[k + 1], 0 = b[0] <= ... <= b[k] = n: k consecutive steps, each folded in and
+ *   judged in turn as k separate calls would (keep_rows then index the whole input)
  *
  * hbos_step(F, codes, values, view, local, view_hist, cell_values, scratch, touched, keys, score, flagged,
- *           keep_rows, max_bins, alpha, threshold, min_count, mature, rare, keep) -> the same tuple
+ *           keep_rows, max_bins, alpha, threshold, min_count, mature, rare, keep[, bounds]) -> the same tuple
  *   as sstd_step for the moments; view_hist: int64[F x 6144], the view's grid histograms (each call is added to
  *   its cell); cell_values: float64[6144], a cell's representative value (model._FINE_REP); keys: int64[n],
  *   each call's flat cell code * 6144 + cell (written). Each function of the step gets its HBOS bins from the
  *   grid cells between its min and max (model.scorer); a bin's score is computed once, when a call first lands
  *   in it. The scores use the C library's log2, which may differ from numpy's in the last bit.
+ *
+ * sync_moments(Fv, local, to_server, Fs, server, changed, version, since, from_server, view, refresh, std, cut,
+ *              sigma, min_count, mature, near) -> status
+ *   One detector's sync with a parameter server in the same process, for the moments (ParameterServer.
+ *   exchange_rows and Detector.sync, without building per-function arrays): every function with local calls is
+ *   merged into the server's moments (Chan et al.), marked changed at `version` and reset in `local`; then every
+ *   server function changed after `since` is copied into the view (and with `refresh`, its SSTD std and keep
+ *   threshold recomputed, as Detector._refresh).
+ *   Fv: functions in the view; local, view: moments per view code, to_server: int64 view code -> server code
+ *   Fs: functions in the server; server: moments, changed: int64 (the update that last changed each function),
+ *   from_server: int64 server code -> view code
+ *   status: 0 done; 1 a function with local calls has no server code; 2 the two maps disagree (1 and 2: nothing
+ *   changed)
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -151,17 +166,45 @@ static int64_t first_bad_code(int64_t n, const int64_t *codes, int64_t F) {
     return -1;
 }
 
+/* the steps of one call: `o` None, one step [0, n); else int64[k + 1] bounds, 0 = b[0] <= b[1] <= ... <= b[k] = n
+   (step j: calls b[j] .. b[j + 1] - 1). Returns the number of steps, -1 with an exception set. */
+static int64_t get_bounds(held_bufs *h, PyObject *o, Py_ssize_t n, const int64_t **b, int64_t one[2]) {
+    if (o == Py_None) {
+        one[0] = 0;
+        one[1] = n;
+        *b = one;
+        return 1;
+    }
+    Py_ssize_t len = length(o);
+    if (len < 0) return -1;
+    if (len < 1) {
+        PyErr_SetString(PyExc_ValueError, "bounds: expected at least one entry (0)");
+        return -1;
+    }
+    const int64_t *x = get(h, o, 0, 'i', len, "bounds");
+    if (!x) return -1;
+    for (Py_ssize_t j = 0; j < len; j++) {
+        if ((j == 0 && x[0] != 0) || (j > 0 && x[j] < x[j - 1]) || (j == len - 1 && x[j] != n)) {
+            PyErr_Format(PyExc_ValueError, "bounds: entry %zd (%lld) breaks 0 = b[0] <= b[1] <= ... <= b[-1] = %zd",
+                         j, (long long)x[j], n);
+            return -1;
+        }
+    }
+    *b = x;
+    return len - 1;
+}
+
 /* ---- SSTD ----------------------------------------------------------------------------------------------- */
 
 static PyObject *sstd_step(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t F, min_count, mature;
     PyObject *o_codes, *o_values, *o_view, *o_local, *o_std, *o_cut, *o_s[3], *o_touched, *o_score, *o_flagged,
-        *o_keep;
+        *o_keep, *o_bounds = Py_None;
     double sigma, near;
     int keep;
-    if (!PyArg_ParseTuple(args, "nOOOOOO(OOO)OOOOdnndp", &F, &o_codes, &o_values, &o_view, &o_local, &o_std,
+    if (!PyArg_ParseTuple(args, "nOOOOOO(OOO)OOOOdnndp|O", &F, &o_codes, &o_values, &o_view, &o_local, &o_std,
                           &o_cut, &o_s[0], &o_s[1], &o_s[2], &o_touched, &o_score, &o_flagged, &o_keep, &sigma,
-                          &min_count, &mature, &near, &keep))
+                          &min_count, &mature, &near, &keep, &o_bounds))
         return NULL;
     Py_ssize_t n = length(o_codes);
     if (n < 0) return NULL;
@@ -182,12 +225,17 @@ static PyObject *sstd_step(PyObject *Py_UNUSED(self), PyObject *args) {
     char *flagged = score ? get(&h, o_flagged, 1, '?', n, "flagged") : NULL;
     int64_t *keep_rows = flagged ? get(&h, o_keep, 1, 'i', n, "keep_rows") : NULL;
     if (!keep_rows) goto fail;
+    const int64_t *bounds;
+    int64_t one[2];
+    int64_t steps = get_bounds(&h, o_bounds, n, &bounds, one);
+    if (steps < 0) goto fail;
 
     int64_t bad, nt = 0, nk = 0;
     Py_BEGIN_ALLOW_THREADS
     bad = first_bad_code(n, codes, F);
-    if (bad < 0) {
-        nt = fold_step(n, codes, v, &view, &local, s_cnt, s_sum, s_m2, touched);
+    for (int64_t st = 0; bad < 0 && st < steps; st++) {  /* each step updated, then judged */
+        int64_t lo = bounds[st], hi = bounds[st + 1];
+        nt = fold_step(hi - lo, codes + lo, v + lo, &view, &local, s_cnt, s_sum, s_m2, touched);
         int64_t judge_from = min_count > 2 ? min_count : 2;
         double near_cut = near * sigma;
         for (int64_t k = 0; k < nt; k++) {  /* as Detector._refresh */
@@ -198,7 +246,7 @@ static PyObject *sstd_step(PyObject *Py_UNUSED(self), PyObject *args) {
             std[c] = s > 0 ? s : INFINITY;
             cut[c] = cn < mature ? -INFINITY : (judged ? near_cut : INFINITY);
         }
-        for (int64_t i = 0; i < n; i++) {
+        for (int64_t i = lo; i < hi; i++) {
             int64_t c = codes[i];
             double s = fabs(v[i] - view.mean[c]) / std[c];
             score[i] = s;
@@ -238,12 +286,12 @@ typedef struct {       /* one touched function's histogram verdict, as model.sco
 static PyObject *hbos_step(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t F, min_count, mature, rare, max_bins;
     PyObject *o_codes, *o_values, *o_view, *o_local, *o_hist, *o_rep, *o_s[3], *o_touched, *o_keys, *o_score,
-        *o_flagged, *o_keep;
+        *o_flagged, *o_keep, *o_bounds = Py_None;
     double alpha, threshold;
     int keep;
-    if (!PyArg_ParseTuple(args, "nOOOOOO(OOO)OOOOOnddnnnp", &F, &o_codes, &o_values, &o_view, &o_local, &o_hist,
+    if (!PyArg_ParseTuple(args, "nOOOOOO(OOO)OOOOOnddnnnp|O", &F, &o_codes, &o_values, &o_view, &o_local, &o_hist,
                           &o_rep, &o_s[0], &o_s[1], &o_s[2], &o_touched, &o_keys, &o_score, &o_flagged, &o_keep,
-                          &max_bins, &alpha, &threshold, &min_count, &mature, &rare, &keep))
+                          &max_bins, &alpha, &threshold, &min_count, &mature, &rare, &keep, &o_bounds))
         return NULL;
     Py_ssize_t n = length(o_codes);
     if (n < 0) return NULL;
@@ -266,6 +314,10 @@ static PyObject *hbos_step(PyObject *Py_UNUSED(self), PyObject *args) {
     char *flagged = score ? get(&h, o_flagged, 1, '?', n, "flagged") : NULL;
     int64_t *keep_rows = flagged ? get(&h, o_keep, 1, 'i', n, "keep_rows") : NULL;
     if (!keep_rows) goto fail;
+    const int64_t *bounds;
+    int64_t one[2];
+    int64_t steps = get_bounds(&h, o_bounds, n, &bounds, one);
+    if (steps < 0) goto fail;
 
     int64_t bad = first_bad_code(n, codes, F), nt = 0, nk = 0;
     int no_memory = 0;
@@ -275,14 +327,16 @@ static PyObject *hbos_step(PyObject *Py_UNUSED(self), PyObject *args) {
     int64_t *counts = NULL;
     double *cache = NULL;
     Py_BEGIN_ALLOW_THREADS
-    nt = fold_step(n, codes, v, &view, &local, s_cnt, s_sum, s_m2, touched);
-    for (int64_t i = 0; i < n; i++) {
-        keys[i] = codes[i] * FINE_BINS + fine_bin(v[i]);
-        hist[keys[i]] += 1;
-    }
-    rows = malloc((size_t)(nt ? nt : 1) * sizeof *rows);
-    int64_t judge_from = min_count > 2 ? min_count : 2, total_bins = 0;
-    if (rows) {
+    rows = malloc((size_t)(n ? n : 1) * sizeof *rows);  /* a step touches at most as many functions as it has calls */
+    if (!rows) no_memory = 1;
+    for (int64_t st = 0; !no_memory && st < steps; st++) {  /* each step updated, then judged */
+        int64_t lo = bounds[st], hi = bounds[st + 1];
+        nt = fold_step(hi - lo, codes + lo, v + lo, &view, &local, s_cnt, s_sum, s_m2, touched);
+        for (int64_t i = lo; i < hi; i++) {
+            keys[i] = codes[i] * FINE_BINS + fine_bin(v[i]);
+            hist[keys[i]] += 1;
+        }
+        int64_t judge_from = min_count > 2 ? min_count : 2, total_bins = 0;
         for (int64_t k = 0; k < nt; k++) {  /* each function's bins, as model.scorer */
             int64_t c = touched[k];
             s_cnt[c] = k;  /* the scratch count, zeroed below, numbers the touched functions meanwhile */
@@ -305,64 +359,146 @@ static PyObject *hbos_step(PyObject *Py_UNUSED(self), PyObject *args) {
         }
         counts = calloc((size_t)(total_bins ? total_bins : 1), sizeof *counts);
         cache = malloc((size_t)(total_bins ? total_bins : 1) * sizeof *cache);
-    }
-    if (!rows || !counts || !cache) {
-        no_memory = 1;
-    } else {
-        for (int64_t b = 0; b < total_bins; b++) cache[b] = NAN;  /* a bin's score: not computed yet */
-        for (int64_t k = 0; k < nt; k++) {
-            int64_t c = touched[k];
-            hbos_row *r = &rows[k];
-            int64_t *cnt = &counts[r->first];
-            const int64_t *hrow = &hist[c * FINE_BINS];
-            /* each function's calls lie in the grid cells from its min's to its max's */
-            for (int64_t cell = fine_bin(view.min[c]), last = fine_bin(view.max[c]); cell <= last; cell++) {
-                if (!hrow[cell]) continue;
-                double b = floor((rep[cell] - r->lo) / r->width);
+        if (!counts || !cache) {
+            no_memory = 1;
+        } else {
+            for (int64_t b = 0; b < total_bins; b++) cache[b] = NAN;  /* a bin's score: not computed yet */
+            for (int64_t k = 0; k < nt; k++) {
+                int64_t c = touched[k];
+                hbos_row *r = &rows[k];
+                int64_t *cnt = &counts[r->first];
+                const int64_t *hrow = &hist[c * FINE_BINS];
+                /* each function's calls lie in the grid cells from its min's to its max's */
+                for (int64_t cell = fine_bin(view.min[c]), last = fine_bin(view.max[c]); cell <= last; cell++) {
+                    if (!hrow[cell]) continue;
+                    double b = floor((rep[cell] - r->lo) / r->width);
+                    if (b > (double)(r->nbins - 1)) b = (double)(r->nbins - 1);
+                    if (b < 0) b = 0;
+                    cnt[(int64_t)b] += hrow[cell];
+                }
+                /* the scores of the non-empty bins range from that of the fullest bin to that of the emptiest */
+                int64_t most = 0, fewest = INT64_MAX;
+                for (int64_t b = 0; b < r->nbins; b++) {
+                    if (cnt[b] > most) most = cnt[b];
+                    if (cnt[b] > 0 && cnt[b] < fewest) fewest = cnt[b];
+                }
+                if (most > 0) {
+                    double smin = -log2((double)most / r->nf + alpha), smax = -log2((double)fewest / r->nf + alpha);
+                    r->judged = r->judged && isfinite(smin) && smax > smin;
+                    r->threshold = r->judged ? smin + threshold * (smax - smin) : INFINITY;
+                } else {
+                    r->judged = 0;
+                    r->threshold = INFINITY;
+                }
+                r->cut = view.count[c] < mature ? -INFINITY : (r->judged ? r->threshold - 3.0 : INFINITY);
+            }
+            for (int64_t i = lo; i < hi; i++) {
+                const hbos_row *r = &rows[s_cnt[codes[i]]];
+                double b = floor((rep[fine_bin(v[i])] - r->lo) / r->width);
                 if (b > (double)(r->nbins - 1)) b = (double)(r->nbins - 1);
                 if (b < 0) b = 0;
-                cnt[(int64_t)b] += hrow[cell];
+                int64_t at = r->first + (int64_t)b;
+                if (isnan(cache[at])) cache[at] = -log2((double)counts[at] / r->nf + alpha);
+                double s = cache[at];
+                score[i] = s;
+                flagged[i] = (char)(r->judged && s >= r->threshold);
+                if (keep && (s >= r->cut || hist[keys[i]] <= rare)) keep_rows[nk++] = i;
             }
-            /* the scores of the non-empty bins range from that of the fullest bin to that of the emptiest */
-            int64_t most = 0, fewest = INT64_MAX;
-            for (int64_t b = 0; b < r->nbins; b++) {
-                if (cnt[b] > most) most = cnt[b];
-                if (cnt[b] > 0 && cnt[b] < fewest) fewest = cnt[b];
-            }
-            if (most > 0) {
-                double smin = -log2((double)most / r->nf + alpha), smax = -log2((double)fewest / r->nf + alpha);
-                r->judged = r->judged && isfinite(smin) && smax > smin;
-                r->threshold = r->judged ? smin + threshold * (smax - smin) : INFINITY;
-            } else {
-                r->judged = 0;
-                r->threshold = INFINITY;
-            }
-            r->cut = view.count[c] < mature ? -INFINITY : (r->judged ? r->threshold - 3.0 : INFINITY);
         }
-        for (int64_t i = 0; i < n; i++) {
-            const hbos_row *r = &rows[s_cnt[codes[i]]];
-            double b = floor((rep[fine_bin(v[i])] - r->lo) / r->width);
-            if (b > (double)(r->nbins - 1)) b = (double)(r->nbins - 1);
-            if (b < 0) b = 0;
-            int64_t at = r->first + (int64_t)b;
-            if (isnan(cache[at])) cache[at] = -log2((double)counts[at] / r->nf + alpha);
-            double s = cache[at];
-            score[i] = s;
-            flagged[i] = (char)(r->judged && s >= r->threshold);
-            if (keep && (s >= r->cut || hist[keys[i]] <= rare)) keep_rows[nk++] = i;
-        }
+        for (int64_t k = 0; k < nt; k++) s_cnt[touched[k]] = 0;
+        free(counts);
+        free(cache);
+        counts = NULL;
+        cache = NULL;
     }
-    for (int64_t k = 0; k < nt; k++) s_cnt[touched[k]] = 0;
     Py_END_ALLOW_THREADS
     free(rows);
-    free(counts);
-    free(cache);
     if (no_memory) {
         PyErr_NoMemory();
         goto fail;
     }
 done:
     out = Py_BuildValue("iLLL", bad < 0 ? 0 : 1, (long long)bad, (long long)nt, (long long)nk);
+fail:
+    release_all(&h);
+    return out;
+}
+
+/* ---- sync with a parameter server in the same process ---------------------------------------------------- */
+
+/* SSTD: a function's std where judged (else inf) and the score from which its calls are kept, as
+   Detector._refresh and sstd_step */
+static inline void sstd_refresh(const moments *view, int64_t c, double *std, double *cut, int64_t judge_from,
+                                int64_t mature, double near_cut) {
+    int64_t cn = view->count[c];
+    double s = sqrt(cn > 1 ? view->m2[c] / (double)(cn - 1 > 1 ? cn - 1 : 1) : 0.0);
+    int judged = cn >= judge_from && s > 0;
+    std[c] = s > 0 ? s : INFINITY;
+    cut[c] = cn < mature ? -INFINITY : (judged ? near_cut : INFINITY);
+}
+
+static PyObject *sync_moments(PyObject *Py_UNUSED(self), PyObject *args) {
+    Py_ssize_t Fv, Fs, min_count, mature;
+    long long version, since;
+    PyObject *o_local, *o_to, *o_server, *o_changed, *o_from, *o_view, *o_std, *o_cut;
+    double sigma, near;
+    int refresh;
+    if (!PyArg_ParseTuple(args, "nOOnOOLLOOpOOdnnd", &Fv, &o_local, &o_to, &Fs, &o_server, &o_changed, &version,
+                          &since, &o_from, &o_view, &refresh, &o_std, &o_cut, &sigma, &min_count, &mature, &near))
+        return NULL;
+    if (Fv < 0 || Fs < 0) return PyErr_Format(PyExc_ValueError, "negative sizes %zd, %zd", Fv, Fs);
+    held_bufs h = {.n = 0};
+    PyObject *out = NULL;
+    moments local, server, view;
+    if (get_moments(&h, o_local, Fv, &local, "local") < 0 || get_moments(&h, o_server, Fs, &server, "server") < 0 ||
+        get_moments(&h, o_view, Fv, &view, "view") < 0)
+        goto fail;
+    const int64_t *to = get(&h, o_to, 0, 'i', Fv, "to_server");
+    int64_t *changed = to ? get(&h, o_changed, 1, 'i', Fs, "changed") : NULL;
+    const int64_t *from = changed ? get(&h, o_from, 0, 'i', Fs, "from_server") : NULL;
+    double *std = NULL, *cut = NULL;
+    if (!from) goto fail;
+    if (refresh && (!(std = get(&h, o_std, 1, 'd', Fv, "std")) || !(cut = get(&h, o_cut, 1, 'd', Fv, "cut"))))
+        goto fail;
+    int status = 0;
+    Py_BEGIN_ALLOW_THREADS
+    /* checks first, so that a refusal changes nothing */
+    for (int64_t r = 0; r < Fv && !status; r++)
+        if (local.count[r]) {
+            if ((uint64_t)to[r] >= (uint64_t)Fs) status = 1;
+            else if (from[to[r]] != r) status = 2;
+        }
+    for (int64_t s = 0; s < Fs && !status; s++)
+        if (changed[s] > since && (uint64_t)from[s] >= (uint64_t)Fv) status = 2;
+    for (int64_t r = 0; r < Fv && !status; r++) {
+        int64_t nb = local.count[r];
+        if (!nb) continue;
+        int64_t s = to[r];  /* as ParameterServer.exchange_rows: FunctionModel._merge_rows, then min and max */
+        merge_row(&server, s, nb, local.mean[r], local.m2[r]);
+        if (local.min[r] < server.min[s] || isnan(local.min[r])) server.min[s] = local.min[r];
+        if (local.max[r] > server.max[s] || isnan(local.max[r])) server.max[s] = local.max[r];
+        changed[s] = version;
+        local.count[r] = 0;  /* as Detector._reset_local */
+        local.mean[r] = 0.0;
+        local.m2[r] = 0.0;
+        local.min[r] = INFINITY;
+        local.max[r] = -INFINITY;
+    }
+    if (!status) {
+        int64_t judge_from = min_count > 2 ? min_count : 2;
+        for (int64_t s = 0; s < Fs; s++) {  /* every function changed since the detector's last sync */
+            if (changed[s] <= since) continue;
+            int64_t c = from[s];
+            view.count[c] = server.count[s];
+            view.mean[c] = server.mean[s];
+            view.m2[c] = server.m2[s];
+            view.min[c] = server.min[s];
+            view.max[c] = server.max[s];
+            if (refresh) sstd_refresh(&view, c, std, cut, judge_from, mature, near * sigma);
+        }
+    }
+    Py_END_ALLOW_THREADS
+    out = PyLong_FromLong(status);
 fail:
     release_all(&h);
     return out;
@@ -402,11 +538,15 @@ fail:
 static PyMethodDef methods[] = {
     {"sstd_step", sstd_step, METH_VARARGS,
      "sstd_step(F, codes, values, view, local, std, cut, scratch, touched, score, flagged, keep_rows, sigma, "
-     "min_count, mature, near, keep) -> (status, index, touched, kept); see the file's header"},
+     "min_count, mature, near, keep[, bounds]) -> (status, index, touched, kept); see the file's header"},
     {"hbos_step", hbos_step, METH_VARARGS,
      "hbos_step(F, codes, values, view, local, view_hist, cell_values, scratch, touched, keys, score, flagged, "
-     "keep_rows, max_bins, alpha, threshold, min_count, mature, rare, keep) -> (status, index, touched, kept); see "
+     "keep_rows, max_bins, alpha, threshold, min_count, mature, rare, keep[, bounds]) -> (status, index, touched, "
+     "kept); see "
      "the file's header"},
+    {"sync_moments", sync_moments, METH_VARARGS,
+     "sync_moments(Fv, local, to_server, Fs, server, changed, version, since, from_server, view, refresh, std, cut, "
+     "sigma, min_count, mature, near) -> status; see the file's header"},
     {"hist_add", hist_add, METH_VARARGS,
      "hist_add(hist, keys, counts) -> -1 or the first key outside hist: hist[keys] += counts (None: 1), as "
      "np.add.at"},

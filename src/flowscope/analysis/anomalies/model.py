@@ -179,16 +179,18 @@ class FunctionModel:
     def codes(self, names: Sequence[str]) -> np.ndarray:
         """This model's index of each name, adding the names it does not have yet."""
         index = self.index
+        if not len(names):
+            return np.zeros(0, np.int64)
         try:
-            return np.array([index[n] for n in names], dtype=np.int64) if len(names) else np.zeros(0, np.int64)
+            return np.fromiter(map(index.__getitem__, names), np.int64, len(names))
         except KeyError:
             self._grow([n for n in dict.fromkeys(names) if n not in index])
-            return np.array([index[n] for n in names], dtype=np.int64)
+            return np.fromiter(map(index.__getitem__, names), np.int64, len(names))
 
     def _grow(self, new: list[str]) -> None:
-        for n in new:
-            self.index[n] = len(self.names)
-            self.names.append(n)
+        start = len(self.names)
+        self.names.extend(new)
+        self.index.update(zip(new, range(start, start + len(new))))
         need = len(self.names)
         for attr, fill in (("_count", 0), ("_mean", 0.0), ("_m2", 0.0), ("_min", np.inf), ("_max", -np.inf),
                            ("_hist", 0)):

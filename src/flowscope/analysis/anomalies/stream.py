@@ -144,6 +144,47 @@ class ParameterServer:
                 self._log = [e for e in self._log if e[0] > oldest]
             return self.updates, m.names[known:], rows, out, rows_hist, others
 
+    def exchange_moments(self, who: int, local: tuple[np.ndarray, ...], to_server: np.ndarray, since: int,
+                         known: int, from_server: np.ndarray, view: tuple[np.ndarray, ...],
+                         hist: tuple[np.ndarray, np.ndarray] | None = None,
+                         refresh: tuple | None = None) -> tuple[int, tuple[np.ndarray, np.ndarray] | None] | None:
+        """:meth:`exchange_rows` for a detector in this process, compiled (``_step_kernels.sync_moments``): merge
+        its local moments (``local``: count, mean, M2, min, max per view code, the detector's view size long;
+        reset to empty on the way) and write the global moments of every function changed after ``since`` into
+        ``view`` (the detector's arrays), with the maps ``to_server`` (view code -> server code) and
+        ``from_server`` (server code -> view code, ``known`` long). ``hist`` as in :meth:`exchange_rows` (keys in
+        server numbers); ``refresh`` = (std, cut, sigma, min_count, mature, near): SSTD's per-function std and
+        keep threshold, recomputed for the functions written. Returns the new version and the other detectors'
+        histogram increments since ``since`` (None without histograms), or None, having changed nothing, when
+        the detector must take :meth:`exchange_rows` (the server has functions it has not mapped, one of its
+        functions has no server number yet, or its first exchange needs whole histogram rows)."""
+        with self.lock:
+            m = self.model
+            if len(m) != known or (hist is not None) != m.histograms or (m.histograms and since == 0):
+                return None
+            version = self.updates + 1
+            std, cut, sigma, min_count, mature, near = refresh or (None, None, 0.0, 0, 0, 0.0)
+            status = _step_kernels.sync_moments(
+                len(local[0]), local, to_server, len(m), (m._count, m._mean, m._m2, m._min, m._max), self._changed,
+                version, since, from_server, view, refresh is not None, std, cut, sigma, min_count, mature, near)
+            if status:
+                return None
+            self.updates = version
+            others = None
+            if hist is not None:
+                if len(hist[0]):
+                    add_at(m._hist, hist[0], hist[1])
+                    self._log_hist(who, *hist)
+                mine = [(k, c) for v, w, k, c in self._log if v > since and w != who]
+                others = (np.concatenate([k for k, _ in mine]) if mine else np.zeros(0, np.int64),
+                          np.concatenate([c for _, c in mine]) if mine else np.zeros(0, np.int64))
+            self._seen[who] = version
+            if self._log:
+                oldest = min(self._seen.values())
+                if self._log[0][0] <= oldest:
+                    self._log = [e for e in self._log if e[0] > oldest]
+            return version, others
+
     def snapshot(self) -> FunctionModel:
         with self.lock:
             return self.model.copy()
@@ -219,8 +260,8 @@ class Detector:
     def _grown(self) -> None:
         """Storage indexed by view code as long as the view."""
         n = len(self.view)
-        if len(self._local) < n:
-            self._local.codes(self.view.names[len(self._local):])
+        if len(self._local) < n:  # the local model's names are the view's, in order: no lookups needed
+            self._local._grow(self.view.names[len(self._local):])
         if len(self._std) < n:
             k = max(n, 2 * len(self._std))
             self._std = np.concatenate([self._std, np.full(k - len(self._std), np.inf)])
@@ -304,35 +345,70 @@ class Detector:
         self.seen += len(func)
         return score, flagged
 
+    def process_steps(self, functions: Sequence[str], func: np.ndarray, values: np.ndarray, bounds: np.ndarray,
+                      ids: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """Several consecutive steps at once: step k is the calls ``bounds[k]:bounds[k + 1]`` (``bounds`` runs from
+        0 to ``len(func)`` and never decreases), each added to the model and judged in order as its own ``process``
+        call would, with no sync between them; (score, flagged) of every call. For a producer that hands over
+        several steps' calls at a time and syncs once per hand-over: the compiled detector runs them in one kernel
+        call instead of one Python call per step."""
+        func = np.asarray(func, np.int64)
+        values = np.asarray(values, np.float64)
+        b = np.ascontiguousarray(bounds, np.int64)
+        if b.ndim != 1 or len(b) < 1 or b[0] != 0 or b[-1] != len(func) or (np.diff(b) < 0).any():
+            raise ValueError(f"bounds must run from 0 to the {len(func)} calls and never decrease, got "
+                             f"{b.tolist()[:10]}{' ...' if b.size > 10 else ''}")
+        if len(values) != len(func):
+            raise ValueError(f"values: expected {len(func)}, got {len(values)}")
+        if not self.compiled or not len(func):
+            every = np.arange(self.seen, self.seen + len(func)) if ids is None else np.asarray(ids, np.int64)
+            parts = [self.process(functions, func[lo:hi], values[lo:hi], ids=every[lo:hi])
+                     for lo, hi in zip(b[:-1].tolist(), b[1:].tolist())]
+            return (np.concatenate([p[0] for p in parts]) if parts else np.zeros(0),
+                    np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, bool))
+        vcodes = self._map(functions, func)
+        step = self._hbos_step if self._hist else self._sstd_step
+        score, flagged, sel = step(vcodes, np.ascontiguousarray(values), b)
+        if self.keep:
+            self._keep(func, ids, sel, vcodes, values)
+        self.seen += len(func)
+        return score, flagged
+
     def _keep(self, func: np.ndarray, ids: np.ndarray | None, sel: np.ndarray, vcodes: np.ndarray,
               values: np.ndarray) -> None:
         ids = np.arange(self.seen, self.seen + len(func)) if ids is None else np.asarray(ids, np.int64)
         self._kept.append((ids[sel], vcodes[sel], values[sel]))
 
-    def _sstd_step(self, vcodes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """SSTD ``process`` in the compiled kernel: (score, flagged, positions of the calls to keep)."""
+    def _sstd_step(self, vcodes: np.ndarray, values: np.ndarray, bounds: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """SSTD ``process`` in the compiled kernel (of each step in ``bounds``, or of one):
+        (score, flagged, positions of the calls to keep)."""
         n = len(vcodes)
         view, loc, c = self.view, self._local, self.config
         score, flagged = np.empty(n), np.empty(n, bool)
         sel, touched = np.empty(n, np.int64), np.empty(n, np.int64)
         status, index, _, kept = _step_kernels.sstd_step(
-            len(view), vcodes, values, tuple(getattr(view, a) for a in _STATS), tuple(getattr(loc, a) for a in _STATS),
+            len(view), vcodes, values, (view._count, view._mean, view._m2, view._min, view._max),
+            (loc._count, loc._mean, loc._m2, loc._min, loc._max),
             self._std, self._cut, self._scratch, touched, score, flagged, sel, float(c.sigma), int(c.min_count),
-            self.mature, self.near, self.keep)
+            self.mature, self.near, self.keep, bounds)
         if status:  # the view numbers every function it is given: a bug, not bad input
             raise RuntimeError(f"call {index}: view code {int(vcodes[index])} outside the view's {len(view)} functions")
         return score, flagged, sel[:kept]
 
-    def _hbos_step(self, vcodes: np.ndarray, values: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """HBOS ``process`` in the compiled kernel: (score, flagged, positions of the calls to keep)."""
+    def _hbos_step(self, vcodes: np.ndarray, values: np.ndarray, bounds: np.ndarray | None = None
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """HBOS ``process`` in the compiled kernel (of each step in ``bounds``, or of one):
+        (score, flagged, positions of the calls to keep)."""
         n = len(vcodes)
         view, loc, c = self.view, self._local, self.config
         score, flagged, keys = np.empty(n), np.empty(n, bool), np.empty(n, np.int64)
         sel, touched = np.empty(n, np.int64), np.empty(n, np.int64)
         status, index, _, kept = _step_kernels.hbos_step(
-            len(view), vcodes, values, tuple(getattr(view, a) for a in _STATS), tuple(getattr(loc, a) for a in _STATS),
+            len(view), vcodes, values, (view._count, view._mean, view._m2, view._min, view._max),
+            (loc._count, loc._mean, loc._m2, loc._min, loc._max),
             view._hist, _FINE_REP, self._scratch, touched, keys, score, flagged, sel, int(c.max_bins),
-            float(c.alpha), float(c.threshold), int(c.min_count), self.mature, self.rare, self.keep)
+            float(c.alpha), float(c.threshold), int(c.min_count), self.mature, self.rare, self.keep, bounds)
         if status:
             raise RuntimeError(f"call {index}: view code {int(vcodes[index])} outside the view's {len(view)} functions")
         self._pending.append(keys)  # the local histogram's increments, applied when they are needed
@@ -401,6 +477,8 @@ class Detector:
             self._to_server[:] = -1
             self._from_server = np.zeros(0, np.int64)
             self.synced_version = 0
+        if self.compiled and self._sync_compiled(server):
+            return
         loc, view = self._local, self.view
         rows = np.flatnonzero(loc.count)
         new = rows[self._to_server[rows] < 0]
@@ -421,16 +499,7 @@ class Detector:
         version, names, changed, gstats, ghist, others = server.exchange_rows(
             self._who, self._to_server[rows], stats, hist, self.synced_version, self._server_known)
         if names:  # server numbers this detector has not mapped yet
-            vc = view.codes(names)
-            self._grown()
-            k = self._server_known + len(names)
-            if len(self._from_server) < k:
-                self._from_server = np.concatenate([self._from_server,
-                                                    np.full(max(k, 2 * len(self._from_server)) -
-                                                            len(self._from_server), -1, np.int64)])
-            self._from_server[self._server_known:k] = vc
-            self._to_server[vc] = np.arange(self._server_known, k)
-            self._server_known = k
+            self._map_server_names(names)
         vrows = self._from_server[changed]
         for a, g in zip(_STATS, gstats):
             getattr(view, a)[vrows] = g
@@ -443,6 +512,85 @@ class Detector:
         self.synced_version = version
         if not self._hist:
             self._refresh(vrows)
+
+    def _map_server_names(self, names: list[str]) -> None:
+        """Map the server's functions numbered from ``self._server_known`` on (``names``) to view codes."""
+        vc = self.view.codes(names)
+        self._grown()
+        k = self._server_known + len(names)
+        if len(self._from_server) < k:
+            self._from_server = np.concatenate([self._from_server,
+                                                np.full(max(k, 2 * len(self._from_server)) -
+                                                        len(self._from_server), -1, np.int64)])
+        self._from_server[self._server_known:k] = vc
+        self._to_server[vc] = np.arange(self._server_known, k)
+        self._server_known = k
+
+    def _name_with(self, server: ParameterServer) -> bool:
+        """Number with ``server`` the functions with local calls it has no number for, and map the functions
+        it numbered since this detector last looked (what ``sync`` does around ``exchange_rows``); True if there
+        was any."""
+        rows = np.flatnonzero(self._local._count[:len(self.view)])
+        new = rows[self._to_server[rows] < 0]
+        if len(new):
+            self._to_server[new] = server.codes([self.view.names[i] for i in new.tolist()], self.view.histograms)
+        with server.lock:
+            names = server.model.names[self._server_known:]
+        if names:
+            self._map_server_names(names)
+        return bool(len(new) or names)
+
+    def _sync_compiled(self, server: ParameterServer) -> bool:
+        """``sync`` through :meth:`ParameterServer.exchange_moments` (no per-function arrays built), naming new
+        functions first if that is what it refused for; False, having exchanged nothing, where it does not apply
+        (then ``sync`` takes ``exchange_rows``)."""
+        self._grown()
+        if self._hist:
+            return self._sync_compiled_hbos(server)
+        c = self.config
+        for attempt in range(2):
+            if attempt and not self._name_with(server):
+                return False
+            loc, view, n = self._local, self.view, len(self.view)
+            res = server.exchange_moments(
+                self._who, (loc._count[:n], loc._mean[:n], loc._m2[:n], loc._min[:n], loc._max[:n]),
+                self._to_server, self.synced_version, self._server_known, self._from_server,
+                (view._count, view._mean, view._m2, view._min, view._max),
+                refresh=(self._std, self._cut, float(c.sigma), int(c.min_count), self.mature, self.near))
+            if res is not None:
+                self.synced_version = res[0]
+                return True
+        return False
+
+    def _sync_compiled_hbos(self, server: ParameterServer) -> bool:
+        if self.synced_version == 0:  # the first exchange takes whole histogram rows
+            return False
+        self._name_with(server)
+        loc, view, n = self._local, self.view, len(self.view)
+        rows = np.flatnonzero(loc._count[:n])
+        keys = np.concatenate(self._pending) if self._pending else np.zeros(0, np.int64)
+        weights = np.ones(len(keys), np.int64)
+        if self._hist_flushed:
+            r, cell = np.nonzero(loc._hist[rows])
+            keys = np.concatenate([keys, rows[r] * FINE_BINS + cell])
+            weights = np.concatenate([weights, loc._hist[rows][r, cell]])
+        hist = (self._to_server[keys // FINE_BINS] * FINE_BINS + keys % FINE_BINS, weights)
+        res = server.exchange_moments(
+            self._who, (loc._count[:n], loc._mean[:n], loc._m2[:n], loc._min[:n], loc._max[:n]), self._to_server,
+            self.synced_version, self._server_known, self._from_server,
+            (view._count, view._mean, view._m2, view._min, view._max), hist=hist)
+        if res is None:
+            return False
+        version, others = res
+        self._pending = []
+        if len(others[0]):
+            k = others[0]
+            add_at(view._hist, self._from_server[k // FINE_BINS] * FINE_BINS + k % FINE_BINS, others[1])
+        if self._hist_flushed:  # as _reset_local
+            loc._hist[rows] = 0
+            self._hist_flushed = False
+        self.synced_version = version
+        return True
 
 
 #: logs category of a post-pruning verdict: the final model no longer flags an anomaly recorded online

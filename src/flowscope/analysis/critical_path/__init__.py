@@ -11,14 +11,18 @@ Two graphs, used offline (over a stored run) and online (the collector, through
   the longest path through the DAG with the tasks' durations (:func:`task_graph_paths`); per-task slack,
   near-critical paths and what-if replays with scaled durations. When the task times were derived rather
   than measured (see :mod:`flowscope.analysis.timeline`), there were no waits to trace: only the structural
-  path is given.
+  path is given. Over a stored run, the vertices are its units of work (:func:`work_units`): its tasks, else each
+  executing resource's outermost spans, else its timed I/O operations; with no dependencies between them the
+  measured path is the sequence of the resource that finished last, its gaps idle.
 
 Every path is a :class:`CriticalPath`: a table of contiguous steps, each one component of the elapsed time
-(compute, transfer, io, wait, queue), plus attribution helpers.
+(compute, transfer, io, wait, queue; idle), plus attribution helpers. A run with no path at all gets the reason
+and what would supply one (:func:`missing_path_reason`).
 
 The modules: ``steps`` (the path as steps, and its attribution), ``tables`` (reading the input tables),
 ``data_states`` (the data-state graph's path, offline and incremental), ``task_graph`` (the task graph built
-from the tables), ``longest`` (longest paths of a weighted DAG) and ``task_paths`` (measured and structural
+from the tables, and a run's units of work), ``missing`` (why a run has no path, and what would give it one),
+``longest`` (longest paths of a weighted DAG) and ``task_paths`` (measured and structural
 paths, slack, near-critical paths, what-if). This package's names are the public ones.
 """
 
@@ -29,8 +33,22 @@ from flowscope.analysis.critical_path.data_states import (
     data_state_path,
 )
 from flowscope.analysis.critical_path.longest import longest_path, longest_path_length
-from flowscope.analysis.critical_path.steps import COMPONENTS, CriticalPath
+from flowscope.analysis.critical_path.missing import missing_path_reason
+from flowscope.analysis.critical_path.steps import (
+    COMPONENTS,
+    IDLE_COMPONENT,
+    CriticalPath,
+)
 from flowscope.analysis.critical_path.steps import STEP_COLUMNS as STEP_COLUMNS
+from flowscope.analysis.critical_path.task_graph import (
+    IO_UNIT as IO_UNIT,
+)
+from flowscope.analysis.critical_path.task_graph import (
+    SPAN_UNIT as SPAN_UNIT,
+)
+from flowscope.analysis.critical_path.task_graph import (
+    TASK_UNIT as TASK_UNIT,
+)
 from flowscope.analysis.critical_path.task_graph import (
     work_units as work_units,  # not in __all__, as before
 )
@@ -43,6 +61,7 @@ from flowscope.analysis.critical_path.task_paths import (
 )
 
 __all__ = [
-    "COMPONENTS", "CriticalPath", "TaskPaths", "IncrementalDataStatePath", "data_state_path", "task_graph_paths",
-    "longest_path", "longest_path_length", "slack", "near_critical_paths", "what_if",
+    "COMPONENTS", "IDLE_COMPONENT", "CriticalPath", "TaskPaths", "IncrementalDataStatePath", "data_state_path",
+    "task_graph_paths", "longest_path", "longest_path_length", "slack", "near_critical_paths", "what_if",
+    "missing_path_reason",
 ]

@@ -1,6 +1,6 @@
 """A critical path as contiguous steps in time, each one component of the elapsed time (compute, transfer, io,
-wait, queue), and its attribution (by kind, location, application, component); the row helpers every path
-builder uses."""
+wait, queue; idle in a path through a resource's own units), and its attribution (by kind, location, application,
+component); the row helpers every path builder uses."""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ from dataclasses import dataclass, field
 import pandas as pd
 
 COMPONENTS = ("compute", "transfer", "io", "wait", "queue")
+#: the component of a gap in a path through a resource's own sequence of units (its outermost spans, its I/O
+#: operations; no scheduler placed them): the resource ran none of them. Not in :data:`COMPONENTS` (which every
+#: attribution lists, zeros included): it appears only in such paths
+IDLE_COMPONENT = "idle"
 STEP_COLUMNS = ["id", "label", "kind", "start_ns", "end_ns", "duration_ns", "component", "location", "application"]
 
 

@@ -14,7 +14,7 @@ from flowscope.analysis.critical_path.tables import _attrs, _frame
 
 @dataclass
 class _TaskGraph:
-    tasks: pd.DataFrame      # key, group, start_ns, end_ns, resource_id, worker; index = vertex number
+    tasks: pd.DataFrame      # key, group, start_ns, end_ns, resource_id, worker, category, unit; index = vertex number
     src: np.ndarray          # dependency edges (vertex numbers)
     dst: np.ndarray
     xfer_start: np.ndarray   # per edge: the transfer that brought src's output to dst's worker (-1: none)
@@ -58,7 +58,11 @@ def _task_graph(spans, dependencies, transfers=None) -> _TaskGraph:
     tasks = pd.DataFrame({"key": t["task_key"].astype(str), "group": t["name"].astype(str),
                           "start_ns": t["start_ns"].astype("int64"), "end_ns": t["end_ns"].astype("int64"),
                           "resource_id": t["resource_id"].astype(str) if "resource_id" in t.columns else None,
-                          "worker": worker.astype(object)})
+                          "worker": worker.astype(object),
+                          # what the unit's time was spent on, and what kind of unit it is (:func:`work_units`);
+                          # None when the caller's rows do not say
+                          "category": t["category"].astype(object) if "category" in t.columns else None,
+                          "unit": t["unit"].astype(object) if "unit" in t.columns else None})
     if (tasks["end_ns"] < tasks["start_ns"]).any():
         row = tasks[tasks["end_ns"] < tasks["start_ns"]].iloc[0]
         raise ValueError(f"spans: task {row['key']!r} ends before it starts")
@@ -90,19 +94,54 @@ def _task_graph(spans, dependencies, transfers=None) -> _TaskGraph:
     return _TaskGraph(tasks, src, dst, xs, xe)
 
 
+#: what :func:`work_units` returns, per kind of unit (its ``unit`` column)
+TASK_UNIT = "task"
+SPAN_UNIT = "span"
+IO_UNIT = "io operation"
+
+#: the I/O records that time one operation on a resource that executes work: not an aggregate (a row totalling
+#: many operations, whose times are a window, docs/data-model.md), with a duration; per resource, the outermost
+#: ones (an operation of a lower layer within one of a layer above, e.g. the POSIX writes of an MPI-IO write,
+#: is part of it). ``prev_end``: the latest end of the resource's records that start before it (ties: longer first)
+TIMED_IO_SQL = """
+    WITH t AS (
+        SELECT i.resource_id, i.op, i.path, i."offset", i.nbytes, i.start_ns, i.end_ns, i.attrs
+        FROM io i LEFT JOIN executors e ON e.resource_id = i.resource_id
+        WHERE i.resource_id IS NOT NULL AND coalesce(e.executes, TRUE) AND i.end_ns > i.start_ns
+          AND NOT coalesce(TRY_CAST(json_extract_string(i.attrs, '$.aggregate') AS BOOLEAN), false)),
+    o AS (
+        SELECT *, max(end_ns) OVER (PARTITION BY resource_id ORDER BY start_ns, end_ns DESC, op, path, "offset", attrs
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+        FROM t)
+    SELECT * EXCLUDE (prev_end) FROM o WHERE prev_end IS NULL OR end_ns > prev_end"""
+
+
 def work_units(run) -> pd.DataFrame:
-    """The units of work :func:`task_graph_paths` runs over for ``run``, as ``activity`` rows: its tasks
-    (role ``task``, named by their group); a run without tasks (an MPI or a call trace) uses the outermost busy
-    spans of each executing resource. A unit without a task key is keyed ``<resource_id>#<span_id>``."""
+    """The units of work :func:`task_graph_paths` runs over for ``run``, as ``activity`` rows with a ``unit``
+    column saying which kind they are: its tasks (role ``task``, named by their group; ``unit`` "task"); a run
+    without tasks (an MPI or a call trace) uses the outermost busy spans of each executing resource ("span"); a run
+    without busy spans either (a Darshan log with DXT) uses the outermost timed I/O operations of each executing
+    resource (:data:`TIMED_IO_SQL`; "io operation", category ``io``, named by their ``op``). A unit without a task
+    key is keyed ``<resource_id>#<span_id>``, an I/O operation ``<op> <path> #<n>``."""
     cols = """a.span_id, a.parent_id, a.resource_id, a.kind, a."group" AS name, a.start_ns, a.end_ns,
               coalesce(a.task_key, a.resource_id || '#' || coalesce(CAST(a.span_id AS VARCHAR),
                        CAST(row_number() OVER (ORDER BY a.resource_id, a.start_ns, a.end_ns) AS VARCHAR))) AS task_key,
               a.attrs, 'task' AS role, a.category"""
-    tasks = run.sql(f"SELECT {cols} FROM activity a WHERE a.role = 'task'")
+    tasks = run.sql(f"SELECT {cols}, '{TASK_UNIT}' AS unit FROM activity a WHERE a.role = 'task'")
     if len(tasks):
         return tasks
-    return run.sql(f"""
-        SELECT {cols} FROM activity a LEFT JOIN executors e ON e.resource_id = a.resource_id
+    spans = run.sql(f"""
+        SELECT {cols}, '{SPAN_UNIT}' AS unit FROM activity a LEFT JOIN executors e ON e.resource_id = a.resource_id
         WHERE coalesce(e.executes, TRUE) AND a.category <> 'idle' AND a.end_ns > a.start_ns
           AND (a.parent_id IS NULL OR NOT EXISTS (SELECT 1 FROM activity p WHERE p.span_id = a.parent_id
                                                   AND p.resource_id = a.resource_id))""")
+    if len(spans) or not run.counts().get("io"):
+        return spans
+    return run.sql(f"""
+        SELECT CAST(NULL AS BIGINT) AS span_id, CAST(NULL AS BIGINT) AS parent_id, resource_id, 'io' AS kind,
+               op AS name, start_ns, end_ns,
+               op || ' ' || coalesce(path, '(no path)') || ' #'
+                  || CAST(row_number() OVER (ORDER BY resource_id, start_ns, end_ns DESC, op, path, "offset", attrs)
+                          AS VARCHAR) AS task_key,
+               attrs, 'task' AS role, 'io' AS category, '{IO_UNIT}' AS unit
+        FROM ({TIMED_IO_SQL}) ORDER BY resource_id, start_ns""")

@@ -17,8 +17,17 @@ from flowscope.analysis.critical_path.longest import (
     longest_path,
     longest_path_length,
 )
-from flowscope.analysis.critical_path.steps import CriticalPath, _step, _steps_frame
-from flowscope.analysis.critical_path.task_graph import _task_graph, _TaskGraph
+from flowscope.analysis.critical_path.steps import (
+    IDLE_COMPONENT,
+    CriticalPath,
+    _step,
+    _steps_frame,
+)
+from flowscope.analysis.critical_path.task_graph import (
+    TASK_UNIT,
+    _task_graph,
+    _TaskGraph,
+)
 from flowscope.analysis.timeline import MEASURED, task_timeline
 
 
@@ -75,10 +84,15 @@ def _measured_path(g: _TaskGraph) -> CriticalPath:
     chain = [v]
     cursor = int(end[v])
     keys, groups, workers = tasks["key"].to_numpy(), tasks["group"].to_numpy(), tasks["worker"].to_numpy()
+    component = _unit_components(tasks)
+    # units that are a resource's own sequence (its outermost spans, its I/O operations), not tasks a scheduler
+    # placed: the time between two of them is the resource running none (idle, as the resource-state timeline
+    # calls it), not queueing
+    gap_kind, gap_component = ("QUEUE", "queue") if _scheduled(tasks) else ("IDLE", IDLE_COMPONENT)
     while True:
         key, grp, loc = keys[v], groups[v], workers[v] if workers[v] is not None else res[v]
         s = min(int(start[v]), cursor)
-        rows.append(_step(key, grp, "task", s, cursor, "compute", loc, grp))
+        rows.append(_step(key, grp, "task", s, cursor, component[v], loc, grp))
         cursor = s
         e = int(gate[v])
         data_ready = int(arrival[e]) if e >= 0 else t0
@@ -112,17 +126,37 @@ def _measured_path(g: _TaskGraph) -> CriticalPath:
             # ready earlier (or no inputs) but its thread was busy with another task: queueing
             q = min(thread_free, cursor)
             if q < cursor:
-                rows.append(_step(key, grp, "QUEUE", q, cursor, "queue", loc, grp))
+                rows.append(_step(key, grp, gap_kind, q, cursor, gap_component, loc, grp))
             cursor = q
             v = p
             chain.append(v)
             continue
         if cursor > t0:
-            rows.append(_step(key, grp, "QUEUE", t0, cursor, "queue", loc, grp))
+            rows.append(_step(key, grp, gap_kind, t0, cursor, gap_component, loc, grp))
         break
     rows.reverse()
     chain.reverse()
     return CriticalPath(_steps_frame(rows), int(end.max()) - t0, [str(keys[i]) for i in chain])
+
+
+#: a unit's category (model/semantics.py) -> the component of the path its step is; any other category computes
+_COMPONENT_OF = {"io": "io", "communication": "transfer", "wait": "wait"}
+
+
+def _unit_components(tasks: pd.DataFrame) -> np.ndarray:
+    """Per unit, the component of its step: from its category when the rows carry one (:func:`work_units`),
+    else compute."""
+    cat = tasks["category"] if "category" in tasks.columns else None
+    if cat is None or cat.isna().all():
+        return np.full(len(tasks), "compute", dtype=object)
+    return cat.map(lambda c: _COMPONENT_OF.get(c, "compute")).to_numpy(dtype=object)
+
+
+def _scheduled(tasks: pd.DataFrame) -> bool:
+    """Whether the units are tasks a scheduler placed (the gaps before them are queueing): unless the rows say
+    they are a resource's own spans or I/O operations (:func:`work_units`' ``unit``)."""
+    unit = tasks["unit"] if "unit" in tasks.columns else None
+    return unit is None or unit.isna().all() or bool((unit == TASK_UNIT).any())
 
 
 def _structural_path(g: _TaskGraph) -> CriticalPath:
@@ -132,6 +166,7 @@ def _structural_path(g: _TaskGraph) -> CriticalPath:
     length, path = longest_path(g.n, g.src, g.dst, xt.astype(np.float64), dur.astype(np.float64))
     keys, groups = g.tasks["key"].to_numpy(), g.tasks["group"].to_numpy()
     locs = g.tasks["worker"].to_numpy()
+    component = _unit_components(g.tasks)
     edge_of = {}
     if len(path) > 1:
         want = set(zip(path[:-1], path[1:]))
@@ -147,7 +182,7 @@ def _structural_path(g: _TaskGraph) -> CriticalPath:
                 rows.append(_step(keys[path[i - 1]], groups[path[i - 1]], "TRANSFER", t, t + w, "transfer",
                                   locs[v], groups[path[i - 1]]))
                 t += w
-        rows.append(_step(keys[v], groups[v], "task", t, t + int(dur[v]), "compute", locs[v], groups[v]))
+        rows.append(_step(keys[v], groups[v], "task", t, t + int(dur[v]), component[v], locs[v], groups[v]))
         t += int(dur[v])
     return CriticalPath(_steps_frame(rows), int(round(length)), [str(keys[v]) for v in path])
 

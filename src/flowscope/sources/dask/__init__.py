@@ -84,16 +84,18 @@ async def _close_scheduler_plugin(dask_scheduler) -> tuple[int, int]:
     plugin = dask_scheduler.plugins.get(FlowscopeSchedulerPlugin.name)
     if plugin is None:
         return 0, 0
-    errors, finished = plugin.errors, plugin.finished
-    await plugin.close()
-    return errors, finished
+    await plugin.close()  # delivers what it holds first: a batch that could not be made counts as a failure
+    return plugin.errors, plugin.finished
 
 
 def _worker_errors(dask_worker) -> int:
     from flowscope.sources.dask.plugins import FlowscopeWorkerPlugin
 
     plugin = dask_worker.plugins.get(FlowscopeWorkerPlugin.name)
-    return plugin.errors if plugin is not None else 0
+    if plugin is None:
+        return 0
+    plugin.flush()  # rows are made into batches when delivered: a batch that could not be made counts as a failure
+    return plugin.errors
 
 
 def unregister(dask_client, seen: dict | None = None) -> dict[str, int]:
@@ -126,6 +128,7 @@ class Observation:
     hook_errors: dict[str, int] = field(default_factory=dict)
     anomaly_stats: dict[str, dict] = field(default_factory=dict)  # per worker, with observe(anomalies=True)
     nothing_observed: list = field(default_factory=list)          # analysis.nothing_observed.Reason
+    local_compiled: bool | None = None  # no client: the local capture's per-task path is the compiled one
 
     @property
     def run(self):
@@ -239,6 +242,18 @@ def _explain_if_empty(obs: Observation, work_seen: bool) -> None:
                       + " ".join(r.text() for r in obs.nothing_observed), NothingObservedWarning, stacklevel=4)
 
 
+def run_provenance(argv: list[str] | None = None) -> dict:
+    """What run.json keeps about what was run, to group runs by: the client script with its hash (``script``:
+    the command's script given ``argv``, else this program's main script) and Dask's configuration as this
+    process sees it (``dask_config``: its YAML files, DASK_* variables and any ``dask.config.set`` in force)."""
+    import dask
+
+    from flowscope.model.provenance import jsonable, main_script, script_of_command
+
+    script = script_of_command(argv) if argv is not None else main_script()
+    return {"script": script, "dask_config": jsonable(dask.config.config)}
+
+
 @contextmanager
 def observe(dask_client=None, *, store: str | Path | None = None, name: str | None = None,
             command: str | None = None, collector: str = "process", anomalies: bool | object = False,
@@ -280,7 +295,7 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
     # what the run's rows will mean (model/semantics.py): the plugins' mapping, or the local schedulers'
     declared = [_semantics.DASK_DISTRIBUTED if dask_client is not None else _semantics.DASK_LOCAL]
     server = None
-    meta = {"capture_level": level, "semantics": declared}
+    meta = {"capture_level": level, "semantics": declared, **run_provenance()}
     if collector == "process":
         server = start_collector(store)
         fs = Client(server.address, name=name or "dask", command=command, meta=meta)
@@ -320,7 +335,8 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
         fs.close(status="failed")
         raise
     obs = Observation(fs, fs.run_id, store / fs.run_id, level=level,
-                      collector_pid=server.proc.pid if server is not None else None, dashboard_url=url)
+                      collector_pid=server.proc.pid if server is not None else None, dashboard_url=url,
+                      local_compiled=capture.compiled if capture is not None else None)
     status = "failed"
     seen: dict = {}
     facts: dict = {}

@@ -32,6 +32,16 @@ back and adds the result's size (``dask.sizeof``, what distributed records as ``
   spool line is missing (the spool could not be written) keeps the scheduler's view: [pretask, posttask]
   on the worker process's main thread, marked ``"timing": "scheduler"``.
 
+Per task, only what cannot wait is done: the wrapper, two clock reads and the thread; in ``posttask`` the result's
+size (``dask.sizeof``, its function looked up once per type) and a code for the task's group (a tuple key's first
+item, or the key itself); the task lands in columns (index, start, end, size, thread, group code, flags). The text
+of the rows (key, group, prefix, attrs) is put together by Arrow for a whole batch, once per thread and per group.
+This path is compiled (``_local_tasks.c``: the two hooks are C callables and the wrapper a C type) when the package
+is built; ``compiled=False`` (or FLOWSCOPE_COMPILED=0) runs its pure-Python reference, the same steps storing the
+same values (tests/test_dask_local_compiled.py checks the rows are the same). Tasks out of the common case (one that
+raised, one run in a worker process, a size that is not an int) keep their objects and are written by the same
+Python code on both paths.
+
 Records: every task is a ``task`` span named by its prefix, on the thread that ran it (resources thread ->
 process -> host; a worker process nests in the scheduler's process), attrs ``nbytes``, ``group``,
 ``scheduler`` (threads / processes / sync), ``state`` (memory / erred), ``thread_ident``; the graph's
@@ -45,6 +55,7 @@ from __future__ import annotations
 
 import atexit
 import collections
+import functools
 import itertools
 import json
 import os
@@ -53,6 +64,7 @@ import sys
 import tempfile
 import threading
 import time
+from array import array
 from typing import Any
 
 from dask.callbacks import Callback
@@ -70,7 +82,16 @@ from flowscope.sources.dask import DEFAULT_LEVEL, LEVEL_ENV, check_level
 from flowscope.sources.thread_io import AGGREGATE_JSON as AGG
 from flowscope.sources.thread_io import OpenAudit, ThreadIOReader, parse_raw, read_cost
 
-__all__ = ["LocalSchedulerCapture", "MeasuredTask", "install_from_env", "key_group"]
+try:
+    from flowscope.sources.dask import _local_tasks
+except ImportError:  # built with the package; a source tree without the build measures in pure Python
+    _local_tasks = None
+
+__all__ = ["COMPILED_AVAILABLE", "LocalSchedulerCapture", "MeasuredTask", "install_from_env", "key_group"]
+
+#: the compiled per-task path (``_local_tasks.c``) is built; ``compiled=False`` / FLOWSCOPE_COMPILED=0 use the
+#: pure-Python reference, which stores the same rows
+COMPILED_AVAILABLE = _local_tasks is not None
 
 _time_ns = time.time_ns
 
@@ -108,7 +129,7 @@ class _ThreadState:
     """One executing thread, as its tasks see it: ids, name, its last counter reading (when it was taken), the
     calls since then whose I/O that reading does not hold yet, and the graph they were for."""
 
-    __slots__ = ("tid", "ident", "name", "last", "last_ns", "pending", "gen", "key")
+    __slots__ = ("tid", "ident", "name", "last", "last_ns", "pending", "gen", "key", "slot")
 
     def __init__(self) -> None:
         t = threading.current_thread()
@@ -118,6 +139,7 @@ class _ThreadState:
         self.pending = 0
         self.gen = -1
         self.key: Any = None   # the task running on this thread now (the open audit hook attributes to it)
+        self.slot = 0          # its position in the threads of its graph ``gen``
 
 
 _tls = threading.local()
@@ -136,7 +158,7 @@ class MeasuredTask:
     :class:`_RemoteMeasuredTask` that measures in the worker process."""
 
     __slots__ = ("task", "graph", "index", "submitted", "t0", "t1", "st", "before", "after", "calls", "error",
-                 "nbytes", "worker", "seen")
+                 "nbytes", "worker", "seen", "slot")
 
     def __init__(self, task, graph: _Graph, index: int):
         self.task, self.graph, self.index = task, graph, index
@@ -149,7 +171,9 @@ class MeasuredTask:
         g = self.graph
         if st.gen != g.gen:  # this thread's first task of this graph: its counters before it
             st.last, st.last_ns, st.pending, st.gen = g.read(st.tid), _time_ns(), 0, g.gen
+            st.slot = len(g.threads)
             g.threads.append(st)
+        self.slot = st.slot
         st.key = self
         t0 = _time_ns()
         try:
@@ -262,30 +286,123 @@ def _no_reading(tid: int) -> None:
 _NEVER = 1 << 62  # ns: a call that long is never measured (no per-task I/O)
 
 
-class _Graph:
-    """One computation (one ``get`` call) being observed."""
+class _GraphBase:
+    """One computation (one ``get`` call) being observed: what both per-task paths share. The per-task state
+    (``keys``, ``pos``, ``threads``, the columns of the tasks reported done, ``take()``) is :class:`_Graph`'s in
+    pure Python, :class:`_local_tasks.Core`'s when compiled; both hold the same values."""
 
+    __slots__ = ()
     _ids = itertools.count()
 
-    def __init__(self, capture: LocalSchedulerCapture, dsk) -> None:
+    def setup(self, capture: LocalSchedulerCapture, dsk) -> None:
         n = next(self._ids)
         self.gen = n
         self.id = f"local-{ids.hostname()}-{os.getpid()}-{n}"
         self.caller = threading.get_ident()
-        self.keys: list = []                 # index -> key, as pretask numbered them
-        self.names: dict = {}                # key -> the key as text
-        self.done: list[MeasuredTask] = []   # reported done (or still running when the graph failed)
+        self.names = {k: k if k.__class__ is str else str(k) for k in dsk}  # key -> the key as text
+        self.keys = list(self.names)                # index -> key (keys pretask meets outside the graph appended)
+        self.pos = dict(zip(self.keys, range(len(self.keys))))
+        self.key_text = None                        # the keys' text as an Arrow array, made on the first batch
+        self.head_names: list[str] = []             # group code -> span name (the group's prefix)
+        self.head_groups: list[str] = []            # group code -> the group as JSON text
         self.spool = os.path.join(capture.spool_root, str(n))
-        self.flushed_at = time.monotonic()
         self.tasks = 0
         self.io = capture.io
         self.read = _READER.read_raw if capture.io else _no_reading
         # calls shorter than this have their I/O charged to the next measured call on their thread
         self.min_ns = (MIN_CALL_NS if capture.level == "standard" else 0) if capture.io else _NEVER
         self.marks = capture.io and capture.level == "standard"  # rows say whose I/O they hold (io, tasks)
-        self.threads: list[_ThreadState] = []     # threads that ran tasks of this graph
+        self.threads = []                         # threads that ran tasks of this graph (a task's ``slot``)
         self.remote: dict[int, list] = {}         # index -> measurement a worker process spooled
         self.spool_offsets: dict[str, int] = {}   # spool file -> bytes already read
+        self.sizers, self.sizer_of = _SIZEOF, _sizeof_of
+        self.flush_tasks, self.flush_every_ns = FLUSH_TASKS, int(FLUSH_SECONDS * 1e9)
+        self.next_flush = time.monotonic_ns() + self.flush_every_ns
+        self.pending = 0
+
+    def name_of(self, index: int) -> str:
+        key = self.keys[index]
+        return self.names.get(key) or str(key)
+
+
+class _Graph(_GraphBase):
+    """A graph measured by the pure-Python reference path (``compiled=False``)."""
+
+    __slots__ = ("_cols", "_other_heads", "_tuple_heads", "caller", "flush", "flush_every_ns", "flush_tasks", "gen",
+                 "head_groups", "head_names", "heads", "id", "io", "key_text", "keys", "marks", "measured", "min_ns",
+                 "names", "next_flush", "pending", "pos", "read", "remote", "sizer_of", "sizers", "slow", "spool",
+                 "spool_offsets", "tasks", "threads")
+
+    def __init__(self) -> None:
+        self.flush = None
+        self.measured: list = []   # measured tasks reported done since take(): their I/O rows
+        self.slow: list = []       # tasks out of the common case (raised, ran elsewhere, an odd size)
+        self.heads: list = []      # group code -> the key that introduced it
+        self._tuple_heads: dict = {}
+        self._other_heads: dict = {}
+        self._cols = ([], [], [], [], [], [], bytearray())
+
+    def head_code(self, key) -> int:
+        """The code of ``key``'s group: a tuple key's first item, or the key itself."""
+        if key.__class__ is tuple and key:
+            d, hk = self._tuple_heads, key[0]
+        else:
+            d, hk = self._other_heads, key
+        code = d.get(hk)
+        if code is None:
+            code = d[hk] = len(self.heads)
+            self.heads.append(key)
+        return code
+
+    def done(self, m: MeasuredTask, key, nbytes: int, sized: bool) -> None:
+        """A task that ran in this process and returned, into the columns."""
+        code = self.head_code(key)
+        measured = m.before is not None and m.after is not None
+        if measured:
+            self.measured.append(m)
+        index, t0, t1, nb, slot, head, flags = self._cols
+        index.append(m.index)
+        t0.append(m.t0)
+        t1.append(m.t1)
+        nb.append(nbytes)
+        slot.append(m.slot)
+        head.append(code)
+        flags.append((_F_NBYTES if sized else 0) | (_F_MEASURED if measured else 0))
+
+    def take(self) -> tuple:
+        """What ``_local_tasks.Core.take`` returns: (n, index, start, end, nbytes, slot, head, flags, measured,
+        slow), columns as bytes."""
+        index, t0, t1, nb, slot, head, flags = self._cols
+        out = (len(index), array("q", index).tobytes(), array("q", t0).tobytes(), array("q", t1).tobytes(),
+               array("q", nb).tobytes(), array("i", slot).tobytes(), array("i", head).tobytes(), bytes(flags),
+               self.measured, self.slow)
+        self._cols = ([], [], [], [], [], [], bytearray())
+        self.measured, self.slow = [], []
+        self.pending = 0
+        self.next_flush = time.monotonic_ns() + self.flush_every_ns
+        return out
+
+
+_F_NBYTES, _F_MEASURED = 1, 2  # flags of a task in the columns: its size is known; its counters were read
+
+if _local_tasks is not None:
+    class _CompiledGraph(_GraphBase, _local_tasks.Core):
+        """A graph measured by the compiled per-task path."""
+
+    _MEASURED: tuple = (MeasuredTask, _local_tasks.MeasuredTask)
+    _local_tasks.configure(lambda: _local_tasks.ThreadState(threading.get_native_id(), threading.get_ident(),
+                                                            threading.current_thread().name), _RemoteMeasuredTask)
+else:
+    _MEASURED = (MeasuredTask,)
+
+
+def _running_state() -> Any:
+    """The state of the calling thread if it is running a task of an observed graph (either path), else None."""
+    st = _tls.__dict__.get("st")
+    if st is not None and st.key is not None:
+        return st
+    st = _local_tasks.current() if _local_tasks is not None else None
+    return st if st is not None and st.key is not None else None
 
 
 class LocalSchedulerCapture(Callback):
@@ -297,10 +414,17 @@ class LocalSchedulerCapture(Callback):
     ``MIN_CALL_NS`` or more, a shorter call's I/O being charged to the next measured call on its thread; at
     ``full`` every task's are. ``io=False`` leaves per-task I/O out (the /proc counters and the files tasks
     open). ``errors`` counts the hook calls that failed: a failing hook never fails the computation (its
-    records for that call are lost)."""
+    records for that call are lost). ``compiled``: Dask's per-task hooks and the task wrapper in C
+    (``_local_tasks.c``; the default when it is built, unless $FLOWSCOPE_COMPILED is ``0``), else their
+    pure-Python reference, which stores the same rows."""
 
-    def __init__(self, client, *, io: bool = True, level: str = DEFAULT_LEVEL):
+    def __init__(self, client, *, io: bool = True, level: str = DEFAULT_LEVEL, compiled: bool | None = None):
         super().__init__()
+        if compiled is None:
+            compiled = COMPILED_AVAILABLE and os.environ.get("FLOWSCOPE_COMPILED", "1") != "0"
+        if compiled and not COMPILED_AVAILABLE:
+            raise ImportError("flowscope.sources.dask._local_tasks is not built (pip install -e . builds it)")
+        self.compiled = bool(compiled)
         self._client = client if not callable(client) or hasattr(client, "emit") else None
         self._factory = None if self._client is not None else client
         self.io = io
@@ -313,10 +437,13 @@ class LocalSchedulerCapture(Callback):
         self._spool_root: str | None = None
         self._declared: set[str] = set()
         self._opens: collections.deque = collections.deque()  # (row, thread state) from the open audit hook
-        self._heads: dict[str, dict] = {}  # scheduler kind -> key name -> _attrs_head of a returned task
         self._rids: dict[_ThreadState, str] = {}  # threads declared in this capture's run
         self._audit: OpenAudit | None = None
         self._pid = os.getpid()
+        if self.compiled:  # Dask calls these per task: C callables (Callback._callback reads the instance's)
+            self._pretask = _local_tasks.Hook(self._graphs, self._failed, False)
+            self._posttask = _local_tasks.Hook(self._graphs, self._failed, True)
+        self._graph_class = _CompiledGraph if self.compiled else _Graph
 
     # ---- what the hooks share ------------------------------------------------------------------------
     @property
@@ -333,12 +460,14 @@ class LocalSchedulerCapture(Callback):
             self._spool_root = tempfile.mkdtemp(prefix="flowscope-local-")
         return self._spool_root
 
-    def _failed(self) -> None:
+    def _failed(self, exc: BaseException | None = None) -> None:
+        """A hook call failed (``exc``: what it raised, when not the exception being handled)."""
         self.errors += 1
         if self.errors <= 3:
             import logging
 
-            logging.getLogger("flowscope.dask").exception("flowscope local-scheduler hook failed")
+            logging.getLogger("flowscope.dask").error("flowscope local-scheduler hook failed",
+                                                      exc_info=exc if exc is not None else True)
 
     def _enable_audit(self) -> None:
         if self.io and self._audit is None:
@@ -348,9 +477,9 @@ class LocalSchedulerCapture(Callback):
     def _record_open(self, row: dict) -> None:
         """An open seen on a task's thread: kept, and written with the task's other rows from the scheduler's
         thread (a thread that runs tasks never records through the client itself)."""
-        st = _tls.__dict__.get("st")
+        st = _running_state()
         task = st.key if st is not None else None
-        if task is None or task.__class__ is not MeasuredTask:
+        if task is None or not isinstance(task, _MEASURED):
             return  # not inside a task of an observed graph
         key = task.graph.keys[task.index]
         row["task_key"] = key if key.__class__ is str else str(key)
@@ -361,13 +490,15 @@ class LocalSchedulerCapture(Callback):
         try:
             if os.getpid() != self._pid:  # a forked copy of the capture: not ours to record
                 return
-            g = _Graph(self, dsk)
+            g = self._graph_class()
+            g.setup(self, dsk)
+            g.flush = functools.partial(self._flush, g)
             self._graphs[id(dsk)] = g
             fs = self.fs
             self._enable_audit()
             now = _time_ns()
             gid = g.id
-            names = g.names = {k: k if k.__class__ is str else str(k) for k in dsk}
+            names = g.names
             edges = [(names[k], node.dependencies) for k, node in dsk.items()]
             src = [k for k, d in edges for _ in d]
             dst = [names.get(x) or str(x) for _, d in edges for x in d]
@@ -384,14 +515,17 @@ class LocalSchedulerCapture(Callback):
         except Exception:
             self._failed()
 
+    # the pure-Python reference of the per-task hooks (compiled: ``_local_tasks.Hook``, the same steps)
     def _pretask(self, key, dsk, state) -> None:
         g = self._graphs.get(id(dsk))
         if g is None:
             return
         try:
-            keys = g.keys
-            dsk[key] = MeasuredTask(dsk[key], g, len(keys))
-            keys.append(key)
+            index = g.pos.get(key)
+            if index is None:  # a key outside the graph start saw
+                index = g.pos[key] = len(g.keys)
+                g.keys.append(key)
+            dsk[key] = MeasuredTask(dsk[key], g, index)
         except Exception:
             self._failed()
 
@@ -403,15 +537,20 @@ class LocalSchedulerCapture(Callback):
             dsk[key] = m.task
             g = m.graph
             try:
-                m.nbytes = (_SIZEOF.get(result.__class__) or _sizeof_of(result.__class__))(result)
+                nbytes = (_SIZEOF.get(result.__class__) or _sizeof_of(result.__class__))(result)
             except Exception:  # noqa: BLE001 - a result Dask cannot size
-                m.nbytes = None
+                nbytes = None
+            m.nbytes = nbytes
             m.worker = worker_id
             if not m.t0:  # not run in this process: when the scheduler saw it done, in case no measurement comes
                 m.seen = _time_ns()
-            done = g.done
-            done.append(m)
-            if len(done) >= FLUSH_TASKS or time.monotonic() - g.flushed_at >= FLUSH_SECONDS:
+            sized = nbytes.__class__ is int and -(1 << 63) <= nbytes < (1 << 63)
+            if not m.t0 or m.error is not None or not (sized or nbytes is None):
+                g.slow.append(m)
+            else:
+                g.done(m, key, nbytes if sized else 0, sized)
+            g.pending += 1
+            if g.pending >= g.flush_tasks or time.monotonic_ns() >= g.next_flush:
                 self._flush(g)  # so that a live run (flowscope run's progress line) trails by a second at most
         except Exception:
             self._failed()
@@ -424,17 +563,18 @@ class LocalSchedulerCapture(Callback):
             if failed:  # tasks still wrapped: running, or the one that raised
                 for key in list(state.get("running", ())) if state else []:
                     m = dsk.get(key)
-                    if m.__class__ is MeasuredTask:
+                    if isinstance(m, _MEASURED):
                         dsk[key] = m.task
                         m.nbytes = m.worker = None  # not reported done
                         m.seen = _time_ns()
-                        g.done.append(m)
+                        g.slow.append(m)
             self._flush(g, final=True)
             if g.marks:
                 self._pending_io(g)
         except Exception:
             self._failed()
         finally:
+            g.flush = None
             if os.path.isdir(g.spool):
                 shutil.rmtree(g.spool, ignore_errors=True)
 
@@ -467,61 +607,57 @@ class LocalSchedulerCapture(Callback):
         return key_split(grp), (f'"group": {json.dumps(grp)}, "scheduler": "{kind}", "state": "{state}", '
                                 f'"thread_ident": ')
 
-    def _heads_of(self, st: _ThreadState, g: _Graph) -> tuple:
-        """(thread resource, pthread id, heads) of the tasks of ``g`` that ran on ``st``: ``heads`` maps a key's
-        name (a tuple key's first item, a text key's group) to ``_attrs_head`` of a returned task, per scheduler
-        kind, formatted once per group."""
-        kind = "sync" if st.ident == g.caller else "threads"
-        return self._rids.get(st) or self._thread_resource(st), st.ident, self._heads.setdefault(kind, {}), kind
-
-    def _flush(self, g: _Graph, final: bool = False) -> None:
-        done, g.done = g.done, []
-        g.flushed_at = time.monotonic()
+    def _flush(self, g: _GraphBase, final: bool = False) -> None:
+        """Write the rows of the tasks reported done since the last flush (``final``: the graph ended)."""
+        n, index, t0, t1, nbytes, slot, head, flags, measured, slow = g.take()
         fs = self.fs
-        names, keys = g.names, g.keys
-        # the common case, column by column: a task that ran in this process and returned
-        slow = [m for m in done if not m.t0 or m.error is not None]
-        ok = [m for m in done if m.t0 and m.error is None] if slow else done
-        rids, prefixes, tails, tkeys, idents, closes = [], [], [], [], [], []
-        marks = g.marks
-        local_io: list[tuple] = []
-        on: dict[_ThreadState, tuple] = {}
-        for m in ok:
-            st = m.st
-            t = on.get(st) or on.setdefault(st, self._heads_of(st, g))
-            key = keys[m.index]
-            hk = key[0] if key.__class__ is tuple else key_group(key)
-            head = t[2].get(hk)
-            if head is None:
-                head = t[2][hk] = self._attrs_head(key, t[3], "memory")
-            k = names.get(key) or str(key)
-            rids.append(t[0])
-            prefixes.append(head[0])
-            tails.append(head[1])
-            tkeys.append(k)
-            idents.append(t[1])
-            if m.before is not None and m.after is not None:
-                local_io.append((m, t[0], k))
-                if marks:
-                    closes.append(_OWN)
-            elif marks:
-                closes.append(_NEXT)
-        if rids:
-            starts, ends, nbytes = [m.t0 for m in ok], [m.t1 for m in ok], [m.nbytes for m in ok]
-            fs.write("spans", _span_batch(rids, prefixes, starts, ends, tkeys, nbytes, tails, idents,
-                                          closes if marks else "}"))
-        span = fs.row_writer("spans")
+        if n:  # the common case, a whole batch at once: tasks that ran in this process and returned
+            fs.write("spans", self._span_batch(g, n, index, t0, t1, nbytes, slot, head, flags))
+        local_io = [(m, self._thread_resource(m.st), g.name_of(m.index)) for m in measured]
         if slow or final:
-            local_io += self._flush_others(g, slow, span, final)
+            local_io += self._flush_others(g, slow, fs.row_writer("spans"), final)
         if local_io:
-            self._local_io(local_io, marks)
+            self._local_io(local_io, g.marks)
         opens = self._opens
         while opens:
             row, st = opens.popleft()
             row["resource_id"] = self._thread_resource(st)
             fs.emit("io", **row)
-        self.tasks += len(done)
-        process_facts.FACTS["local_tasks"] += len(done)
+        self.tasks += n + len(slow)
+        process_facts.FACTS["local_tasks"] += n + len(slow)
+
+    def _span_batch(self, g: _GraphBase, n: int, index: bytes, t0: bytes, t1: bytes, nbytes: bytes, slot: bytes,
+                    head: bytes, flags: bytes) -> dict:
+        """Columns of ``spans`` rows for a batch of tasks that ran in this process and returned (the columns
+        ``take()`` hands on); the text of the rows is put together by Arrow, per thread and per group once."""
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.compute as pc
+
+        slots = pa.array(np.frombuffer(slot, np.int32))
+        threads = [(self._thread_resource(st), str(st.ident), "sync" if st.ident == g.caller else "threads")
+                   for st in g.threads]
+        rids, idents, kinds = (pa.array(list(c), pa.string()).take(slots) for c in zip(*threads))
+        for key in g.heads[len(g.head_names):]:  # groups first seen in this batch
+            grp = key_group(key)
+            g.head_names.append(key_split(grp))
+            g.head_groups.append(json.dumps(grp))
+        heads = pa.array(np.frombuffer(head, np.int32))
+        if g.key_text is None or len(g.key_text) != len(g.keys):
+            names = g.names  # in the order of g.keys, which holds more only for keys pretask met outside the graph
+            text = list(names.values()) + [names.get(k) or str(k) for k in g.keys[len(names):]]
+            g.key_text = pa.array(text, pa.string())
+        flag = np.frombuffer(flags, np.uint8)
+        nb = pa.array(np.frombuffer(nbytes, np.int64), pa.int64(), mask=(flag & _F_NBYTES) == 0)
+        nb = pc.fill_null(pc.cast(nb, pa.string()), "null")
+        close = pc.if_else(pa.array((flag & _F_MEASURED) != 0), _OWN, _NEXT) if g.marks else "}"
+        attrs = pc.binary_join_element_wise(
+            '{"nbytes": ', nb, ', "group": ', pa.array(g.head_groups, pa.string()).take(heads), ', "scheduler": "',
+            kinds, '", "state": "memory", "thread_ident": ', idents, close, "")
+        return {"resource_id": rids, "kind": pa.repeat("task", n),
+                "name": pa.array(g.head_names, pa.string()).take(heads),
+                "start_ns": pa.array(np.frombuffer(t0, np.int64)), "end_ns": pa.array(np.frombuffer(t1, np.int64)),
+                "task_key": g.key_text.take(pa.array(np.frombuffer(index, np.int64))), "attrs": attrs}
 
     def _flush_others(self, g: _Graph, items: list[MeasuredTask], span, final: bool) -> list[tuple]:
         """Tasks that failed, or ran in worker processes (their measurements come from the spool). Returns the
@@ -706,30 +842,17 @@ _OWN = ', "io": "own"}'   # level standard: the span's I/O is in its own rows
 _NEXT = ', "io": "next"}'  # ... in the rows of the next measured call on its thread
 
 
-def _span_batch(rids, prefixes, starts, ends, keys, nbytes, tails, idents, closes) -> dict:
-    """Columns of ``spans`` rows for tasks that ran in this process; ``attrs`` is put together by Arrow
-    (``closes``: the end of each task's attrs, or one for all)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
-    n = len(rids)
-    nb = pc.fill_null(pc.cast(pa.array(nbytes, pa.int64()), pa.string()), "null")
-    attrs = pc.binary_join_element_wise('{"nbytes": ', nb, ", ", pa.array(tails, pa.string()),
-                                        pc.cast(pa.array(idents, pa.int64()), pa.string()),
-                                        closes if closes.__class__ is str else pa.array(closes, pa.string()), "")
-    return {"resource_id": rids, "kind": pa.repeat("task", n),
-            "name": prefixes, "start_ns": pa.array(starts, pa.int64()), "end_ns": pa.array(ends, pa.int64()),
-            "task_key": keys, "attrs": attrs}
-
-
 _SIZEOF: dict[type, Any] = {}  # type -> the function dask.sizeof dispatches it to
 
 
 def _sizeof_of(cls: type):
     """``dask.sizeof``'s implementation for results of type ``cls`` (its dispatch, looked up once per type)."""
-    from dask.sizeof import sizeof
+    from dask.sizeof import sizeof, sizeof_default
 
-    f = _SIZEOF[cls] = sizeof.dispatch(cls)
+    f = sizeof.dispatch(cls)
+    if f is sizeof_default:  # what it calls, without its Python frame (ints, floats, None, most objects)
+        f = sys.getsizeof
+    _SIZEOF[cls] = f
     return f
 
 

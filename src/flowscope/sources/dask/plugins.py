@@ -24,12 +24,18 @@ import threading
 import time
 from collections import deque
 from concurrent.futures import Executor
+from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from distributed.utils import key_split_group
 
+from flowscope.client import packer as _packer
 from flowscope.model import identifiers as ids
+from flowscope.model import schemas as _schemas
+from flowscope.model.conform import conform
 from flowscope.sources import semantics as _semantics
 from flowscope.sources.thread_io import AGGREGATE_JSON as AGG
 from flowscope.sources.thread_io import OpenAudit, ThreadIO, ThreadIOReader, thread_ids
@@ -147,6 +153,94 @@ def _stop_recording(plugin, what: str) -> None:
         log.exception("flowscope %s plugin: closing its client failed", what)
 
 
+def _text(values: list) -> pa.Array:
+    """A string array of ``values``: str or None, anything else as its str() (as the row writers store a key)."""
+    try:
+        return _packer._strings(values)
+    except (TypeError, pa.ArrowException):
+        return _packer._strings([v if v is None or v.__class__ is str else str(v) for v in values])
+
+
+def _repeat(value: str | None, n: int) -> pa.Array:
+    """A string array of ``n`` times ``value``."""
+    return _text([value]).take(pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(np.zeros(n, np.int32))]))
+
+
+class TransitionRows:
+    """Transitions as a hook sees them, one tuple each -- (time ns, key, group or None, prefix, from, to, worker
+    address or None, stimulus id) -- turned into ``transitions`` rows a batch at a time by the client's builder
+    thread (``Client.add_buffer``). What a row needs beyond what the hook has at hand is made there, once per
+    distinct value in the batch rather than on every transition on the event loop: the key as text, the worker's
+    resource id and, with ``groups_from_keys`` (a worker's hook, which has no task group), the group from the key.
+    Any thread may append to ``rows``; ``take`` cuts the rows it converts off the front of the list (one atomic
+    operation), so rows appended meanwhile stay for the next batch."""
+
+    table = "transitions"
+    _schema = _schemas.schema("transitions")
+
+    def __init__(self, flush_rows: int, observer: str, groups_from_keys: bool = False,
+                 on_error: Callable[[], None] | None = None):
+        self.flush_rows = flush_rows
+        self.observer = observer
+        self.groups_from_keys = groups_from_keys
+        self.on_error = on_error  # called (inside the except block) when a batch cannot be made; it is dropped
+        self.rows: list[tuple] = []
+        self._wids: dict[str, str] = {}
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def take(self, reset: bool = False) -> pa.Table | None:
+        """The rows appended so far as a ``transitions`` table (None if none), removed from ``rows``."""
+        rows = self.rows
+        n = len(rows)
+        if not n:
+            return None
+        batch = rows[:n]
+        del rows[:n]
+        try:
+            return self._to_arrow(batch)
+        except Exception:  # on the builder's thread, which must go on: the plugin counts it as a failed hook
+            if self.on_error is not None:
+                self.on_error()
+            return None
+
+    def _to_arrow(self, batch: list[tuple]) -> pa.Table:
+        # Few distinct values per column (a key has about five transitions in a batch; states, groups and workers
+        # repeat): each column is built from its distinct values and an int32 code per row, as the client's packer
+        # does, which costs far less than turning every row's Python strings into Arrow.
+        n = len(batch)
+        ts_ns, keys, groups, prefixes, starts, finishes, workers, stimuli = zip(*batch)
+        if self.groups_from_keys:
+            named: dict = {}
+            groups = [named.get(k) or named.setdefault(k, key_split_group(k)) for k in keys]
+        key_codes, key_values = _codes(keys)
+        texts = [k if k.__class__ is str else str(k) for k in key_values]
+        combo_codes, combos = _codes(zip(groups, prefixes, starts, finishes, workers))
+        stim_codes, stim_values = _codes(stimuli)
+        wids = self._wids
+        group_v, prefix_v, start_v, finish_v, worker_v = (list(c) for c in zip(*combos))
+        worker_v = [None if not w else wids.get(w) or wids.setdefault(w, ids.worker_id(w)) for w in worker_v]
+        combo_idx = _indices(combo_codes, n)
+        return conform(self.table, pa.Table.from_arrays([
+            _packer._fixed(pa.int64(), np.fromiter(ts_ns, dtype=np.int64, count=n)),
+            _text(texts).take(_indices(key_codes, n)),
+            _text(group_v).take(combo_idx), _text(prefix_v).take(combo_idx), _text(start_v).take(combo_idx),
+            _text(finish_v).take(combo_idx), _repeat(self.observer, n), _text(worker_v).take(combo_idx),
+            _text(stim_values).take(_indices(stim_codes, n)), pa.nulls(n, pa.string())], schema=self._schema))
+
+
+def _codes(values) -> tuple[list[int], list]:
+    """(a code per value, the distinct values in order of first appearance)."""
+    seen: dict = {}
+    codes = [seen.setdefault(v, len(seen)) for v in values]
+    return codes, list(seen)
+
+
+def _indices(codes: list[int], n: int) -> pa.Array:
+    return pa.Array.from_buffers(pa.int32(), n, [None, pa.py_buffer(np.fromiter(codes, dtype=np.int32, count=n))])
+
+
 class FlowscopeSchedulerPlugin(SchedulerPlugin):
     """Records scheduler-side provenance of a run."""
 
@@ -172,9 +266,10 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
         self._logs.attach()
         self._gc = _GCWatch(fs, SCHEDULER_RESOURCE)
         self._gc.attach()
-        self._emit_transition = fs.row_writer("transitions")
+        self._transitions = TransitionRows(fs.flush_records, "scheduler", on_error=self._failed)
+        fs.add_buffer(self._transitions)
+        self._append = self._transitions.rows.append
         self._tasks_get = scheduler.tasks.get
-        self._wids: dict[str, str] = {}
         for addr in list(scheduler.workers):
             self.add_worker(scheduler, addr)
 
@@ -183,33 +278,29 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
         if self.errors <= 3:
             log.exception("flowscope scheduler hook failed")
 
-    def transition(self, key, start, finish, *args, stimulus_id=None, **kwargs) -> None:
-        # the hottest hook (about 5 calls per task, on the scheduler's event loop): attribute lookups bound in
-        # start(), worker ids cached per address
+    def transition(self, key, start, finish, *args, stimulus_id=None, worker=None, **kwargs) -> None:
+        # the hottest hook (about 5 calls per task, on the scheduler's event loop, which is what a graph of tiny
+        # tasks waits for): one tuple appended; the row's text (the key as text, the worker's id) is made a batch
+        # at a time on the client's builder thread (TransitionRows.take)
         if self.fs is None:
             self.late_hooks += 1
             return
         try:
             ts = self._tasks_get(key)
-            worker = kwargs.get("worker")
-            if worker is None and ts is not None:
-                ws = ts.processing_on
-                if ws is not None:
-                    worker = ws.address
-            wid = self._wids.get(worker) if worker else None
-            if wid is None and worker:
-                wid = self._wids[worker] = ids.worker_id(worker)
             if ts is not None:
-                self._emit_transition(_time_ns(), key if key.__class__ is str else str(key), ts.group.name,
-                                      ts.prefix.name, start, finish, "scheduler", wid, stimulus_id, None)
+                if worker is None:
+                    ws = ts.processing_on
+                    if ws is not None:
+                        worker = ws.address
+                self._append((_time_ns(), key, ts.group.name, ts.prefix.name, start, finish, worker, stimulus_id))
             else:
-                self._emit_transition(_time_ns(), key if key.__class__ is str else str(key), None, None, start,
-                                      finish, "scheduler", wid, stimulus_id, None)
+                self._append((_time_ns(), key, None, None, start, finish, worker, stimulus_id))
             if start == "processing":
                 self.finished += 1
                 if finish != "erred":
                     return
                 etype = exception_type(kwargs.get("exception_text"))
+                wid = ids.worker_id(worker) if worker else None
                 self.fs.log(f"task failed with {etype or 'an exception'}", level="error", category="task-error",
                             resource_id=wid or SCHEDULER_RESOURCE, task_key=key_str(key),
                             attrs={"exception_type": etype})
@@ -222,14 +313,26 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
             return
         try:
             now = time.time_ns()
-            emit = self.fs.row_writer("dependencies")
+            get = scheduler.tasks.get
+            dependents, depends_on = [], []
             for key in tasks or ():
-                ts = scheduler.tasks.get(key)
-                if ts is None:
+                ts = get(key)
+                if ts is None or not ts.dependencies:
                     continue
                 k = key_str(key)
                 for dep in ts.dependencies:
-                    emit(stimulus_id, k, key_str(dep.key), now)
+                    dependents.append(k)
+                    depends_on.append(dep.key)
+            if dependents:  # the graph's edges as one batch, built column by column
+                n = len(dependents)
+                texts: dict = {}
+                self.fs.write("dependencies", pa.Table.from_arrays([
+                    _repeat(stimulus_id, n),
+                    _text(dependents),
+                    _text([k if k.__class__ is str else texts.get(k) or texts.setdefault(k, str(k))
+                           for k in depends_on]),
+                    _packer._fixed(pa.int64(), np.full(n, now, dtype=np.int64))],
+                    names=["graph_id", "task_key", "depends_on", "ts_ns"]))
             self.fs.log(f"graph of {len(tasks or ())} tasks from {client}", category="graph-submitted",
                         resource_id=SCHEDULER_RESOURCE,
                         attrs={"graph_id": stimulus_id, "tasks": len(tasks or ()), "client": client})
@@ -326,8 +429,10 @@ class MeasuringThreadPoolExecutor(Executor):
             if first is not None:
                 self._last[tid] = first
         t0 = time.time()
+        result = None
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
+            return result
         finally:
             t1 = time.time()
             tid = threading.get_native_id()
@@ -336,17 +441,26 @@ class MeasuringThreadPoolExecutor(Executor):
             if now is not None:
                 self._last[tid] = now
                 if before is not None:  # the delta is worked out only for the call a task is matched to
-                    self._windows[ident].append((t0, t1, before, now))
+                    # Dask's task message carries the compute times it will store: the exact key of this call
+                    reported = None
+                    if isinstance(result, dict):
+                        reported = (result.get("start"), result.get("stop"))
+                    self._windows[ident].append((t0, t1, before, now, reported))
 
     def window(self, ident: int | None, submitted: float | None, start: float,
-               stop: float) -> tuple[float, float, ThreadIO] | None:
+               stop: float, reported: tuple[float, float] | None = None) -> tuple[float, float, ThreadIO] | None:
         """The call on thread ``ident`` that ran a task submitted at ``submitted`` whose compute interval is about
-        [start, stop] (all in this process's clock), as (its start, its end, its I/O counter delta): of the
-        calls that began after the submission, the one whose middle is nearest. Dask's own times carry an
-        estimate of the offset to the scheduler's clock that moves with each heartbeat, so an exact match
-        would be fragile."""
+        [start, stop] (all in this process's clock), as (its start, its end, its I/O counter delta): the call
+        whose result reported the task's compute times exactly as Dask stored them (``reported``, offset
+        included), else, of the calls that began after the submission, the one whose middle is nearest. Dask's
+        own times carry an estimate of the offset to the scheduler's clock that moves with each heartbeat, so
+        matching on time alone can take a neighbouring call when the machine is busy."""
         # a copy: the thread may append while we look (iterating a deque being appended to raises)
         calls = tuple(self._windows.get(ident, ()))
+        if reported is not None:
+            for c in reversed(calls):
+                if c[4] == reported:
+                    return c[0], c[1], c[3] - c[2] - _own_read(c[2])
         floor = (submitted - 0.001) if submitted is not None else float("-inf")
         mid2 = start + stop
         best, best_d = None, float("inf")
@@ -360,11 +474,7 @@ class MeasuringThreadPoolExecutor(Executor):
                 break
         if best is None:
             return None
-        before, now = best[2], best[3]
-        # the read that gave ``before`` is itself counted in ``now``: one read call and the text it
-        # returned, whose length follows from the values it showed
-        own = ThreadIO(rchar=_PROC_IO_LABELS + sum(len(str(v)) for v in before), syscr=1)
-        return best[0], best[1], now - before - own
+        return best[0], best[1], best[3] - best[2] - _own_read(best[2])
 
     def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
         self.inner.shutdown(wait=wait, cancel_futures=cancel_futures)
@@ -403,7 +513,6 @@ class _WorkerCapture(WorkerPlugin):
         self._startstops_done: dict[Any, int] = {key: len(ts.startstops) for key, ts in
                                                  list(worker.state.tasks.items()) if ts.startstops}
         self._last_transfer: dict | None = worker.transfer_incoming_log[-1] if worker.transfer_incoming_log else None
-        self._emit_transition = fs.row_writer("transitions")
         self._emit_span = fs.row_writer("spans")
         self._emit_transfer = fs.row_writer("transfers")
         self._emit_io = fs.row_writer("io")
@@ -553,6 +662,11 @@ class FlowscopeWorkerPlugin(_WorkerCapture):
     level = "full"
 
     def _install(self, worker) -> None:
+        transitions = TransitionRows(self.fs.flush_records, self.rid, groups_from_keys=True, on_error=self._failed)
+        self.fs.add_buffer(transitions)
+        self._append = transitions.rows.append
+        self._address = worker.address
+        self._tasks = worker.state.tasks
         self._executor = MeasuringThreadPoolExecutor(worker.executors["default"], self._io_reader)
         worker.executors["default"] = self._executor
         # Dask calls a worker plugin's transition hook without the stimulus id. Every stimulus reaches the
@@ -591,7 +705,7 @@ class FlowscopeWorkerPlugin(_WorkerCapture):
         offset lies in [stop - call end, start - call start]: the current estimate, moved into that
         range when a heartbeat took it out."""
         shift = self.worker.scheduler_delay
-        call = self._executor.window(ident, submitted, start - shift, stop - shift)
+        call = self._executor.window(ident, submitted, start - shift, stop - shift, reported=(start, stop))
         if call is None:
             return shift, None
         c0, c1, delta = call
@@ -601,9 +715,10 @@ class FlowscopeWorkerPlugin(_WorkerCapture):
         return shift, delta
 
     def transition(self, key, start, finish, **kwargs) -> None:
+        # about 6 calls per task on the worker's event loop: one tuple appended; the key as text and its group are
+        # made a batch at a time on the client's builder thread (TransitionRows.take)
         try:
-            k = key if key.__class__ is str else str(key)
-            ts = self.worker.state.tasks.get(key)
+            ts = self._tasks.get(key)
             # Dask passes the state it was asked for; the task may have gone elsewhere (executing -> released
             # leaves it cancelled) or stayed put (flight -> fetch while the fetch runs is a no-op): record the
             # state it reached, as Dask's own log does, and nothing when it did not move
@@ -611,14 +726,12 @@ class FlowscopeWorkerPlugin(_WorkerCapture):
                 finish = ts.state
                 if finish == start:
                     return
-            self._emit_transition(time.time_ns(), k, key_split_group(key), ts.prefix if ts is not None else None,
-                                  start, finish, self.rid, self.rid,
-                                  self._stimulus_id if self._stimulus_id is not None else self._logged_stimulus(),
-                                  None)
+            self._append((_time_ns(), key, None, ts.prefix if ts is not None else None, start, finish, self._address,
+                          self._stimulus_id if self._stimulus_id is not None else self._logged_stimulus()))
             if start == "flight":
                 self._drain_transfers()
             if ts is not None and finish in _WORKER_FINISH and len(ts.startstops) > self._startstops_done.get(key, 0):
-                self._record_startstops(key, k, ts, start, finish)
+                self._record_startstops(key, key if key.__class__ is str else str(key), ts, start, finish)
             if finish == "forgotten":
                 self._startstops_done.pop(key, None)
         except Exception:
@@ -730,6 +843,17 @@ def _own_read(before: ThreadIO) -> ThreadIO:
     return ThreadIO(rchar=_PROC_IO_LABELS + sum(len(str(v)) for v in before), syscr=1)
 
 
+class _Absent:
+    """A class attribute that instances do not have: ``hasattr(instance, name)`` is False. Dask's worker calls
+    ``plugin.transition`` on every worker transition of every plugin that has one, and WorkerPlugin defines a
+    no-op: this hides it."""
+
+    def __get__(self, obj, objtype=None):
+        if obj is None:
+            return self
+        raise AttributeError("this plugin has no per-transition hook")
+
+
 class FlowscopeStandardWorkerPlugin(_WorkerCapture):
     """Level ``standard`` (the default): no per-transition hook. Each execution is recorded when Dask reports it
     done (its ExecuteSuccessEvent / ExecuteFailureEvent, through worker.handle_stimulus) as a span on the OS thread
@@ -741,6 +865,7 @@ class FlowscopeStandardWorkerPlugin(_WorkerCapture):
 
     level = "standard"
     MIN_CALL_S = 0.001
+    transition = _Absent()  # no per-transition hook: Dask calls none on this plugin, not even WorkerPlugin's no-op
 
     def _install(self, worker) -> None:
         from distributed.worker_state_machine import (

@@ -1,0 +1,123 @@
+"""Windowed ECDFs of an event-occurrence signal and the two-sample Kolmogorov-Smirnov test between
+successive non-overlapping windows, for many window sizes over a whole signal.
+
+A window of size w is w consecutive samples; the signal is cut into windows 0, 1, ... from its first
+sample (a last, incomplete window is left out) and each window i >= 1 is compared with window i - 1. The
+pair is a *hit* when the two-sample KS test does not reject, at level ``alpha`` (5 %), that both windows
+come from one distribution: the p-value is ``>= alpha``.
+
+The signal takes few distinct values (counts of resources), so each window's ECDF is a cumulative
+histogram over those values and the KS statistic of a pair is ``d / w`` with ``d`` the largest difference
+of two cumulative counts, an integer. The test's p-value depends only on (d, w, w), so for each window size
+the decision is one comparison, ``d < critical_d(w)``, with ``critical_d`` taken from
+``scipy.stats.ks_2samp`` itself (its default method: exact up to 10,000 samples per side, asymptotic
+beyond): every pair gets scipy's decision without one scipy call per pair.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+
+import numpy as np
+import pandas as pd
+
+ALPHA = 0.05
+_CELLS = 1 << 22  # windows x distinct values held at once (bounds memory for small windows)
+
+
+def _pvalue(d: int, w: int) -> float:
+    """scipy's two-sided ks_2samp p-value for two samples of w values at statistic d / w."""
+    from scipy.stats import ks_2samp
+
+    a = np.zeros(w)
+    b = np.concatenate([np.zeros(w - d), np.ones(d)])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return float(ks_2samp(a, b).pvalue)
+
+
+@lru_cache(maxsize=4096)
+def critical_d(w: int, alpha: float = ALPHA) -> int:
+    """The smallest d such that scipy's ks_2samp rejects (p < ``alpha``) two samples of ``w`` values whose
+    ECDFs differ by at most d / w; ``w + 1`` when no d in 0..w is rejected."""
+    if w < 1:
+        raise ValueError(f"window size must be >= 1, got {w}")
+    lo, hi = 0, w + 1  # p(lo) >= alpha, p(hi) < alpha (hi = w + 1: "never")
+    if _pvalue(0, w) < alpha:
+        return 0
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if _pvalue(mid, w) < alpha:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def value_codes(counts: np.ndarray) -> tuple[np.ndarray, int]:
+    """(code of each sample: the rank of its value among the signal's distinct values, number of distinct
+    values)."""
+    values, codes = np.unique(np.asarray(counts), return_inverse=True)
+    return codes.astype(np.int64).ravel(), len(values)
+
+
+def window_cdfs(codes: np.ndarray, n_values: int, w: int, first: int = 0, last: int | None = None) -> np.ndarray:
+    """Cumulative counts (windows x values) of windows ``first`` .. ``last`` - 1 of size ``w``: row i,
+    column v = how many samples of the window have a code <= v."""
+    m = len(codes) // w if last is None else last
+    k = m - first
+    if k <= 0:
+        return np.zeros((0, n_values), np.int64)
+    block = codes[first * w: m * w].reshape(k, w) + (np.arange(k, dtype=np.int64) * n_values)[:, None]
+    hist = np.bincount(block.ravel(), minlength=k * n_values).reshape(k, n_values)
+    return np.cumsum(hist, axis=1)
+
+
+def pair_statistics(codes: np.ndarray, n_values: int, w: int) -> np.ndarray:
+    """For each pair of successive windows (i - 1, i) of size ``w``, i = 1 .. m - 1: the KS statistic times
+    w (an int64 ``d``)."""
+    m = len(codes) // w
+    if m < 2:
+        return np.zeros(0, np.int64)
+    out = np.empty(m - 1, np.int64)
+    step = max(2, _CELLS // max(n_values, 1))
+    for a in range(0, m - 1, step):  # windows a .. b compared pairwise: pairs a+1 .. b
+        b = min(a + step, m - 1)
+        cdf = window_cdfs(codes, n_values, w, a, b + 1)
+        out[a:b] = np.abs(np.diff(cdf, axis=0)).max(axis=1)
+    return out
+
+
+def ks_hits(counts: np.ndarray, w: int, alpha: float = ALPHA) -> tuple[np.ndarray, np.ndarray]:
+    """(hit per pair of successive windows of size ``w``, KS statistic per pair)."""
+    codes, nv = value_codes(counts)
+    d = pair_statistics(codes, nv, w)
+    return d < critical_d(w, alpha), d / w
+
+
+def hit_rates(counts: np.ndarray, windows: Sequence[int], alpha: float = ALPHA,
+              progress: Callable[[int, int], None] | None = None) -> pd.DataFrame:
+    """Per window size: ``window``, ``pairs`` (successive window pairs), ``hits`` and ``hit_rate`` (hits /
+    pairs, NaN without a pair) over the whole signal."""
+    codes, nv = value_codes(counts)
+    rows = []
+    for i, w in enumerate(windows):
+        w = int(w)
+        d = pair_statistics(codes, nv, w)
+        hits = int((d < critical_d(w, alpha)).sum()) if len(d) else 0
+        rows.append((w, len(d), hits, hits / len(d) if len(d) else np.nan))
+        if progress is not None:
+            progress(i + 1, len(windows))
+    return pd.DataFrame(rows, columns=["window", "pairs", "hits", "hit_rate"])
+
+
+def candidate_windows(n_samples: int, count: int = 50, smallest: int = 10, largest: int | None = None,
+                      min_pairs: int = 3) -> list[int]:
+    """``count`` window sizes in geometric progression from ``smallest`` to ``largest`` (default: the largest
+    size that still leaves ``min_pairs`` pairs of windows in ``n_samples`` samples), distinct integers."""
+    top = n_samples // (min_pairs + 1) if largest is None else largest
+    if top < smallest:
+        return []
+    return sorted({int(round(x)) for x in np.geomspace(smallest, top, count)})

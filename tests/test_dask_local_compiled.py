@@ -1,0 +1,114 @@
+"""The compiled per-task path of the local-scheduler capture (``sources/dask/_local_tasks.c``) against its pure-Python
+reference (``compiled=False``, ``FLOWSCOPE_COMPILED=0``): both store the same rows for the same real Dask graphs on
+each local scheduler, keys of every form Dask accepts and a task that raises included. Times differ between two
+runs of a graph, and on the threads and processes schedulers so does which thread or process ran a task: those are
+compared as the checks of the run say they must hold, not for equality."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+from dask.callbacks import Callback
+
+import flowscope
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import dask_local_keys as keys_graph
+
+SCHEDULERS = ("sync", "threads", "processes")
+
+
+def _get(scheduler: str):
+    if scheduler == "sync":
+        from dask.local import get_sync
+        return get_sync
+    if scheduler == "threads":
+        from dask.threaded import get
+        return get
+    import functools
+
+    from dask.multiprocessing import get
+    return functools.partial(get, optimize_graph=False)  # no fusing: the graph's own keys, as on the other two
+
+
+def _record(tmp_path: Path, monkeypatch, scheduler: str, compiled: bool, level: str) -> dict:
+    """Run the keys graph and the failing graph on ``scheduler`` inside observe(); the rows the run stores."""
+    monkeypatch.setenv("FLOWSCOPE_COMPILED", "1" if compiled else "0")
+    get = _get(scheduler)
+    from dask.local import get_sync
+
+    expected = get_sync(*keys_graph.graph())  # unobserved
+    store = tmp_path / ("compiled" if compiled else "reference")
+    ran: list = []  # the tasks Dask says it ran, from a callback of its own beside flowscope's
+    with flowscope.observe(store=store, hardware_period=0, level=level) as obs, \
+            Callback(pretask=lambda key, dsk, state: ran.append(key)):
+        assert obs.local_compiled is compiled
+        dsk, out = keys_graph.graph()
+        assert get(dsk, out) == expected
+        dsk, out = keys_graph.failing_graph()
+        with pytest.raises(KeyError, match="task failed on 2"):
+            get(dsk, out)
+    assert obs.hook_errors == {"local": 0}, obs.hook_errors
+    run = obs.run
+    spans = run.sql("""SELECT s.task_key, s.name, s.kind, s.span_id, s.parent_id, s.start_ns, s.end_ns, s.attrs,
+                              r.kind AS rkind, r.name AS rname, r.pid, r.tid, r.thread_ident
+                       FROM spans s LEFT JOIN resources r USING (resource_id) WHERE s.kind = 'task'""")
+    rows = []
+    for rec in spans.to_dict("records"):
+        attrs = json.loads(rec.pop("attrs"))
+        assert rec["start_ns"] <= rec["end_ns"] and rec["rkind"] == "thread"
+        assert attrs.pop("thread_ident") == rec["thread_ident"], "the span's thread is its resource's"
+        if level == "standard":
+            assert attrs.pop("io", None) in ("own", "next", None)  # whether a call took 1 ms or more: the machine's load decides
+        for field in ("start_ns", "end_ns", "thread_ident", "tid", "pid"):
+            rec.pop(field)
+        if scheduler != "sync":  # which pool thread or worker process ran the task
+            rec.pop("rname")
+        rows.append(json.dumps({**rec, "attrs": attrs}, sort_keys=True, default=str))
+    deps = run.sql("SELECT task_key, depends_on FROM dependencies")
+    logs = run.sql("""SELECT category, level, message, task_key, attrs FROM logs
+                      WHERE category IN ('task-error', 'graph-submitted')""")
+    logs["attrs"] = [json.dumps({k: v for k, v in json.loads(a).items() if k != "graph_id"}, sort_keys=True)
+                     for a in logs["attrs"]]
+    assert Counter(spans["task_key"]) == Counter(k if isinstance(k, str) else str(k) for k in ran), \
+        "every task Dask ran, once"
+    return {"spans": Counter(rows), "dependencies": Counter(zip(deps["task_key"], deps["depends_on"])),
+            "logs": Counter(map(tuple, logs.astype(str).values.tolist())),
+            "tasks": len(rows)}
+
+
+# a worker process of the processes scheduler reads every task at both levels: standard covers it
+@pytest.mark.parametrize(("scheduler", "level"), [("sync", "standard"), ("sync", "full"), ("threads", "standard"),
+                                                  ("threads", "full"), ("processes", "standard")])
+def test_compiled_and_reference_paths_store_the_same_rows(tmp_path, monkeypatch, scheduler, level):
+    from flowscope.sources.dask import local
+
+    assert local.COMPILED_AVAILABLE, "the compiled per-task path is built with the package (pip install -e .)"
+    ref = _record(tmp_path, monkeypatch, scheduler, False, level)
+    comp = _record(tmp_path, monkeypatch, scheduler, True, level)
+    # the keys graph's tasks (Dask runs b"bytes-key" as data, not as a task), the failing graph's first task and
+    # the task that raised
+    dsk, _ = keys_graph.graph()
+    assert ref["tasks"] == comp["tasks"] == len(dsk) - 1 + 2
+    assert comp["spans"] == ref["spans"]
+    assert comp["dependencies"] == ref["dependencies"]
+    assert comp["logs"] == ref["logs"]
+    names = {json.loads(r)["task_key"]: json.loads(r) for r in ref["spans"]}
+    assert names["x-1"]["attrs"]["group"] == "x" and names["('x-1', 0)"]["attrs"]["group"] == "x-1"
+    assert names['say "hi"\\-7']["attrs"]["group"] == 'say "hi"\\'
+    assert names["('bad', 0)"]["attrs"]["state"] == "erred"
+
+
+def test_the_compiled_path_follows_flowscope_compiled(monkeypatch):
+    from flowscope.sources.dask.local import COMPILED_AVAILABLE, LocalSchedulerCapture
+
+    monkeypatch.setenv("FLOWSCOPE_COMPILED", "0")
+    assert LocalSchedulerCapture(None, io=False).compiled is False
+    monkeypatch.delenv("FLOWSCOPE_COMPILED")
+    assert LocalSchedulerCapture(None, io=False).compiled is COMPILED_AVAILABLE
+    assert LocalSchedulerCapture(None, io=False, compiled=False).compiled is False

@@ -1,0 +1,185 @@
+"""The prediction phase (analysis/forecast/predict.py, `flowscope forecast predict`, the collector's
+/v1/runs/{run}/forecast): frame-by-frame likelihoods and hits checked against a direct computation with
+scipy, the fallback when no model fits, the route answering like the function on an imported trace and on a
+live Dask run, and bad parameters refused."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+import warnings
+
+import httpx
+import numpy as np
+import pandas as pd
+import pytest
+from scipy.stats import ks_2samp
+
+from flowscope.analysis.forecast import CorpusEntry, build_model, predict, run_signal
+from flowscope.analysis.forecast.model import DEFAULT_WINDOW, default_window
+from flowscope.importers import import_paths
+from flowscope.store.run import open_run
+
+
+@pytest.fixture(scope="module")
+def starpu(tmp_path_factory, shared_data):
+    store = tmp_path_factory.mktemp("p") / "store"
+    res = import_paths([shared_data / "paje" / "starpu-demo" / "paje.trace"], store)
+    return store, open_run(res.run_dir)
+
+
+@pytest.mark.parametrize("event,fraction", [("idle", 0.25), ("idle", 0.5), ("compute", 0.5), ("idle", 0.0),
+                                            ("compute", 1.0)])
+def test_frames_hits_and_likelihoods_match_what_happened(starpu, event, fraction):
+    _, run = starpu
+    sig = run_signal(run, event)
+    w = max(4, len(sig.counts) // 12)
+    pred = predict(run, event, fraction, window=w)
+    assert pred.window == w and pred.window_source == "given"
+    k = math.ceil(fraction * sig.resources)
+    assert pred.threshold == k
+    m = len(sig.counts) // w
+    assert len(pred.frames) == m >= 10
+    t = sig.times_ns
+    hits = []
+    for i, f in enumerate(pred.frames.itertuples(index=False)):
+        cur = sig.counts[i * w:(i + 1) * w]
+        assert f.start_ns == t[i * w]  # the frame starts at its first sample
+        assert f.observed == pytest.approx(np.mean(cur >= k))
+        if i == 0:
+            assert pd.isna(f.likelihood) and pd.isna(f.hit)
+            continue
+        prev = sig.counts[(i - 1) * w:i * w]
+        assert f.likelihood == pytest.approx(np.mean(prev >= k))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            r = ks_2samp(prev, cur)
+        assert bool(f.hit) == (r.pvalue >= 0.05) and f.ks_statistic == pytest.approx(r.statistic)
+        hits.append(r.pvalue >= 0.05)
+    assert pred.hit_rate == pytest.approx(np.mean(hits))
+    doc = pred.as_dict()
+    assert doc["judged"] == m - 1 and doc["hits"] == sum(hits)
+    assert doc["next"]["frame"] == m and doc["next"]["likelihood"] == pytest.approx(np.mean(sig.counts[(m - 1) * w:m * w] >= k))
+    json.dumps(doc, allow_nan=False)
+
+
+def test_no_model_fitting_the_run_says_so_and_falls_back_to_the_default(starpu):
+    _, run = starpu
+    sig = run_signal(run, "idle")
+    n = sig.resources
+    ws = np.array([4, 8, 16, 32])
+    corpus = [CorpusEntry(source="x", run_id="x", resources=n + 6, tasks=t, samples=1000, period_ns=1.0,
+                          capped_by=None, curve=pd.DataFrame({"window": ws, "pairs": 9, "hits": 9, "hit_rate": 1.0}))
+              for t in (10, 20, 30)]
+    model = build_model(corpus, "idle")
+    pred = predict(run, "idle", 0.25, model)
+    assert pred.window_source == "default" and pred.window == default_window(len(sig.counts))
+    assert pred.note.startswith(f"no model fits this run: the model has no surface for {n} resources")
+    assert default_window(10**6) == DEFAULT_WINDOW and default_window(4000) == 500 and default_window(5) == 10
+    # a model for this cluster size and DAG size is used
+    tasks = pred.tasks
+    fitting = build_model([CorpusEntry(source="y", run_id="y", resources=n, tasks=t, samples=1000, period_ns=1.0,
+                                       capped_by=None, curve=pd.DataFrame({"window": ws, "pairs": 9, "hits": 9,
+                                                                           "hit_rate": [1.0, 0.99, 0.97, 0.5]}))
+                           for t in (tasks, tasks + 10)], "idle")
+    used = predict(run, "idle", 0.25, fitting)
+    assert used.window_source == "model" and 16 <= used.window < 32
+    with pytest.raises(ValueError, match="model: built for event 'idle', asked for 'compute'"):
+        predict(run, "compute", 0.25, fitting)
+
+
+@pytest.mark.parametrize("fraction", [-0.1, 1.5, float("nan"), "lots"])
+def test_fraction_outside_zero_one_is_refused(starpu, fraction):
+    _, run = starpu
+    with pytest.raises(ValueError, match=r"fraction: "):
+        predict(run, "idle", fraction)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "flowscope", "forecast", *args], check=False, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_cli_predict_prints_the_functions_answer_and_one_line_errors(starpu, tmp_path):
+    store, run = starpu
+    p = _cli("predict", run.run_id, "--store", str(store), "--event", "idle", "--fraction", "0.5", "--window", "7",
+             "--json")
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout) == json.loads(json.dumps(predict(run, "idle", 0.5, window=7).as_dict()))
+    text = _cli("predict", str(run.path), "--fraction", "0.5")
+    assert text.returncode == 0, text.stderr
+    assert "no window-size model given: default window of" in text.stderr and "hit rate" in text.stdout
+    for args, msg in [(("--fraction", "1.5"), "fraction: must be within [0, 1], got '1.5'"),
+                      (("--event", "napping"), "event: unknown event kind 'napping'"),
+                      (("--model", str(tmp_path / "missing.json")), "missing.json")]:
+        bad = _cli("predict", str(run.path), *args)
+        assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and msg in bad.stderr, bad.stderr
+    unknown = _cli("predict", "no-such-run", "--store", str(store))
+    assert unknown.returncode == 1 and "no-such-run" in unknown.stderr and unknown.stderr.count("\n") == 1
+
+
+def test_route_answers_as_the_function_and_refuses_bad_parameters(starpu, collector_factory):
+    store, run = starpu
+    c = collector_factory(store=store)
+    url = f"{c.address}/v1/runs/{run.run_id}/forecast"
+    r = httpx.get(url, params={"event": "idle", "fraction": "0.25"}, timeout=60)
+    assert r.status_code == 200, r.text
+    assert r.json() == json.loads(json.dumps(predict(run, "idle", 0.25).as_dict()))
+    r = httpx.get(url, params={"event": "compute", "fraction": "0.5", "window": "9"}, timeout=60)
+    assert r.json() == json.loads(json.dumps(predict(run, "compute", 0.5, window=9).as_dict()))
+    for params, field in [({"fraction": "2"}, "fraction"), ({"fraction": "x"}, "fraction"),
+                          ({"event": "nap"}, "event"), ({"window": "0"}, "window"), ({"windw": "3"}, "windw")]:
+        bad = httpx.get(url, params=params, timeout=60)
+        assert bad.status_code == 400 and bad.json()["field"] == field, (params, bad.text)
+        assert field in bad.json()["error"]
+    missing = httpx.get(f"{c.address}/v1/runs/no-such-run/forecast", timeout=60)
+    assert missing.status_code == 404 and "no-such-run" in missing.json()["error"]
+
+
+def _sleep_task(i: int, s: float) -> int:
+    time.sleep(s)
+    return i
+
+
+def test_route_forecasts_a_live_dask_run_as_the_function_does(collector):
+    from dask import delayed
+    from distributed import Client, LocalCluster
+
+    import flowscope
+    from flowscope.sources import semantics
+    from flowscope.sources.dask import register
+    from flowscope.store.run import Run
+
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True, dashboard_address=None,
+                      worker_dashboard_address=None) as cl, Client(cl) as client:
+        fs = flowscope.Client(collector.address, name="forecast-live",
+                              meta={"capture_level": "standard", "semantics": [semantics.DASK_DISTRIBUTED]})
+        register(client, fs.address, fs.run_id)
+        url = f"{collector.address}/v1/runs/{fs.run_id}/forecast"
+        # tasks of uneven lengths in waves, so that workers sit idle between waves
+        for _wave in range(3):
+            futures = client.compute([delayed(_sleep_task, pure=False)(i, 0.01 * (1 + i % 4)) for i in range(12)])
+            assert sorted(client.gather(futures)) == list(range(12))
+        run = Run(collector.store / fs.run_id)
+        deadline = time.monotonic() + 60
+        while run.sql("SELECT count(*) AS n FROM activity WHERE role = 'task'")["n"].iloc[0] < 36:
+            assert time.monotonic() < deadline, "the task spans did not reach the collector"
+            time.sleep(0.2)
+        spans = "SELECT count(*) AS n FROM spans"
+        for _ in range(20):  # compare at a moment when no span arrived between the route's answer and ours
+            before = run.sql(spans)["n"].iloc[0]
+            r = httpx.get(url, params={"event": "idle", "fraction": "0.5"}, timeout=60)
+            assert r.status_code == 200, r.text
+            mine = json.loads(json.dumps(predict(run, "idle", 0.5).as_dict()))
+            if run.sql(spans)["n"].iloc[0] == before:
+                break
+            time.sleep(0.5)
+        doc = r.json()
+        assert doc["tasks"] == 36 and doc["resources"] >= 2 and len(doc["frames"]) >= 2  # threads (lanes: more if spans overlap)
+        assert doc["window_source"] == "default" and doc["judged"] == len(doc["frames"]) - 1
+        assert doc == mine
+        assert httpx.get(f"{collector.address}/v1/runs/{fs.run_id}", timeout=30).json()["status"] == "running"
+        fs.close()
