@@ -61,6 +61,23 @@ def _segments(run_dir: Path, view: str) -> dict:
     return {t: len(segment_files(run_dir, t)) for t in VIEWS[view][1]}
 
 
+def _on_disk(run_dir: Path, keys: set[str]) -> None:
+    """Wait until the task spans of ``keys`` are in the run's segments on disk."""
+    from flowscope.store.run import Run
+
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        run = Run(run_dir)
+        try:
+            found = set(run.sql("SELECT DISTINCT task_key FROM spans WHERE kind = 'task'")["task_key"])
+        finally:
+            run.close()
+        if keys <= found:
+            return
+        assert time.monotonic() < deadline, f"the spans of {sorted(keys - found)} never reached the disk"
+        time.sleep(0.2)
+
+
 def _at_rest(pg, run_dir: Path, view: str, expect):
     """Wait until the page shows the view of the run's segments as they are on disk, then return ``expect(run)``
     computed over those same segments (retried when a segment arrived meanwhile)."""
@@ -354,6 +371,7 @@ def test_analysis_pages_follow_a_live_dask_run_with_the_figures_of_the_analyses(
             assert fut.result() == 4 * sum(range(N_PARTS))
             fs.log("second part done", level="warning", task_key="sum-2")
             fs.flush()
+            _on_disk(run_dir, {f"held-{i}" for i in range(4)} | {"sum-2"})  # the workers send spans every 2 s
             cp2 = check_critical_path_page(cp, run_dir)
             assert cp2["task"].length_ns > cp1["task"].length_ns  # the path grew with the run
             assert "sum-2" in cp.evaluate("() => Array.from(document.querySelectorAll('#cp-task td.id'))"
