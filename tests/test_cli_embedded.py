@@ -13,8 +13,8 @@ import flowscope
 from flowscope import Client
 from flowscope.cli.main import build_parser
 
-COMMANDS = ["demo", "run", "step", "simulate", "serve", "ui", "runs", "show", "sql", "report", "profile", "anomalies", "io",
-            "semantics", "import", "export", "ingest-spool", "rm"]
+COMMANDS = ["demo", "run", "step", "simulate", "serve", "ui", "runs", "show", "sql", "report", "lineage", "compare",
+            "profile", "anomalies", "forecast", "io", "semantics", "import", "export", "ingest-spool", "rm"]
 
 
 def fs(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:

@@ -112,3 +112,41 @@ def test_the_compiled_path_follows_flowscope_compiled(monkeypatch):
     monkeypatch.delenv("FLOWSCOPE_COMPILED")
     assert LocalSchedulerCapture(None, io=False).compiled is COMPILED_AVAILABLE
     assert LocalSchedulerCapture(None, io=False, compiled=False).compiled is False
+
+
+class _SlowFirstReading:
+    """A thread I/O reader that takes a while (and lets other threads run) on each thread's first reading: the
+    moment a thread registers itself with a graph, which must not let another thread take its place."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def read_raw(self, tid):
+        import time
+
+        time.sleep(0.05)
+        return self.inner.read_raw(tid)
+
+
+@pytest.mark.parametrize("compiled", ["1", "0"])
+def test_threads_registering_at_once_keep_their_own_tasks(tmp_path, monkeypatch, compiled):
+    import threading
+
+    import dask
+    from dask import delayed
+
+    from flowscope.sources.dask import local
+
+    monkeypatch.setenv("FLOWSCOPE_COMPILED", compiled)
+    monkeypatch.setattr(local, "_READER", _SlowFirstReading(local._READER))
+
+    def where(i):
+        return i, threading.get_native_id()
+
+    parts = [delayed(where, pure=True)(i, dask_key_name=f"where-{i}") for i in range(16)]
+    with flowscope.observe(store=tmp_path / "store") as obs:
+        ran = dict(dask.compute(*parts, scheduler="threads", num_workers=4))
+    spans = obs.run.sql("""SELECT s.task_key, r.tid FROM spans s JOIN resources r USING (resource_id)
+                           WHERE s.task_key LIKE 'where-%'""")
+    got = {int(k.split("-")[1]): int(t) for k, t in zip(spans["task_key"], spans["tid"])}
+    assert got == ran

@@ -414,12 +414,13 @@ static PyObject *MeasuredTask_vectorcall(MeasuredTask *self, PyObject *const *ar
         if (PyList_Append(g->threads, (PyObject *)st) < 0) {
             st = NULL;
         } else {
+            /* the slot before the reading: reading calls Python, where another thread may append its own state */
+            st->slot = PyList_GET_SIZE(g->threads) - 1;
+            st->gen = g->gen;
             PyObject *before = reading(g, st->tid);
             Py_SETREF(st->last, before);
             st->last_ns = now_ns(CLOCK_REALTIME);
             st->pending = 0;
-            st->gen = g->gen;
-            st->slot = PyList_GET_SIZE(g->threads) - 1;
         }
     }
     if (st == NULL) {  /* cannot be measured (out of memory): the task runs all the same */

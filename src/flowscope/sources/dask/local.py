@@ -171,8 +171,8 @@ class MeasuredTask:
         g = self.graph
         if st.gen != g.gen:  # this thread's first task of this graph: its counters before it
             st.last, st.last_ns, st.pending, st.gen = g.read(st.tid), _time_ns(), 0, g.gen
-            st.slot = len(g.threads)
             g.threads.append(st)
+            st.slot = g.threads.index(st)  # not len() before the append: another thread may append in between
         self.slot = st.slot
         st.key = self
         t0 = _time_ns()
