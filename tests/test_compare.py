@@ -97,12 +97,15 @@ def test_scheduling_order_is_kendall_tau_over_the_shared_keys(repeated_runs, rs)
     for row in order.itertuples():
         a, b = by_run[row.run_a], by_run[row.run_b]
         keys = sorted(a)
-        conc = disc = 0
-        for k1, k2 in itertools.combinations(keys, 2):  # the definition, pair by pair (no ties: distinct ns)
-            s = np.sign(a[k1] - a[k2]) * np.sign(b[k1] - b[k2])
-            conc += s > 0
-            disc += s < 0
-        assert row.kendall_tau == pytest.approx((conc - disc) / (conc + disc))
+        conc = disc = tied_a = tied_b = pairs = 0
+        for k1, k2 in itertools.combinations(keys, 2):  # tau-b's definition, pair by pair
+            da, db = np.sign(a[k1] - a[k2]), np.sign(b[k1] - b[k2])
+            pairs += 1
+            conc += da * db > 0
+            disc += da * db < 0
+            tied_a += da == 0  # two tasks can start in the same nanosecond (Dask's times are float seconds)
+            tied_b += db == 0
+        assert row.kendall_tau == pytest.approx((conc - disc) / np.sqrt((pairs - tied_a) * (pairs - tied_b)))
 
 
 def test_where_tasks_ran(repeated_runs, rs):
