@@ -255,8 +255,10 @@ class LiveRun:
                                                  schema=pa.schema([("resource_id", pa.string()), ("kind", pa.string())])))
         try:
             roles = ", ".join(f"'{r}'" for r in STREAM_ROLES)
+            # ordered: DuckDB may return a join's rows in any order, and new groups take their colours in order
             rel = self._con.sql(f"""SELECT resource_id, start_ns, end_ns, task_key, role, "group"
-                                    FROM ({self._activity}) WHERE role IN ({roles})""")
+                                    FROM ({self._activity}) WHERE role IN ({roles})
+                                    ORDER BY start_ns, end_ns, resource_id, task_key, "group" """)
             a = (getattr(rel, "to_arrow_table", None) or rel.arrow)()
         finally:
             self._con.unregister("spans")
