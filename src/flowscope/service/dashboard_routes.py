@@ -11,6 +11,8 @@ deltas after ``N`` are still kept, in which case it sends ``{"type": "deltas", "
 from __future__ import annotations
 
 import asyncio
+import gzip
+import hashlib
 import logging
 import threading
 import time
@@ -43,10 +45,12 @@ VIEW_PAGES = ("critical-path", "profile", "anomalies", "logs")
 
 
 @lru_cache(maxsize=1)
-def _plotly_js() -> bytes:
+def _plotly_js() -> tuple[bytes, bytes, str]:
+    """plotly.js as shipped with the installed plotly: its bytes, gzipped once (4.8 MB -> about 1.4 MB), its ETag."""
     from plotly.offline import get_plotlyjs
 
-    return get_plotlyjs().encode()
+    raw = get_plotlyjs().encode()
+    return raw, gzip.compress(raw, 6, mtime=0), '"' + hashlib.sha256(raw).hexdigest()[:32] + '"'
 
 
 def _cold_counts(run_dir: Path, cache: dict) -> dict:
@@ -256,7 +260,13 @@ def dashboard_routes(hub: LiveHub) -> list:
             gone.cancel()
 
     async def plotly_js(request) -> Response:
-        return Response(_plotly_js(), media_type="text/javascript", headers={"cache-control": "max-age=3600"})
+        raw, packed, etag = await asyncio.to_thread(_plotly_js)  # the first call reads and compresses it
+        headers = {"cache-control": "max-age=3600", "etag": etag, "vary": "accept-encoding"}
+        if etag in (t.strip() for t in request.headers.get("if-none-match", "").split(",")):
+            return Response(status_code=304, headers=headers)
+        if "gzip" in request.headers.get("accept-encoding", ""):
+            return Response(packed, media_type="text/javascript", headers={**headers, "content-encoding": "gzip"})
+        return Response(raw, media_type="text/javascript", headers=headers)
 
     def runs_doc() -> dict:
         out = []
