@@ -56,7 +56,7 @@ class EmbeddedTransport:
             raise Rejected(422 if isinstance(exc, SchemaError) else 404, str(exc)) from None
         except OSError as exc:  # the store could not be written (disk full, permissions): retry, then spool
             raise Busy(f"store write failed: {exc}") from None
-        return {"rows": res.rows, "duplicate": res.duplicate}
+        return {"rows": res.rows, "duplicate": res.duplicate, "watched": self.collector.watched(run_id)}
 
     def close(self) -> None:
         pass

@@ -63,6 +63,9 @@ class Client:
     child processes join their parent's run. A client that created its run closes it.
     ``token``: what a collector bound beyond loopback requires on every request; default the token next
     to the picked address in the address file, else $FLOWSCOPE_TOKEN.
+    ``flush_interval``: seconds a record may wait in this process before it is sent; ``live_flush_interval``
+    (None: the same) the shorter wait while a page of the collector's dashboard follows the run (each
+    acknowledgement says whether one does), so that the page shows the run within about that much.
     ``compiled``: record spans with the compiled recorder (client/span_recorder.py; the default when it is built,
     unless $FLOWSCOPE_COMPILED is 0) or, False, with the pure-Python packer; both store the same rows.
     """
@@ -71,6 +74,7 @@ class Client:
                  store: str | Path | None = None,
                  run_id: str | None = None, name: str | None = None, command: str | list[str] | None = None,
                  meta: dict | None = None, flush_records: int = 65_536, flush_interval: float = 1.0,
+                 live_flush_interval: float | None = None,
                  max_buffer_records: int = 500_000, spool_dir: str | Path | None = None,
                  busy_timeout: float = 30.0, senders: int = 2, serve: bool = False,
                  collector_options: dict | None = None, token: str | None = None, compiled: bool | None = None):
@@ -115,6 +119,8 @@ class Client:
         self.owns_run = given is None
         self.flush_records = int(flush_records)
         self.flush_interval = float(flush_interval)
+        self.live_flush_interval = float(live_flush_interval) if live_flush_interval is not None else None
+        self.watched = False  # the last acknowledgement said a dashboard page follows the run
         self.max_buffer_records = max(int(max_buffer_records), self.flush_records)
         self.busy_timeout = float(busy_timeout)
         self.spool = Spool(spool_dir if spool_dir is not None else default_spool_dir())
@@ -397,10 +403,12 @@ class Client:
             return False
         if not p.since:
             p.since = now
-        return force or n >= p.flush_rows or now - p.since >= self.flush_interval
+        interval = self.live_flush_interval if self.watched and self.live_flush_interval is not None \
+            else self.flush_interval
+        return force or n >= p.flush_rows or now - p.since >= interval
 
     def _build_loop(self) -> None:
-        tick = min(0.1, self.flush_interval / 4)
+        tick = min(0.1, min(self.flush_interval, self.live_flush_interval or self.flush_interval) / 4)
         while True:
             self._wake.wait(tick)
             self._wake.clear()
@@ -479,7 +487,8 @@ class Client:
         deadline, pause = time.monotonic() + self.busy_timeout, 0.02
         while True:
             try:
-                transport.send(self.run_id, table, seg, data)
+                ack = transport.send(self.run_id, table, seg, data)
+                self.watched = bool(ack.get("watched")) if isinstance(ack, dict) else False
                 self._count("batches_sent")
                 return
             except Busy:

@@ -307,7 +307,8 @@ def build_app(collector: Collector) -> Starlette:
         try:
             if collector.segment_exists(run_id, table, segment_id):
                 collector.count_duplicate()
-                return JSONResponse({"rows": None, "duplicate": True, "segment_id": segment_id})
+                return JSONResponse({"rows": None, "duplicate": True, "segment_id": segment_id,
+                                     "watched": collector.watched(run_id)})
         except ValueError as exc:
             raise ApiError(400, f"{SEGMENT_HEADER}: {exc}") from None
         kind = _body_kind(request.headers.get("content-type", ""))
@@ -345,7 +346,8 @@ def build_app(collector: Collector) -> Starlette:
             raise ApiError(404, str(exc)) from None
         del data  # the writer holds it until it is written, then releases its reservation
         result = await asyncio.wrap_future(fut)
-        return JSONResponse({"rows": result.rows, "duplicate": result.duplicate, "segment_id": segment_id})
+        return JSONResponse({"rows": result.rows, "duplicate": result.duplicate, "segment_id": segment_id,
+                             "watched": collector.watched(run_id)})
 
     async def query(request: Request) -> JSONResponse:
         run_id = _run_id(request, collector)

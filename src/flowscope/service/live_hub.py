@@ -171,7 +171,12 @@ class LiveHub:
         self._feed_cv = threading.Condition()
         if collector is not None:
             threading.Thread(target=self._feed_loop, name="flowscope-dashboard-feed", daemon=True).start()
-            collector.add_listener(self._on_segment, self._on_close)
+            collector.add_listener(self._on_segment, self._on_close, self.watching)
+
+    def watching(self, run_id: str) -> bool:
+        """Whether a page is connected to ``run_id`` now (the overview's stream or an analysis page)."""
+        w = self._runs.get(run_id)
+        return w is not None and bool(w.waiters)
 
     def _on_segment(self, run_id: str, table: str, segment_id: str, data) -> None:
         w = self._runs.get(run_id)

@@ -65,10 +65,16 @@ def exception_type(text: str | None) -> str | None:
     return m.group(1) if m else None
 
 
+#: seconds a plugin's records wait before they are sent: FLUSH_S while nobody watches the run, LIVE_FLUSH_S while
+#: a dashboard page follows it (a batch every 0.2 s per worker keeps the page within Dask's own dashboard's pace)
+FLUSH_S = 2.0
+LIVE_FLUSH_S = 0.2
+
+
 def _client(address: str, run_id: str):
     from flowscope.client.client import Client
 
-    return Client(address, run_id=run_id, flush_interval=2.0)
+    return Client(address, run_id=run_id, flush_interval=FLUSH_S, live_flush_interval=LIVE_FLUSH_S)
 
 
 class _LogCapture(logging.Handler):
