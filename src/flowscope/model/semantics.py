@@ -226,6 +226,16 @@ def _value(rule_value: Any, alias: str, kind: str) -> str:
     return _lit(rule_value)
 
 
+def condition_sql(when: Mapping, alias: str = "s") -> str:
+    """The SQL condition of a rule's ``when`` over the relation ``alias`` (``resource_kind`` reads ``r.kind``)."""
+    return _cond(when, alias)
+
+
+def condition_sql(when: Mapping, alias: str = "s") -> str:
+    """The SQL condition of a rule's ``when`` over the relation ``alias`` (``resource_kind`` reads ``r.kind``)."""
+    return _cond(when, alias)
+
+
 def _case(mappings: Sequence[Mapping], table: str, key: str, alias: str, default: str) -> str:
     whens = []
     for m in mappings:
