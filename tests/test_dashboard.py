@@ -261,8 +261,9 @@ def test_the_overview_paints_before_plotly_loads_and_a_watched_run_is_sent_soone
     """The stream and the tables are painted before plotly.js (4.8 MB, the charts only) is even run, and plotly.js
     is served gzipped with an ETag; a client learns from the acknowledgements that a page follows its run and then
     sends within its live_flush_interval (here 0.1 s against a flush_interval of an hour)."""
-    import flowscope
     from plotly.offline import get_plotlyjs
+
+    import flowscope
 
     r = httpx.get(f"{collector.address}/ui/static/plotly.min.js", headers={"accept-encoding": "gzip"}, timeout=60)
     assert r.status_code == 200 and r.headers["content-encoding"] == "gzip"

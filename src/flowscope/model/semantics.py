@@ -231,11 +231,6 @@ def condition_sql(when: Mapping, alias: str = "s") -> str:
     return _cond(when, alias)
 
 
-def condition_sql(when: Mapping, alias: str = "s") -> str:
-    """The SQL condition of a rule's ``when`` over the relation ``alias`` (``resource_kind`` reads ``r.kind``)."""
-    return _cond(when, alias)
-
-
 def _case(mappings: Sequence[Mapping], table: str, key: str, alias: str, default: str) -> str:
     whens = []
     for m in mappings:

@@ -189,7 +189,7 @@ class Collector:
             try:
                 if probe(run_id):
                     return True
-            except Exception:  # noqa: BLE001  (a hint: never a reason to fail a batch)
+            except Exception:  # a hint: never a reason to fail a batch
                 log.exception("a collector watch probe failed on %s", run_id)
         return False
 
