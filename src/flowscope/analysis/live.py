@@ -246,6 +246,11 @@ class LiveRun:
             delta["last_s"] = (self.last_ns - self.t0_ns) / 1e9
             return delta
 
+    def close(self) -> None:
+        """Release the view's DuckDB connection (a view closed this way takes no more batches)."""
+        with self._lock:
+            self._con.close()
+
     def applied(self, table: str, segment_id: str) -> bool:
         with self._lock:
             return (table, segment_id) in self._segments
