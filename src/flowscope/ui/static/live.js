@@ -180,11 +180,13 @@
       wl.appendChild(el("li", text));
     });
     renderCharts();
+    needPlotly();  // loaded once the page is painted, charts or not yet: not later, in the middle of a live run
     live.renders = (live.renders || 0) + 1;
   }
 
   // plotly.js (4.8 MB) draws the throughput and host charts only: it is loaded after the stream and the tables
-  // were first painted, so that parsing it never delays them (the first render of a finished run)
+  // were first painted, so that parsing it never delays them (the first render of a finished run), and then at
+  // once, so that a live run's first charts do not stall the page while records stream in
   var plotly = {state: global.Plotly ? "loaded" : "none"};
   live.plotly = plotly;
   function needPlotly() {
