@@ -510,14 +510,16 @@ class Detector:
         self._kept.append((ids[sel], vcodes[sel], values[sel]))
 
     def _kept_room(self, n: int) -> tuple[np.ndarray, ...]:
-        """The kept-call store, with room for ``n`` more calls."""
+        """The kept-call store, with room for ``n`` more calls (a full store joins the kept list, uncopied, and a
+        new one, twice as large up to 1M calls, takes its place)."""
         ids, codes, values, k = self._kstore
-        if len(ids) < int(k[0]) + n:
-            cap, m = max(int(k[0]) + n, 2 * len(ids), 1024), int(k[0])
-            grown = (np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap))
-            for new, old in zip(grown, (ids, codes, values)):
-                new[:m] = old[:m]
-            self._kstore = (*grown, k)
+        m = int(k[0])
+        if len(ids) < m + n:
+            if m:
+                self._kept.append((ids[:m], codes[:m], values[:m]))
+            cap = max(n, min(2 * len(ids), 1 << 20), 4096)
+            self._kstore = (np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap), k)
+            k[0] = 0
         return self._kstore
 
     def _sstd_step(self, vcodes: np.ndarray, values: np.ndarray, ids: np.ndarray | None,
@@ -564,7 +566,8 @@ class Detector:
         model = self.view if model is None else model
         k = int(self._kstore[3][0])
         if k:  # the compiled steps' store joins the list
-            self._kept.append(tuple(a[:k].copy() for a in self._kstore[:3]))
+            self._kept.append(tuple(a[:k] for a in self._kstore[:3]))
+            self._kstore = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), self._kstore[3])
             self._kstore[3][0] = 0
         if not self._kept:
             return np.zeros(0, np.int64)
