@@ -116,6 +116,11 @@ DRAW_HOOK = """(prefix) => {
   };
 }"""
 
+# a run page is ready once it applied its snapshot and loaded plotly.js (which it loads after its first paint; a
+# page that loaded it synchronously was ready at its load event): latency is measured on a page that is ready
+PAGE_READY = ("() => window.flowscopeLive && flowscopeLive.snapshots >= 1 && "
+              "(!flowscopeLive.plotly || ['loaded', 'failed'].includes(flowscopeLive.plotly.state))")
+
 # before the page's scripts: wrap FlowscopeTimeline's draw as soon as timeline.js defines it
 FIRST_RENDER_INIT = """(() => {
   let FT;
@@ -284,7 +289,7 @@ def measure_ingest(browser, rate: int, pages: int, seconds: float, workers: int,
             context, page = _new_page(browser)
             opened.append(context)
             page.goto(f"{col.address}/ui/runs/{run_id}", wait_until="load")
-            page.wait_for_function("() => window.flowscopeLive && flowscopeLive.snapshots >= 1", timeout=WAIT_MS)
+            page.wait_for_function(PAGE_READY, timeout=WAIT_MS)
             page.evaluate(DRAW_HOOK, "mark-")
         from flowscope.client.transport import ipc_bytes
 
@@ -562,7 +567,7 @@ def measure_peer(browser, mode: str, tasks: int, rep: int, workdir: Path, store:
                 page.wait_for_function("() => window.__found", timeout=WAIT_MS)
             elif mode == "flowscope":
                 page.goto(obs.dashboard_url, wait_until="load")
-                page.wait_for_function("() => window.flowscopeLive && flowscopeLive.snapshots >= 1", timeout=WAIT_MS)
+                page.wait_for_function(PAGE_READY, timeout=WAIT_MS)
                 page.evaluate(DRAW_HOOK, prefix)
             cs0, cc0, w0 = _cpu(sched.pid), _cpu(obs.collector_pid), time.perf_counter()
             futures = [client.submit(work, i, key=f"{prefix}{i}", pure=False) for i in range(tasks)]
