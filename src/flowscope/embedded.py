@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from flowscope.client import client as _client
-from flowscope.client.transport import Busy, Rejected
+from flowscope.client.transport import Busy, Rejected, RunNotOpen
 from flowscope.model.conform import SchemaError
 from flowscope.model.provenance import check_close_request
 from flowscope.service.collector import Collector, CollectorBusy, UnknownRun
@@ -52,7 +52,9 @@ class EmbeddedTransport:
             res = self.collector.ingest(run_id, table, segment_id, data)
         except CollectorBusy as exc:
             raise Busy(str(exc)) from None
-        except (SchemaError, UnknownRun, ValueError) as exc:
+        except UnknownRun as exc:  # as over HTTP: retried, then spooled (the owner may open it in a moment)
+            raise RunNotOpen(str(exc)) from None
+        except (SchemaError, ValueError) as exc:
             raise Rejected(422 if isinstance(exc, SchemaError) else 404, str(exc)) from None
         except OSError as exc:  # the store could not be written (disk full, permissions): retry, then spool
             raise Busy(f"store write failed: {exc}") from None
