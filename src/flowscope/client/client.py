@@ -615,9 +615,10 @@ class Client:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             return self._progress.wait_for(lambda: self._settled >= req.target, left)
 
-    def close(self, status: str = "finished", timeout: float | None = None) -> None:
-        """Flush, close the run if this client opened it, stop the threads. Raises FlowscopeError
-        if records were refused or are left in the spool."""
+    def close(self, status: str = "finished", timeout: float | None = None, end_ns: int | None = None) -> None:
+        """Flush, close the run if this client opened it, stop the threads. ``end_ns``: the run's end (default
+        now; a simulator gives its simulated end). Raises FlowscopeError if records were refused or are left
+        in the spool."""
         if self._closed:
             return
         for ns in list(self._namespaces):  # pending commits (and uncommitted updates) are published first
@@ -629,7 +630,7 @@ class Client:
         if self._offline_since is not None or self.spool.has_pending(self.run_id):
             self._replay_own(busy_timeout=self.busy_timeout)
         if self.owns_run:
-            info = {"end_ns": now_ns(), "status": status}
+            info = {"end_ns": now_ns() if end_ns is None else int(end_ns), "status": status}
             if self._offline_since is not None or self.spool.has_pending(self.run_id):
                 self.spool.save_close(self.run_id, info)
             else:
