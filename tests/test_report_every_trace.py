@@ -15,7 +15,7 @@ so the report draws the same sections for each; what differs between them is how
 format, which tests/test_darshan.py and tests/test_io_summary.py check on all 36. Here the newest log of each release
 series (major.minor) per architecture stands for its series (:func:`sample`: 8 logs, chosen by name, so the same
 ones each time), which spares about 28 page loads of a 5 MB report.
-One browser serves the module, one page each report; each trace is imported and its report opened once
+One browser serves the session, one page each report; each trace is imported and its report opened once
 (module-scoped caches shared by the tests).
 """
 
@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import shared_data_dir
+from conftest import shared_browser, shared_data_dir
 
 import flowscope
 from flowscope.importers import TraceError, content_files, expand, import_paths
@@ -114,15 +114,8 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    from test_report import CHROMIUM, CHROMIUM_ARGS, _browser
-
-    sync_playwright = _browser()
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    """The session's Chromium (tests/conftest.py): each report opens in a page of its own, closed after it."""
+    return shared_browser()
 
 
 @pytest.fixture(scope="module")
