@@ -252,14 +252,21 @@ def expected_sections(h: dict[str, int]) -> dict[str, bool]:
     }
 
 
+#: run directory -> the text ``flowscope show RUN --json`` printed: the command runs once per trace, and each test
+#: that reads it parses its own copy
+_SHOWN: dict[Path, str] = {}
+
+
 def show_json(run) -> dict:
     """``flowscope show RUN --json``, in this process (the command's own code, its own printing)."""
     from flowscope.cli.main import main
 
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["show", str(run.path), "--json"]) == 0
-    return json.loads(out.getvalue())
+    if run.path not in _SHOWN:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["show", str(run.path), "--json"]) == 0
+        _SHOWN[run.path] = out.getvalue()
+    return json.loads(_SHOWN[run.path])
 
 
 # ---- tests -------------------------------------------------------------------------------------------------------
