@@ -71,17 +71,19 @@ def needs_tool(executable: str, package: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(missing, reason=f"{executable} (Debian package {package}) is not installed")
 
 
-# ---- one headless Chromium for the whole session ---------------------------------------------------------------
-# Launching Playwright's driver and Chromium costs seconds of CPU; ~30 tests render a page. They share one browser
-# and each opens its pages in a context of its own (a fresh profile: no cookie, cache or storage carried over),
-# closed when the test ends.
+# ---- one headless Chromium per test module ---------------------------------------------------------------------
+# Launching Playwright's driver and Chromium costs seconds of CPU; ~30 tests render a page. The tests of a module
+# share one browser and each opens its pages in a context of its own (a fresh profile: no cookie, cache or storage
+# carried over), closed when the test ends. Not one per session: while Playwright's sync API is started it marks
+# its event loop as the main thread's running loop, so asyncio.run() there fails ("cannot be called from a running
+# event loop"); stopping it when the module ends keeps that from reaching the modules that follow.
 CHROMIUM = os.environ.get("FLOWSCOPE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic"]
 
 
 class _SharedChromium:
-    """Playwright and a Chromium started on first use and kept until the session ends (started again if the
+    """Playwright and a Chromium started on first use and kept until the module ends (started again if the
     browser went away, e.g. crashed)."""
 
     def __init__(self) -> None:
@@ -119,7 +121,7 @@ _CHROMIUM = _SharedChromium()
 
 
 def shared_browser():
-    """The session's Playwright Chromium :class:`Browser` (skipped with the reason where Playwright or chromium is
+    """The module's Playwright Chromium :class:`Browser` (skipped with the reason where Playwright or chromium is
     missing; failed under CI). Open pages with ``browser.new_page()`` or in ``browser.new_context()``: either is a
     fresh profile. Prefer the ``chromium`` fixture in tests, which closes them when the test ends."""
     return _CHROMIUM.get()
@@ -127,14 +129,17 @@ def shared_browser():
 
 @pytest.fixture
 def chromium():
-    """The session's Chromium; every context the test opened is closed when it ends."""
+    """The module's Chromium; every context the test opened is closed when it ends."""
     try:
         yield shared_browser()
     finally:
         _CHROMIUM.close_contexts()
 
 
-def pytest_sessionfinish(session, exitstatus) -> None:
+@pytest.fixture(scope="module", autouse=True)
+def _chromium_stops_with_its_module():
+    """Stop the shared Chromium (if this module started it) when the module's tests are done."""
+    yield
     _CHROMIUM.close()
 
 

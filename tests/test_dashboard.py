@@ -41,7 +41,7 @@ def gated(i, gate):
 
 @pytest.fixture
 def browser(chromium):
-    """The session's Chromium (tests/conftest.py); the contexts a test opens are closed when it ends."""
+    """The module's Chromium (tests/conftest.py); the contexts a test opens are closed when it ends."""
     return chromium
 
 

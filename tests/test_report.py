@@ -180,7 +180,7 @@ def open_page(path: Path, blocked: list | None = None):
     URLs appended to it."""
     console: list = []
     errors: list = []
-    # the session's browser (tests/conftest.py); the page has a context of its own, closed with it
+    # the module's browser (tests/conftest.py); the page has a context of its own, closed with it
     page = shared_browser().new_page(viewport={"width": 1400, "height": 900})
     try:
         page.on("console", lambda m: console.append((m.type, m.text)))

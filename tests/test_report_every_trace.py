@@ -15,7 +15,7 @@ so the report draws the same sections for each; what differs between them is how
 format, which tests/test_darshan.py and tests/test_io_summary.py check on all 36. Here the newest log of each release
 series (major.minor) per architecture stands for its series (:func:`sample`: 8 logs, chosen by name, so the same
 ones each time), which spares about 28 page loads of a 5 MB report.
-One browser serves the session, one page each report; each trace is imported and its report opened once
+One browser serves the module, one page each report; each trace is imported and its report opened once
 (module-scoped caches shared by the tests).
 """
 
@@ -114,7 +114,7 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    """The session's Chromium (tests/conftest.py): each report opens in a page of its own, closed after it."""
+    """The module's Chromium (tests/conftest.py): each report opens in a page of its own, closed after it."""
     return shared_browser()
 
 

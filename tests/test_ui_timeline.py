@@ -11,7 +11,6 @@ import pytest
 
 from flowscope.ui import static_dir
 
-
 PAGE = """<!doctype html><meta charset="utf-8"><title>timeline test</title>
 <body style="margin:0"><div id="tl" style="width:1000px"></div>
 <script src="/static/timeline.js"></script></body>"""
@@ -54,7 +53,7 @@ def server(tmp_path_factory):
 
 @pytest.fixture
 def page(server, chromium):
-    """A fresh page (a context of its own) of the session's Chromium (tests/conftest.py) with the timeline drawn."""
+    """A fresh page (a context of its own) of the module's Chromium (tests/conftest.py) with the timeline drawn."""
     pg = chromium.new_page(viewport={"width": 1200, "height": 400}, device_scale_factor=1)
     try:
         pg.dialogs = []
