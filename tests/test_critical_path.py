@@ -382,6 +382,22 @@ def test_measured_path_of_a_diamond_goes_through_the_input_that_arrived_last(tmp
     assert what_if(spans, deps, transfers, scale={"b": 2.0}) == 80 * MS
 
 
+def test_what_if_scales_single_tasks(tmp_path):
+    """The diamond above with c alone twice as fast: c ends at 36, its output reaches d's worker at 40, d keeps
+    its observed 2 ms wait and ends at 56; scaling b (off the path) or a key the run lacks changes nothing."""
+    spans, deps, transfers = hand_built_run(
+        tmp_path,
+        tasks={"a": ("w1", 1, 0, 10), "b": ("w1", 1, 10, 30), "c": ("w2", 2, 12, 60), "d": ("w1", 1, 66, 80)},
+        deps=[("b", "a"), ("c", "a"), ("d", "b"), ("d", "c")],
+        transfers=[("a", "w1", "w2", 10, 12), ("c", "w2", "w1", 60, 64)])
+    assert what_if(spans, deps, transfers, scale_tasks={"c": 0.5}) == 56 * MS
+    assert what_if(spans, deps, transfers, scale_tasks={"b": 0.0, "no-such-key": 3.0}) == 80 * MS
+    # on top of the group's factor
+    assert what_if(spans, deps, transfers, scale={"c": 2.0}, scale_tasks={"c": 0.25}) == 56 * MS
+    with pytest.raises(ValueError, match="scale_tasks"):
+        what_if(spans, deps, transfers, scale_tasks={"c": -1.0})
+
+
 def test_measured_path_of_a_task_queued_behind_another_on_its_thread(tmp_path):
     """z's input p was ready at 5 ms, but z's thread ran x until 40: z waited for the thread, not for data. The
     path is x then z (queueing 40-42), and p -- z's only dependency -- is not on it."""

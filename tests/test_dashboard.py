@@ -15,11 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import missing_dependency, require_module
+from conftest import require_module
 
-CHROMIUM = os.environ.get("FLOWSCOPE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 #: a bound on waits for the workflow's records to reach the page (a busy machine is slow; this is no timing test)
 WAIT_MS = 180_000
 
@@ -43,16 +40,9 @@ def gated(i, gate):
 
 
 @pytest.fixture
-def browser():
-    sync_playwright = require_module("playwright.sync_api", "drives chromium: pip install -e '.[test]'").sync_playwright
-    if not Path(CHROMIUM).exists():
-        missing_dependency(f"{CHROMIUM} is missing (apt-get install chromium)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+def browser(chromium):
+    """The module's Chromium (tests/conftest.py); the contexts a test opens are closed when it ends."""
+    return chromium
 
 
 def _page(context):

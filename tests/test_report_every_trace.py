@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import shared_data_dir
+from conftest import shared_browser, shared_data_dir
 
 import flowscope
 from flowscope.importers import TraceError, content_files, expand, import_paths
@@ -114,15 +114,8 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    from test_report import CHROMIUM, CHROMIUM_ARGS, _browser
-
-    sync_playwright = _browser()
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    """The module's Chromium (tests/conftest.py): each report opens in a page of its own, closed after it."""
+    return shared_browser()
 
 
 @pytest.fixture(scope="module")
@@ -259,14 +252,21 @@ def expected_sections(h: dict[str, int]) -> dict[str, bool]:
     }
 
 
+#: run directory -> the text ``flowscope show RUN --json`` printed: the command runs once per trace, and each test
+#: that reads it parses its own copy
+_SHOWN: dict[Path, str] = {}
+
+
 def show_json(run) -> dict:
     """``flowscope show RUN --json``, in this process (the command's own code, its own printing)."""
     from flowscope.cli.main import main
 
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["show", str(run.path), "--json"]) == 0
-    return json.loads(out.getvalue())
+    if run.path not in _SHOWN:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["show", str(run.path), "--json"]) == 0
+        _SHOWN[run.path] = out.getvalue()
+    return json.loads(_SHOWN[run.path])
 
 
 # ---- tests -------------------------------------------------------------------------------------------------------

@@ -4,6 +4,7 @@ paths and what-if replays with scaled durations."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -252,10 +253,12 @@ def near_critical_paths(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFra
 
 
 def what_if(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame | pa.Table,
-            transfers: pd.DataFrame | pa.Table | None = None, scale: dict[str, float] | None = None) -> int:
+            transfers: pd.DataFrame | pa.Table | None = None, scale: dict[str, float] | None = None,
+            scale_tasks: Mapping[str, float] | None = None) -> int:
     """The makespan (ns) a replay of the run would have with scaled durations: ``scale`` maps a task group
     to a factor for its tasks' durations, and "transfer" / "queue" to factors for all transfer times / all
-    observed queueing. The replay keeps each task on its thread in the observed order and starts it when
+    observed queueing; ``scale_tasks`` maps a task key to a factor for that task's duration (on top of its
+    group's; keys the graph does not have are ignored). The replay keeps each task on its thread in the observed order and starts it when
     its inputs have arrived and its thread is free, plus the lag it was observed to wait beyond that; so
     with every factor 1.0 it returns the measured makespan exactly."""
     scale = dict(scale or {})
@@ -274,6 +277,12 @@ def what_if(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame | pa.Tabl
     t0 = int(start.min())
     n = g.n
     factor = np.array([float(scale.get(x, 1.0)) for x in groups])
+    if scale_tasks:
+        per_key = pd.Series(scale_tasks, dtype=np.float64)
+        if (per_key < 0).any() or per_key.isna().any():
+            bad = per_key[(per_key < 0) | per_key.isna()].index[0]
+            raise ValueError(f"what_if: scale_tasks[{bad!r}] must be a number >= 0")
+        factor = factor * per_key.reindex(g.tasks["key"]).fillna(1.0).to_numpy()
     dur = (end - start) * factor
     fx, fq = float(scale.get("transfer", 1.0)), float(scale.get("queue", 1.0))
     # constraints u -> v with lag: v may start lag after u ends. Vertex n is the run's start (weight 0).
