@@ -38,9 +38,9 @@ class Breakdown:
     but no record carries the time it took (see ``IO_TIME_UNKNOWN``). ``idle_s`` is capacity unused: gaps,
     idle states and unused slots. ``makespan_s`` is the extent of the executing resources' timed work: their spans,
     or in a run whose only timed work is I/O operations (a Darshan log with DXT), those, from the first to the
-    last; ``io_s`` is then the executors' time in those operations (per resource, the union of its operations),
-    the time ``idle_s`` complements, while the bytes still count every record (the per-file counters' times are in
-    :mod:`flowscope.analysis.io_summary`)."""
+    last; ``io_s`` then counts the I/O records (each byte and second once, as above: a Darshan log's per-file
+    counters), not the timeline's I/O state, which is the same operations; ``idle_s`` is the ranks' capacity
+    outside their operations (per resource, the union of its operations)."""
 
     compute_s: float
     communication_s: float
@@ -112,9 +112,9 @@ def breakdown(run: Run) -> Breakdown:
     io_ns = int(row["io_ns"]) + slot_ns["io"]
     io_timed = int(row["io_timed"]) + int((states["state"] == "io").sum() if len(states) else 0)
     if work_unit_kind(run) == IO_UNIT:
-        # the timeline is the I/O operations themselves: their time is the executors' I/O slot-time (each rank's
-        # union of its operations), which the idle time complements; the records' own sums would count it twice
-        io_ns = slot_ns["io"]
+        # the timeline is the I/O records themselves: I/O time is what the records count (each byte and second
+        # once, IO_TOTALS_SQL), not that again as the timeline's I/O state
+        io_ns = int(row["io_ns"])
     # I/O was recorded, but none of it with the time it took: unknown, not zero
     io_s = None if int(row["io_records"]) and not io_timed else io_ns / 1e9
     comm_ns = slot_ns["communication"] or int(row["comm_ns"])
