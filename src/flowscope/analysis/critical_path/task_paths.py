@@ -84,14 +84,14 @@ def _measured_path(g: _TaskGraph) -> CriticalPath:
     rows: list[dict] = []
     chain = [v]
     cursor = int(end[v])
-    keys, groups, workers = tasks["key"].to_numpy(), tasks["group"].to_numpy(), tasks["worker"].to_numpy()
+    keys, groups, locations = tasks["key"].to_numpy(), tasks["group"].to_numpy(), _locations(tasks)
     component = _unit_components(tasks)
     # units that are a resource's own sequence (its outermost spans, its I/O operations), not tasks a scheduler
     # placed: the time between two of them is the resource running none (idle, as the resource-state timeline
     # calls it), not queueing
     gap_kind, gap_component = ("QUEUE", "queue") if _scheduled(tasks) else ("IDLE", IDLE_COMPONENT)
     while True:
-        key, grp, loc = keys[v], groups[v], workers[v] if workers[v] is not None else res[v]
+        key, grp, loc = keys[v], groups[v], locations[v]
         s = min(int(start[v]), cursor)
         rows.append(_step(key, grp, "task", s, cursor, component[v], loc, grp))
         cursor = s
@@ -153,6 +153,14 @@ def _unit_components(tasks: pd.DataFrame) -> np.ndarray:
     return cat.map(lambda c: _COMPONENT_OF.get(c, "compute")).to_numpy(dtype=object)
 
 
+def _locations(tasks: pd.DataFrame) -> np.ndarray:
+    """Per unit, where it ran: its Dask worker when the rows name one, else its resource (a StarPU worker, an MPI
+    location, a WfCommons host, a Darshan rank)."""
+    worker = tasks["worker"].to_numpy(dtype=object)
+    res = tasks["resource_id"].to_numpy(dtype=object)
+    return np.where(pd.notna(worker), worker, res)
+
+
 def _scheduled(tasks: pd.DataFrame) -> bool:
     """Whether the units are tasks a scheduler placed (the gaps before them are queueing): unless the rows say
     they are a resource's own spans or I/O operations (:func:`work_units`' ``unit``)."""
@@ -166,7 +174,7 @@ def _structural_path(g: _TaskGraph) -> CriticalPath:
     dur, xt = g.duration, g.xfer_time
     length, path = longest_path(g.n, g.src, g.dst, xt.astype(np.float64), dur.astype(np.float64))
     keys, groups = g.tasks["key"].to_numpy(), g.tasks["group"].to_numpy()
-    locs = g.tasks["worker"].to_numpy()
+    locs = _locations(g.tasks)
     component = _unit_components(g.tasks)
     edge_of = {}
     if len(path) > 1:
