@@ -311,17 +311,15 @@ def _js_numbers(doc):
     return doc
 
 
-def _worker_labels(run_dir: Path) -> list[str]:
-    """The labels of the run's Dask worker processes, as analysis.memory names them."""
-    from flowscope.analysis.memory import _label
+def _worker_ids(run_dir: Path) -> list[str]:
+    """The resource ids of the run's Dask worker processes."""
     from flowscope.store.run import Run
 
     run = Run(run_dir)
     try:
-        res = run.sql("SELECT DISTINCT resource_id, kind, name, address FROM resources WHERE kind = 'worker'")
+        return sorted(run.sql("SELECT DISTINCT resource_id FROM resources WHERE kind = 'worker'")["resource_id"])
     finally:
         run.close()
-    return [_label(r.kind, r.name, r.address, r.resource_id) for r in res.itertuples()]
 
 
 def check_forecast_panel(pg, address: str, run_id: str, event: str = "idle", fraction: str = "0.25") -> dict:
@@ -470,11 +468,11 @@ def test_analysis_pages_follow_a_live_dask_run_with_the_figures_of_the_analyses(
             fc1 = check_forecast_panel(ov, collector.address, fs.run_id)
             assert fc1["resources"] >= 2 and fc1["frames"] and fc1["tasks"] == N_PARTS + 1
             # memory per worker process: both workers, sampled while the run runs
-            workers = _worker_labels(run_dir)
+            workers = _worker_ids(run_dir)
             ov.wait_for_function("n => { const d = flowscopePanels.memory.doc; return d && d.processes.length === n; }",
                                  arg=len(workers), timeout=WAIT_MS)
-            mem1 = ov.evaluate("() => flowscopePanels.memory.doc.processes.map(p => [p.label, p.t.length])")
-            assert sorted(m[0] for m in mem1) == sorted(workers) and all(m[1] >= 1 for m in mem1)
+            mem1 = ov.evaluate("() => flowscopePanels.memory.doc.processes.map(p => [p.resource_id, p.t.length])")
+            assert sorted(m[0] for m in mem1) == workers and all(m[1] >= 1 for m in mem1)
 
             # phase 2: tasks held until the gate file exists, depending on phase 1's sum; then they finish
             held = [delayed(gated, pure=True)(first, gate, dask_key_name=f"held-{i}") for i in range(4)]
@@ -512,7 +510,7 @@ def test_analysis_pages_follow_a_live_dask_run_with_the_figures_of_the_analyses(
             assert fc3["threshold"] == 1 and parse_qs(urlsplit(ov.url).query) == {"event": ["compute"],
                                                                                  "fraction": ["0.5"]}
             # more memory samples of each worker arrived while the run went on
-            ov.wait_for_function("m => flowscopePanels.memory.doc.processes.every(p => p.t.length > m[p.label])",
+            ov.wait_for_function("m => flowscopePanels.memory.doc.processes.every(p => p.t.length > m[p.resource_id])",
                                  arg={k: n for k, n in mem1}, timeout=WAIT_MS)
 
             # click through: rank -> step -> call, each selection in the URL
@@ -533,7 +531,7 @@ def test_analysis_pages_follow_a_live_dask_run_with_the_figures_of_the_analyses(
     fc = check_forecast_panel(ov, collector.address, fs.run_id, "idle", "0.5")
     assert len(fc["frames"]) >= len(fc2["frames"]) and ov.locator("#fc-fraction").input_value() == "0.5"
     mem = check_memory_panel(ov, run_dir)
-    assert sorted(set(mem["label"])) == sorted(workers)  # the test's own process is left out
+    assert sorted(set(mem["resource_id"])) == workers  # the test's own process is left out
     assert (mem["bytes"] > 2 ** 20).all()  # a Python process's resident memory, not the test's 1.0
     _shot(ov, "overview-panels")
     _no_markup_ran(ov)
