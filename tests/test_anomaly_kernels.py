@@ -5,10 +5,12 @@ function, many functions seen a few times, zero variance, equal values, huge and
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
-from flowscope.analysis.anomalies import AnomalyConfig, Detector, ParameterServer
+from flowscope.analysis.anomalies import AnomalyConfig, Detector, FunctionModel, ParameterServer
 
 _STATS = ("_count", "_mean", "_m2", "_min", "_max")
 
@@ -214,3 +216,115 @@ def test_process_steps_refuses_bounds_that_do_not_cover_the_calls():
         with pytest.raises(ValueError, match="bounds must run from 0 to the 3 calls"):
             det.process_steps(["f"], [0, 0, 0], [1.0, 2.0, 3.0], bad)
     assert det.seen == 0 and len(det.view) == 0
+
+
+def test_a_lagging_detector_sees_every_change_after_the_servers_change_log_is_trimmed():
+    """A compiled sync reads the functions changed since the detector's last one from the server's change log, not
+    from a pass over every function; the log is trimmed (a function's older entries dropped) so it stays bounded
+    while a detector lags, and a detector that joins late still gets every function. The lagging detector's view, the others' and the
+    server stay those of numpy detectors (which take exchange_rows)."""
+    names, codes, values = _skewed(80_000, 60, seed=23)
+    config = AnomalyConfig(algo="sstd")
+    sides = {}
+    for compiled in (True, False):
+        server = ParameterServer()
+        server._log_slack = 256  # trimmed every few dozen syncs here
+        dets = [Detector(config, keep=True, mature=100, compiled=compiled) for _ in range(4)]
+        views = []
+        late = Detector(config, compiled=compiled)
+        lengths = []
+        for k, lo in enumerate(range(0, len(codes), 100)):   # 800 steps; detector 3 syncs every 40th of its steps
+            p = k % 4
+            part = np.arange(lo, min(lo + 100, len(codes)))
+            dets[p].process(names, codes[part], values[part], ids=part)
+            if p < 3 or (k // 4) % 40 == 39:
+                dets[p].sync(server)
+                if p == 3:
+                    views.append(dets[3].view.copy())
+            if compiled:  # bounded while detector 3 lags
+                lengths.append(int(server._clog[2][0]))
+                assert lengths[-1] <= 4 * len(server.model) + server._log_slack + 3 * len(names)
+        assert not compiled or any(b < a for a, b in itertools.pairwise(lengths))  # it was trimmed
+        late.process(names, codes[:50], values[:50])  # joins after the log was trimmed
+        late.sync(server)
+        views.append(late.view.copy())
+        sides[compiled] = (dets, views, server)
+    (cd, cv, cs), (nd, nv, ns) = sides[True], sides[False]
+    assert len(cv) == len(nv) == 6
+    for a, b in zip(cv, nv):
+        _assert_same_model(a, b)
+    for a, b in zip(cd, nd):
+        _assert_same_model(a.view, b.view)
+    _assert_same_model(cs.snapshot(), ns.snapshot())
+
+
+@pytest.mark.parametrize("algo", ["sstd", "hbos"])
+def test_final_against_a_model_that_numbers_functions_differently_maps_them_by_name(algo):
+    """``final(model)`` maps the kept calls through the server's numbering when ``model`` numbers functions as the
+    server does (a snapshot), and by name otherwise: a model with the functions in another order gives the same
+    verdict."""
+    names, codes, values = _skewed(30_000, 80, seed=29)
+    server = ParameterServer()
+    dets = [Detector(AnomalyConfig(algo=algo), keep=True, mature=200) for _ in range(2)]
+    for k, lo in enumerate(range(0, len(codes), 1_000)):
+        part = np.arange(lo, lo + 1_000)
+        dets[k % 2].process(names, codes[part], values[part], ids=part)
+        dets[k % 2].sync(server)
+    snap = server.snapshot()
+    other = FunctionModel(snap.histograms)  # the same statistics, the functions numbered backwards
+    order = np.arange(len(snap))[::-1]
+    other.merge_in(snap.subset(order))
+    assert other.names != snap.names and other.names == [snap.names[i] for i in order]
+    want = np.sort(np.concatenate([d.final(snap) for d in dets]))
+    assert len(want) > 0
+    np.testing.assert_array_equal(np.sort(np.concatenate([d.final(other) for d in dets])), want)
+
+
+@pytest.mark.parametrize("algo", ["sstd", "hbos"])
+def test_calls_added_to_the_local_model_directly_reach_the_server_at_the_next_sync(algo):
+    """The Dask plugin adds calls to ``detector.local`` itself; a compiled detector, whose kernels list the
+    functions with local calls, lists them again after handing its local model out, so a sync sends them all."""
+    names, codes, values = _skewed(12_000, 40, seed=31)
+    servers = {}
+    for compiled in (True, False):
+        server = ParameterServer()
+        det = Detector(AnomalyConfig(algo=algo), compiled=compiled)
+        det.process(names, codes[:6_000], values[:6_000])
+        det.sync(server)
+        rest = np.arange(6_000, 12_000)
+        hot = codes[rest] == 0        # calls of function 0 since the sync go in by hand only
+        det.process(names, codes[rest[~hot]], values[rest[~hot]])
+        extra = rest[hot]             # as the plugin does: view and local updated by hand
+        det.local.update(det.local.codes(names)[codes[extra]], values[extra])
+        det.view.update(det.view.codes(names)[codes[extra]], values[extra])
+        det.sync(server)
+        servers[compiled] = server.snapshot()
+    assert servers[True].count.sum() == 12_000
+    _assert_same_model(servers[True], servers[False])
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_detectors_numbered_by_different_lists_agree_with_the_server_by_name(compiled):
+    """A fresh view takes the numbering of the list of names it is given, and the server notes where in that list
+    each function it numbers sits, so detectors given the same list map the server's functions without looking
+    names up; a detector given another list (the same names in another order, and one more) maps them by name.
+    Every view ends equal, function by function, to the server's model."""
+    names, codes, values = _skewed(40_000, 200, seed=37)
+    other = ["extra"] + names[::-1]                # other order, other length: positions differ
+    other_codes = len(names) - codes               # the same calls, as codes into ``other``
+    server = ParameterServer()
+    dets = [Detector(AnomalyConfig(algo="sstd"), compiled=compiled) for _ in range(3)]
+    lists = [names, other, names]
+    for k, lo in enumerate(range(0, len(codes), 500)):
+        p = k % 3
+        part = slice(lo, lo + 500)
+        dets[p].process(lists[p], (other_codes if p == 1 else codes)[part], values[part])
+        dets[p].sync(server)
+    for d in dets:
+        d.sync(server)
+    snap = server.snapshot()
+    assert sorted(snap.names) == sorted({names[i] for i in np.unique(codes)})
+    for d in dets:
+        at = d.view.codes(snap.names)
+        for attr in _STATS:
+            np.testing.assert_array_equal(getattr(d.view, attr)[at], getattr(snap, attr)[:len(snap)], err_msg=attr)

@@ -43,3 +43,32 @@ def test_a_collector_held_back_longer_than_the_timeout_still_starts(tmp_path, mo
     finally:
         server.stop()
     t.join(5)
+
+
+def test_the_collector_process_runs_at_the_niceness_asked_for_on_every_thread(tmp_path, monkeypatch):
+    """$FLOWSCOPE_COLLECTOR_NICE (and ``nice=``) raise the collector's niceness before it starts its threads, so
+    that every thread of it (HTTP, writers, live view) yields to the workflow it observes; it still stores what it
+    is sent. A value that is not an integer is refused, naming the variable."""
+    import pytest
+
+    from flowscope import Client
+
+    base = psutil.Process().nice()
+    monkeypatch.setenv("FLOWSCOPE_COLLECTOR_NICE", "7")
+    server = CollectorProcess(tmp_path / "store")
+    try:
+        fs = Client(server.address, name="niced")
+        fs.log("stored by a niced collector")
+        fs.close()
+        tids = [t.id for t in psutil.Process(server.proc.pid).threads()]
+        assert len(tids) > 1
+        assert {psutil.Process(tid).nice() for tid in tids} == {min(base + 7, 19)}
+        from flowscope.store.run import open_run
+
+        logs = open_run(tmp_path / "store" / fs.run_id).sql("SELECT message FROM logs")
+        assert "stored by a niced collector" in set(logs["message"])
+    finally:
+        server.stop()
+    monkeypatch.setenv("FLOWSCOPE_COLLECTOR_NICE", "low")
+    with pytest.raises(ValueError, match="FLOWSCOPE_COLLECTOR_NICE"):
+        CollectorProcess(tmp_path / "store2")

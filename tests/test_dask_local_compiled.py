@@ -150,3 +150,44 @@ def test_threads_registering_at_once_keep_their_own_tasks(tmp_path, monkeypatch,
                            WHERE s.task_key LIKE 'where-%'""")
     got = {int(k.split("-")[1]): int(t) for k, t in zip(spans["task_key"], spans["tid"])}
     assert got == ran
+
+
+def test_compiled_keys_and_edges_equal_the_reference_on_every_kind_of_node():
+    """A graph's keys as text and its (task, dependency) pairs, read in C once per computation, are the reference's
+    values in the reference's order: tuple, str, empty and non-ASCII keys, a data node, a legacy task converted by
+    Dask, a dependency the graph does not hold (named by str()), a node with no dependencies; errors the same."""
+    from dask._task_spec import DataNode, List, Task, TaskRef, convert_legacy_graph
+
+    from flowscope.sources.dask import _local_tasks
+    from flowscope.sources.dask.local import _CompiledGraph, _GraphBase
+
+    dsk, _ = keys_graph.graph()
+    graph = convert_legacy_graph(dict(dsk))
+    graph[("outside", 7)] = Task(("outside", 7), max, TaskRef(("not-in-graph", 1)), TaskRef(""))
+    graph[""] = DataNode("", 3)
+    graph["ünï"] = Task("ünï", sum, List(TaskRef(""), TaskRef(("outside", 7)), TaskRef("ünï-missing")))
+    graph.pop(("not-in-graph", 1), None)
+    assert any(isinstance(node, DataNode) for node in graph.values())
+
+    texts = _local_tasks.key_texts(graph)
+    assert texts == _GraphBase.key_texts(graph) and list(texts) == list(graph)
+    assert all(type(v) is str for v in texts.values())
+
+    class Ref:  # the reference's edges, with the names the compiled path gets
+        names = texts
+    want = _GraphBase.graph_edges(Ref, graph)
+    got = _local_tasks.graph_edges(graph, texts, DataNode)
+    assert got == want and got[2] >= 1
+    assert "not-in-graph" in str(got[1]) and ("ünï", "ünï-missing") in zip(got[0], got[1])
+
+    # the Python class picks the C functions for a dict and the reference for anything else
+    assert _CompiledGraph.key_texts(graph) == texts
+    with pytest.raises(KeyError):  # a key names lacks: the reference's KeyError
+        _local_tasks.graph_edges(graph, {}, DataNode)
+
+    class NoDeps:
+        pass
+    with pytest.raises(AttributeError, match="dependencies"):
+        _local_tasks.graph_edges({"x": NoDeps()}, {"x": "x"}, DataNode)
+    with pytest.raises(TypeError):
+        _local_tasks.key_texts([1, 2])

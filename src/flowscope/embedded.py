@@ -86,6 +86,12 @@ class EmbeddedCollector:
 
         return ingest(self.collector, run_id, states, mutations)
 
+    def analyze(self, run_id: str, namespace: str, request: dict) -> dict:
+        """Run an analysis request over a namespace's rows (the collector's /analyze endpoint, called)."""
+        from flowscope.service.namespace_routes import analyze
+
+        return analyze(self.collector, run_id, namespace, request)
+
     def stop(self) -> None:
         """Stop the server, then let the collector finish its queued writes."""
         if self.server:
@@ -101,6 +107,29 @@ class Client(_client.Client):
 
     def _embed(self, store, collector_options: dict, serve: bool, token: str | None) -> EmbeddedCollector:
         return EmbeddedCollector(store, collector_options, serve=serve, token=token)
+
+
+def namespace(name: str, *, client: _client.Client | None = None, publish_every: int = 1, blocking: bool = True,
+              resource_id: str | None = None, run_name: str | None = None, **client_options):
+    """``flowscope.namespace``: a :class:`~flowscope.client.namespaces.Namespace` publishing into ``client``'s run
+    or, without one, into the run (named ``run_name``) of a Client made with ``client_options`` (which joins
+    $FLOWSCOPE_ADDRESS and $FLOWSCOPE_RUN when set, else runs a collector in this process); closing the namespace
+    then closes that client. SOMA's four domains are the namespaces ``performance``, ``application``, ``hardware``
+    and ``workflow`` (and their sub-namespaces, ``application.astaroth``); any other valid name is a namespace of
+    your own."""
+    from flowscope.model.namespaces import check_namespace
+
+    check_namespace(name)  # before a client (and maybe a collector) is started for it
+    if client is not None:
+        return client.namespace(name, publish_every=publish_every, blocking=blocking, resource_id=resource_id)
+    made = Client(name=run_name, **client_options)
+    try:
+        ns = made.namespace(name, publish_every=publish_every, blocking=blocking, resource_id=resource_id)
+    except BaseException:
+        made.close()
+        raise
+    ns._owns_client = True
+    return ns
 
 
 # client/data_states.py is imported when a step is made, not with this module: it imports pandas, which a

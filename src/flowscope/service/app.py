@@ -33,6 +33,7 @@ from flowscope.service.dashboard_routes import dashboard_routes
 from flowscope.service.live_hub import LiveHub
 from flowscope.service.json_batch import WINDOW_CHARS, MalformedBatch, json_batch_table
 from flowscope.service.forecast_routes import forecast_routes
+from flowscope.service.namespace_routes import namespace_routes
 from flowscope.service.wcp_routes import data_state_routes
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -417,6 +418,7 @@ def build_app(collector: Collector) -> Starlette:
         Route("/v1/runs/{run_id}/tables/{table}", query, methods=["GET"]),
         *data_state_routes(collector),
         *forecast_routes(collector),
+        *namespace_routes(collector),
         *anomaly_routes(collector),
         *dashboard_routes(LiveHub(collector.store, collector)),
     ]

@@ -37,19 +37,37 @@ def _answers(address: str) -> bool:
     return True
 
 
+#: the collector process's niceness (``flowscope serve --nice``) unless $FLOWSCOPE_COLLECTOR_NICE says otherwise
+COLLECTOR_NICE = 0
+NICE_ENV = "FLOWSCOPE_COLLECTOR_NICE"
+
+
+def collector_nice() -> int:
+    """The niceness a collector process is started with: $FLOWSCOPE_COLLECTOR_NICE, else ``COLLECTOR_NICE``."""
+    raw = os.environ.get(NICE_ENV, "").strip()
+    if not raw:
+        return COLLECTOR_NICE
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"${NICE_ENV} must be an integer niceness increment, not {raw!r}") from None
+
+
 class CollectorProcess:
     """`flowscope serve` on 127.0.0.1 and a free port, writing to ``store``; ``stop()`` drains it."""
 
-    def __init__(self, store: str | Path, timeout: float = 30.0, wall_timeout: float = 600.0):
+    def __init__(self, store: str | Path, timeout: float = 30.0, wall_timeout: float = 600.0, nice: int | None = None):
         """Start it and wait until it answers. It is given up on once it has used ``timeout`` seconds of CPU
         time without answering (a busy machine may keep it from running for far longer than that: starved is
-        not stuck), or after ``wall_timeout`` seconds whatever it did."""
+        not stuck), or after ``wall_timeout`` seconds whatever it did. ``nice``: added to its CPU niceness
+        (default :func:`collector_nice`)."""
         self.store = Path(store)
+        self.nice = collector_nice() if nice is None else int(nice)
         self._dir = tempfile.TemporaryDirectory(prefix="flowscope-collector-")
         addr_file = Path(self._dir.name) / "address"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "flowscope", "serve", "--port", "0", "--store", str(self.store),
-             "--address-file", str(addr_file)],
+             "--address-file", str(addr_file), *(["--nice", str(self.nice)] if self.nice else [])],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         wall_deadline = time.monotonic() + wall_timeout
 

@@ -17,8 +17,11 @@
  *   touched: int64[n], the functions of the step in order of first call                    (written)
  *   score: float64[n]; flagged: bool[n]; keep_rows: int64[n], the positions of kept calls  (written)
  *   status: 0 done; 1 call `index` has a code outside [0, F) (nothing changed)
- *   bounds (optional, last): int64[k + 1], 0 = b[0] <= ... <= b[k] = n: k consecutive steps, each folded in and
+ *   bounds (optional): int64[k + 1], 0 = b[0] <= ... <= b[k] = n: k consecutive steps, each folded in and
  *   judged in turn as k separate calls would (keep_rows then index the whole input)
+ *   lt, nlt, kept, ids, first_id (optional, after bounds; see get_extras): the list of functions with local calls
+ *   since the last sync, appended to; a store the kept calls are appended to (id, view code, value) instead of
+ *   keep_rows (then None), each call's id being ids[i] or first_id + i
  *
  * hbos_step(F, codes, values, view, local, view_hist, cell_values, scratch, touched, keys, score, flagged,
  *           keep_rows, max_bins, alpha, threshold, min_count, mature, rare, keep[, bounds]) -> the same tuple
@@ -40,6 +43,10 @@
  *   from_server: int64 server code -> view code
  *   status: 0 done; 1 a function with local calls has no server code; 2 the two maps disagree (1 and 2: nothing
  *   changed)
+ *   lt, nlt (optional): the view codes with local calls (the first nlt[0]): only those are looked at, and nlt[0]
+ *   is set to 0; log (optional): (codes, versions, count), the server's change log in version order, appended to
+ *   (room for nlt[0], or Fv, more): the functions changed after `since` are read from it, not from a pass over
+ *   `changed`
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -68,7 +75,7 @@ static inline void merge_row(moments *m, int64_t f, int64_t nb, double mb, doubl
 /* the moments of a step's calls per function (pass 1: count and sum; pass 2: squared deviations about the
    step's mean, and min / max beyond the view's), merged into view and local; returns the touched count */
 static int64_t fold_step(int64_t n, const int64_t *codes, const double *v, moments *view, moments *local,
-                         int64_t *s_cnt, double *s_sum, double *s_m2, int64_t *touched) {
+                         int64_t *s_cnt, double *s_sum, double *s_m2, int64_t *touched, int64_t *lt, int64_t *nlt) {
     int64_t nt = 0;
     for (int64_t i = 0; i < n; i++) {
         int64_t c = codes[i];
@@ -96,6 +103,7 @@ static int64_t fold_step(int64_t n, const int64_t *codes, const double *v, momen
     for (int64_t k = 0; k < nt; k++) {
         int64_t c = touched[k];
         merge_row(view, c, s_cnt[c], s_sum[c], s_m2[c]);
+        if (lt && local->count[c] == 0) lt[(*nlt)++] = c;  /* first local call since the last sync */
         merge_row(local, c, s_cnt[c], s_sum[c], s_m2[c]);
         s_cnt[c] = 0;
         s_sum[c] = 0.0;
@@ -106,7 +114,7 @@ static int64_t fold_step(int64_t n, const int64_t *codes, const double *v, momen
 
 /* ---- argument handling ---------------------------------------------------------------------------------- */
 
-#define MAX_BUFS 24
+#define MAX_BUFS 40
 
 typedef struct {
     Py_buffer b[MAX_BUFS];
@@ -194,17 +202,72 @@ static int64_t get_bounds(held_bufs *h, PyObject *o, Py_ssize_t n, const int64_t
     return len - 1;
 }
 
+/* the optional streaming arguments of a step (after bounds): lt, nlt: the view codes with local calls since the
+   last sync (int64[F]) and their number (int64[1]), appended to as functions get their first local call; kept:
+   (ids int64, codes int64, values float64, count int64[1]), a store the kept calls are appended to (room for
+   count + n more), each with its id (call_ids[i], or first_id + i) and view code; without it keep_rows gets the
+   positions of the kept calls */
+typedef struct {
+    int64_t *lt, *nlt, *k_ids, *k_codes, *k_n;
+    double *k_vals;
+    const int64_t *call_ids;
+    int64_t first_id;
+} extras;
+
+static int get_extras(held_bufs *h, PyObject *o_lt, PyObject *o_nlt, PyObject *o_kept, PyObject *o_ids,
+                      long long first_id, Py_ssize_t F, Py_ssize_t n, extras *x) {
+    memset(x, 0, sizeof *x);
+    x->first_id = first_id;
+    if (o_lt != Py_None) {
+        if (!(x->lt = get(h, o_lt, 1, 'i', F, "local touched"))) return -1;
+        if (!(x->nlt = get(h, o_nlt, 1, 'i', 1, "local touched count"))) return -1;
+        if (*x->nlt < 0 || *x->nlt > F) {
+            PyErr_Format(PyExc_ValueError, "local touched count %lld outside 0..%zd", (long long)*x->nlt, F);
+            return -1;
+        }
+    }
+    if (o_kept != Py_None) {
+        if (!PyTuple_Check(o_kept) || PyTuple_GET_SIZE(o_kept) != 4) {
+            PyErr_SetString(PyExc_TypeError, "kept: expected (ids, codes, values, count)");
+            return -1;
+        }
+        if (!(x->k_n = get(h, PyTuple_GET_ITEM(o_kept, 3), 1, 'i', 1, "kept count"))) return -1;
+        Py_ssize_t need = (Py_ssize_t)*x->k_n + n;
+        if (*x->k_n < 0) {
+            PyErr_SetString(PyExc_ValueError, "kept count is negative");
+            return -1;
+        }
+        if (!(x->k_ids = get(h, PyTuple_GET_ITEM(o_kept, 0), 1, 'i', need, "kept ids"))) return -1;
+        if (!(x->k_codes = get(h, PyTuple_GET_ITEM(o_kept, 1), 1, 'i', need, "kept codes"))) return -1;
+        if (!(x->k_vals = get(h, PyTuple_GET_ITEM(o_kept, 2), 1, 'd', need, "kept values"))) return -1;
+    }
+    if (o_ids != Py_None && !(x->call_ids = get(h, o_ids, 0, 'i', n, "ids"))) return -1;
+    return 0;
+}
+
+static inline void keep_call(const extras *x, int64_t *keep_rows, int64_t nk, int64_t i, int64_t c, double v) {
+    if (x->k_n) {
+        int64_t k = *x->k_n + nk;
+        x->k_ids[k] = x->call_ids ? x->call_ids[i] : x->first_id + i;
+        x->k_codes[k] = c;
+        x->k_vals[k] = v;
+    } else {
+        keep_rows[nk] = i;
+    }
+}
+
 /* ---- SSTD ----------------------------------------------------------------------------------------------- */
 
 static PyObject *sstd_step(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t F, min_count, mature;
     PyObject *o_codes, *o_values, *o_view, *o_local, *o_std, *o_cut, *o_s[3], *o_touched, *o_score, *o_flagged,
-        *o_keep, *o_bounds = Py_None;
+        *o_keep, *o_bounds = Py_None, *o_lt = Py_None, *o_nlt = Py_None, *o_kept = Py_None, *o_ids = Py_None;
     double sigma, near;
     int keep;
-    if (!PyArg_ParseTuple(args, "nOOOOOO(OOO)OOOOdnndp|O", &F, &o_codes, &o_values, &o_view, &o_local, &o_std,
+    long long first_id = 0;
+    if (!PyArg_ParseTuple(args, "nOOOOOO(OOO)OOOOdnndp|OOOOOL", &F, &o_codes, &o_values, &o_view, &o_local, &o_std,
                           &o_cut, &o_s[0], &o_s[1], &o_s[2], &o_touched, &o_score, &o_flagged, &o_keep, &sigma,
-                          &min_count, &mature, &near, &keep, &o_bounds))
+                          &min_count, &mature, &near, &keep, &o_bounds, &o_lt, &o_nlt, &o_kept, &o_ids, &first_id))
         return NULL;
     Py_ssize_t n = length(o_codes);
     if (n < 0) return NULL;
@@ -223,8 +286,11 @@ static PyObject *sstd_step(PyObject *Py_UNUSED(self), PyObject *args) {
     int64_t *touched = s_m2 ? get(&h, o_touched, 1, 'i', n, "touched") : NULL;
     double *score = touched ? get(&h, o_score, 1, 'd', n, "score") : NULL;
     char *flagged = score ? get(&h, o_flagged, 1, '?', n, "flagged") : NULL;
-    int64_t *keep_rows = flagged ? get(&h, o_keep, 1, 'i', n, "keep_rows") : NULL;
-    if (!keep_rows) goto fail;
+    if (!flagged) goto fail;
+    extras ex;
+    if (get_extras(&h, o_lt, o_nlt, o_kept, o_ids, first_id, F, n, &ex) < 0) goto fail;
+    int64_t *keep_rows = NULL;
+    if (keep && !ex.k_n && !(keep_rows = get(&h, o_keep, 1, 'i', n, "keep_rows"))) goto fail;
     const int64_t *bounds;
     int64_t one[2];
     int64_t steps = get_bounds(&h, o_bounds, n, &bounds, one);
@@ -235,7 +301,7 @@ static PyObject *sstd_step(PyObject *Py_UNUSED(self), PyObject *args) {
     bad = first_bad_code(n, codes, F);
     for (int64_t st = 0; bad < 0 && st < steps; st++) {  /* each step updated, then judged */
         int64_t lo = bounds[st], hi = bounds[st + 1];
-        nt = fold_step(hi - lo, codes + lo, v + lo, &view, &local, s_cnt, s_sum, s_m2, touched);
+        nt = fold_step(hi - lo, codes + lo, v + lo, &view, &local, s_cnt, s_sum, s_m2, touched, ex.lt, ex.nlt);
         int64_t judge_from = min_count > 2 ? min_count : 2;
         double near_cut = near * sigma;
         for (int64_t k = 0; k < nt; k++) {  /* as Detector._refresh */
@@ -253,9 +319,10 @@ static PyObject *sstd_step(PyObject *Py_UNUSED(self), PyObject *args) {
             int f = s > sigma;
             if (min_count > 2) f = f && view.count[c] >= min_count;
             flagged[i] = (char)f;
-            if (keep && s >= cut[c]) keep_rows[nk++] = i;
+            if (keep && s >= cut[c]) keep_call(&ex, keep_rows, nk++, i, c, v[i]);
         }
     }
+    if (ex.k_n) *ex.k_n += nk;
     Py_END_ALLOW_THREADS
     out = Py_BuildValue("iLLL", bad < 0 ? 0 : 1, (long long)bad, (long long)nt, (long long)nk);
 fail:
@@ -286,12 +353,15 @@ typedef struct {       /* one touched function's histogram verdict, as model.sco
 static PyObject *hbos_step(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t F, min_count, mature, rare, max_bins;
     PyObject *o_codes, *o_values, *o_view, *o_local, *o_hist, *o_rep, *o_s[3], *o_touched, *o_keys, *o_score,
-        *o_flagged, *o_keep, *o_bounds = Py_None;
+        *o_flagged, *o_keep, *o_bounds = Py_None, *o_lt = Py_None, *o_nlt = Py_None, *o_kept = Py_None,
+        *o_ids = Py_None;
     double alpha, threshold;
     int keep;
-    if (!PyArg_ParseTuple(args, "nOOOOOO(OOO)OOOOOnddnnnp|O", &F, &o_codes, &o_values, &o_view, &o_local, &o_hist,
-                          &o_rep, &o_s[0], &o_s[1], &o_s[2], &o_touched, &o_keys, &o_score, &o_flagged, &o_keep,
-                          &max_bins, &alpha, &threshold, &min_count, &mature, &rare, &keep, &o_bounds))
+    long long first_id = 0;
+    if (!PyArg_ParseTuple(args, "nOOOOOO(OOO)OOOOOnddnnnp|OOOOOL", &F, &o_codes, &o_values, &o_view, &o_local,
+                          &o_hist, &o_rep, &o_s[0], &o_s[1], &o_s[2], &o_touched, &o_keys, &o_score, &o_flagged,
+                          &o_keep, &max_bins, &alpha, &threshold, &min_count, &mature, &rare, &keep, &o_bounds,
+                          &o_lt, &o_nlt, &o_kept, &o_ids, &first_id))
         return NULL;
     Py_ssize_t n = length(o_codes);
     if (n < 0) return NULL;
@@ -312,8 +382,11 @@ static PyObject *hbos_step(PyObject *Py_UNUSED(self), PyObject *args) {
     int64_t *keys = touched ? get(&h, o_keys, 1, 'i', n, "keys") : NULL;
     double *score = keys ? get(&h, o_score, 1, 'd', n, "score") : NULL;
     char *flagged = score ? get(&h, o_flagged, 1, '?', n, "flagged") : NULL;
-    int64_t *keep_rows = flagged ? get(&h, o_keep, 1, 'i', n, "keep_rows") : NULL;
-    if (!keep_rows) goto fail;
+    if (!flagged) goto fail;
+    extras ex;
+    if (get_extras(&h, o_lt, o_nlt, o_kept, o_ids, first_id, F, n, &ex) < 0) goto fail;
+    int64_t *keep_rows = NULL;
+    if (keep && !ex.k_n && !(keep_rows = get(&h, o_keep, 1, 'i', n, "keep_rows"))) goto fail;
     const int64_t *bounds;
     int64_t one[2];
     int64_t steps = get_bounds(&h, o_bounds, n, &bounds, one);
@@ -331,7 +404,7 @@ static PyObject *hbos_step(PyObject *Py_UNUSED(self), PyObject *args) {
     if (!rows) no_memory = 1;
     for (int64_t st = 0; !no_memory && st < steps; st++) {  /* each step updated, then judged */
         int64_t lo = bounds[st], hi = bounds[st + 1];
-        nt = fold_step(hi - lo, codes + lo, v + lo, &view, &local, s_cnt, s_sum, s_m2, touched);
+        nt = fold_step(hi - lo, codes + lo, v + lo, &view, &local, s_cnt, s_sum, s_m2, touched, ex.lt, ex.nlt);
         for (int64_t i = lo; i < hi; i++) {
             keys[i] = codes[i] * FINE_BINS + fine_bin(v[i]);
             hist[keys[i]] += 1;
@@ -402,7 +475,7 @@ static PyObject *hbos_step(PyObject *Py_UNUSED(self), PyObject *args) {
                 double s = cache[at];
                 score[i] = s;
                 flagged[i] = (char)(r->judged && s >= r->threshold);
-                if (keep && (s >= r->cut || hist[keys[i]] <= rare)) keep_rows[nk++] = i;
+                if (keep && (s >= r->cut || hist[keys[i]] <= rare)) keep_call(&ex, keep_rows, nk++, i, codes[i], v[i]);
             }
         }
         for (int64_t k = 0; k < nt; k++) s_cnt[touched[k]] = 0;
@@ -411,6 +484,7 @@ static PyObject *hbos_step(PyObject *Py_UNUSED(self), PyObject *args) {
         counts = NULL;
         cache = NULL;
     }
+    if (ex.k_n && !no_memory) *ex.k_n += nk;
     Py_END_ALLOW_THREADS
     free(rows);
     if (no_memory) {
@@ -440,11 +514,13 @@ static inline void sstd_refresh(const moments *view, int64_t c, double *std, dou
 static PyObject *sync_moments(PyObject *Py_UNUSED(self), PyObject *args) {
     Py_ssize_t Fv, Fs, min_count, mature;
     long long version, since;
-    PyObject *o_local, *o_to, *o_server, *o_changed, *o_from, *o_view, *o_std, *o_cut;
+    PyObject *o_local, *o_to, *o_server, *o_changed, *o_from, *o_view, *o_std, *o_cut, *o_lt = Py_None,
+        *o_nlt = Py_None, *o_log = Py_None;
     double sigma, near;
     int refresh;
-    if (!PyArg_ParseTuple(args, "nOOnOOLLOOpOOdnnd", &Fv, &o_local, &o_to, &Fs, &o_server, &o_changed, &version,
-                          &since, &o_from, &o_view, &refresh, &o_std, &o_cut, &sigma, &min_count, &mature, &near))
+    if (!PyArg_ParseTuple(args, "nOOnOOLLOOpOOdnnd|OOO", &Fv, &o_local, &o_to, &Fs, &o_server, &o_changed, &version,
+                          &since, &o_from, &o_view, &refresh, &o_std, &o_cut, &sigma, &min_count, &mature, &near,
+                          &o_lt, &o_nlt, &o_log))
         return NULL;
     if (Fv < 0 || Fs < 0) return PyErr_Format(PyExc_ValueError, "negative sizes %zd, %zd", Fv, Fs);
     held_bufs h = {.n = 0};
@@ -460,17 +536,52 @@ static PyObject *sync_moments(PyObject *Py_UNUSED(self), PyObject *args) {
     if (!from) goto fail;
     if (refresh && (!(std = get(&h, o_std, 1, 'd', Fv, "std")) || !(cut = get(&h, o_cut, 1, 'd', Fv, "cut"))))
         goto fail;
+    extras ex;  /* only lt, nlt */
+    if (get_extras(&h, o_lt, o_nlt, Py_None, Py_None, 0, Fv, 0, &ex) < 0) goto fail;
+    int64_t *log_codes = NULL, *log_ver = NULL, *log_n = NULL;
+    if (o_log != Py_None) {  /* (codes, versions, count): every (server code, version) of a change, in version order */
+        if (!PyTuple_Check(o_log) || PyTuple_GET_SIZE(o_log) != 3) {
+            PyErr_SetString(PyExc_TypeError, "log: expected (codes, versions, count)");
+            goto fail;
+        }
+        if (!(log_n = get(&h, PyTuple_GET_ITEM(o_log, 2), 1, 'i', 1, "log count"))) goto fail;
+        Py_ssize_t need = (Py_ssize_t)*log_n + (ex.lt ? (Py_ssize_t)*ex.nlt : Fv);
+        if (!(log_codes = get(&h, PyTuple_GET_ITEM(o_log, 0), 1, 'i', need, "log codes")) ||
+            !(log_ver = get(&h, PyTuple_GET_ITEM(o_log, 1), 1, 'i', need, "log versions")))
+            goto fail;
+    }
     int status = 0;
     Py_BEGIN_ALLOW_THREADS
+    int64_t nrows = ex.lt ? *ex.nlt : Fv, start = 0, end = log_n ? *log_n : 0;
+#define LOCAL_ROW(k) (ex.lt ? ex.lt[k] : (k))
+    if (log_n) {  /* the first entry after `since` */
+        int64_t a = 0, b = end;
+        while (a < b) {
+            int64_t m = a + (b - a) / 2;
+            if (log_ver[m] > since) b = m; else a = m + 1;
+        }
+        start = a;
+    }
+    /* the log, unless it holds more entries since `since` than there are functions (then one pass over `changed`) */
+    int use_log = log_n && end - start <= (int64_t)Fs + nrows;
     /* checks first, so that a refusal changes nothing */
-    for (int64_t r = 0; r < Fv && !status; r++)
-        if (local.count[r]) {
+    for (int64_t k = 0; k < nrows && !status; k++) {
+        int64_t r = LOCAL_ROW(k);
+        if ((uint64_t)r >= (uint64_t)Fv) status = 2;
+        else if (local.count[r]) {
             if ((uint64_t)to[r] >= (uint64_t)Fs) status = 1;
             else if (from[to[r]] != r) status = 2;
         }
-    for (int64_t s = 0; s < Fs && !status; s++)
-        if (changed[s] > since && (uint64_t)from[s] >= (uint64_t)Fv) status = 2;
-    for (int64_t r = 0; r < Fv && !status; r++) {
+    }
+    if (use_log) {
+        for (int64_t j = start; j < end && !status; j++)
+            if ((uint64_t)log_codes[j] >= (uint64_t)Fs || (uint64_t)from[log_codes[j]] >= (uint64_t)Fv) status = 2;
+    } else {
+        for (int64_t s = 0; s < Fs && !status; s++)
+            if (changed[s] > since && (uint64_t)from[s] >= (uint64_t)Fv) status = 2;
+    }
+    for (int64_t k = 0; k < nrows && !status; k++) {
+        int64_t r = LOCAL_ROW(k);
         int64_t nb = local.count[r];
         if (!nb) continue;
         int64_t s = to[r];  /* as ParameterServer.exchange_rows: FunctionModel._merge_rows, then min and max */
@@ -478,16 +589,26 @@ static PyObject *sync_moments(PyObject *Py_UNUSED(self), PyObject *args) {
         if (local.min[r] < server.min[s] || isnan(local.min[r])) server.min[s] = local.min[r];
         if (local.max[r] > server.max[s] || isnan(local.max[r])) server.max[s] = local.max[r];
         changed[s] = version;
+        if (log_n) {
+            log_codes[*log_n] = s;
+            log_ver[(*log_n)++] = version;
+        }
         local.count[r] = 0;  /* as Detector._reset_local */
         local.mean[r] = 0.0;
         local.m2[r] = 0.0;
         local.min[r] = INFINITY;
         local.max[r] = -INFINITY;
     }
+#undef LOCAL_ROW
     if (!status) {
         int64_t judge_from = min_count > 2 ? min_count : 2;
-        for (int64_t s = 0; s < Fs; s++) {  /* every function changed since the detector's last sync */
-            if (changed[s] <= since) continue;
+        if (ex.lt) *ex.nlt = 0;
+        /* every function changed since the detector's last sync (from the log: the same functions, some more
+           than once, which copies the same values again) */
+        int64_t last = use_log ? *log_n : Fs;
+        for (int64_t j = use_log ? start : 0; j < last; j++) {
+            int64_t s = use_log ? log_codes[j] : j;
+            if (!use_log && changed[s] <= since) continue;
             int64_t c = from[s];
             view.count[c] = server.count[s];
             view.mean[c] = server.mean[s];

@@ -139,7 +139,7 @@ class FunctionModel:
     def __init__(self, histograms: bool = True) -> None:
         self.histograms = bool(histograms)
         self.names: list[str] = []
-        self.index: dict[str, int] = {}
+        self._index: dict[str, int] = {}   # names[:len(_index)] -> their codes; the rest added when looked up
         self._count = np.zeros(0, np.int64)
         self._mean = np.zeros(0)
         self._m2 = np.zeros(0)
@@ -149,6 +149,18 @@ class FunctionModel:
 
     def __len__(self) -> int:
         return len(self.names)
+
+    @property
+    def index(self) -> dict[str, int]:
+        """Each name's code (built when first looked up: a model that only mirrors another's names never is)."""
+        d, names = self._index, self.names
+        if len(d) < len(names):
+            d.update(zip(names[len(d):], range(len(d), len(names))))
+        return d
+
+    @index.setter
+    def index(self, d: dict[str, int]) -> None:
+        self._index = d
 
     def __repr__(self) -> str:
         return f"FunctionModel({len(self.names)} functions, {int(self.count.sum())} calls)"
@@ -178,19 +190,24 @@ class FunctionModel:
 
     def codes(self, names: Sequence[str]) -> np.ndarray:
         """This model's index of each name, adding the names it does not have yet."""
-        index = self.index
         if not len(names):
             return np.zeros(0, np.int64)
+        if not self.names:  # a first numbering: the names' own order when they do not repeat
+            d = dict(zip(names, range(len(names))))
+            if len(d) == len(names):
+                self._grow(list(names))
+                self._index = d
+                return np.arange(len(names), dtype=np.int64)
+        index = self.index
         try:
             return np.fromiter(map(index.__getitem__, names), np.int64, len(names))
         except KeyError:
             self._grow([n for n in dict.fromkeys(names) if n not in index])
+            index = self.index
             return np.fromiter(map(index.__getitem__, names), np.int64, len(names))
 
     def _grow(self, new: list[str]) -> None:
-        start = len(self.names)
-        self.names.extend(new)
-        self.index.update(zip(new, range(start, start + len(new))))
+        self.names.extend(new)  # (the index follows when looked up)
         need = len(self.names)
         for attr, fill in (("_count", 0), ("_mean", 0.0), ("_m2", 0.0), ("_min", np.inf), ("_max", -np.inf),
                            ("_hist", 0)):
@@ -272,7 +289,7 @@ class FunctionModel:
         rows = np.asarray(rows, np.int64)
         out = FunctionModel(self.histograms)
         out.names = [self.names[i] for i in rows.tolist()]
-        out.index = dict(zip(out.names, range(len(rows))))
+        out.index = {}
         out.count, out.mean, out.m2 = self.count[rows], self.mean[rows], self.m2[rows]
         out.min, out.max, out.hist = self.min[rows], self.max[rows], self.hist[rows]
         return out
@@ -280,7 +297,7 @@ class FunctionModel:
     def copy(self) -> FunctionModel:
         out = FunctionModel(self.histograms)
         out.names = list(self.names)
-        out.index = dict(self.index)
+        out.index = dict(self._index)
         out.count, out.mean, out.m2 = self.count.copy(), self.mean.copy(), self.m2.copy()
         out.min, out.max, out.hist = self.min.copy(), self.max.copy(), self.hist.copy()
         return out

@@ -48,6 +48,45 @@ class ParameterServer:
         # exchanging rows have not all seen yet
         self._log: list[tuple[int, int, np.ndarray, np.ndarray]] = []
         self._seen: dict[int, int] = {}         # detector -> the update its view includes
+        # every change as (server code, update), in update order, so that a detector's sync finds the functions
+        # changed since its last one without a pass over all of them (a function's older entries are dropped)
+        self._clog = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(1, np.int64))
+        self._origin: tuple = (None, np.zeros(0, np.int64))  # (list, position of each server function in it)
+        self._log_slack = 65536  # entries beyond 4 per function before the log is trimmed
+        if len(self.model):
+            self._log_changes(np.arange(len(self.model)), self.updates)
+
+    def _log_room(self, k: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The change log, with room for ``k`` more entries."""
+        codes, ver, n = self._clog
+        if len(codes) < int(n[0]) + k:
+            cap = max(int(n[0]) + k, 2 * len(codes), 64)
+            c2, v2 = np.empty(cap, np.int64), np.empty(cap, np.int64)
+            c2[:n[0]], v2[:n[0]] = codes[:n[0]], ver[:n[0]]
+            self._clog = (c2, v2, n)
+        return self._clog
+
+    def _log_changes(self, codes: np.ndarray, version: int) -> None:
+        codes = np.asarray(codes, np.int64)
+        lc, lv, n = self._log_room(len(codes))
+        k = int(n[0])
+        lc[k:k + len(codes)], lv[k:k + len(codes)] = codes, version
+        n[0] = k + len(codes)
+
+    def _trim_log(self) -> None:
+        """Keep only each function's latest change-log entry (all that "changed after version v" needs), once
+        the log is four times as long as the model (plus a margin): amortised O(1) per entry."""
+        lc, lv, n = self._clog
+        k = int(n[0])
+        if k <= 4 * len(self.model) + self._log_slack:
+            return
+        codes = lc[:k]
+        latest = np.empty(int(codes.max()) + 1, np.int64)
+        latest[codes] = np.arange(k)  # (numpy assigns repeated indices in order: the last entry of each code wins)
+        pick = np.flatnonzero(latest[codes] == np.arange(k))  # in log (= update) order
+        m = len(pick)
+        lc[:m], lv[:m] = codes[pick], lv[:k][pick]
+        n[0] = m
 
     def join(self) -> int:
         """A number for a detector that exchanges rows (``exchange_rows``)."""
@@ -78,6 +117,7 @@ class ParameterServer:
         if len(local):
             idx = self.model.codes(local.names)
             self._changed[idx] = self.updates
+            self._log_changes(idx, self.updates)
             if local.histograms and self._seen:
                 r, cell = np.nonzero(local.hist)
                 self._log_hist(-1, idx[r] * FINE_BINS + cell, local.hist[r, cell])
@@ -101,12 +141,39 @@ class ParameterServer:
             self._merge(local)
             return self.updates, self.model.subset(np.flatnonzero(self._changed[:len(self.model)] > since))
 
-    def codes(self, names: Sequence[str], histograms: bool) -> np.ndarray:
-        """The server's numbers of functions ``names`` (new ones are added, empty), for ``exchange_rows``."""
+    def codes(self, names: Sequence[str], histograms: bool,
+              origin: tuple[Sequence[str], np.ndarray] | None = None) -> np.ndarray:
+        """The server's numbers of functions ``names`` (new ones are added, empty), for ``exchange_rows``.
+        ``origin`` = (list, positions): each name's position in a list of names detectors were given (-1: none),
+        noted so that detectors numbered by the same list map the server's functions without looking names up
+        (``origin_positions``)."""
         with self.lock:
             self.model._check_merge(FunctionModel(histograms))  # an empty model takes the detectors' kind
             out = self.model.codes(list(names))
             self._grow_changed()
+            if origin is not None and origin[0] is not None:
+                src, pos = self._origin
+                if src is None:
+                    src = origin[0]
+                if src is origin[0]:
+                    if len(pos) < len(self.model):
+                        pos = np.concatenate([pos, np.full(max(len(self.model), 2 * len(pos)) - len(pos), -1,
+                                                           np.int64)])
+                    fresh = pos[out] < 0
+                    pos[out[fresh]] = np.asarray(origin[1], np.int64)[fresh]
+                    self._origin = (src, pos)
+            return out
+
+    def origin_positions(self, start: int, stop: int, names: Sequence[str]) -> np.ndarray | None:
+        """The positions in ``names`` (a list given to ``codes`` as ``origin``) of the server's functions
+        ``start:stop`` (-1 where not known), or None if the server's functions were not noted against that list."""
+        with self.lock:
+            src, pos = self._origin
+            if src is not names:
+                return None
+            out = np.full(stop - start, -1, np.int64)
+            got = pos[start:stop]
+            out[:len(got)] = got
             return out
 
     def exchange_rows(self, who: int, codes: np.ndarray, stats: tuple[np.ndarray, ...],
@@ -129,6 +196,7 @@ class ParameterServer:
                 add_at(m._hist, hist[0], hist[1])
                 self._log_hist(who, *hist)
             self._changed[codes] = self.updates
+            self._log_changes(codes, self.updates)
             rows = np.flatnonzero(self._changed[:len(m)] > since)
             out = tuple(getattr(m, a)[rows] for a in _STATS)
             others = rows_hist = None
@@ -142,12 +210,14 @@ class ParameterServer:
             oldest = min(self._seen.values())
             if self._log and self._log[0][0] <= oldest:
                 self._log = [e for e in self._log if e[0] > oldest]
+            self._trim_log()
             return self.updates, m.names[known:], rows, out, rows_hist, others
 
     def exchange_moments(self, who: int, local: tuple[np.ndarray, ...], to_server: np.ndarray, since: int,
                          known: int, from_server: np.ndarray, view: tuple[np.ndarray, ...],
                          hist: tuple[np.ndarray, np.ndarray] | None = None,
-                         refresh: tuple | None = None) -> tuple[int, tuple[np.ndarray, np.ndarray] | None] | None:
+                         refresh: tuple | None = None, local_rows: tuple[np.ndarray, np.ndarray] | None = None,
+                         nview: int | None = None) -> tuple[int, tuple[np.ndarray, np.ndarray] | None] | None:
         """:meth:`exchange_rows` for a detector in this process, compiled (``_step_kernels.sync_moments``): merge
         its local moments (``local``: count, mean, M2, min, max per view code, the detector's view size long;
         reset to empty on the way) and write the global moments of every function changed after ``since`` into
@@ -157,16 +227,22 @@ class ParameterServer:
         keep threshold, recomputed for the functions written. Returns the new version and the other detectors'
         histogram increments since ``since`` (None without histograms), or None, having changed nothing, when
         the detector must take :meth:`exchange_rows` (the server has functions it has not mapped, one of its
-        functions has no server number yet, or its first exchange needs whole histogram rows)."""
+        functions has no server number yet, or its first exchange needs whole histogram rows). ``local_rows`` =
+        (rows, count): the view codes with local calls (``rows[:count[0]]``; then the others are not looked at, and
+        count is set to 0); ``nview``: the functions in the view, if the arrays are longer."""
         with self.lock:
             m = self.model
             if len(m) != known or (hist is not None) != m.histograms or (m.histograms and since == 0):
                 return None
             version = self.updates + 1
             std, cut, sigma, min_count, mature, near = refresh or (None, None, 0.0, 0, 0, 0.0)
+            lrows, lcount = local_rows or (None, None)
+            nv = len(local[0]) if nview is None else nview
             status = _step_kernels.sync_moments(
-                len(local[0]), local, to_server, len(m), (m._count, m._mean, m._m2, m._min, m._max), self._changed,
-                version, since, from_server, view, refresh is not None, std, cut, sigma, min_count, mature, near)
+                nv, local, to_server, len(m),
+                (m._count, m._mean, m._m2, m._min, m._max), self._changed, version, since, from_server, view,
+                refresh is not None, std, cut, sigma, min_count, mature, near, lrows, lcount,
+                self._log_room(nv if local_rows is None else int(lcount[0])))
             if status:
                 return None
             self.updates = version
@@ -183,6 +259,8 @@ class ParameterServer:
                 oldest = min(self._seen.values())
                 if self._log[0][0] <= oldest:
                     self._log = [e for e in self._log if e[0] > oldest]
+            if self._clog[2][0] > 4 * len(m) + self._log_slack:
+                self._trim_log()
             return version, others
 
     def snapshot(self) -> FunctionModel:
@@ -235,6 +313,13 @@ class Detector:
         self.compiled = bool(compiled)
         # the compiled step's per-function scratch (count, sum, M2), all zero between steps
         self._scratch = (np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+        # the view codes with local calls since the last sync (the first _nlt[0]), so a sync looks at those only
+        self._lt, self._nlt = np.zeros(0, np.int64), np.zeros(1, np.int64)
+        # compiled steps append their kept calls here: (ids, view codes, values, count)
+        self._kstore = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), np.zeros(1, np.int64))
+        self._margs: tuple | None = None  # (view moments, local moments) as the kernels take them
+        self._relist_due = False          # the local model was handed out: list its functions again before a sync
+        self._follows: tuple = (None, 0)  # (list, n): view codes below n are the positions in that list of names
 
     # the local statistics are kept with the view's function numbering, so that one batch's moments update both
     def _aligned(self, model: FunctionModel) -> FunctionModel:
@@ -249,6 +334,7 @@ class Detector:
         """Statistics of the calls seen since the last sync (for ``min`` and ``max``: of the calls that moved
         the view's, which is all a merge into the global model needs)."""
         self._flush_pending()
+        self._relist_due = True  # the caller may add calls to it directly
         return self._local
 
     @local.setter
@@ -256,6 +342,32 @@ class Detector:
         self._flush_pending()
         self._local = self._aligned(model)
         self._hist_flushed = True
+        self._grown()
+        self._relist()
+
+    def _relist(self) -> None:
+        """List the view codes with local calls again (after the local model changed outside the kernels)."""
+        rows = np.flatnonzero(self._local._count[:len(self.view)])
+        self._lt[:len(rows)] = rows
+        self._nlt[0] = len(rows)
+        self._relist_due = False
+
+    def _local_rows(self) -> np.ndarray:
+        """The view codes with local calls (compiled detectors: from the list the kernels keep, in no order)."""
+        if not self.compiled:
+            return np.flatnonzero(self._local._count[:len(self.view)])
+        if self._relist_due:
+            self._relist()
+        return self._lt[:int(self._nlt[0])].copy()
+
+    def _moments(self) -> tuple[tuple[np.ndarray, ...], tuple[np.ndarray, ...]]:
+        """(view moments, local moments), the storage arrays as the kernels take them."""
+        a, view, loc = self._margs, self.view, self._local
+        if a is None or a[0][0] is not view._count or a[1][0] is not loc._count or a[0][3] is not view._min \
+                or a[1][3] is not loc._min:
+            a = self._margs = ((view._count, view._mean, view._m2, view._min, view._max),
+                               (loc._count, loc._mean, loc._m2, loc._min, loc._max))
+        return a
 
     def _grown(self) -> None:
         """Storage indexed by view code as long as the view."""
@@ -267,6 +379,8 @@ class Detector:
             self._std = np.concatenate([self._std, np.full(k - len(self._std), np.inf)])
             self._cut = np.concatenate([self._cut, np.full(k - len(self._cut), -np.inf)])
             self._to_server = np.concatenate([self._to_server, np.full(k - len(self._to_server), -1, np.int64)])
+        if len(self._lt) < len(self._std):
+            self._lt = np.concatenate([self._lt, np.zeros(len(self._std) - len(self._lt), np.int64)])
         if len(self._scratch[0]) < len(self._std):
             k = len(self._std)
             self._scratch = (np.zeros(k, np.int64), np.zeros(k), np.zeros(k))
@@ -275,12 +389,34 @@ class Detector:
         """View codes of the calls ``func`` (codes into ``functions``); a list seen before (the same object,
         possibly grown by appending) is not looked up again."""
         if functions is not self._names_src:
-            self._names_src, self._names_map = functions, self.view.codes(list(functions))
+            self._names_src, self._names_map = functions, self._first_codes(functions)
+            self._grown()
         elif len(self._names_map) < len(functions):  # the list grew
             self._names_map = np.concatenate([self._names_map,
                                               self.view.codes(list(functions[len(self._names_map):]))])
-        self._grown()
+            self._grown()
         return self._names_map[func]
+
+    #: (list, its length, its index) the last fresh view was numbered by: other detectors given the same list
+    #: (the entries of a list given to ``process`` never change) copy the index instead of hashing every name
+    _numbering: tuple = (None, 0, None)
+
+    def _first_codes(self, functions: Sequence[str]) -> np.ndarray:
+        """The view codes of a list of names; a fresh view takes the list's own numbering."""
+        view = self.view
+        if len(view):
+            return view.codes(list(functions))
+        src, n, index = Detector._numbering
+        if src is functions and n == len(functions):
+            view._grow(list(functions))
+            view.index = dict(index)
+            self._follows = (functions, n)
+            return np.arange(n, dtype=np.int64)
+        codes = view.codes(list(functions))
+        if len(view) == len(functions) and len(view.index) == len(functions):  # the list's order, no repeats
+            Detector._numbering = (functions, len(functions), dict(view.index))
+            self._follows = (functions, len(functions))
+        return codes
 
     def _refresh(self, rows: np.ndarray) -> None:
         """SSTD: the per-function std and keep threshold of the view's functions at ``rows``."""
@@ -295,18 +431,15 @@ class Detector:
         """Add calls (``func`` codes into ``functions``) to the model, then judge them: (score, flagged).
         ``ids`` name the calls for ``final`` (default: their running number in this detector)."""
         func = np.asarray(func, np.int64)
-        values = np.asarray(values, np.float64)
+        values = np.ascontiguousarray(values, np.float64)
         if not len(func):
             return np.zeros(0), np.zeros(0, bool)
         vcodes = self._map(functions, func)
-        view, loc = self.view, self._local
         if self.compiled:
-            step = self._hbos_step if self._hist else self._sstd_step
-            score, flagged, sel = step(vcodes, np.ascontiguousarray(values))
-            if self.keep:
-                self._keep(func, ids, sel, vcodes, values)
+            score, flagged = (self._hbos_step if self._hist else self._sstd_step)(vcodes, values, ids)
             self.seen += len(func)
             return score, flagged
+        view, loc = self.view, self._local
         touched, nb, mb, m2b = batch_moments(vcodes, values, len(view), minmax=False)
         # min and max: only the calls beyond the view's can move them (here and in the global model)
         for arr, ufunc, beyond in (("_max", np.maximum, np.greater), ("_min", np.minimum, np.less)):
@@ -367,10 +500,7 @@ class Detector:
             return (np.concatenate([p[0] for p in parts]) if parts else np.zeros(0),
                     np.concatenate([p[1] for p in parts]) if parts else np.zeros(0, bool))
         vcodes = self._map(functions, func)
-        step = self._hbos_step if self._hist else self._sstd_step
-        score, flagged, sel = step(vcodes, np.ascontiguousarray(values), b)
-        if self.keep:
-            self._keep(func, ids, sel, vcodes, values)
+        score, flagged = (self._hbos_step if self._hist else self._sstd_step)(vcodes, values, ids, b)
         self.seen += len(func)
         return score, flagged
 
@@ -379,57 +509,91 @@ class Detector:
         ids = np.arange(self.seen, self.seen + len(func)) if ids is None else np.asarray(ids, np.int64)
         self._kept.append((ids[sel], vcodes[sel], values[sel]))
 
-    def _sstd_step(self, vcodes: np.ndarray, values: np.ndarray, bounds: np.ndarray | None = None
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """SSTD ``process`` in the compiled kernel (of each step in ``bounds``, or of one):
-        (score, flagged, positions of the calls to keep)."""
-        n = len(vcodes)
-        view, loc, c = self.view, self._local, self.config
-        score, flagged = np.empty(n), np.empty(n, bool)
-        sel, touched = np.empty(n, np.int64), np.empty(n, np.int64)
-        status, index, _, kept = _step_kernels.sstd_step(
-            len(view), vcodes, values, (view._count, view._mean, view._m2, view._min, view._max),
-            (loc._count, loc._mean, loc._m2, loc._min, loc._max),
-            self._std, self._cut, self._scratch, touched, score, flagged, sel, float(c.sigma), int(c.min_count),
-            self.mature, self.near, self.keep, bounds)
-        if status:  # the view numbers every function it is given: a bug, not bad input
-            raise RuntimeError(f"call {index}: view code {int(vcodes[index])} outside the view's {len(view)} functions")
-        return score, flagged, sel[:kept]
+    def _kept_room(self, n: int) -> tuple[np.ndarray, ...]:
+        """The kept-call store, with room for ``n`` more calls (a full store joins the kept list, uncopied, and a
+        new one, twice as large up to 1M calls, takes its place)."""
+        ids, codes, values, k = self._kstore
+        m = int(k[0])
+        if len(ids) < m + n:
+            if m:
+                self._kept.append((ids[:m], codes[:m], values[:m]))
+            cap = max(n, min(2 * len(ids), 1 << 20), 4096)
+            self._kstore = (np.empty(cap, np.int64), np.empty(cap, np.int64), np.empty(cap), k)
+            k[0] = 0
+        return self._kstore
 
-    def _hbos_step(self, vcodes: np.ndarray, values: np.ndarray, bounds: np.ndarray | None = None
-                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """HBOS ``process`` in the compiled kernel (of each step in ``bounds``, or of one):
-        (score, flagged, positions of the calls to keep)."""
+    def _sstd_step(self, vcodes: np.ndarray, values: np.ndarray, ids: np.ndarray | None,
+                   bounds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """SSTD ``process`` in the compiled kernel (of each step in ``bounds``, or of one): (score, flagged); kept
+        calls go to the kept-call store."""
         n = len(vcodes)
-        view, loc, c = self.view, self._local, self.config
+        c = self.config
+        vm, lm = self._moments()
+        score, flagged = np.empty(n), np.empty(n, bool)
+        status, index, _, _ = _step_kernels.sstd_step(
+            len(self.view), vcodes, values, vm, lm, self._std, self._cut, self._scratch, np.empty(n, np.int64),
+            score, flagged, None, float(c.sigma), int(c.min_count), self.mature, self.near, self.keep, bounds,
+            self._lt, self._nlt, self._kept_room(n) if self.keep else None,
+            None if ids is None else np.ascontiguousarray(ids, np.int64), self.seen)
+        if status:  # the view numbers every function it is given: a bug, not bad input
+            raise RuntimeError(f"call {index}: view code {int(vcodes[index])} outside the view's {len(self.view)} "
+                               f"functions")
+        return score, flagged
+
+    def _hbos_step(self, vcodes: np.ndarray, values: np.ndarray, ids: np.ndarray | None,
+                   bounds: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """HBOS ``process`` in the compiled kernel (of each step in ``bounds``, or of one): (score, flagged); kept
+        calls go to the kept-call store."""
+        n = len(vcodes)
+        view, c = self.view, self.config
+        vm, lm = self._moments()
         score, flagged, keys = np.empty(n), np.empty(n, bool), np.empty(n, np.int64)
-        sel, touched = np.empty(n, np.int64), np.empty(n, np.int64)
-        status, index, _, kept = _step_kernels.hbos_step(
-            len(view), vcodes, values, (view._count, view._mean, view._m2, view._min, view._max),
-            (loc._count, loc._mean, loc._m2, loc._min, loc._max),
-            view._hist, _FINE_REP, self._scratch, touched, keys, score, flagged, sel, int(c.max_bins),
-            float(c.alpha), float(c.threshold), int(c.min_count), self.mature, self.rare, self.keep, bounds)
+        status, index, _, _ = _step_kernels.hbos_step(
+            len(view), vcodes, values, vm, lm, view._hist, _FINE_REP, self._scratch, np.empty(n, np.int64), keys,
+            score, flagged, None, int(c.max_bins), float(c.alpha), float(c.threshold), int(c.min_count),
+            self.mature, self.rare, self.keep, bounds, self._lt, self._nlt,
+            self._kept_room(n) if self.keep else None,
+            None if ids is None else np.ascontiguousarray(ids, np.int64), self.seen)
         if status:
             raise RuntimeError(f"call {index}: view code {int(vcodes[index])} outside the view's {len(view)} functions")
         self._pending.append(keys)  # the local histogram's increments, applied when they are needed
-        return score, flagged, sel[:kept]
+        return score, flagged
 
     def final(self, model: FunctionModel | None = None) -> np.ndarray:
         """The ids of the kept calls that ``model`` (default: this detector's view) flags (needs ``keep``)."""
         if not self.keep:
             raise ValueError("Detector(keep=False) keeps no calls to judge again")
         model = self.view if model is None else model
+        k = int(self._kstore[3][0])
+        if k:  # the compiled steps' store joins the list
+            self._kept.append(tuple(a[:k] for a in self._kstore[:3]))
+            self._kstore = (np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0), self._kstore[3])
+            self._kstore[3][0] = 0
         if not self._kept:
             return np.zeros(0, np.int64)
         ids, codes, values = (np.concatenate(x) for x in zip(*self._kept))
         self._kept = [(ids, codes, values)]
-        mapped = model.codes(self.view.names)[codes] if model is not self.view else codes
+        mapped = self._codes_in(model, codes)  # (may add the view's names to ``model``: first)
         return ids[scorer(model, self.config).score(mapped, values)[1]]
+
+    def _codes_in(self, model: FunctionModel, codes: np.ndarray) -> np.ndarray:
+        """``model``'s numbers of the view's functions ``codes``: through the server numbering when ``model``
+        numbers functions as this detector's server does (a snapshot of it, say), else by name."""
+        if model is self.view:
+            return codes
+        server = self._server
+        if server is not None and self._server_known and len(model) >= self._server_known:
+            mapped = self._to_server[codes]
+            with server.lock:
+                same = server.model.names[:self._server_known] == model.names[:self._server_known]
+            if same and ((mapped >= 0) & (mapped < self._server_known)).all():
+                return mapped
+        return model.codes(self.view.names)[codes]
 
     @property
     def kept(self) -> int:
         """Calls kept to be judged again."""
-        return sum(len(k[0]) for k in self._kept)
+        return sum(len(k[0]) for k in self._kept) + int(self._kstore[3][0])
 
     def _reset_local(self, rows: np.ndarray) -> None:
         loc = self._local
@@ -438,6 +602,7 @@ class Detector:
         if loc.histograms and self._hist_flushed:
             loc._hist[rows] = 0
             self._hist_flushed = False
+        self._relist()
 
     def _flush_pending(self, direct: bool = True) -> None:
         """Put the pending histogram increments in the local histogram (and with ``direct``, note that the
@@ -463,9 +628,11 @@ class Detector:
         self._local = self._aligned(self._local)
         self._hist_flushed = True
         self._names_src, self._server = None, None  # the view's numbering changed
+        self._follows = (None, 0)
         self._std, self._cut = np.zeros(0), np.zeros(0)
         self._to_server = np.zeros(0, np.int64)
         self._grown()
+        self._relist()
         self._refresh(np.arange(len(self.view)))
 
     def sync(self, server: ParameterServer) -> None:
@@ -483,7 +650,8 @@ class Detector:
         rows = np.flatnonzero(loc.count)
         new = rows[self._to_server[rows] < 0]
         if len(new):
-            self._to_server[new] = server.codes([view.names[i] for i in new.tolist()], view.histograms)
+            self._to_server[new] = server.codes([view.names[i] for i in new.tolist()], view.histograms,
+                                                self._origin_of(new))
         stats = tuple(getattr(loc, a)[rows] for a in _STATS)
         hist = None
         if view.histograms:
@@ -513,9 +681,23 @@ class Detector:
         if not self._hist:
             self._refresh(vrows)
 
+    def _origin_of(self, vcodes: np.ndarray) -> tuple[Sequence[str] | None, np.ndarray]:
+        """(the list this view is numbered by, each view code's position in it or -1), for ``server.codes``."""
+        src, n = self._follows
+        return src, np.where(vcodes < n, vcodes, -1)
+
     def _map_server_names(self, names: list[str]) -> None:
         """Map the server's functions numbered from ``self._server_known`` on (``names``) to view codes."""
-        vc = self.view.codes(names)
+        src, n = self._follows
+        known = self._server_known
+        pos = None if src is None else self._server.origin_positions(known, known + len(names), src)
+        if pos is None:
+            vc = self.view.codes(names)
+        else:  # functions noted at a position of the list this view is numbered by: that is their view code
+            vc = np.where((pos >= 0) & (pos < n), pos, -1)
+            rest = np.flatnonzero(vc < 0)
+            if len(rest):
+                vc[rest] = self.view.codes([names[i] for i in rest.tolist()])
         self._grown()
         k = self._server_known + len(names)
         if len(self._from_server) < k:
@@ -530,10 +712,11 @@ class Detector:
         """Number with ``server`` the functions with local calls it has no number for, and map the functions
         it numbered since this detector last looked (what ``sync`` does around ``exchange_rows``); True if there
         was any."""
-        rows = np.flatnonzero(self._local._count[:len(self.view)])
-        new = rows[self._to_server[rows] < 0]
+        rows = self._local_rows()
+        new = np.sort(rows[self._to_server[rows] < 0])  # numbered with the server in view order
         if len(new):
-            self._to_server[new] = server.codes([self.view.names[i] for i in new.tolist()], self.view.histograms)
+            self._to_server[new] = server.codes([self.view.names[i] for i in new.tolist()], self.view.histograms,
+                                                self._origin_of(new))
         with server.lock:
             names = server.model.names[self._server_known:]
         if names:
@@ -544,19 +727,21 @@ class Detector:
         """``sync`` through :meth:`ParameterServer.exchange_moments` (no per-function arrays built), naming new
         functions first if that is what it refused for; False, having exchanged nothing, where it does not apply
         (then ``sync`` takes ``exchange_rows``)."""
-        self._grown()
+        n = len(self.view.names)
+        if len(self._std) < n or len(self._local.names) < n:
+            self._grown()
+        if self._relist_due:
+            self._relist()
         if self._hist:
             return self._sync_compiled_hbos(server)
-        c = self.config
         for attempt in range(2):
             if attempt and not self._name_with(server):
                 return False
-            loc, view, n = self._local, self.view, len(self.view)
+            vm, lm = self._moments()
             res = server.exchange_moments(
-                self._who, (loc._count[:n], loc._mean[:n], loc._m2[:n], loc._min[:n], loc._max[:n]),
-                self._to_server, self.synced_version, self._server_known, self._from_server,
-                (view._count, view._mean, view._m2, view._min, view._max),
-                refresh=(self._std, self._cut, float(c.sigma), int(c.min_count), self.mature, self.near))
+                self._who, lm, self._to_server, self.synced_version, self._server_known, self._from_server, vm,
+                local_rows=(self._lt, self._nlt), nview=len(self.view))
+            # (no std / keep threshold refresh: the compiled step recomputes both for every function it judges)
             if res is not None:
                 self.synced_version = res[0]
                 return True
@@ -567,7 +752,7 @@ class Detector:
             return False
         self._name_with(server)
         loc, view, n = self._local, self.view, len(self.view)
-        rows = np.flatnonzero(loc._count[:n])
+        rows = self._local_rows()
         keys = np.concatenate(self._pending) if self._pending else np.zeros(0, np.int64)
         weights = np.ones(len(keys), np.int64)
         if self._hist_flushed:
@@ -575,10 +760,10 @@ class Detector:
             keys = np.concatenate([keys, rows[r] * FINE_BINS + cell])
             weights = np.concatenate([weights, loc._hist[rows][r, cell]])
         hist = (self._to_server[keys // FINE_BINS] * FINE_BINS + keys % FINE_BINS, weights)
+        vm, lm = self._moments()
         res = server.exchange_moments(
-            self._who, (loc._count[:n], loc._mean[:n], loc._m2[:n], loc._min[:n], loc._max[:n]), self._to_server,
-            self.synced_version, self._server_known, self._from_server,
-            (view._count, view._mean, view._m2, view._min, view._max), hist=hist)
+            self._who, lm, self._to_server, self.synced_version, self._server_known, self._from_server, vm,
+            hist=hist, local_rows=(self._lt, self._nlt), nview=n)
         if res is None:
             return False
         version, others = res

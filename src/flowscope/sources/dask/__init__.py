@@ -19,6 +19,7 @@ Worker plugins registered through a client are installed on workers that join la
 from __future__ import annotations
 
 import atexit
+import concurrent.futures
 import os
 import sys
 import threading
@@ -103,11 +104,16 @@ def unregister(dask_client, seen: dict | None = None) -> dict[str, int]:
     ``seen``, if given, receives ``finished``: how many tasks the scheduler plugin saw leave ``processing``."""
     from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin, FlowscopeWorkerPlugin
 
-    sched_errors, finished = dask_client.run_on_scheduler(_close_scheduler_plugin)
+    # the scheduler's last rows and the workers' go to the collector at the same time: each is a round trip that
+    # waits for the collector's acknowledgement, and neither needs the other's
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="flowscope-unregister") as pool:
+        workers = pool.submit(dask_client.run, _worker_errors)
+        sched_errors, finished = dask_client.run_on_scheduler(_close_scheduler_plugin)
+        worker_errors = workers.result()
     if seen is not None:
         seen["finished"] = finished
     errors = {"scheduler": sched_errors}
-    errors.update(dask_client.run(_worker_errors))
+    errors.update(worker_errors)
     dask_client.unregister_worker_plugin(FlowscopeWorkerPlugin.name)  # teardown flushes and closes
     dask_client.unregister_scheduler_plugin(FlowscopeSchedulerPlugin.name)
     return errors

@@ -797,6 +797,93 @@ static PyTypeObject HookType = {
     .tp_new = Hook_new,
 };
 
+/* ---- a graph's keys and edges, once per computation (start) --------------------------------------------------- */
+static PyObject *str_dependencies;
+
+/* key_texts(dsk) -> {key: the key as text}: the key itself when it is a str, else str(key) */
+static PyObject *key_texts(PyObject *Py_UNUSED(module), PyObject *dsk) {
+    if (!PyDict_Check(dsk)) {
+        PyErr_Format(PyExc_TypeError, "key_texts() takes the graph as a dict, not %.100s", Py_TYPE(dsk)->tp_name);
+        return NULL;
+    }
+    PyObject *out = _PyDict_NewPresized(PyDict_GET_SIZE(dsk));
+    if (out == NULL)
+        return NULL;
+    Py_ssize_t pos = 0;
+    PyObject *key, *node;
+    while (PyDict_Next(dsk, &pos, &key, &node)) {
+        PyObject *text = PyUnicode_CheckExact(key) ? Py_NewRef(key) : PyObject_Str(key);
+        if (text == NULL || PyDict_SetItem(out, key, text) < 0) {
+            Py_XDECREF(text);
+            Py_DECREF(out);
+            return NULL;
+        }
+        Py_DECREF(text);
+    }
+    return out;
+}
+
+/* graph_edges(dsk, names, data_type) -> (src, dst, data_nodes): one (task, dependency) pair per dependency of every
+ * node, as the texts names gives (a dependency names lacks, or names as "", as str(dependency)), in the graph's
+ * order and each node's dependencies' iteration order; data_nodes counts the nodes that are data_type instances */
+static PyObject *graph_edges(PyObject *Py_UNUSED(module), PyObject *args) {
+    PyObject *dsk, *names, *data_type;
+    if (!PyArg_ParseTuple(args, "O!O!O", &PyDict_Type, &dsk, &PyDict_Type, &names, &data_type))
+        return NULL;
+    PyObject *src = PyList_New(0), *dst = PyList_New(0);
+    Py_ssize_t data_nodes = 0;
+    if (src == NULL || dst == NULL)
+        goto fail;
+    Py_ssize_t pos = 0;
+    PyObject *key, *node;
+    while (PyDict_Next(dsk, &pos, &key, &node)) {
+        int is_data = PyObject_IsInstance(node, data_type);
+        if (is_data < 0)
+            goto fail;
+        data_nodes += is_data;
+        PyObject *deps = PyObject_GetAttr(node, str_dependencies);
+        if (deps == NULL)
+            goto fail;
+        PyObject *name = PyDict_GetItemWithError(names, key);  /* names[key], as the reference: KeyError if absent */
+        if (name == NULL) {
+            if (!PyErr_Occurred())
+                PyErr_SetObject(PyExc_KeyError, key);
+            Py_DECREF(deps);
+            goto fail;
+        }
+        PyObject *it = PyObject_GetIter(deps);
+        Py_DECREF(deps);
+        if (it == NULL)
+            goto fail;
+        PyObject *dep;
+        while ((dep = PyIter_Next(it)) != NULL) {
+            PyObject *text = PyDict_GetItemWithError(names, dep);
+            if (text == NULL && PyErr_Occurred()) {
+                Py_DECREF(dep);
+                Py_DECREF(it);
+                goto fail;
+            }
+            int truthy = text == NULL ? 0 : PyObject_IsTrue(text);
+            text = truthy > 0 ? Py_NewRef(text) : truthy == 0 ? PyObject_Str(dep) : NULL;
+            Py_DECREF(dep);
+            if (text == NULL || PyList_Append(src, name) < 0 || PyList_Append(dst, text) < 0) {
+                Py_XDECREF(text);
+                Py_DECREF(it);
+                goto fail;
+            }
+            Py_DECREF(text);
+        }
+        Py_DECREF(it);
+        if (PyErr_Occurred())
+            goto fail;
+    }
+    return Py_BuildValue("(NNn)", src, dst, data_nodes);
+fail:
+    Py_XDECREF(src);
+    Py_XDECREF(dst);
+    return NULL;
+}
+
 /* ---- module ------------------------------------------------------------------------------------------------ */
 static PyObject *configure(PyObject *Py_UNUSED(module), PyObject *args) {
     PyObject *factory, *remote;
@@ -813,6 +900,9 @@ static PyMethodDef module_methods[] = {
     {"configure", configure, METH_VARARGS,
      "configure(new_state, remote_type): the maker of a thread's ThreadState, and what a task pickles to."},
     {"current", current, METH_NOARGS, "The calling thread's ThreadState, or None."},
+    {"key_texts", key_texts, METH_O, "key_texts(dsk) -> {key: the key as text (itself if a str, else str(key))}"},
+    {"graph_edges", graph_edges, METH_VARARGS,
+     "graph_edges(dsk, names, data_type) -> (src, dst, data_nodes): the graph's (task, dependency) pairs as texts"},
     {NULL}
 };
 
@@ -825,7 +915,8 @@ PyMODINIT_FUNC PyInit__local_tasks(void) {
     state_key = PyUnicode_InternFromString("flowscope.local_tasks.state");
     str_spool = PyUnicode_InternFromString("spool");
     str_io = PyUnicode_InternFromString("io");
-    if (state_key == NULL || str_spool == NULL || str_io == NULL)
+    str_dependencies = PyUnicode_InternFromString("dependencies");
+    if (state_key == NULL || str_spool == NULL || str_io == NULL || str_dependencies == NULL)
         return NULL;
     if (PyType_Ready(&ThreadStateType) < 0 || PyType_Ready(&CoreType) < 0 || PyType_Ready(&MeasuredTaskType) < 0 ||
         PyType_Ready(&HookType) < 0)

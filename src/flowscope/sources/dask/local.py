@@ -299,7 +299,7 @@ class _GraphBase:
         self.gen = n
         self.id = f"local-{ids.hostname()}-{os.getpid()}-{n}"
         self.caller = threading.get_ident()
-        self.names = {k: k if k.__class__ is str else str(k) for k in dsk}  # key -> the key as text
+        self.names = self.key_texts(dsk)           # key -> the key as text
         self.keys = list(self.names)                # index -> key (keys pretask meets outside the graph appended)
         self.pos = dict(zip(self.keys, range(len(self.keys))))
         self.key_text = None                        # the keys' text as an Arrow array, made on the first batch
@@ -319,6 +319,20 @@ class _GraphBase:
         self.flush_tasks, self.flush_every_ns = FLUSH_TASKS, int(FLUSH_SECONDS * 1e9)
         self.next_flush = time.monotonic_ns() + self.flush_every_ns
         self.pending = 0
+
+    @staticmethod
+    def key_texts(dsk) -> dict:
+        """Each key of the graph -> the key as text (itself if a str, else ``str(key)``)."""
+        return {k: k if k.__class__ is str else str(k) for k in dsk}
+
+    def graph_edges(self, dsk) -> tuple[list, list, int]:
+        """(task, dependency) pairs of the graph as texts (a dependency outside ``names``: ``str()`` of it), and
+        how many of its nodes are data, not tasks."""
+        names = self.names
+        edges = [(names[k], node.dependencies) for k, node in dsk.items()]
+        src = [k for k, d in edges for _ in d]
+        dst = [names.get(x) or str(x) for _, d in edges for x in d]
+        return src, dst, sum(1 for node in dsk.values() if isinstance(node, DataNode))
 
     def name_of(self, index: int) -> str:
         key = self.keys[index]
@@ -387,7 +401,16 @@ _F_NBYTES, _F_MEASURED = 1, 2  # flags of a task in the columns: its size is kno
 
 if _local_tasks is not None:
     class _CompiledGraph(_GraphBase, _local_tasks.Core):
-        """A graph measured by the compiled per-task path."""
+        """A graph measured by the compiled per-task path (its keys and edges read in C too: the same values)."""
+
+        @staticmethod
+        def key_texts(dsk) -> dict:
+            return _local_tasks.key_texts(dsk) if dsk.__class__ is dict else _GraphBase.key_texts(dsk)
+
+        def graph_edges(self, dsk) -> tuple[list, list, int]:
+            if dsk.__class__ is dict:
+                return _local_tasks.graph_edges(dsk, self.names, DataNode)
+            return _GraphBase.graph_edges(self, dsk)
 
     _MEASURED: tuple = (MeasuredTask, _local_tasks.MeasuredTask)
     _local_tasks.configure(lambda: _local_tasks.ThreadState(threading.get_native_id(), threading.get_ident(),
@@ -498,11 +521,8 @@ class LocalSchedulerCapture(Callback):
             self._enable_audit()
             now = _time_ns()
             gid = g.id
-            names = g.names
-            edges = [(names[k], node.dependencies) for k, node in dsk.items()]
-            src = [k for k, d in edges for _ in d]
-            dst = [names.get(x) or str(x) for _, d in edges for x in d]
-            g.tasks = len(dsk) - sum(1 for node in dsk.values() if isinstance(node, DataNode))
+            src, dst, data_nodes = g.graph_edges(dsk)
+            g.tasks = len(dsk) - data_nodes
             if src:
                 n = len(src)
                 fs.write("dependencies", {"graph_id": [gid] * n, "task_key": src, "depends_on": dst,
