@@ -2,8 +2,8 @@
 (``process.memory.rss_bytes``, whichever source and namespace wrote them) of the processes that run the
 workflow's work.
 
-A process "runs work" when it executes (the ``executors`` view: an MPI rank, a host running tasks on its cores)
-or when a resource that executes sits under it in the resource tree (a Dask worker whose threads run tasks).
+A process "runs work" when it executes and ran tasks or calls (the ``executors`` and ``activity`` views: an MPI
+rank) or when such a resource sits under it in the resource tree (a Dask worker whose threads ran tasks).
 A process that only schedules or submits (a Dask scheduler, a client) is left out.
 
     df = process_memory(run)      # resource_id, label, ts_ns, bytes; one row per sample
@@ -32,14 +32,16 @@ def _label(kind, name, address, rid: str) -> str:
     return f"{kind} {who}" if text(kind) else who
 
 
-def working_processes(resources: pd.DataFrame) -> set[str]:
-    """The resources (of an ``executors`` frame: resource_id, parent_id, executes) that execute or have an
-    executing resource below them."""
+def working_processes(resources: pd.DataFrame, active: set[str]) -> set[str]:
+    """The resources (of an ``executors`` frame: resource_id, parent_id, executes) that ran work (are in
+    ``active`` and execute) or have such a resource below them. Every declared thread executes by the generic
+    rules (a client's main thread too), so having run work is what tells a worker from a client."""
     if resources.empty:
         return set()
     parent = dict(zip(resources["resource_id"], resources["parent_id"]))
     out: set[str] = set()
-    for rid in resources.loc[resources["executes"].fillna(False).astype(bool), "resource_id"]:
+    ran = resources["executes"].fillna(False).astype(bool) & resources["resource_id"].isin(active)
+    for rid in resources.loc[ran, "resource_id"]:
         seen = set()
         while isinstance(rid, str) and rid not in seen:  # the tree, guarded against a cycle in bad input
             seen.add(rid)
@@ -56,7 +58,8 @@ def process_memory(run: Run, metric: str = PROCESS_MEMORY) -> pd.DataFrame:
     if samples.empty:
         return pd.DataFrame(columns=COLUMNS)
     res = run.sql("SELECT resource_id, parent_id, kind, name, address, executes FROM executors")
-    keep = working_processes(res)
+    active = set(run.sql("SELECT DISTINCT resource_id FROM activity WHERE role IN ('task', 'call')")["resource_id"])
+    keep = working_processes(res, active)
     samples = samples[samples["resource_id"].isin(keep)].reset_index(drop=True)
     first = res.drop_duplicates("resource_id", keep="last").set_index("resource_id")
     labels = {rid: _label(*first.loc[rid, ["kind", "name", "address"]], rid) for rid in samples["resource_id"].unique()}
