@@ -507,7 +507,7 @@ def test_analysis_pages_follow_a_live_dask_run_with_the_figures_of_the_analyses(
             ov.fill("#fc-fraction", "0.5")
             ov.locator("#fc-fraction").dispatch_event("change")
             fc3 = check_forecast_panel(ov, collector.address, fs.run_id, "compute", "0.5")
-            assert fc3["threshold"] == 1 and parse_qs(urlsplit(ov.url).query) == {"event": ["compute"],
+            assert fc3["threshold"] == -(-fc3["resources"] // 2) and parse_qs(urlsplit(ov.url).query) == {"event": ["compute"],
                                                                                  "fraction": ["0.5"]}
             # more memory samples of each worker arrived while the run went on
             ov.wait_for_function("m => flowscopePanels.memory.doc.processes.every(p => p.t.length > m[p.resource_id])",
