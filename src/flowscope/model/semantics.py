@@ -45,6 +45,9 @@ CATEGORIES = ("compute", "communication", "io", "wait", "idle", "runtime", "othe
 ROLES = ("task", "call", "state", "other")
 #: what a resource's time is at a moment when none of its spans runs
 IDLE = "idle"
+#: the metric every source that samples a process's resident memory writes it as (``metrics.name``, on the
+#: process's resource); the analyses read per-process memory by this name only
+PROCESS_MEMORY = "process.memory.rss_bytes"
 
 SPAN_COLUMNS = ("span_id", "parent_id", "resource_id", "kind", "name", "start_ns", "end_ns", "task_key",
                 "attrs", "resource_kind")

@@ -42,6 +42,11 @@ DISK_POLL_S = 1.0
 VIEW_DEBOUNCE_S = 1.0
 #: the run's analysis pages (``/ui/runs/RUN_ID/PAGE``), each served by ``view.html`` with the view of that name
 VIEW_PAGES = ("critical-path", "profile", "anomalies", "logs")
+#: views drawn as panels of the run overview (cheap: one query each), computed on a thread of their own so that
+#: a long analysis of a page does not hold them back, nor they it
+PANEL_VIEWS = ("memory",)
+#: the views a run's pages read
+VIEW_NAMES = (*VIEW_PAGES, *PANEL_VIEWS)
 
 
 @lru_cache(maxsize=1)
@@ -118,13 +123,15 @@ class _Findings:
 
 class _Views:
     """The analysis views (``report.views.VIEWS``) of watched runs, each computed by one background thread (the
-    analyses never run on the event loop nor side by side with each other) and kept until the segments of the
+    analyses never run on the event loop nor side by side with each other; the overview's panel views on a thread
+    of their own) and kept until the segments of the
     tables it reads, or the run's status, change; pages of the same run and view share one computation."""
 
     def __init__(self) -> None:
         self._done: dict[tuple, tuple] = {}
         self._locks: dict[tuple, asyncio.Lock] = {}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="flowscope-views")
+        self._panel_pool = ThreadPoolExecutor(1, thread_name_prefix="flowscope-panel-views")
 
     @staticmethod
     def signature(run_dir: Path, view: str) -> tuple:
@@ -163,7 +170,8 @@ class _Views:
             hit = self._done.get(key)
             if hit is None or hit[0] != sig:
                 loop = asyncio.get_running_loop()
-                doc = await loop.run_in_executor(self._pool, self._compute, run_dir, view, sig)
+                pool = self._panel_pool if view in PANEL_VIEWS else self._pool
+                doc = await loop.run_in_executor(pool, self._compute, run_dir, view, sig)
                 hit = self._done[key] = (sig, doc)
             return hit[1]
 
@@ -201,8 +209,8 @@ def dashboard_routes(hub: LiveHub) -> list:
     def _view_target(params) -> tuple[str, str]:
         """(run id, view) of a view's route; ValueError naming the field that is wrong."""
         run_id = check_run_id(params["run_id"])
-        if params["view"] not in VIEW_PAGES:
-            raise ValueError(f"view: no view {params['view']!r}; the views: {', '.join(VIEW_PAGES)}")
+        if params["view"] not in VIEW_NAMES:
+            raise ValueError(f"view: no view {params['view']!r}; the views: {', '.join(VIEW_NAMES)}")
         return run_id, params["view"]
 
     async def view_json(request) -> JSONResponse:
@@ -369,7 +377,10 @@ def dashboard_routes(hub: LiveHub) -> list:
 
 
 def dashboard_app(store: str | Path):
-    """The dashboard alone over ``store``, read-only (``flowscope ui``): no ingest, nothing written."""
+    """The dashboard alone over ``store``, read-only (``flowscope ui``): no ingest, nothing written; with the
+    forecast route its overview's forecast panel reads."""
     from starlette.applications import Starlette
 
-    return Starlette(routes=dashboard_routes(LiveHub(Path(store))))
+    from flowscope.service.forecast_routes import StoreRuns, forecast_routes
+
+    return Starlette(routes=[*dashboard_routes(LiveHub(Path(store))), *forecast_routes(StoreRuns(Path(store)))])
