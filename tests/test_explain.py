@@ -246,8 +246,14 @@ def test_cli_explain_prints_the_findings_and_json(planted, capsys):
 def test_what_changed_between_runs_names_the_planted_group_first(repeated_runs, capsys):
     runs = open_store(repeated_runs["store"])
     e = explain_runs(runs, before=repeated_runs["baseline"], after=[repeated_runs["planted"]])
-    first = e.changes.iloc[0]
+    # the planted group is the first change of a task group; a part of the makespan that is not a group's (the
+    # client's submission, the time after the last task) may rank above it on a loaded machine, where those parts
+    # moved by more than the planted 0.2 s, and then it is rightly listed first
+    pos = list(e.changes["group"].notna()).index(True)
+    first = e.changes.iloc[pos]
     assert first["group"] == repeated_runs["group"] and bool(first["significant"]) and first["direction"] == "slower"
+    above = e.changes.iloc[:pos]
+    assert (above["delta_s"].abs() >= first["delta_s"]).all(), above
     # its share of the wall-time difference is not asserted: on a shared machine the runs' setup and teardown vary
     # by seconds, more than the planted 0.2 s per task adds to the path
     assert first["delta_s"] > 0 and first["after_s"] > first["before_s"]
@@ -255,4 +261,5 @@ def test_what_changed_between_runs_names_the_planted_group_first(repeated_runs, 
     store = str(repeated_runs["store"])
     assert main(["explain", *repeated_runs["baseline"], repeated_runs["planted"], "--store", store, "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["changes"][0]["group"] == repeated_runs["group"] and doc["compared"]["after"] == [repeated_runs["planted"]]
+    assert [c for c in doc["changes"] if c["group"] is not None][0]["group"] == repeated_runs["group"]
+    assert doc["compared"]["after"] == [repeated_runs["planted"]]

@@ -23,6 +23,7 @@ import numpy as np
 import pandas as pd
 
 from flowscope.analysis.advisor.facts import STALL_CATEGORIES, RunFacts
+from flowscope.analysis.critical_path.steps import UNIT_STEP
 
 #: the categories of the makespan, in the order they are listed
 CATEGORIES = ("client_submission", "scheduler_overhead", "queueing", "transfers", "compute", "io",
@@ -130,7 +131,7 @@ def _slot_waits(steps: pd.DataFrame, facts: RunFacts, span_of: dict, t0: int) ->
         d = deps[["task_key", "depends_on"]].drop_duplicates()
         for k, g in d.groupby("task_key", sort=False):
             needs[str(k)] = [str(x) for x in g["depends_on"]]
-    tasks = steps[(steps["kind"] == "task") & (steps["duration_ns"] > 0)]
+    tasks = steps[(steps["kind"] == UNIT_STEP) & (steps["duration_ns"] > 0)]
     out = {}
     rows = list(tasks.itertuples(index=False))
     for p, v in itertools.pairwise(rows):

@@ -18,6 +18,7 @@ import numpy as np
 import pandas as pd
 
 from flowscope.analysis.advisor.facts import RunFacts
+from flowscope.analysis.critical_path.steps import UNIT_STEP
 
 #: Dask's guidance: a task should take 100 ms or more to amortise the scheduler's per-task cost
 MIN_TASK_S = 0.1
@@ -339,7 +340,7 @@ def path_findings(f: RunFacts) -> list[Finding]:
     steps = m.steps[m.steps["duration_ns"] > 0]
     length = m.length_ns
     out = []
-    tasks = steps[steps["kind"] == "task"]
+    tasks = steps[steps["kind"] == UNIT_STEP]
     if len(tasks):
         by = tasks.groupby("application")["duration_ns"].agg(["sum", "count"]).sort_values("sum", ascending=False)
         g, share = str(by.index[0]), float(by["sum"].iloc[0]) / length
