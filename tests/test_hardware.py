@@ -502,3 +502,28 @@ def test_a_forked_child_does_not_keep_a_dead_holders_lease(tmp_path, contenders)
         assert other.ask("try") == "got"  # the child still runs, yet the lease is free
     finally:
         os.kill(child, signal.SIGKILL)
+
+
+def test_electing_the_sampler_is_not_recorded_as_the_workflows_io(tmp_path):
+    """A Dask worker retries the host lease every period on its event-loop thread, where the open audit hook records
+    what the workflow opens: the lease's lock file is flowscope's own file and must not become an ``io`` row (it
+    did, one open a second, on every worker that lost the election), while an open of the workflow's right after is
+    still recorded."""
+    from flowscope.sources.thread_io import OpenAudit
+
+    rows: list[dict] = []
+    audit = OpenAudit(rows.append, enable=True)
+    held = acquire_host_lease(tmp_path, run_id="r1")  # another process's lease, in effect
+    try:
+        def contend() -> None:
+            assert acquire_host_lease(tmp_path, run_id="r1") is None  # lost: the lease is held
+            (tmp_path / "workflow.txt").write_text("data")
+
+        t = threading.Thread(target=contend, name="worker-event-loop")
+        t.start()
+        t.join()
+    finally:
+        audit.disable()
+        held.release()
+    opened = [r["path"] for r in rows if r["thread_ident"] == t.ident]
+    assert opened == [str(tmp_path / "workflow.txt")]

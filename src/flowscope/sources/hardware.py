@@ -54,6 +54,7 @@ from typing import Any, NamedTuple
 import psutil
 
 from flowscope.model import identifiers as ids
+from flowscope.sources.thread_io import own_opens
 
 log = logging.getLogger("flowscope.hardware")
 
@@ -521,8 +522,13 @@ def acquire_host_lease(directory: str | Path | None = None, *, run_id: str | Non
     """Try, without waiting, to become this host's one hardware sampler; None if another process is.
 
     With ``run_id``, the election is per host and run, so that two runs sharing a host each get a
-    sampler. ``directory`` must be local to the host or support ``flock`` (see ``lease_path``)."""
-    path = lease_path(directory, run_id=run_id)
+    sampler. ``directory`` must be local to the host or support ``flock`` (see ``lease_path``). The lock file's opens
+    are flowscope's own: the open audit hook does not record them as the workflow's I/O."""
+    with own_opens():
+        return _acquire_host_lease(lease_path(directory, run_id=run_id))
+
+
+def _acquire_host_lease(path: Path) -> HostLease | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(10):
         try:

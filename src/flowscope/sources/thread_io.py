@@ -77,12 +77,13 @@ gives the sum of everything it did in the window.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any, NamedTuple, Self
 
 from flowscope.model import identifiers as ids
@@ -461,6 +462,19 @@ def _on_open(args: tuple) -> None:
         pass
     finally:
         local["busy"] = False
+
+
+@contextlib.contextmanager
+def own_opens() -> Iterator[None]:
+    """Files opened on this thread inside the block are flowscope's own (a lock file, a spool): no recorder sees them,
+    whichever thread this is (a Dask worker's event loop runs flowscope's periodic work beside the workflow's)."""
+    local = _tls.__dict__
+    before = local.get("busy", False)
+    local["busy"] = True
+    try:
+        yield
+    finally:
+        local["busy"] = before
 
 
 def audit_hook_installed() -> bool:
