@@ -116,6 +116,11 @@ DRAW_HOOK = """(prefix) => {
   };
 }"""
 
+# a run page is ready once it applied its snapshot and loaded plotly.js (which it loads after its first paint; a
+# page that loaded it synchronously was ready at its load event): latency is measured on a page that is ready
+PAGE_READY = ("() => window.flowscopeLive && flowscopeLive.snapshots >= 1 && "
+              "(!flowscopeLive.plotly || ['loaded', 'failed'].includes(flowscopeLive.plotly.state))")
+
 # before the page's scripts: wrap FlowscopeTimeline's draw as soon as timeline.js defines it
 FIRST_RENDER_INIT = """(() => {
   let FT;
@@ -131,6 +136,12 @@ FIRST_RENDER_INIT = """(() => {
       return out;
     };
   }});
+  // the throughput chart (plotly.js, loaded after the stream was painted): when it first holds data
+  const charts = () => {
+    const d = document.getElementById("throughput");
+    if (d && d.data && d.data.length) window.__chartsAt = performance.now(); else requestAnimationFrame(charts);
+  };
+  requestAnimationFrame(charts);
 })()"""
 
 ZOOM_PAN = """async ([steps, factor, pans]) => {
@@ -278,7 +289,7 @@ def measure_ingest(browser, rate: int, pages: int, seconds: float, workers: int,
             context, page = _new_page(browser)
             opened.append(context)
             page.goto(f"{col.address}/ui/runs/{run_id}", wait_until="load")
-            page.wait_for_function("() => window.flowscopeLive && flowscopeLive.snapshots >= 1", timeout=WAIT_MS)
+            page.wait_for_function(PAGE_READY, timeout=WAIT_MS)
             page.evaluate(DRAW_HOOK, "mark-")
         from flowscope.client.transport import ipc_bytes
 
@@ -429,9 +440,12 @@ def _load_and_time(browser, url: str, tasks: int, server_pid: int) -> dict:
         server_cpu = _cpu(server_pid) - c0
         metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
         first = page.evaluate(f"() => window.__draws.find(d => d.count === {tasks} && d.painted)")
+        page.wait_for_function("() => window.__chartsAt !== undefined", timeout=WAIT_MS)
+        charts_ms = page.evaluate("() => window.__chartsAt")
         if page.evaluate("() => flowscopeLive.timeline.count") != tasks:
             raise BenchError("the page holds another number of tasks than the run")
         return {"page": page, "context": context, "first_render_ms": first["painted"], "drawn_ms": first["t"],
+                "charts_ms": charts_ms,
                 "first_draw_ms": first["ms"], "page_task_ms": metrics.get("TaskDuration", float("nan")) * 1e3,
                 "server_cpu_ms": server_cpu * 1e3}
     except BaseException:
@@ -443,7 +457,8 @@ def part_first_render(browser, args, workdir: Path) -> dict:
     store = workdir / "finished"
     run_id, tasks = write_finished_run(store, args.tasks, args.hosts)
     cold, warm, zoom_ms, zoom_draw, pan_ms, pan_draw, lod = [], [], [], [], [], [], None
-    cpu: dict = {k: [] for k in ("cold_page_task_ms", "cold_server_cpu_ms", "warm_page_task_ms", "warm_server_cpu_ms")}
+    cpu: dict = {k: [] for k in ("cold_page_task_ms", "cold_server_cpu_ms", "warm_page_task_ms", "warm_server_cpu_ms",
+                                 "cold_charts_ms", "warm_charts_ms")}
     for rep in range(args.repeat):
         proc, address = _ui(store)
         try:
@@ -471,6 +486,8 @@ def part_first_render(browser, args, workdir: Path) -> dict:
             raise BenchError("the view after panning is not the one asked for")
         lod = {"tasks": tasks, "full_zoom_out": whole, "deepest_zoom": deepest}
         cpu["cold_page_task_ms"].append(first["page_task_ms"])
+        cpu["cold_charts_ms"].append(first["charts_ms"])
+        cpu["warm_charts_ms"].append(again["charts_ms"])
         cpu["cold_server_cpu_ms"].append(first["server_cpu_ms"])
         cpu["warm_page_task_ms"].append(again["page_task_ms"])
         cpu["warm_server_cpu_ms"].append(again["server_cpu_ms"])
@@ -480,7 +497,8 @@ def part_first_render(browser, args, workdir: Path) -> dict:
         zoom_draw.append(statistics.median(s["draw_ms"] for s in z["zoom"]))
         pan_ms.append(statistics.median(s["ms"] for s in z["pan"]))
         pan_draw.append(statistics.median(s["draw_ms"] for s in z["pan"]))
-        print(f"  first render rep {rep + 1}: cold {cold[-1]:.0f} ms (page main thread {first['page_task_ms']:.0f} ms, "
+        print(f"  first render rep {rep + 1}: cold {cold[-1]:.0f} ms (charts {first['charts_ms']:.0f} ms, "
+              f"page main thread {first['page_task_ms']:.0f} ms, "
               f"server CPU {first['server_cpu_ms']:.0f} ms), warm {warm[-1]:.0f} ms (page "
               f"{again['page_task_ms']:.0f} ms, server {again['server_cpu_ms']:.0f} ms), zoom step "
               f"{zoom_ms[-1]:.1f} ms (draw {zoom_draw[-1]:.1f} ms), pan {pan_ms[-1]:.1f} ms", flush=True)
@@ -549,7 +567,7 @@ def measure_peer(browser, mode: str, tasks: int, rep: int, workdir: Path, store:
                 page.wait_for_function("() => window.__found", timeout=WAIT_MS)
             elif mode == "flowscope":
                 page.goto(obs.dashboard_url, wait_until="load")
-                page.wait_for_function("() => window.flowscopeLive && flowscopeLive.snapshots >= 1", timeout=WAIT_MS)
+                page.wait_for_function(PAGE_READY, timeout=WAIT_MS)
                 page.evaluate(DRAW_HOOK, prefix)
             cs0, cc0, w0 = _cpu(sched.pid), _cpu(obs.collector_pid), time.perf_counter()
             futures = [client.submit(work, i, key=f"{prefix}{i}", pure=False) for i in range(tasks)]

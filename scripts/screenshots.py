@@ -32,6 +32,7 @@ SHOTS: dict[str, tuple[str, dict[str, str]]] = {
         "critical-path": "report-otf2-critical-path.png",
     }),
     "darshan": ("darshan/mpi_io_test_with_dxt/treddy_mpi-io-test_id4373053_6-2-60198-9815401321915095332_1.darshan", {
+        "breakdown": "report-darshan-breakdown.png",
         "io-summary": "report-darshan-io-summary.png",
     }),
 }

@@ -71,6 +71,78 @@ def needs_tool(executable: str, package: str) -> pytest.MarkDecorator:
     return pytest.mark.skipif(missing, reason=f"{executable} (Debian package {package}) is not installed")
 
 
+# ---- one headless Chromium per test module ---------------------------------------------------------------------
+# Launching Playwright's driver and Chromium costs seconds of CPU; ~30 tests render a page. The tests of a module
+# share one browser and each opens its pages in a context of its own (a fresh profile: no cookie, cache or storage
+# carried over), closed when the test ends. Not one per session: while Playwright's sync API is started it marks
+# its event loop as the main thread's running loop, so asyncio.run() there fails ("cannot be called from a running
+# event loop"); stopping it when the module ends keeps that from reaching the modules that follow.
+CHROMIUM = os.environ.get("FLOWSCOPE_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run", "--disable-quic"]
+
+
+class _SharedChromium:
+    """Playwright and a Chromium started on first use and kept until the module ends (started again if the
+    browser went away, e.g. crashed)."""
+
+    def __init__(self) -> None:
+        self.playwright = None
+        self.browser = None
+
+    def get(self):
+        if self.browser is not None and self.browser.is_connected():
+            return self.browser
+        self.close()
+        sync_api = require_module("playwright.sync_api", "Playwright drives the browser: pip install -e '.[test]'")
+        if not Path(CHROMIUM).exists():
+            missing_dependency(f"{CHROMIUM} is missing (apt-get install chromium)")
+        self.playwright = sync_api.sync_playwright().start()
+        self.browser = self.playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        return self.browser
+
+    def close_contexts(self) -> None:
+        """Close every context (and so every page) still open: a test leaves no page running into the next."""
+        if self.browser is not None and self.browser.is_connected():
+            for context in list(self.browser.contexts):
+                context.close()
+
+    def close(self) -> None:
+        try:
+            if self.browser is not None and self.browser.is_connected():
+                self.browser.close()
+        finally:
+            if self.playwright is not None:
+                self.playwright.stop()
+            self.playwright = self.browser = None
+
+
+_CHROMIUM = _SharedChromium()
+
+
+def shared_browser():
+    """The module's Playwright Chromium :class:`Browser` (skipped with the reason where Playwright or chromium is
+    missing; failed under CI). Open pages with ``browser.new_page()`` or in ``browser.new_context()``: either is a
+    fresh profile. Prefer the ``chromium`` fixture in tests, which closes them when the test ends."""
+    return _CHROMIUM.get()
+
+
+@pytest.fixture
+def chromium():
+    """The module's Chromium; every context the test opened is closed when it ends."""
+    try:
+        yield shared_browser()
+    finally:
+        _CHROMIUM.close_contexts()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _chromium_stops_with_its_module():
+    """Stop the shared Chromium (if this module started it) when the module's tests are done."""
+    yield
+    _CHROMIUM.close()
+
+
 class _StartWait:
     """How long to wait for a child to start: until it has used ``cpu_s`` seconds of CPU time (a busy machine
     can keep a child from running for far longer than that: starved is not stuck), or ``wall_s`` passed."""

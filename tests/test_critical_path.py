@@ -382,6 +382,22 @@ def test_measured_path_of_a_diamond_goes_through_the_input_that_arrived_last(tmp
     assert what_if(spans, deps, transfers, scale={"b": 2.0}) == 80 * MS
 
 
+def test_what_if_scales_single_tasks(tmp_path):
+    """The diamond above with c alone twice as fast: c ends at 36, its output reaches d's worker at 40, d keeps
+    its observed 2 ms wait and ends at 56; scaling b (off the path) or a key the run lacks changes nothing."""
+    spans, deps, transfers = hand_built_run(
+        tmp_path,
+        tasks={"a": ("w1", 1, 0, 10), "b": ("w1", 1, 10, 30), "c": ("w2", 2, 12, 60), "d": ("w1", 1, 66, 80)},
+        deps=[("b", "a"), ("c", "a"), ("d", "b"), ("d", "c")],
+        transfers=[("a", "w1", "w2", 10, 12), ("c", "w2", "w1", 60, 64)])
+    assert what_if(spans, deps, transfers, scale_tasks={"c": 0.5}) == 56 * MS
+    assert what_if(spans, deps, transfers, scale_tasks={"b": 0.0, "no-such-key": 3.0}) == 80 * MS
+    # on top of the group's factor
+    assert what_if(spans, deps, transfers, scale={"c": 2.0}, scale_tasks={"c": 0.25}) == 56 * MS
+    with pytest.raises(ValueError, match="scale_tasks"):
+        what_if(spans, deps, transfers, scale_tasks={"c": -1.0})
+
+
 def test_measured_path_of_a_task_queued_behind_another_on_its_thread(tmp_path):
     """z's input p was ready at 5 ms, but z's thread ran x until 40: z waited for the thread, not for data. The
     path is x then z (queueing 40-42), and p -- z's only dependency -- is not on it."""
@@ -657,3 +673,99 @@ def test_a_run_without_a_path_says_why_and_what_would_supply_one(tmp_path):
     assert cp["path"] is None and "it holds no timed work" in cp["reason"]
     assert re.search(r"only .*\b[\d,]+ metrics rows", cp["reason"]), cp["reason"]
     assert "dependencies" in cp["reason"] and "messages" in cp["reason"]
+
+
+# ---- dependencies between calls inside units of work (Chrome flows, MPI messages) ------------------------------
+
+def _calls_run(tmp_path):
+    """Three threads of calls, recorded through flowscope.Client, no tasks: the units of work are each thread's
+    outermost spans. Thread a: ``step`` 0-10 ms holding ``pack`` 2-3 and ``send`` 8-9. Thread b: ``prep`` 0-3,
+    then ``step`` 12-20 holding ``recv`` 12-13. Thread c: ``step`` 5-15 holding ``poll`` 14-15. Dependencies,
+    between inner calls as a flow or a message gives them: recv on send (a's step ended before b's began: b's step
+    waited for it), send on pack (within one unit), poll on send (c's step began before a's ended: says nothing of
+    the order of the two steps)."""
+    import flowscope
+
+    with flowscope.Client(name="calls", store=tmp_path) as fs:
+        for th in "abc":
+            fs.resource("thread", f"thread:{th}", start_ns=T0)
+
+        def span(sid, th, name, a, b, parent=None):
+            fs.emit("spans", span_id=sid, parent_id=parent, resource_id=f"thread:{th}", kind="call", name=name,
+                    start_ns=T0 + a * MS, end_ns=T0 + b * MS, task_key=f"call:{sid}" if parent else None)
+
+        span(1, "a", "step", 0, 10)
+        span(2, "a", "pack", 2, 3, 1)
+        span(3, "a", "send", 8, 9, 1)
+        span(4, "b", "prep", 0, 3)
+        span(5, "b", "step", 12, 20)
+        span(6, "b", "recv", 12, 13, 5)
+        span(7, "c", "step", 5, 15)
+        span(8, "c", "poll", 14, 15, 7)
+        for dst, src in (("call:6", "call:3"), ("call:3", "call:2"), ("call:8", "call:3")):
+            fs.emit("dependencies", graph_id="flows", task_key=dst, depends_on=src)
+        run_dir = fs.run_dir
+    return flowscope.open_run(run_dir)
+
+
+def test_a_dependency_between_calls_inside_units_is_one_between_the_units_on_the_measured_path(tmp_path):
+    """b's step waited for a's step (its recv on a's send, a flow's or a message's ends): the measured path goes
+    from b's step back to a's step through that dependency, not through b's own earlier prep, and `flowscope show`
+    gives the same path. The dependency within a's step and the one from c's step, which began before a's ended,
+    link no units."""
+    from flowscope.analysis.critical_path import work_units
+    from flowscope.analysis.summary import summarize
+
+    run = _calls_run(tmp_path)
+    units = work_units(run)
+    key = {sid: k for sid, k in zip(units["span_id"], units["task_key"])}
+    assert sorted(key) == [1, 4, 5, 7]
+    deps, transfers = run.table("dependencies"), run.table("transfers")
+    m = task_graph_paths(units, deps, transfers).measured
+    assert m.ids == [key[1], key[5]], m.ids
+    assert _steps(m) == [(key[1], "task", 0, 10, "compute"), (key[5], "QUEUE", 10, 12, "queue"),
+                         (key[5], "task", 12, 20, "compute")]
+    assert list(m.steps["location"]) == ["thread:a", "thread:b", "thread:b"]
+    edges = {(a, b) for _, ids in near_critical_paths(units, deps, transfers, k=10) for a, b in itertools.pairwise(ids)}
+    assert edges == {(key[1], key[5])}, edges
+    cp = summarize(run).critical_path
+    assert cp["measured_ns"] == 20 * MS and cp["measured_tasks"] == 2
+
+
+@pytest.mark.parametrize("name", ["flow.json", "flow_simple.json"])
+def test_chrome_flows_link_the_units_that_hold_their_ends(shared_data, tmp_path, name):
+    """A Chrome trace's flows bind the innermost slice at each end; its units of work are each thread's outermost
+    slices. Every flow whose end's outermost slice began after its start's outermost slice ended is an edge between
+    the two units, and the graph has no other edge (read back through near_critical_paths, whose paths together
+    pass every edge); on flow_simple.json the measured path walks the flow into the thread that finished last."""
+    import flowscope
+    from flowscope.analysis.critical_path import work_units
+    from flowscope.importers import import_paths
+
+    run = flowscope.open_run(import_paths([shared_data / "chrome" / "catapult" / name], tmp_path).run_dir)
+    units = work_units(run)
+    spans = run.sql("SELECT span_id, parent_id, resource_id, task_key, start_ns, end_ns FROM spans")
+    row = {int(s): r for s, r in zip(spans["span_id"], spans.itertuples())}
+    unit_of_span = {int(s): k for s, k in zip(units["span_id"], units["task_key"])}
+    times = {k: (s, e) for k, s, e in zip(units["task_key"], units["start_ns"], units["end_ns"])}
+
+    def unit(call: str) -> str | None:
+        r = row[int(spans.loc[spans["task_key"] == call, "span_id"].iloc[0])]
+        while pd.notna(r.parent_id) and int(r.parent_id) in row and row[int(r.parent_id)].resource_id == r.resource_id:
+            r = row[int(r.parent_id)]
+        return unit_of_span.get(int(r.span_id))
+
+    deps = run.table("dependencies")
+    assert len(deps) and set(deps["graph_id"]) == {"flows"}
+    want = set()
+    for dst, src in zip(deps["task_key"], deps["depends_on"]):
+        a, b = unit(src), unit(dst)
+        if a is not None and b is not None and a != b and times[b][0] >= times[a][1]:
+            want.add((a, b))
+    assert want
+    paths = near_critical_paths(units, deps, run.table("transfers"), k=len(want) + 1)
+    got = {(a, b) for _, ids in paths for a, b in itertools.pairwise(ids)}
+    assert got == want, (len(got), len(want))
+    if name == "flow_simple.json":
+        m = task_graph_paths(units, deps, run.table("transfers")).measured
+        assert any(p in want for p in itertools.pairwise(m.ids)), m.ids

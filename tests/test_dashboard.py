@@ -15,11 +15,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import missing_dependency, require_module
+from conftest import require_module
 
-CHROMIUM = os.environ.get("FLOWSCOPE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 #: a bound on waits for the workflow's records to reach the page (a busy machine is slow; this is no timing test)
 WAIT_MS = 180_000
 
@@ -43,16 +40,9 @@ def gated(i, gate):
 
 
 @pytest.fixture
-def browser():
-    sync_playwright = require_module("playwright.sync_api", "drives chromium: pip install -e '.[test]'").sync_playwright
-    if not Path(CHROMIUM).exists():
-        missing_dependency(f"{CHROMIUM} is missing (apt-get install chromium)")
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+def browser(chromium):
+    """The module's Chromium (tests/conftest.py); the contexts a test opens are closed when it ends."""
+    return chromium
 
 
 def _page(context):
@@ -250,6 +240,79 @@ def _spans(fs, names, t0):
     for i, name in enumerate(names):
         fs.span(name, t0 + i * 1_000_000, t0 + (i + 1) * 1_000_000, kind="task", task_key=f"{name}-{i}")
     fs.flush()
+
+
+# prepended to plotly.js as the page receives it: what the page showed when plotly.js began to run
+AT_PLOTLY = ("window.__atPlotly = window.flowscopeLive && flowscopeLive.timeline ? {count: flowscopeLive.timeline.count, "
+             "draws: flowscopeLive.timeline.drawCount, name: document.getElementById('run-name').textContent} : null;\n")
+
+
+def test_the_overview_paints_before_plotly_loads_and_a_watched_run_is_sent_sooner(collector, browser):
+    """The stream and the tables are painted before plotly.js (4.8 MB, the charts only) is even run, and plotly.js
+    is served gzipped with an ETag; a client learns from the acknowledgements that a page follows its run and then
+    sends within its live_flush_interval (here 0.1 s against a flush_interval of an hour)."""
+    from plotly.offline import get_plotlyjs
+
+    import flowscope
+
+    r = httpx.get(f"{collector.address}/ui/static/plotly.min.js", headers={"accept-encoding": "gzip"}, timeout=60)
+    assert r.status_code == 200 and r.headers["content-encoding"] == "gzip"
+    assert r.content == get_plotlyjs().encode() and int(r.headers["content-length"]) < len(r.content) / 2
+    again = httpx.get(f"{collector.address}/ui/static/plotly.min.js", headers={"if-none-match": r.headers["etag"]},
+                      timeout=60)
+    assert again.status_code == 304 and again.content == b""
+    assert httpx.get(f"{collector.address}/ui/static/plotly.min.js", headers={"accept-encoding": "identity"},
+                     timeout=60).headers.get("content-encoding") is None
+
+    fs = flowscope.Client(collector.address, name="first paint", flush_interval=3600, live_flush_interval=0.1)
+    t0 = flowscope.now_ns()
+    for i, v in enumerate((20.0, 60.0, 40.0)):
+        fs.metric("cpu.percent", v, namespace="hardware", resource_id="host:h1", ts_ns=t0 + i * 1_000_000)
+    _spans(fs, ["load", "work", "work", "save"], t0)
+    assert fs.watched is False  # nobody watches yet: the acknowledgements said so
+
+    context = browser.new_context()
+
+    def plotly_after_the_page(route):
+        resp = route.fetch()
+        headers = {k: v for k, v in resp.headers.items() if k.lower() not in ("content-encoding", "content-length")}
+        route.fulfill(status=resp.status, headers=headers, body=AT_PLOTLY.encode() + resp.body())
+
+    context.route("**/ui/static/plotly.min.js", plotly_after_the_page)
+    pg = _page(context)
+    pg.goto(f"{collector.address}/ui/runs/{fs.run_id}", wait_until="load")
+    pg.wait_for_function("() => window.__atPlotly !== undefined", timeout=WAIT_MS)
+    at = pg.evaluate("() => window.__atPlotly")
+    assert at is not None and at["count"] == 4 and at["draws"] >= 1 and at["name"] == "first paint"
+    # then the charts, once it ran
+    pg.wait_for_function("() => ['throughput', 'hosts'].every(id => { const d = document.getElementById(id); "
+                         "return d.data && d.data.length >= 1; })", timeout=WAIT_MS)
+    assert pg.evaluate("() => document.getElementById('hosts').data[0].y") == [20.0, 60.0, 40.0]
+    # a chart is redrawn only when its own data changed: new host samples redraw the hosts, not the throughput
+    pg.evaluate("() => { window.__reacts = {}; const react = Plotly.react; Plotly.react = function (div) { "
+                "window.__reacts[div.id] = (window.__reacts[div.id] || 0) + 1; return react.apply(this, arguments); }; }")
+    fs.metric("cpu.percent", 80.0, namespace="hardware", resource_id="host:h1", ts_ns=t0 + 3_000_000)
+    fs.flush()
+    pg.wait_for_function("() => document.getElementById('hosts').data[0].y.length === 4", timeout=WAIT_MS)
+    assert pg.evaluate("() => window.__reacts") == {"hosts": 1}
+
+    # the page watches: the next acknowledgement says so, and from then on records go out within 0.1 s
+    _spans(fs, ["later"], t0 + 10_000_000)
+    assert fs.watched is True
+    fs.span("sooner", t0 + 20_000_000, t0 + 21_000_000, kind="task", task_key="sooner-0")  # no flush
+    got = _wait(pg, "s.stream >= 6")
+    assert got["stream"] == 6 and got["groups"] == 5
+    assert pg.errors == [] and pg.outside == []
+    context.close()
+
+    # nobody watches any more: the acknowledgements say so once the server has seen the page go
+    for i in range(600):
+        _spans(fs, ["after"], t0 + 30_000_000 + i * 1_000_000)
+        if not fs.watched:
+            break
+        time.sleep(0.1)
+    assert fs.watched is False
+    fs.close()
 
 
 def test_flowscope_ui_serves_a_store_read_only_and_follows_a_run_written_by_another_process(tmp_path, browser):

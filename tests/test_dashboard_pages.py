@@ -28,6 +28,7 @@ from test_dashboard import (  # noqa: F401  (fixture)
 )
 
 WAIT_S = WAIT_MS / 1000
+PROCESS_MEMORY = "process.memory.rss_bytes"
 #: set to a folder to take the docs' screenshots of the pages (docs/img)
 SCREENSHOTS_ENV = "FLOWSCOPE_DASHBOARD_SCREENSHOTS"
 
@@ -294,6 +295,107 @@ def check_overview_extras(context, base: str, run_dir: Path) -> None:
     assert pg.errors == [] and pg.outside == []
 
 
+# ---- the overview's panels: memory per worker process and the forecast ------------------------------------------
+
+def _js_numbers(doc):
+    """``doc`` as JavaScript holds it: integers beyond 2**53 (nanosecond times) are doubles there (and come back
+    from the page as the shortest decimal of the double, which is not its exact value: both sides go to float)."""
+    if isinstance(doc, bool) or doc is None:
+        return doc
+    if isinstance(doc, int):
+        return float(doc) if abs(doc) > 2 ** 53 else doc
+    if isinstance(doc, dict):
+        return {k: _js_numbers(v) for k, v in doc.items()}
+    if isinstance(doc, list):
+        return [_js_numbers(v) for v in doc]
+    return doc
+
+
+def _worker_ids(run_dir: Path) -> list[str]:
+    """The resource ids of the run's Dask worker processes."""
+    from flowscope.store.run import Run
+
+    run = Run(run_dir)
+    try:
+        return sorted(run.sql("SELECT DISTINCT resource_id FROM resources WHERE kind = 'worker'")["resource_id"])
+    finally:
+        run.close()
+
+
+def check_forecast_panel(pg, address: str, run_id: str, event: str = "idle", fraction: str = "0.25") -> dict:
+    """Wait until the overview's forecast panel shows what ``GET /v1/runs/RUN/forecast?event&fraction`` answers
+    now, then check every number it shows against that JSON; returns the JSON."""
+    import httpx
+
+    url = f"/v1/runs/{run_id}/forecast?event={event}&fraction={fraction}"
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        r = httpx.get(address + url, timeout=60)
+        assert r.status_code == 200, r.text
+        want = _js_numbers(r.json())
+        shown = _js_numbers(pg.evaluate("() => [flowscopePanels.forecast.url, flowscopePanels.forecast.doc]"))
+        if shown == [url, want]:
+            break
+        assert time.monotonic() < deadline, f"the forecast panel never showed {url} as the route answers it"
+        pg.wait_for_timeout(300)
+    assert want["event"] == event and want["fraction"] == float(fraction)
+    pg.wait_for_function("() => flowscopePanels.forecast.renders >= 1", timeout=WAIT_MS)
+    hit = pg.locator("#fc-hit-rate")
+    if want["hit_rate"] is None:
+        assert hit.get_attribute("data-value") is None
+    else:
+        assert float(hit.get_attribute("data-value")) == want["hit_rate"]
+        assert hit.inner_text().endswith(f" % ({want['hits']} of {want['judged']} frames)")
+    assert want["judged"] == sum(f["hit"] is not None for f in want["frames"])
+    assert want["hits"] == sum(bool(f["hit"]) for f in want["frames"])
+    assert int(pg.locator("#fc-threshold").get_attribute("data-value")) == want["threshold"]
+    assert int(pg.locator("#fc-window").get_attribute("data-value")) == want["window"]
+    assert pg.locator("#fc-note").inner_text() == f"window {want['window_source']}: {want['note']}"
+    nxt = pg.locator("#fc-next").get_attribute("data-value")
+    assert (None if nxt is None else float(nxt)) == (want["next"]["likelihood"] if want["next"] else None)
+    if want["frames"]:  # frame by frame: the predicted likelihood beside what happened
+        t0 = want["signal"]["t0_ns"]
+        drawn = pg.evaluate("() => document.getElementById('fc-chart').data.map(t => [t.name, t.x, t.y])")
+        xs = [(f["start_ns"] - t0) / 1e9 for f in want["frames"]]
+        assert drawn == [["predicted likelihood", xs, [f["likelihood"] for f in want["frames"]]],
+                         ["observed", xs, [f["observed"] for f in want["frames"]]]]
+    return want
+
+
+def check_memory_panel(pg, run_dir: Path):
+    """Wait until the overview's memory panel shows the ``memory`` view of the run's segments as they are on disk,
+    then check it against :func:`flowscope.analysis.memory.process_memory` over them; returns that frame."""
+    from flowscope.analysis.memory import process_memory
+    from flowscope.store.run import Run
+
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        disk = _segments(run_dir, "memory")
+        shown = pg.evaluate("() => flowscopePanels.memory.doc && flowscopePanels.memory.doc.segments")
+        if shown == disk:
+            run = Run(run_dir)
+            try:
+                want = process_memory(run)
+            finally:
+                run.close()
+            if _segments(run_dir, "memory") == disk:
+                break
+        assert time.monotonic() < deadline, f"the memory panel never showed segments {disk} (shows {shown})"
+        pg.wait_for_timeout(300)
+    from flowscope.store.layout import RUN_JSON, read_json
+
+    t0 = int(read_json(run_dir / RUN_JSON)["start_ns"])
+    doc = pg.evaluate("() => flowscopePanels.memory.doc.processes")
+    expect = [{"resource_id": rid, "label": part["label"].iloc[0], "t": ((part["ts_ns"] - t0) / 1e9).tolist(),
+               "bytes": part["bytes"].tolist()} for rid, part in want.groupby("resource_id", sort=True)]
+    assert doc == expect
+    if expect:
+        pg.wait_for_function("() => flowscopePanels.memory.renders >= 1", timeout=WAIT_MS)
+        drawn = pg.evaluate("() => document.getElementById('memory').data.map(t => [t.name, t.x, t.y])")
+        assert drawn == [[p["label"], p["t"], [b / 2 ** 20 for b in p["bytes"]]] for p in expect]
+    return want
+
+
 def _open(context, url: str):
     pg = _page(context)
     pg.goto(url, wait_until="load")
@@ -307,6 +409,7 @@ def _shot(pg, name: str) -> None:
         pg.screenshot(path=str(Path(folder) / f"dashboard-{name}.png"), full_page=True)
 
 
+@pytest.mark.timeout(900)  # one cluster start for every page's checks, the overview's panels included
 def test_analysis_pages_follow_a_live_dask_run_with_the_figures_of_the_analyses(collector, browser, tmp_path):  # noqa: F811
     from dask import delayed
     from distributed import Client, LocalCluster
@@ -330,6 +433,8 @@ def test_analysis_pages_follow_a_live_dask_run_with_the_figures_of_the_analyses(
             first = client.compute(delayed(total, pure=True)(*parts, dask_key_name=f"{SCRIPT}-sum-1"))
             assert first.result() == sum(range(N_PARTS))  # kept: phase 2 depends on it
             fs.log(f"slow <b>bold</b> part {IMG}-{SLOW}", level="warning", task_key=f"{IMG}-{SLOW}")
+            # this test's own process, which runs no task: its memory is no worker's
+            fs.metric(PROCESS_MEMORY, 1.0, namespace="performance")
             fs.flush()
 
             cp = _open(context, f"{base}/critical-path")
@@ -356,6 +461,18 @@ def test_analysis_pages_follow_a_live_dask_run_with_the_figures_of_the_analyses(
                 f"slow <b>bold</b> part {IMG}-{SLOW}"  # the runtime logs too (Dask's long GC pauses): the one of this test
             updates = {n: p.evaluate("() => flowscopeView.updates") for n, p in
                        (("cp", cp), ("pf", pf), ("an", an), ("lg", lg))}
+            # the overview's forecast of the live run is the route's, frame by frame
+            ov = _page(context)
+            ov.goto(base, wait_until="load")
+            _on_disk(run_dir, {f"{IMG}-{i}" for i in range(N_PARTS)} | {f"{SCRIPT}-sum-1"})
+            fc1 = check_forecast_panel(ov, collector.address, fs.run_id)
+            assert fc1["resources"] >= 2 and fc1["frames"] and fc1["tasks"] == N_PARTS + 1
+            # memory per worker process: both workers, sampled while the run runs
+            workers = _worker_ids(run_dir)
+            ov.wait_for_function("n => { const d = flowscopePanels.memory.doc; return d && d.processes.length === n; }",
+                                 arg=len(workers), timeout=WAIT_MS)
+            mem1 = ov.evaluate("() => flowscopePanels.memory.doc.processes.map(p => [p.resource_id, p.t.length])")
+            assert sorted(m[0] for m in mem1) == workers and all(m[1] >= 1 for m in mem1)
 
             # phase 2: tasks held until the gate file exists, depending on phase 1's sum; then they finish
             held = [delayed(gated, pure=True)(first, gate, dask_key_name=f"held-{i}") for i in range(4)]
@@ -383,6 +500,18 @@ def test_analysis_pages_follow_a_live_dask_run_with_the_figures_of_the_analyses(
             assert len(logs2) > len(logs1)
             for n, p in (("cp", cp), ("pf", pf), ("lg", lg)):
                 assert p.evaluate("() => flowscopeView.updates") > updates[n], n
+            # the forecast followed the run as it grew, and its state and fraction are selectable (and in the URL)
+            fc2 = check_forecast_panel(ov, collector.address, fs.run_id)
+            assert fc2["signal"]["t1_ns"] > fc1["signal"]["t1_ns"] and fc2["tasks"] == fc1["tasks"] + 5
+            ov.select_option("#fc-event", "compute")
+            ov.fill("#fc-fraction", "0.5")
+            ov.locator("#fc-fraction").dispatch_event("change")
+            fc3 = check_forecast_panel(ov, collector.address, fs.run_id, "compute", "0.5")
+            assert fc3["threshold"] == -(-fc3["resources"] // 2) and parse_qs(urlsplit(ov.url).query) == {"event": ["compute"],
+                                                                                 "fraction": ["0.5"]}
+            # more memory samples of each worker arrived while the run went on
+            ov.wait_for_function("m => flowscopePanels.memory.doc.processes.every(p => p.t.length > m[p.resource_id])",
+                                 arg={k: n for k, n in mem1}, timeout=WAIT_MS)
 
             # click through: rank -> step -> call, each selection in the URL
             an.locator("table.ranking tbody tr").first.click()
@@ -396,6 +525,17 @@ def test_analysis_pages_follow_a_live_dask_run_with_the_figures_of_the_analyses(
             fs.close()
 
     check_overview_extras(context, base, run_dir)
+    # the finished run's overview, opened from a link that names the forecast's state and fraction
+    ov = _page(context)
+    ov.goto(f"{base}?event=idle&fraction=0.5", wait_until="load")
+    fc = check_forecast_panel(ov, collector.address, fs.run_id, "idle", "0.5")
+    assert len(fc["frames"]) >= len(fc2["frames"]) and ov.locator("#fc-fraction").input_value() == "0.5"
+    mem = check_memory_panel(ov, run_dir)
+    assert sorted(set(mem["resource_id"])) == workers  # the test's own process is left out
+    assert (mem["bytes"] > 2 ** 20).all()  # a Python process's resident memory, not the test's 1.0
+    _shot(ov, "overview-panels")
+    _no_markup_ran(ov)
+    assert ov.errors == [] and ov.outside == [] and ov.evaluate("() => flowscopePanels.errors") == []
     a, _ = check_anomalies_ranking(an, run_dir)
     an.locator("table.ranking tbody tr").first.click()
     rid = an.locator("table.ranking tbody tr").first.get_attribute("data-resource")
@@ -512,3 +652,28 @@ def test_a_page_that_does_not_exist_is_refused_naming_it(ui_server, imported_sto
     assert r.status_code == 400 and r.json()["error"].startswith("view:")
     r = httpx.get(f"{ui_server}/v1/ui/runs/{runs['otf2']}/views/profile", timeout=60)
     assert r.status_code == 200 and r.json()["view"] == "profile"
+
+
+def test_flowscope_ui_serves_the_forecast_and_the_memory_view_of_its_runs(ui_server, imported_store):
+    """The overview's panels read the same routes under `flowscope ui` (no collector) as under `flowscope serve`."""
+    import httpx
+
+    from flowscope.analysis.forecast import predict
+    from flowscope.store.run import Run
+
+    store, runs = imported_store
+    r = httpx.get(f"{ui_server}/v1/runs/{runs['starpu']}/forecast?event=compute&fraction=0.5", timeout=120)
+    assert r.status_code == 200, r.text
+    run = Run(store / runs["starpu"])
+    try:
+        want = predict(run, "compute", 0.5).as_dict()
+    finally:
+        run.close()
+    assert r.json() == want and len(want["frames"]) > 1
+    r = httpx.get(f"{ui_server}/v1/runs/{runs['starpu']}/forecast?event=compute&fraction=2", timeout=30)
+    assert r.status_code == 400 and r.json()["field"] == "fraction"
+    r = httpx.get(f"{ui_server}/v1/runs/{runs['starpu']}-gone/forecast", timeout=30)
+    assert r.status_code == 404 and r.json()["field"] == "run"
+    # a trace with no per-process memory samples: the view says so with an empty list
+    r = httpx.get(f"{ui_server}/v1/ui/runs/{runs['otf2']}/views/memory", timeout=60)
+    assert r.status_code == 200 and r.json()["processes"] == [] and r.json()["metric"] == PROCESS_MEMORY

@@ -76,6 +76,32 @@ def test_critical_d_is_the_first_rejected_statistic():
         critical_d(0)
 
 
+def test_critical_d_takes_a_few_scipy_calls_and_the_bisections_answer(monkeypatch):
+    """Bracketed from the asymptotic critical value: the same d as a bisection over 0..w (written out here),
+    in at most 5 scipy calls per window size where the bisection took about log2(w)."""
+    from flowscope.analysis.forecast import windows
+
+    def bisection(w):
+        lo, hi = 0, w + 1
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (lo, mid) if windows._pvalue(mid, w) < 0.05 else (mid, hi)
+        return hi
+
+    calls = []
+    real = windows._pvalue
+    monkeypatch.setattr(windows, "_pvalue", lambda d, w: calls.append((d, w)) or real(d, w))
+    sizes = [*range(1, 80), 97, 250, 1000, 4096, 9999, 10_000, 10_001, 12_000, 50_000]
+    for w in sizes:
+        windows.critical_d.cache_clear()
+        calls.clear()
+        d = windows.critical_d(w)
+        n = len(calls)
+        assert d == bisection(w), w
+        assert n <= 5, (w, n, calls)
+    windows.critical_d.cache_clear()
+
+
 @pytest.fixture(scope="module")
 def starpu_run(tmp_path_factory, shared_data):
     res = import_paths([shared_data / "paje" / "starpu-demo" / "paje.trace"], tmp_path_factory.mktemp("s") / "store")

@@ -103,6 +103,28 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           timeout=300)
 
 
+@pytest.mark.parametrize("event,fraction", [("idle", 0.5), ("compute", 0.5), ("idle", 1.0)])
+def test_calibration_is_the_per_sample_brier_score_beside_the_run_so_far_frequency(starpu, event, fraction):
+    _, run = starpu
+    sig = run_signal(run, event)
+    w = max(4, len(sig.counts) // 40)
+    pred = predict(run, event, fraction, window=w)
+    k, m = pred.threshold, len(sig.counts) // w
+    ours, clim = [], []
+    for i in range(1, m):  # each sample of frame i against the forecasts made before it
+        outcome = (sig.counts[i * w:(i + 1) * w] >= k).astype(float)
+        ours.append((np.mean(sig.counts[(i - 1) * w:i * w] >= k) - outcome) ** 2)
+        clim.append((np.mean(sig.counts[:i * w] >= k) - outcome) ** 2)
+    cal = pred.as_dict()["calibration"]
+    assert cal["frames"] == m - 1 >= 30
+    assert cal["brier"] == pytest.approx(np.mean(ours)) and cal["brier_climatology"] == pytest.approx(np.mean(clim))
+    assert cal["brier_skill"] == pytest.approx(1 - np.mean(ours) / np.mean(clim))
+    text = _cli("predict", str(run.path), "--event", event, "--fraction", str(fraction), "--window", str(w))
+    assert text.returncode == 0, text.stderr
+    assert f"Brier score {np.mean(ours):.4f} (climatological forecast, the run-so-far frequency: " \
+           f"{np.mean(clim):.4f}" in text.stdout.replace("\n", " ")
+
+
 def test_cli_predict_prints_the_functions_answer_and_one_line_errors(starpu, tmp_path):
     store, run = starpu
     p = _cli("predict", run.run_id, "--store", str(store), "--event", "idle", "--fraction", "0.5", "--window", "7",

@@ -144,6 +144,32 @@ def test_clients_spread_over_collector_instances_listed_in_an_address_file(colle
     assert run.meta["status"] == "finished"
 
 
+def test_a_joiner_that_arrives_before_the_run_is_opened_waits_for_it(collector, tmp_path):
+    """A joining client (a worker's plugin, another collector instance's producer) may send before the run's owner
+    has opened it: the collector answers 404 "unknown run", which the joiner treats like a busy collector (it retries,
+    then spools) instead of refusing its rows for good. Here the run is opened only after the joiner's first attempt
+    was refused; every row arrives once."""
+    from flowscope.client.transport import HttpTransport
+    from flowscope.model.provenance import new_run_id
+
+    run_id = new_run_id()
+    joiner = Client(collector.address, run_id=run_id, spool_dir=tmp_path / "spool", flush_records=500)
+    for i in range(2000):
+        joiner.span("work", i, i + (i % 1000), span_id=i)
+    flushed = threading.Thread(target=joiner.flush, daemon=True)
+    flushed.start()
+    deadline = time.monotonic() + 120
+    while not (joiner.stats["busy_retries"] or joiner.stats["rows_rejected"]):  # its first batch was answered
+        assert time.monotonic() < deadline, joiner.stats
+        time.sleep(0.01)
+    assert joiner.stats["rows_rejected"] == 0, joiner.errors
+    HttpTransport(collector.address).open_run({"run_id": run_id, "name": "late-open"})
+    flushed.join(120)
+    joiner.close()
+    assert joiner.stats["rows_rejected"] == 0 and not joiner.errors, joiner.errors
+    _check_exactly_once(flowscope.open_run(collector.store / run_id), 2000)
+
+
 def test_a_bad_address_file_is_named(tmp_path):
     import pytest
 

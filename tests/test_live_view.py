@@ -4,6 +4,7 @@ fed with the batches of a real Dask run recorded by flowscope.observe."""
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -52,7 +53,61 @@ def _segments(run_dir: Path) -> list[tuple[str, str, pa.Table]]:
 
 # ---- the per-record update as it was, kept as the reference the vectorised one must match -----------------------
 class ReferenceLiveRun(LiveRun):
-    """LiveRun with its per-record Python update of task spans, transfers and host metrics (before issue 15)."""
+    """LiveRun with its per-record Python update of task spans, transfers, host metrics and scheduler transitions
+    (before issue 15)."""
+
+    def _apply_transitions(self, batch: pa.Table, delta: dict) -> None:
+        t = batch.filter(pc.equal(batch["observer"], "scheduler"))
+        if not t.num_rows:
+            return
+        grp = pc.coalesce(t["prefix"], t["group"], t["task_key"]).to_pylist()
+        changed = set()
+        new_groups: list[dict] = []
+        for g in [g for g in dict.fromkeys(grp) if g not in self._group_of]:  # colour fixed when first known
+            self._group(g, new_groups)
+        if new_groups:
+            delta["groups"] = new_groups
+        for ts, key, state, g in zip(t["ts_ns"].to_pylist(), t["task_key"].to_pylist(), t["to_state"].to_pylist(), grp):
+            cur = self._state.get(key)
+            if cur is None:
+                cur = self._state[key] = [ts, None, g]
+                self._groups.setdefault(g, Counter())["total"] += 1
+            elif ts < cur[0]:
+                continue  # an older transition arriving late: the key's state is the latest one
+            counts = self._groups.setdefault(cur[2], Counter())
+            if cur[1] is not None:
+                self._by_state[cur[1]] -= 1
+                if cur[1] in ("processing", "executing"):
+                    counts["running"] -= 1
+            cur[0], cur[1] = ts, state
+            self._by_state[state] += 1
+            if state in ("processing", "executing"):
+                counts["running"] += 1
+            if state in ("memory", "erred") and key not in self._done:
+                self._done.add(key)
+                counts["done"] += 1
+                if state == "erred":
+                    counts["erred"] += 1
+            changed.add(cur[2])
+        self.last_ns = max(self.last_ns, int(pc.max(t["ts_ns"]).as_py()))
+        delta["progress"] = self._progress(changed)
+        delta["states"] = self._states()
+
+    def _stream_spans(self, batch: pa.Table) -> pa.Table:
+        """Role and group by the activity query over each batch (one DuckDB query per batch)."""
+        self._con.register("spans", batch)
+        self._con.register("resources", pa.table({"resource_id": list(self._res),
+                                                  "kind": [r["kind"] for r in self._res.values()]},
+                                                 schema=pa.schema([("resource_id", pa.string()), ("kind", pa.string())])))
+        try:
+            rel = self._con.sql(f"""SELECT resource_id, start_ns, end_ns, task_key, role, "group"
+                                    FROM ({self._activity}) WHERE role IN ('task', 'call')
+                                    ORDER BY start_ns, end_ns, resource_id, task_key, "group" """)
+            a = (getattr(rel, "to_arrow_table", None) or rel.arrow)()
+        finally:
+            self._con.unregister("spans")
+            self._con.unregister("resources")
+        return a
 
     def _apply_spans(self, batch: pa.Table, delta: dict) -> None:
         a = self._stream_spans(batch)
@@ -187,6 +242,82 @@ def test_the_vectorised_update_matches_with_nulls_many_groups_and_batches_seen_i
     _feed_both(recorded, feed)  # without resources or transitions: progress from the task spans
     new, _ = _feed_both(recorded, [(t, sid, d) for t, sid, d in segs if t != "transitions"] + feed)
     assert len(new.snapshot()["groups"]) > 3 * len(PALETTE)  # the colours run out: the rest share one
+
+
+def _with(t: pa.Table, name: str, values) -> pa.Table:
+    """``t`` with column ``name`` replaced by ``values`` (the same field: type and nullability)."""
+    f = t.schema.field(name)
+    return t.set_column(t.schema.get_field_index(name), f, pa.array(values, f.type) if isinstance(values, list)
+                        else values.cast(f.type))
+
+
+def test_the_vectorised_transitions_match_the_per_record_ones_late_repeated_and_erred(recorded):
+    """Scheduler transitions in any order (an older one arriving after a newer one is ignored), several per task
+    in one batch, equal times, tasks that err after (or instead of) finishing, other observers' rows, one row per
+    batch or all at once: the same progress, states and deltas as the per-record update."""
+    segs = _segments(recorded)
+    trans = pa.concat_tables([d for t, _, d in segs if t == "transitions"])
+    assert trans.num_rows > 100 and set(pc.unique(trans["observer"]).to_pylist()) >= {"scheduler"}
+    rng = np.random.default_rng(150)
+    n = trans.num_rows
+    shuffled = trans.take(pa.array(rng.permutation(n)))
+    # equal times and late errors: some tasks' last transition again at the same time, then to erred
+    sched = trans.filter(pc.equal(trans["observer"], "scheduler"))
+    some = sched.take(pa.array(rng.choice(sched.num_rows, 40, replace=False)))
+    erred = _with(some, "to_state", ["erred"] * some.num_rows)
+    later = _with(erred, "ts_ns", pc.add(erred["ts_ns"], 1))
+    # tasks no other row names, whose only transitions are erred and then memory
+    fresh = _with(later, "task_key", [f"fresh-{i}" for i in range(later.num_rows)])
+    head = [(t, sid, d) for t, sid, d in segs if t == "resources"]
+    cut = [shuffled.slice(i, 97) for i in range(0, n, 97)]
+    feed = head + [("transitions", f"part-{i}", c) for i, c in enumerate(cut)]
+    feed += [("transitions", "same-time", some), ("transitions", "erred", erred), ("transitions", "later", later),
+             ("transitions", "fresh", pa.concat_tables([fresh, _with(fresh, "to_state", ["memory"] * fresh.num_rows)]))]
+    new, _ = _feed_both(recorded, feed)
+    snap = new.snapshot()
+    assert snap["states"].get("erred", 0) >= 1 and sum(p["erred"] for p in snap["progress"].values()) >= 1
+    _feed_both(recorded, [("transitions", "all", pa.concat_tables([shuffled, some, later, erred]))])
+    _feed_both(recorded, head + [("transitions", f"row-{i}", r) for i, r in enumerate(_rows(shuffled.slice(0, 300)))])
+
+
+def test_roles_and_groups_decided_per_kind_of_span_match_the_activity_query_under_any_mappings(recorded):
+    """The stream's spans, roles and groups decided once per combination of the columns the rules test equal the
+    activity query's per batch, under mappings whose rules test the span's attrs (those spans go through the query),
+    its resource's kind (known before or only after its spans), globs and lists, and groups read from several fields
+    or from attrs."""
+    from flowscope.model.semantics import GENERIC, load_mappings
+    from flowscope.sources.semantics import DASK_DISTRIBUTED
+
+    segs = _segments(recorded)
+    spans = pa.concat_tables([d for t, _, d in segs if t == "spans"])
+    n = spans.num_rows
+    rng = np.random.default_rng(1500)
+    attrs = pa.array([None if i % 5 == 0 else json.dumps({"phase": ["setup", "run"][i % 2], "label": f"L{i % 3}"})
+                      for i in range(n)], spans.schema.field("attrs").type)
+    spans = spans.set_column(spans.schema.get_field_index("attrs"), "attrs", attrs)
+    kinds = pa.array([["task", "call", "transfer", "step"][int(i)] for i in rng.integers(0, 4, n)],
+                     spans.schema.field("kind").type)
+    mixed = spans.set_column(spans.schema.get_field_index("kind"), "kind", kinds)
+    override = load_mappings([{
+        "spans": [
+            {"when": {"kind": "task", "attrs.phase": "setup"}, "role": "other"},
+            {"when": {"kind": "call", "resource_kind": "thread", "name": ["inc*", "a?d"]}, "role": "task",
+             "group": ["attrs.label", "task_key"]},
+            {"when": {"kind": "call", "resource_kind": None}, "role": "call", "group": ["task_key", "name"]},
+            {"when": {"kind": "step", "name": "[it]*"}, "role": "call", "group": "resource_kind"},
+            {"when": {"kind": "transfer"}, "role": "task", "group": ["resource_id", "name"]},
+        ]}])
+    resources = [(t, sid, d) for t, sid, d in segs if t == "resources"]
+    feed = [("spans", "before-resources", mixed.slice(0, n // 2))] + resources + \
+        [("spans", "after-resources", mixed.slice(n // 2)), ("spans", "plain", spans),
+         ("spans", "shuffled", mixed.take(pa.array(rng.permutation(n))))]
+    run = Run(recorded)
+    for mappings in ([*override, DASK_DISTRIBUTED, GENERIC], run.mappings(), [GENERIC]):
+        new, ref = LiveRun(run.meta, mappings), ReferenceLiveRun(run.meta, mappings)
+        for i, (table, sid, data) in enumerate(feed):
+            assert new.apply(table, sid, data) == ref.apply(table, sid, data), (i, sid)
+        assert json.dumps(new.snapshot()) == json.dumps(ref.snapshot())
+        assert len(new.snapshot()["tasks"]["key"]) > 0
 
 
 def test_a_delta_is_encoded_once_and_the_same_message_goes_to_every_page(recorded, tmp_path):

@@ -201,3 +201,27 @@ def test_run_json_round_trips_text_beyond_ascii_and_integers_beyond_64_bits(tmp_
     assert read_json(path) == obj
     text = path.read_bytes().decode("utf-8")
     assert text.endswith("\n") and text.index('"name"') < text.index('"nested"') < text.index('"small"')
+
+
+def test_one_run_object_sees_a_table_gain_its_first_segments_and_lose_its_last(run_dir):
+    """The run's DuckDB views are kept between queries (made again only when a table gains its first segment or
+    loses its last, or the mappings change): every query still sees the segments as they are then."""
+    run = flowscope.open_run(run_dir)
+
+    def n(table: str) -> int:
+        return int(run.sql(f"SELECT count(*) AS n FROM {table}")["n"].iloc[0])
+
+    assert n("spans") == 0 and n("io") == 0
+    spans = conform("spans", pa.table({"resource_id": ["r"], "kind": ["call"], "name": ["a"], "start_ns": [1],
+                                       "end_ns": [2]}))
+    write_segment(run_dir, "spans", "one", spans)
+    assert n("spans") == 1 and n("io") == 0
+    write_segment(run_dir, "spans", "two", spans)  # a second segment: the same view finds it
+    assert n("spans") == 2
+    assert list(run.sql("SELECT name FROM spans")["name"]) == ["a", "a"]
+    for f in (run_dir / "spans").glob("*.parquet"):
+        f.unlink()
+    assert n("spans") == 0  # no segment left: the empty view again, not an error
+    io = conform("io", pa.table({"source": ["x"], "op": ["read"], "start_ns": [5], "end_ns": [6]}))
+    write_segment(run_dir, "io", "one", io)
+    assert n("io") == 1 and n("spans") == 0

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import missing_dependency, require_module
+from conftest import CHROMIUM, CHROMIUM_ARGS, missing_dependency, require_module, shared_browser  # noqa: F401
 
 from distributed import Client as DaskClient
 from distributed import LocalCluster
@@ -28,9 +28,6 @@ from flowscope.report import write_report
 from flowscope.report.page import SECTIONS, fmt_s
 from flowscope.sources.dask import observe
 
-CHROMIUM = os.environ.get("FLOWSCOPE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run", "--disable-quic"]
 EXTERNAL = re.compile(r"""<(?:script|link|img|iframe|source|embed)\b[^>]*\b(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""",
                       re.IGNORECASE)
 
@@ -181,25 +178,23 @@ def open_page(path: Path, blocked: list | None = None):
     """``path`` opened in headless Chromium: yields ``(page, console, errors)``, the console messages and page
     errors collected as they come. With ``blocked``, requests that would leave the file are refused and their
     URLs appended to it."""
-    sync_playwright = _browser()
     console: list = []
     errors: list = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            page.on("console", lambda m: console.append((m.type, m.text)))
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            if blocked is not None:
-                def block(route):
-                    blocked.append(route.request.url)
-                    route.abort()
+    # the module's browser (tests/conftest.py); the page has a context of its own, closed with it
+    page = shared_browser().new_page(viewport={"width": 1400, "height": 900})
+    try:
+        page.on("console", lambda m: console.append((m.type, m.text)))
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        if blocked is not None:
+            def block(route):
+                blocked.append(route.request.url)
+                route.abort()
 
-                page.route(re.compile(r"^(?!file:|data:|blob:|about:).*"), block)
-            page.goto(path.resolve().as_uri(), wait_until="load")
-            yield page, console, errors
-        finally:
-            browser.close()
+            page.route(re.compile(r"^(?!file:|data:|blob:|about:).*"), block)
+        page.goto(path.resolve().as_uri(), wait_until="load")
+        yield page, console, errors
+    finally:
+        page.close()
 
 
 def render(path: Path, screenshot: Path | None = None) -> dict:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import shared_data_dir
+from conftest import shared_browser, shared_data_dir
 
 import flowscope
 from flowscope.importers import TraceError, content_files, expand, import_paths
@@ -114,15 +114,8 @@ def runs(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def browser():
-    from test_report import CHROMIUM, CHROMIUM_ARGS, _browser
-
-    sync_playwright = _browser()
-    with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            yield b
-        finally:
-            b.close()
+    """The module's Chromium (tests/conftest.py): each report opens in a page of its own, closed after it."""
+    return shared_browser()
 
 
 @pytest.fixture(scope="module")
@@ -259,14 +252,21 @@ def expected_sections(h: dict[str, int]) -> dict[str, bool]:
     }
 
 
+#: run directory -> the text ``flowscope show RUN --json`` printed: the command runs once per trace, and each test
+#: that reads it parses its own copy
+_SHOWN: dict[Path, str] = {}
+
+
 def show_json(run) -> dict:
     """``flowscope show RUN --json``, in this process (the command's own code, its own printing)."""
     from flowscope.cli.main import main
 
-    out = io.StringIO()
-    with contextlib.redirect_stdout(out):
-        assert main(["show", str(run.path), "--json"]) == 0
-    return json.loads(out.getvalue())
+    if run.path not in _SHOWN:
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            assert main(["show", str(run.path), "--json"]) == 0
+        _SHOWN[run.path] = out.getvalue()
+    return json.loads(_SHOWN[run.path])
 
 
 # ---- tests -------------------------------------------------------------------------------------------------------
@@ -475,3 +475,44 @@ def test_a_darshan_log_gets_the_io_timeline_of_its_last_rank_or_says_dxt_is_miss
             assert not ((s_ops < b) & (e_ops > a)).any(), f"idle step {a}..{b} overlaps an operation of {rank}"
     io_ns = int(steps.loc[steps["component"] == "io", "duration_ns"].sum())
     assert io_ns == comp["io"] == _union_ns(s_ops, e_ops), (io_ns, comp)
+
+
+@pytest.mark.parametrize("rel", DARSHAN)
+def test_a_darshan_log_with_dxt_gets_its_ranks_timeline_makespan_and_utilisation(shared_data, runs, pages, rel):
+    """A log with DXT: its traced operations are the ranks' timed work, as for the critical path. The breakdown's
+    makespan (`flowscope show --json`) is the span from the first traced operation to the last; each rank's busy
+    time in the resource-state timeline is the union of its operations (an MPI-IO write and the POSIX writes within
+    it counted once), all of it I/O, and the breakdown's idle time is the rest of the ranks' capacity; utilisation is busy time over one slot per rank times the makespan; the report's
+    breakdown draws its chart and one utilisation row per rank. A log without DXT has no timed work: no makespan,
+    no utilisation rows."""
+    from flowscope.analysis.timeline import resource_states, utilisation_by_resource
+
+    run = runs(rel)
+    doc = show_json(run)
+    b, util = doc["breakdown"], utilisation_by_resource(run)
+    section = pages(rel)["breakdown"]
+    ops = run.sql(TIMED_OPS_SQL)
+    if not len(ops):
+        assert b["makespan_s"] == 0 and util.empty and doc["utilisation"] is None, (b, util)
+        assert "Utilisation per executing resource" not in section["text"]
+        return
+    t0, t1 = int(ops["start_ns"].min()), int(ops["end_ns"].max())
+    assert b["makespan_s"] == (t1 - t0) / 1e9 and b["executors"] == ops["resource_id"].nunique(), b
+    by = {r: g for r, g in ops.groupby("resource_id")}
+    assert sorted(util["resource_id"]) == sorted(by), util
+    unions = 0
+    for r in util.itertuples():
+        g = by[r.resource_id]
+        union = _union_ns(g["start_ns"].to_numpy(np.int64), g["end_ns"].to_numpy(np.int64))
+        assert r.busy_ns == r.io_ns == union > 0 and r.window_ns == t1 - t0, (r, union)
+        assert r.slots == 1 and r.utilisation == union / (t1 - t0), r
+        unions += union
+    # idle is the rest of the ranks' capacity
+    assert b["compute_s"] == 0 and b["idle_s"] == pytest.approx(len(by) * (t1 - t0) / 1e9 - unions / 1e9, rel=1e-9), b
+    states = resource_states(run)
+    assert set(states["state"]) <= {"io", "idle"} and (states["start_ns"].min(), states["end_ns"].max()) == (t0, t1)
+    u = doc["utilisation"]
+    assert u["busy_ns"] == int(util["busy_ns"].sum()) and u["slots"] == len(by) and u["makespan_ns"] == t1 - t0, u
+    assert u["value"] == pytest.approx(u["busy_ns"] / (len(by) * (t1 - t0)), rel=1e-12), u
+    assert any(f["id"] == "fig-breakdown" and f["marks"] for f in section["figures"]), section["figures"]
+    assert "Utilisation per executing resource" in section["text"] and section["rows"][-1] == min(50, len(by)), section

@@ -135,6 +135,21 @@ def test_measured_critical_path_runs_through_the_dag_and_the_workers(demo, starp
     assert cp["measured_ns"] == m.length_ns and cp["structural_ns"] == tp.structural.length_ns
 
 
+def test_structural_path_names_the_worker_each_task_ran_on(demo, starpu_run):
+    """The structural path over the run's units of work (as `flowscope show` and the report take them) gives each
+    task step the StarPU worker that ran it, tasks.rec's WorkerId, in its location column."""
+    from flowscope.analysis.critical_path import work_units
+
+    _, run = starpu_run
+    worker_of = {f"task_{r['JobId']}": f"CPU{r['WorkerId']}" for r in _records(demo / "tasks.rec") if "StartTime" in r}
+    names = dict(zip(run.table("resources")["resource_id"], run.table("resources")["name"]))
+    st = task_graph_paths(work_units(run), run.table("dependencies"), run.table("transfers")).structural
+    steps = st.steps[st.steps["kind"] == "task"]
+    assert len(steps) == len(st.ids) > 1
+    assert steps["location"].notna().all(), steps[["id", "location"]]
+    assert [names.get(loc) for loc in steps["location"]] == [worker_of[k] for k in steps["id"]]
+
+
 def test_without_tasks_rec_the_trace_keeps_its_states(demo, tmp_path):
     """The Paje trace alone (no StarPU records beside it) imports as states, as before."""
     shutil.copy(demo / "paje.trace", tmp_path / "paje.trace")

@@ -5,18 +5,11 @@ from __future__ import annotations
 
 import functools
 import http.server
-import os
 import threading
-from pathlib import Path
 
 import pytest
-from conftest import missing_dependency, require_module
 
 from flowscope.ui import static_dir
-
-CHROMIUM = os.environ.get("FLOWSCOPE_CHROMIUM", "/usr/bin/chromium")
-CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-                 "--disable-component-update", "--disable-sync", "--no-first-run"]
 
 PAGE = """<!doctype html><meta charset="utf-8"><title>timeline test</title>
 <body style="margin:0"><div id="tl" style="width:1000px"></div>
@@ -59,30 +52,26 @@ def server(tmp_path_factory):
 
 
 @pytest.fixture
-def page(server):
-    sync_playwright = require_module("playwright.sync_api", "drives chromium: pip install -e '.[test]'").sync_playwright
-    if not Path(CHROMIUM).exists():
-        missing_dependency(f"{CHROMIUM} is missing (apt-get install chromium)")
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        try:
-            pg = browser.new_page(viewport={"width": 1200, "height": 400}, device_scale_factor=1)
-            pg.dialogs = []
-            pg.errors = []
-            pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
-            pg.on("pageerror", lambda e: pg.errors.append(str(e)))
-            pg.goto(server, wait_until="load")
-            pg.evaluate(f"""() => {{
-                window.tl = new FlowscopeTimeline(document.getElementById('tl'),
-                    {{rows: {ROWS!r}, groups: {GROUPS!r}, labelWidth: {LABEL_W}, rowHeight: {ROW_H},
-                      record: true}});
-                tl.append({TASKS}, {{start: [1], end: [6], src: [0], dst: [2]}});
-                tl.draw();
-            }}""")
-            yield pg
-            assert pg.errors == []
-        finally:
-            browser.close()
+def page(server, chromium):
+    """A fresh page (a context of its own) of the module's Chromium (tests/conftest.py) with the timeline drawn."""
+    pg = chromium.new_page(viewport={"width": 1200, "height": 400}, device_scale_factor=1)
+    try:
+        pg.dialogs = []
+        pg.errors = []
+        pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+        pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+        pg.goto(server, wait_until="load")
+        pg.evaluate(f"""() => {{
+            window.tl = new FlowscopeTimeline(document.getElementById('tl'),
+                {{rows: {ROWS!r}, groups: {GROUPS!r}, labelWidth: {LABEL_W}, rowHeight: {ROW_H},
+                  record: true}});
+            tl.append({TASKS}, {{start: [1], end: [6], src: [0], dst: [2]}});
+            tl.draw();
+        }}""")
+        yield pg
+        assert pg.errors == []
+    finally:
+        pg.close()
 
 
 def _pixel(page, x: float, y: float) -> list[int]:

@@ -252,6 +252,18 @@ def test_critical_path_is_the_structural_one_through_the_instances_dependencies(
                 in section), (p, section[:600])
 
 
+def test_structural_path_names_the_machine_each_task_ran_on(imported):
+    """Each task step of the structural path says where the task ran: the host of the machine the instance names
+    for it (or its only machine), the resource its span is on."""
+    for p, (run, ref) in imported.items():
+        spans = run.table("spans")
+        st = task_graph_paths(spans[spans["kind"] == "task"], run.table("dependencies"), run.table("transfers")).structural
+        steps = st.steps[st.steps["kind"] == "task"]
+        machines = set(ref["machines"])
+        want = [f"host:{(ref['tasks'][k]['machines'] or sorted(machines))[0]}" for k in steps["id"]]
+        assert steps["location"].tolist() == want, (p, steps[["id", "location"]].head())
+
+
 def _utilisation_from_json(ref: dict) -> float:
     """Task time over (cores of the machines the tasks ran on x the recorded makespan), from the JSON."""
     doc, wf = ref["doc"], ref["doc"]["workflow"]

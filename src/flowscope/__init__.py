@@ -16,13 +16,14 @@ _LAZY = {
     "open_store": "flowscope.store.run_set",
     "RunSet": "flowscope.store.run_set",
     "step": "flowscope.embedded",
+    "namespace": "flowscope.embedded",
     "trace": "flowscope.sources.python_tracing",
     "trace_modules": "flowscope.sources.python_tracing",
     "observe": "flowscope.sources.dask",
 }
 
-__all__ = ["Client", "FlowscopeError", "Run", "RunSet", "TABLES", "open_run", "open_store", "now_ns", "observe", "step", "trace",
-           "trace_modules", "__version__"]
+__all__ = ["Client", "FlowscopeError", "Run", "RunSet", "TABLES", "namespace", "open_run", "open_store", "now_ns",
+           "observe", "step", "trace", "trace_modules", "__version__"]
 
 
 #: submodules reachable as attributes without importing them first (``flowscope.forecast.when(...)``)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from flowscope.client import client as _client
-from flowscope.client.transport import Busy, Rejected
+from flowscope.client.transport import Busy, Rejected, RunNotOpen
 from flowscope.model.conform import SchemaError
 from flowscope.model.provenance import check_close_request
 from flowscope.service.collector import Collector, CollectorBusy, UnknownRun
@@ -52,11 +52,13 @@ class EmbeddedTransport:
             res = self.collector.ingest(run_id, table, segment_id, data)
         except CollectorBusy as exc:
             raise Busy(str(exc)) from None
-        except (SchemaError, UnknownRun, ValueError) as exc:
+        except UnknownRun as exc:  # as over HTTP: retried, then spooled (the owner may open it in a moment)
+            raise RunNotOpen(str(exc)) from None
+        except (SchemaError, ValueError) as exc:
             raise Rejected(422 if isinstance(exc, SchemaError) else 404, str(exc)) from None
         except OSError as exc:  # the store could not be written (disk full, permissions): retry, then spool
             raise Busy(f"store write failed: {exc}") from None
-        return {"rows": res.rows, "duplicate": res.duplicate}
+        return {"rows": res.rows, "duplicate": res.duplicate, "watched": self.collector.watched(run_id)}
 
     def close(self) -> None:
         pass
@@ -86,6 +88,12 @@ class EmbeddedCollector:
 
         return ingest(self.collector, run_id, states, mutations)
 
+    def analyze(self, run_id: str, namespace: str, request: dict) -> dict:
+        """Run an analysis request over a namespace's rows (the collector's /analyze endpoint, called)."""
+        from flowscope.service.namespace_routes import analyze
+
+        return analyze(self.collector, run_id, namespace, request)
+
     def stop(self) -> None:
         """Stop the server, then let the collector finish its queued writes."""
         if self.server:
@@ -101,6 +109,29 @@ class Client(_client.Client):
 
     def _embed(self, store, collector_options: dict, serve: bool, token: str | None) -> EmbeddedCollector:
         return EmbeddedCollector(store, collector_options, serve=serve, token=token)
+
+
+def namespace(name: str, *, client: _client.Client | None = None, publish_every: int = 1, blocking: bool = True,
+              resource_id: str | None = None, run_name: str | None = None, **client_options):
+    """``flowscope.namespace``: a :class:`~flowscope.client.namespaces.Namespace` publishing into ``client``'s run
+    or, without one, into the run (named ``run_name``) of a Client made with ``client_options`` (which joins
+    $FLOWSCOPE_ADDRESS and $FLOWSCOPE_RUN when set, else runs a collector in this process); closing the namespace
+    then closes that client. SOMA's four domains are the namespaces ``performance``, ``application``, ``hardware``
+    and ``workflow`` (and their sub-namespaces, ``application.astaroth``); any other valid name is a namespace of
+    your own."""
+    from flowscope.model.namespaces import check_namespace
+
+    check_namespace(name)  # before a client (and maybe a collector) is started for it
+    if client is not None:
+        return client.namespace(name, publish_every=publish_every, blocking=blocking, resource_id=resource_id)
+    made = Client(name=run_name, **client_options)
+    try:
+        ns = made.namespace(name, publish_every=publish_every, blocking=blocking, resource_id=resource_id)
+    except BaseException:
+        made.close()
+        raise
+    ns._owns_client = True
+    return ns
 
 
 # client/data_states.py is imported when a step is made, not with this module: it imports pandas, which a

@@ -7,8 +7,14 @@ from dataclasses import asdict, dataclass, field
 
 import pandas as pd
 
-from flowscope.analysis.timeline import BUSY_CATEGORIES, resource_states, utilisation_by_resource
 from flowscope.analysis.io_summary import IO_TOTALS_SQL
+from flowscope.analysis.timeline import (
+    BUSY_CATEGORIES,
+    IO_UNIT,
+    resource_states,
+    utilisation_by_resource,
+    work_unit_kind,
+)
 from flowscope.store.run import Run
 
 # Said wherever I/O time is unknown (``Breakdown.io_s is None``).
@@ -30,7 +36,11 @@ class Breakdown:
     run tasks) counts its transfers' durations instead. ``io_s`` adds the I/O spans of resources that do not
     execute (a Dask worker's spill) and the I/O records that carry a duration; it is None when I/O was recorded
     but no record carries the time it took (see ``IO_TIME_UNKNOWN``). ``idle_s`` is capacity unused: gaps,
-    idle states and unused slots. ``makespan_s`` is the extent of the executing resources' activity."""
+    idle states and unused slots. ``makespan_s`` is the extent of the executing resources' timed work: their spans,
+    or in a run whose only timed work is I/O operations (a Darshan log with DXT), those, from the first to the
+    last; ``io_s`` then counts the I/O records (each byte and second once, as above: a Darshan log's per-file
+    counters), not the timeline's I/O state, which is the same operations; ``idle_s`` is the ranks' capacity
+    outside their operations (per resource, the union of its operations)."""
 
     compute_s: float
     communication_s: float
@@ -101,6 +111,10 @@ def breakdown(run: Run) -> Breakdown:
         FROM t, x, s, i""").iloc[0]
     io_ns = int(row["io_ns"]) + slot_ns["io"]
     io_timed = int(row["io_timed"]) + int((states["state"] == "io").sum() if len(states) else 0)
+    if work_unit_kind(run) == IO_UNIT:
+        # the timeline is the I/O records themselves: I/O time is what the records count (each byte and second
+        # once, IO_TOTALS_SQL), not that again as the timeline's I/O state
+        io_ns = int(row["io_ns"])
     # I/O was recorded, but none of it with the time it took: unknown, not zero
     io_s = None if int(row["io_records"]) and not io_timed else io_ns / 1e9
     comm_ns = slot_ns["communication"] or int(row["comm_ns"])

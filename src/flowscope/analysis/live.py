@@ -25,7 +25,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from flowscope.model.semantics import activity_sql
+from flowscope.model.semantics import activity_sql, condition_sql
 
 #: the tables the live view reads; batches of the others are ignored
 LIVE_TABLES = ("resources", "transitions", "spans", "transfers", "metrics", "logs")
@@ -55,6 +55,13 @@ def _short(address: str | None) -> str | None:
     return address.split("://", 1)[-1] if address else None
 
 
+def _segment_cummax(values: np.ndarray, first: np.ndarray) -> np.ndarray:
+    """The running maximum of ``values`` restarted at every index where ``first`` is True (``first[0]`` must be)."""
+    import pandas as pd
+
+    return pd.Series(values).groupby(np.cumsum(first)).cummax().to_numpy()
+
+
 class _Columns:
     """Growable columns of the task stream (start, end seconds since the run's start; row; group; key)."""
 
@@ -82,6 +89,106 @@ class _Columns:
                 "key": [k for part in self.key for k in part]}
 
 
+def _reads_attrs(when: dict) -> bool:
+    return any(k.startswith("attrs.") for k in when)
+
+
+class _StreamRoles:
+    """The role and group of spans under a run's mappings (``model.semantics``), decided once per distinct
+    combination of the plain columns the rules test (kind, name, the resource's kind, ...), instead of one query
+    per batch. A combination is decided when the first rule setting the role (and the group) whose ``when`` holds on
+    those columns tests no ``attrs.KEY`` (and its group reads none); the spans of an undecided one go through the
+    ``activity`` query as before. Every comparison is the rules' own SQL, over the columns as text as it casts them."""
+
+    def __init__(self, mappings: list[dict]):
+        rules = [r for m in mappings for r in m.get("spans", [])]
+        self.role_rules = [r for r in rules if "role" in r]
+        self.group_rules = [r for r in rules if "group" in r]
+
+        def plain(when: dict) -> dict:  # the conditions on the span's own columns and its resource's kind
+            return {k: v for k, v in when.items() if not k.startswith("attrs.")}
+
+        self.columns = sorted({k for r in rules for k in plain(r.get("when", {}))})
+        self._case = {name: ("CASE " + " ".join(f"WHEN {condition_sql(plain(r.get('when', {})), 's')} THEN {i}"
+                                                for i, r in enumerate(rs)) + " ELSE -1 END") if rs else "-1"
+                      for name, rs in (("role", self.role_rules), ("group", self.group_rules))}
+        self._decided: dict[tuple, tuple] = {}  # combination -> (role, group refs); None where attrs decide
+        refs = [x for r in self.group_rules for x in (r["group"] if isinstance(r["group"], list) else [r["group"]])]
+        self.needs_kind = "resource_kind" in self.columns or "resource_kind" in refs
+
+    def _decide(self, con: duckdb.DuckDBPyConnection, combos: list[tuple]) -> None:
+        cols = self.columns
+        t = pa.table({"__i": pa.array(range(len(combos)), pa.int64()),
+                      **{c: pa.array([x[j] for x in combos], pa.string()) for j, c in enumerate(cols)}})
+        kind = '"resource_kind"' if "resource_kind" in cols else "CAST(NULL AS VARCHAR)"
+        con.register("combos", t)
+        try:
+            rel = con.sql(f"""SELECT {self._case['role']} AS role_rule, {self._case['group']} AS group_rule
+                              FROM combos s JOIN (SELECT __i, {kind} AS kind FROM combos) r ON r.__i = s.__i
+                              ORDER BY s.__i""")
+            got = (getattr(rel, "to_arrow_table", None) or rel.arrow)()
+        finally:
+            con.unregister("combos")
+        for combo, ri, gi in zip(combos, got["role_rule"].to_pylist(), got["group_rule"].to_pylist()):
+            role = "other" if ri < 0 else (None if _reads_attrs(self.role_rules[ri].get("when", {}))
+                                           else self.role_rules[ri]["role"])
+            refs: tuple | None = ("name",)
+            if gi >= 0:
+                rule = self.group_rules[gi]
+                refs = tuple(rule["group"] if isinstance(rule["group"], list) else [rule["group"]])
+                if _reads_attrs(rule.get("when", {})) or any(str(x).startswith("attrs.") for x in refs):
+                    refs = None
+            self._decided[combo] = (role, refs)
+
+    def spans(self, con: duckdb.DuckDBPyConnection, batch: pa.Table, kind_of) -> tuple[list[pa.Table], pa.Table]:
+        """(decided, undecided): the spans of ``batch`` drawn in the stream, with their role and group (tables of
+        STREAM_COLUMNS), and the spans whose role or group their attrs decide, as they came. ``kind_of(resource_id)``
+        is the kind of a resource (None when unknown)."""
+        n = batch.num_rows
+        rk = None
+        if self.needs_kind:
+            rids, ridx = LiveRun._encoded(batch["resource_id"])
+            rk = pa.array([kind_of(r) if r is not None else None for r in rids], pa.string()).take(pa.array(ridx))
+        text = {c: rk if c == "resource_kind" else pc.cast(batch[c], pa.string()) for c in self.columns}
+        # one code per distinct combination of the columns' values (nulls included), in numpy
+        code, size = np.zeros(n, np.int64), 1
+        for c in self.columns:
+            distinct, idx = LiveRun._encoded(text[c])
+            size *= max(1, len(distinct))
+            if size >= 2 ** 62:  # too many combinations to number: the whole batch through the query
+                return [], batch
+            code = code * max(1, len(distinct)) + idx
+        _, firsts, cidx = np.unique(code, return_index=True, return_inverse=True)
+        cidx = cidx.ravel()
+        combos = list(zip(*(text[c].take(pa.array(firsts)).to_pylist() for c in self.columns))) if self.columns \
+            else [()] * len(firsts)
+        new = [c for c in dict.fromkeys(combos) if c not in self._decided]
+        if new:
+            self._decide(con, new)
+        decided = [self._decided[c] for c in combos]
+        undecided_combo = np.array([d[0] is None or d[1] is None for d in decided], dtype=bool)
+        shown = np.array([not u and d[0] in STREAM_ROLES for d, u in zip(decided, undecided_combo)], dtype=bool)
+        refs_ids = {r: i for i, r in enumerate(dict.fromkeys(d[1] for d, s in zip(decided, shown) if s))}
+        combo_ref = np.array([refs_ids[d[1]] if s else -1 for d, s in zip(decided, shown)], np.int64)
+        combo_role = [d[0] for d in decided]
+        row_ref = combo_ref[cidx]
+        parts = []
+        for refs, i in refs_ids.items():
+            sel = np.flatnonzero(row_ref == i)
+            take = pa.array(sel)
+            sub = batch.take(take)
+            fields = [rk.take(take) if f == "resource_kind" else pc.cast(sub[f], pa.string()) for f in refs]
+            roles = pa.array(combo_role, pa.string()).take(pa.array(cidx[sel]))
+            parts.append(pa.table([sub["resource_id"], sub["start_ns"], sub["end_ns"], sub["task_key"], roles,
+                                   pc.coalesce(*fields) if len(fields) > 1 else fields[0]], schema=STREAM_SCHEMA))
+        undecided = undecided_combo[cidx]
+        return parts, batch.filter(pa.array(undecided)) if undecided.any() else batch.slice(0, 0)
+
+
+STREAM_SCHEMA = pa.schema([("resource_id", pa.string()), ("start_ns", pa.int64()), ("end_ns", pa.int64()),
+                           ("task_key", pa.string()), ("role", pa.string()), ("group", pa.string())])
+
+
 class LiveRun:
     """The live view of one run (see the module's docstring); thread-safe."""
 
@@ -90,6 +197,7 @@ class LiveRun:
         self.name = meta.get("name") or self.run_id
         self.t0_ns = int(meta.get("start_ns") or 0)
         self._activity = activity_sql(mappings)
+        self._roles = _StreamRoles(mappings)
         self._lock = threading.Lock()
         self.seq = 0
         self._segments: set[tuple[str, str]] = set()
@@ -137,6 +245,11 @@ class LiveRun:
             delta["seq"] = self.seq
             delta["last_s"] = (self.last_ns - self.t0_ns) / 1e9
             return delta
+
+    def close(self) -> None:
+        """Release the view's DuckDB connection (a view closed this way takes no more batches)."""
+        with self._lock:
+            self._con.close()
 
     def applied(self, table: str, segment_id: str) -> bool:
         with self._lock:
@@ -202,36 +315,72 @@ class LiveRun:
         t = batch.filter(pc.equal(batch["observer"], SCHEDULER))
         if not t.num_rows:
             return
-        grp = pc.coalesce(t["prefix"], t["group"], t["task_key"]).to_pylist()
-        changed = set()
+        grp = pc.coalesce(t["prefix"], t["group"], t["task_key"])
         new_groups: list[dict] = []
-        for g in [g for g in dict.fromkeys(grp) if g not in self._group_of]:  # colour fixed when first known
-            self._group(g, new_groups)
+        gnames, gidx = self._encoded(grp)
+        for g in gnames:  # colour fixed when first known, in order of first appearance
+            if g not in self._group_of:
+                self._group(g, new_groups)
         if new_groups:
             delta["groups"] = new_groups
-        for ts, key, state, g in zip(t["ts_ns"].to_pylist(), t["task_key"].to_pylist(), t["to_state"].to_pylist(), grp):
-            cur = self._state.get(key)
+        # A key's transition is taken when it is not older than the key's latest one (a late, older one is
+        # ignored); only its last taken state and its first taken finished state matter, so the batch is reduced
+        # to those per key with numpy and the Python work is per task, not per transition.
+        keys, kidx = self._encoded(t["task_key"])
+        states, sidx = self._encoded(t["to_state"])
+        ts = np.asarray(t["ts_ns"].to_numpy(), dtype=np.int64)
+        order = np.lexsort((np.arange(len(ts)), kidx))  # by key, then in the batch's order
+        k, tso = kidx[order], ts[order]
+        first = np.ones(len(k), dtype=bool)
+        first[1:] = k[1:] != k[:-1]
+        state_rows = [self._state.get(key) for key in keys]
+        before = np.array([cur[0] if cur is not None else np.iinfo(np.int64).min for cur in state_rows], np.int64)
+        # the latest time seen of the row's key before the row: its state's, then the batch's earlier rows'
+        running_max = _segment_cummax(np.maximum(tso, before[k]), first)
+        prior = np.empty_like(tso)
+        prior[first] = before[k[first]]
+        prior[~first] = running_max[np.flatnonzero(~first) - 1]
+        taken = tso >= prior
+        rows = order[taken]
+        tk = kidx[rows]
+        head = np.ones(len(tk), dtype=bool)  # a key's first taken row
+        head[1:] = tk[1:] != tk[:-1]
+        last = np.ones(len(tk), dtype=bool)  # and its last
+        last[:-1] = tk[:-1] != tk[1:]
+        done_state = np.isin(sidx[rows], [i for i, st in enumerate(states) if st in DONE_STATES])
+        first_done = np.full(len(keys), -1, np.int64)
+        dk, dpos = tk[done_state], np.flatnonzero(done_state)
+        if len(dk):
+            dhead = np.ones(len(dk), dtype=bool)
+            dhead[1:] = dk[1:] != dk[:-1]
+            first_done[dk[dhead]] = sidx[rows[dpos[dhead]]]
+        first_row = np.full(len(keys), -1, np.int64)
+        first_row[tk[head]] = rows[head]
+        changed = set()
+        for key_i, row_i in zip(tk[last].tolist(), rows[last].tolist()):
+            key, cur = keys[key_i], state_rows[key_i]
             if cur is None:
-                cur = self._state[key] = [ts, None, g]
+                g = gnames[gidx[first_row[key_i]]]
+                cur = self._state[key] = [0, None, g]
                 self._groups.setdefault(g, Counter())["total"] += 1
-            elif ts < cur[0]:
-                continue  # an older transition arriving late: the key's state is the latest one
             counts = self._groups.setdefault(cur[2], Counter())
-            if cur[1] is not None:
-                self._by_state[cur[1]] -= 1
-                if cur[1] in RUNNING_STATES:
+            old, state = cur[1], states[sidx[row_i]]
+            if old is not None:
+                self._by_state[old] -= 1
+                if old in RUNNING_STATES:
                     counts["running"] -= 1
-            cur[0], cur[1] = ts, state
+            cur[0], cur[1] = int(ts[row_i]), state
             self._by_state[state] += 1
             if state in RUNNING_STATES:
                 counts["running"] += 1
-            if state in DONE_STATES and key not in self._done:
+            fd = first_done[key_i]
+            if fd >= 0 and key not in self._done:
                 self._done.add(key)
                 counts["done"] += 1
-                if state == "erred":
+                if states[fd] == "erred":
                     counts["erred"] += 1
             changed.add(cur[2])
-        self.last_ns = max(self.last_ns, int(pc.max(t["ts_ns"]).as_py()))
+        self.last_ns = max(self.last_ns, int(ts.max()))
         delta["progress"] = self._progress(changed)
         delta["states"] = self._states()
 
@@ -248,7 +397,17 @@ class LiveRun:
         return {"finished": sum(self._span_tasks.values())} if self._span_tasks else {}
 
     def _stream_spans(self, batch: pa.Table) -> pa.Table:
-        """The spans of ``batch`` drawn in the task stream, with their role and group (the run's mappings)."""
+        """The spans of ``batch`` drawn in the task stream, with their role and group (the run's mappings), in a
+        fixed order: DuckDB may return a join's rows in any order, and new groups take their colours in order."""
+        res = self._res
+        parts, undecided = self._roles.spans(self._con, batch, lambda rid: (res.get(rid) or {}).get("kind"))
+        if undecided.num_rows:
+            parts.append(self._activity_spans(undecided).cast(STREAM_SCHEMA))
+        a = pa.concat_tables(parts) if parts else STREAM_SCHEMA.empty_table()
+        return a.sort_by([(c, "ascending") for c in ("start_ns", "end_ns", "resource_id", "task_key", "group")])
+
+    def _activity_spans(self, batch: pa.Table) -> pa.Table:
+        """The spans of ``batch`` drawn in the task stream, with their role and group, by the ``activity`` query."""
         self._con.register("spans", batch)
         self._con.register("resources", pa.table({"resource_id": list(self._res),
                                                   "kind": [r["kind"] for r in self._res.values()]},

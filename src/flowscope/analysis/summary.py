@@ -9,7 +9,14 @@ from dataclasses import asdict, dataclass, field
 import pandas as pd
 
 from flowscope.analysis.breakdown import Breakdown, breakdown
-from flowscope.analysis.timeline import DERIVED, resource_states, task_timeline, utilisation_by_resource
+from flowscope.analysis.timeline import (
+    DERIVED,
+    IO_UNIT,
+    resource_states,
+    task_timeline,
+    utilisation_by_resource,
+    work_unit_kind,
+)
 from flowscope.model.schemas import DERIVED_TABLES
 from flowscope.store.catalog import run_state
 from flowscope.store.layout import segment_files
@@ -31,7 +38,8 @@ class Utilisation:
     ``busy_ns`` is the executing resources' slot-time not idle (their state timeline,
     :func:`~flowscope.analysis.timeline.resource_states`); ``slots`` is what they offer (the ``executors``
     view: a thread 1, a host its ``cpu_cores``, a worker its ``nthreads``); ``makespan_ns`` is the extent of
-    their activity when the task times were measured, the run's recorded duration when they were derived (their extent is then a schedule's, not the run's). ``value`` is None when one
+    their timed work (``makespan_source``: "task spans", or "I/O operations" in a run whose only timed work is I/O
+    operations) when the task times were measured, the run's recorded duration when they were derived (their extent is then a schedule's, not the run's). ``value`` is None when one
     of them is unknown, with ``reason`` saying which."""
 
     busy_ns: int
@@ -60,7 +68,7 @@ def utilisation(run: Run) -> Utilisation | None:
         source = "run"
     else:
         makespan = int(states["end_ns"].max()) - int(states["start_ns"].min())
-        source = "task spans"
+        source = "I/O operations" if work_unit_kind(run) == IO_UNIT else "task spans"
     capacity = None if unknown else int(sum(slots.values()))
     u = Utilisation(busy, capacity, makespan, source, None)
     if unknown:

@@ -5,6 +5,11 @@ means observed; any other value (e.g. ``"derived-asap"``: placed as soon as poss
 dependencies) means a rule placed the span, so its start, its end's position and the waits between spans
 are not observations. Analyses that read waits or concurrency (the measured critical path, utilisation
 over the spans' extent) check this first.
+
+The timed work of a run's executing resources, which the resource-state timeline, utilisation, the breakdown and
+the critical path all read, is the same for all of them (:func:`work_unit_kind`): the spans of the ``activity``
+view when the run has tasks or busy spans on resources that execute; else its timed I/O operations (a Darshan
+log's DXT segments).
 """
 
 from __future__ import annotations
@@ -53,6 +58,79 @@ def task_timeline(spans: pd.DataFrame | pa.Table) -> str | None:
     if "attrs" not in df.columns:
         return MEASURED
     return MEASURED if span_time_sources(df["attrs"]) <= {MEASURED} else DERIVED
+
+
+# ---- what a run's timed work is ---------------------------------------------------------------------------
+
+#: the kinds of units of work a run offers, in order of preference (:func:`work_unit_kind`)
+TASK_UNIT = "task"
+SPAN_UNIT = "span"
+IO_UNIT = "io operation"
+
+#: the spans (``activity`` rows ``a`` joined to ``executors`` ``e``) that are busy time of a resource that executes
+#: work (a resource the run never declared counts as executing)
+BUSY_SPAN_SQL = "coalesce(e.executes, TRUE) AND a.category <> 'idle' AND a.end_ns > a.start_ns"
+
+#: the I/O records that time one operation on a resource that executes work: not an aggregate (a row totalling
+#: many operations, whose times are a window, docs/data-model.md), with a duration; per resource, the outermost
+#: ones (an operation of a lower layer within one of a layer above, e.g. the POSIX writes of an MPI-IO write,
+#: is part of it), with the resource's ``slots`` and ``prev_end``, the latest end of the resource's records that
+#: start before it (ties: longer first)
+TIMED_IO_SQL = """
+    WITH t AS (
+        SELECT i.resource_id, i.op, i.path, i."offset", i.nbytes, i.start_ns, i.end_ns, i.attrs, e.slots
+        FROM io i LEFT JOIN executors e ON e.resource_id = i.resource_id
+        WHERE i.resource_id IS NOT NULL AND coalesce(e.executes, TRUE) AND i.end_ns > i.start_ns
+          AND NOT coalesce(TRY_CAST(json_extract_string(i.attrs, '$.aggregate') AS BOOLEAN), false)),
+    o AS (
+        SELECT *, max(end_ns) OVER (PARTITION BY resource_id ORDER BY start_ns, end_ns DESC, op, path, "offset", attrs
+                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
+        FROM t)
+    SELECT * FROM o WHERE prev_end IS NULL OR end_ns > prev_end"""
+
+
+def work_unit_kind(run: Run) -> str | None:
+    """What ``run``'s units of work are, the first of these it has: its tasks (:data:`TASK_UNIT`: spans of role
+    ``task``), the busy spans of its executing resources (:data:`SPAN_UNIT`, :data:`BUSY_SPAN_SQL`: an MPI or a call
+    trace), the timed I/O operations of its executing resources (:data:`IO_UNIT`, :data:`TIMED_IO_SQL`: a Darshan
+    log with DXT); None without any."""
+    row = run.sql(f"""SELECT EXISTS (SELECT 1 FROM activity WHERE role = 'task') AS tasks,
+                             EXISTS (SELECT 1 FROM activity a LEFT JOIN executors e ON e.resource_id = a.resource_id
+                                     WHERE {BUSY_SPAN_SQL}) AS spans""").iloc[0]
+    if bool(row["tasks"]):
+        return TASK_UNIT
+    if bool(row["spans"]):
+        return SPAN_UNIT
+    if bool(run.sql(f"SELECT EXISTS ({TIMED_IO_SQL}) AS x")["x"].iloc[0]):
+        return IO_UNIT
+    return None
+
+
+def _timed_io_rows(run: Run) -> pd.DataFrame:
+    """The outermost timed I/O operations of each executing resource as timeline rows (category ``io``, role
+    ``call``, group: the operation). On a resource that runs one thing at a time, an operation that starts before
+    the one running there ends starts where that one ends: the resource's busy time is the union of its
+    operations."""
+    io = run.sql(f"""SELECT resource_id, CAST(NULL AS BIGINT) AS span_id, CAST(NULL AS BIGINT) AS parent_id,
+                            start_ns, end_ns, 'io' AS category, 'call' AS role, op AS "group", slots, prev_end
+                     FROM ({TIMED_IO_SQL}) ORDER BY resource_id, start_ns, end_ns""")
+    one = io["slots"].notna() & (io["slots"] == 1) & io["prev_end"].notna()
+    io.loc[one, "start_ns"] = np.maximum(io.loc[one, "start_ns"].to_numpy(np.int64),
+                                         io.loc[one, "prev_end"].to_numpy(np.int64))
+    return io.drop(columns="prev_end")
+
+
+def _timed_work(run: Run) -> pd.DataFrame:
+    """The rows the resource-state timeline is built from: per executing resource, its spans with their category,
+    role, group and the resource's slots; a run whose units of work are I/O operations, those
+    (:func:`_timed_io_rows`)."""
+    if work_unit_kind(run) == IO_UNIT:
+        return _timed_io_rows(run)
+    return run.sql("""
+        SELECT a.resource_id, a.span_id, a.parent_id, a.start_ns, a.end_ns, a.category, a.role, a."group",
+               e.slots
+        FROM activity a LEFT JOIN executors e ON e.resource_id = a.resource_id
+        WHERE coalesce(e.executes, TRUE) AND a.end_ns > a.start_ns""")
 
 
 # ---- the resource-state timeline -------------------------------------------------------------------------
@@ -153,14 +231,12 @@ def _lanes(span_id: np.ndarray, parent: np.ndarray, s: np.ndarray, e: np.ndarray
 
 def resource_states(run: Run) -> pd.DataFrame:
     """For every executing resource that has activity (the ``executors`` view; a resource the run never
-    declared counts as executing, its slots unknown), which state each of its slots is in at every moment of the run's span (the extent of the executing resources' activity): the category of
-    the innermost span running there, or ``idle`` (gaps included). Columns :data:`STATE_COLUMNS`; the rows of
-    one (resource, slot) do not overlap and cover the span exactly."""
-    acts = run.sql("""
-        SELECT a.resource_id, a.span_id, a.parent_id, a.start_ns, a.end_ns, a.category, a.role, a."group",
-               e.slots
-        FROM activity a LEFT JOIN executors e ON e.resource_id = a.resource_id
-        WHERE coalesce(e.executes, TRUE) AND a.end_ns > a.start_ns""")
+    declared counts as executing, its slots unknown), which state each of its slots is in at every moment of the
+    run's span (the extent of the executing resources' timed work): the category of the innermost span running
+    there, or ``idle`` (gaps included). A run whose units of work are timed I/O operations (:func:`work_unit_kind`)
+    has them as its activity, in state ``io``. Columns :data:`STATE_COLUMNS`; the rows of one (resource, slot) do
+    not overlap and cover the span exactly."""
+    acts = _timed_work(run)
     if not len(acts):
         return pd.DataFrame({c: pd.Series(dtype="int64" if c in ("slot", "start_ns", "end_ns") else object)
                              for c in STATE_COLUMNS})
@@ -192,6 +268,9 @@ def resource_states(run: Run) -> pd.DataFrame:
 
 
 def _slot_table(run: Run) -> pd.DataFrame:
+    """The slots of each resource in the timeline (:func:`_timed_work`)."""
+    if work_unit_kind(run) == IO_UNIT:
+        return run.sql(f"SELECT DISTINCT resource_id, slots FROM ({TIMED_IO_SQL})")
     return run.sql("""SELECT DISTINCT a.resource_id, e.slots FROM activity a LEFT JOIN executors e
                       ON a.resource_id = e.resource_id WHERE coalesce(e.executes, TRUE) AND a.end_ns > a.start_ns""")
 

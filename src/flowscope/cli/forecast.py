@@ -152,4 +152,11 @@ def cmd_predict(args: argparse.Namespace) -> int:
     console.print(f"hit rate {rate} over {doc['judged']} judged frames"
                   + (f"; next frame: likelihood {doc['next']['likelihood']:.2f}" if doc["next"] else ""),
                   markup=False, highlight=False, soft_wrap=True)
+    cal = doc["calibration"]
+    if cal["brier"] is not None:
+        console.print(f"Brier score {cal['brier']:.4f} (climatological forecast, the run-so-far frequency: "
+                      f"{cal['brier_climatology']:.4f}; skill {cal['brier_skill']:+.3f}) over {cal['frames']} frames"
+                      if cal["brier_skill"] is not None else
+                      f"Brier score {cal['brier']:.4f} (climatological forecast {cal['brier_climatology']:.4f}) "
+                      f"over {cal['frames']} frames", markup=False, highlight=False, soft_wrap=True)
     return 0

@@ -7,10 +7,30 @@ import os
 import sys
 
 from flowscope import __version__
-from flowscope.cli import (anomalies, compare, demo, export, forecast, importing, io, lineage, profile, remove, report,
-                           run, runs, semantics, serve, simulate, spool, step, ui)
+from flowscope.cli import (
+    anomalies,
+    compare,
+    demo,
+    explain,
+    export,
+    forecast,
+    importing,
+    io,
+    lineage,
+    profile,
+    remove,
+    report,
+    run,
+    runs,
+    semantics,
+    serve,
+    simulate,
+    spool,
+    step,
+    ui,
+)
 
-GROUPS = (demo, run, step, simulate, serve, ui, runs, report, lineage, compare, profile, anomalies, forecast, io,
+GROUPS = (demo, run, step, simulate, serve, ui, runs, report, explain, lineage, compare, profile, anomalies, forecast, io,
           semantics, importing, export, spool, remove)
 
 

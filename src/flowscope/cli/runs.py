@@ -33,7 +33,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("sql", help="query a run with SQL (DuckDB)",
                        description="Run a SQL query over a run; each table (spans, transitions, dependencies, "
-                                   "transfers, io, metrics, logs, resources, data_states, mutations) is a view, "
+                                   "transfers, io, metrics, namespace_values, logs, resources, data_states, "
+                                   "mutations) is a view, "
                                    "and so are activity (spans with their category, role and group), "
                                    "executors (resources with executes and slots) and call_tree, the call-path "
                                    "profile (flowscope profile). With --all, every run of a store (or of "

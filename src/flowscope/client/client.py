@@ -22,6 +22,7 @@ import secrets
 import sys
 import threading
 import time
+from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -63,6 +64,9 @@ class Client:
     child processes join their parent's run. A client that created its run closes it.
     ``token``: what a collector bound beyond loopback requires on every request; default the token next
     to the picked address in the address file, else $FLOWSCOPE_TOKEN.
+    ``flush_interval``: seconds a record may wait in this process before it is sent; ``live_flush_interval``
+    (None: the same) the shorter wait while a page of the collector's dashboard follows the run (each
+    acknowledgement says whether one does), so that the page shows the run within about that much.
     ``compiled``: record spans with the compiled recorder (client/span_recorder.py; the default when it is built,
     unless $FLOWSCOPE_COMPILED is 0) or, False, with the pure-Python packer; both store the same rows.
     """
@@ -71,6 +75,7 @@ class Client:
                  store: str | Path | None = None,
                  run_id: str | None = None, name: str | None = None, command: str | list[str] | None = None,
                  meta: dict | None = None, flush_records: int = 65_536, flush_interval: float = 1.0,
+                 live_flush_interval: float | None = None,
                  max_buffer_records: int = 500_000, spool_dir: str | Path | None = None,
                  busy_timeout: float = 30.0, senders: int = 2, serve: bool = False,
                  collector_options: dict | None = None, token: str | None = None, compiled: bool | None = None):
@@ -115,6 +120,8 @@ class Client:
         self.owns_run = given is None
         self.flush_records = int(flush_records)
         self.flush_interval = float(flush_interval)
+        self.live_flush_interval = float(live_flush_interval) if live_flush_interval is not None else None
+        self.watched = False  # the last acknowledgement said a dashboard page follows the run
         self.max_buffer_records = max(int(max_buffer_records), self.flush_records)
         self.busy_timeout = float(busy_timeout)
         self.spool = Spool(spool_dir if spool_dir is not None else default_spool_dir())
@@ -138,6 +145,7 @@ class Client:
         self._local = threading.local()
         self._control_lock = threading.Lock()
         self._known_resources: set[str] = set()
+        self._namespaces: list = []  # client/namespaces.py: flushed first when the client closes
 
         # only a client that opens the run sends its metadata (a joining one, such as a Dask plugin's, skips the cost)
         self._meta = {"run_id": self.run_id, "name": name, "command": command, "start_ns": now_ns(),
@@ -350,6 +358,55 @@ class Client:
     def _segment_id(self) -> str:
         return f"{self._token}-{next(self._seq):08d}"
 
+    def send_acknowledged(self, table: str, data: pa.Table) -> list[tuple[str, Future]]:
+        """Queue a canonical table for the senders in batches of at most ``flush_records`` rows, each with a
+        Future of what became of it: "stored" (acknowledged by the collector), "spooled" (kept on local disk),
+        or "rejected: why" (kept in the spool's rejected/ folder). Returns (segment id, Future) per batch."""
+        with self._progress:
+            self.stats["records"] += data.num_rows
+        out = []
+        for off in range(0, max(data.num_rows, 1), self.flush_records):
+            fut: Future = Future()
+            seg = self._segment_id()
+            with self._progress:
+                self._enqueued += 1
+            self._sendq.put((table, seg, data.slice(off, self.flush_records), fut))
+            out.append((seg, fut))
+        return out
+
+    # ---- namespaces (client/namespaces.py) ----------------------------------------------------------
+    def namespace(self, name: str, *, publish_every: int = 1, blocking: bool = True,
+                  resource_id: str | None = None):
+        """A :class:`~flowscope.client.namespaces.Namespace` publishing records into this run (SOMA's
+        ``soma_create_namespace``): every ``publish_every``-th commit publishes, blocking or not. Closing the
+        client publishes what its namespaces hold."""
+        from flowscope.client.namespaces import Namespace
+
+        ns = Namespace(self, name, publish_every=publish_every, blocking=blocking, resource_id=resource_id)
+        with self._packers_lock:
+            self._namespaces.append(ns)
+        return ns
+
+    def analyze(self, namespace: str, request: dict) -> dict:
+        """Have the collector run ``request`` (``sql``, or ``reduce`` with ``name`` and ``by``) over
+        ``namespace``'s rows of this run (``POST /v1/runs/{run}/namespaces/{namespace}/analyze``) and return
+        ``{"columns", "rows"}``. NamespaceError names a refused field."""
+        from flowscope.model.namespaces import NamespaceError, check_namespace
+
+        check_namespace(namespace)
+        self._opened.wait()  # the sender thread opens the run
+        if self._embedded is not None:
+            return self._embedded.analyze(self.run_id, namespace, request)
+        body = json.dumps(request).encode()
+        transport = getattr(self._local, "ns_transport", None)
+        if transport is None:  # one kept-alive connection per thread
+            transport = self._local.ns_transport = HttpTransport(self.address, token=self._auth_token or "")
+        status, doc = transport._request("POST", f"/v1/runs/{self.run_id}/namespaces/{namespace}/analyze", body,
+                                         {"Content-Type": "application/json"})
+        if 400 <= status < 500 and status != 429:
+            raise NamespaceError(doc.get("field") or "request", doc.get("message") or doc.get("error", "refused"))
+        return transport._check(status, doc)
+
     # ---- data states and mutations (client/data_states.py) ------------------------------------
     def data_states(self, batch: int = 1):
         """A :class:`~flowscope.client.data_states.DataStates` recorder for this run; ``batch`` records are
@@ -397,10 +454,12 @@ class Client:
             return False
         if not p.since:
             p.since = now
-        return force or n >= p.flush_rows or now - p.since >= self.flush_interval
+        interval = self.live_flush_interval if self.watched and self.live_flush_interval is not None \
+            else self.flush_interval
+        return force or n >= p.flush_rows or now - p.since >= interval
 
     def _build_loop(self) -> None:
-        tick = min(0.1, self.flush_interval / 4)
+        tick = min(0.1, min(self.flush_interval, self.live_flush_interval or self.flush_interval) / 4)
         while True:
             self._wake.wait(tick)
             self._wake.clear()
@@ -472,27 +531,29 @@ class Client:
         self._offline_since = None
         return not self.spool.has_pending(self.run_id)
 
-    def _deliver(self, transport, table: str, seg: str, data: pa.Table) -> None:
+    def _deliver(self, transport, table: str, seg: str, data: pa.Table) -> str:
+        """Send one batch; what became of it: "stored", "spooled" or "rejected: why"."""
         if self._offline_since is not None:
             self._to_spool(table, seg, data)
-            return
+            return "spooled"
         deadline, pause = time.monotonic() + self.busy_timeout, 0.02
         while True:
             try:
-                transport.send(self.run_id, table, seg, data)
+                ack = transport.send(self.run_id, table, seg, data)
+                self.watched = bool(ack.get("watched")) if isinstance(ack, dict) else False
                 self._count("batches_sent")
-                return
+                return "stored"
             except Busy:
                 self._count("busy_retries")
                 if time.monotonic() >= deadline:
                     self._to_spool(table, seg, data)
-                    return
+                    return "spooled"
                 time.sleep(pause)
                 pause = min(pause * 2, 1.0)
             except Unreachable as exc:
                 self._go_offline(exc)
                 self._to_spool(table, seg, data)
-                return
+                return "spooled"
             except Rejected as exc:
                 path = self.spool.run_dir(self.run_id) / "rejected"
                 path.mkdir(parents=True, exist_ok=True)
@@ -501,7 +562,7 @@ class Client:
                 self.errors.append(msg)
                 self._count("rows_rejected", data.num_rows)
                 log.warning(msg)
-                return
+                return f"rejected: {msg}"
 
     def _open_run(self) -> None:
         with self._control_lock:
@@ -531,13 +592,17 @@ class Client:
                     return
                 if self._offline_since is not None and time.monotonic() - self._offline_since > 1.0:
                     self._replay_own(busy_timeout=1.0)
+                table, seg, data = item[:3]
+                fut = item[3] if len(item) > 3 else None  # a publication waits for what becomes of its rows
+                outcome = "spooled"
                 try:
-                    self._deliver(transport, *item)
+                    outcome = self._deliver(transport, table, seg, data)
                 except Exception as exc:  # noqa: BLE001 - whatever went wrong, the batch is kept
-                    table, seg, data = item
                     self._to_spool(table, seg, data)
                     log.warning("delivering a %s batch failed (%s: %s); spooled", table, type(exc).__name__, exc)
                 finally:
+                    if fut is not None:
+                        fut.set_result(outcome)
                     with self._progress:
                         self._settled += 1
                         self._progress.notify_all()
@@ -559,16 +624,22 @@ class Client:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             return self._progress.wait_for(lambda: self._settled >= req.target, left)
 
-    def close(self, status: str = "finished", timeout: float | None = None) -> None:
-        """Flush, close the run if this client opened it, stop the threads. Raises FlowscopeError
-        if records were refused or are left in the spool."""
+    def close(self, status: str = "finished", timeout: float | None = None, end_ns: int | None = None) -> None:
+        """Flush, close the run if this client opened it, stop the threads. ``end_ns``: the run's end (default
+        now; a simulator gives its simulated end). Raises FlowscopeError if records were refused or are left
+        in the spool."""
         if self._closed:
             return
+        for ns in list(self._namespaces):  # pending commits (and uncommitted updates) are published first
+            try:
+                ns.flush(timeout)
+            except Exception as exc:  # noqa: BLE001 - reported below, the rest still closes
+                self.errors.append(f"namespace {ns.name}: {exc}")
         self.flush(timeout)
         if self._offline_since is not None or self.spool.has_pending(self.run_id):
             self._replay_own(busy_timeout=self.busy_timeout)
         if self.owns_run:
-            info = {"end_ns": now_ns(), "status": status}
+            info = {"end_ns": now_ns() if end_ns is None else int(end_ns), "status": status}
             if self._offline_since is not None or self.spool.has_pending(self.run_id):
                 self.spool.save_close(self.run_id, info)
             else:

@@ -26,6 +26,12 @@ class Busy(RuntimeError):
     """The collector refused the batch for now (503); retry later."""
 
 
+class RunNotOpen(Busy):
+    """The collector does not know the run (404, reason "unknown-run"): its owner may not have opened it yet, or
+    opened it on another collector instance of a shared store a moment ago; retried like a busy collector, then
+    spooled, never refused for good."""
+
+
 class Rejected(ValueError):
     """The collector refused the batch for good (4xx); retrying will not help."""
 
@@ -160,6 +166,8 @@ class HttpTransport:
     def _check(self, status: int, doc: dict) -> dict:
         if status == 429 or status >= 500:  # transient on the collector's side (busy, disk trouble): retry, spool
             raise Busy(doc.get("error", f"HTTP {status}"))
+        if status == 404 and doc.get("reason") == "unknown-run":
+            raise RunNotOpen(doc.get("error", "unknown run"))
         if status >= 400:
             raise Rejected(status, doc.get("error", "no detail"))
         return doc

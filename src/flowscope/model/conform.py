@@ -146,6 +146,12 @@ def conform(table: str, data: pa.Table | pa.RecordBatch) -> pa.Table:
         columns.append(col)
     out = pa.Table.from_arrays(columns, schema=target)
     check_intervals(table, out)
+    if table == "namespace_values":
+        from flowscope.model.namespaces import check_namespace_values
+
+        broken = check_namespace_values(out)
+        if broken is not None:
+            raise SchemaError(table, broken[1], broken[0])
     return out
 
 

@@ -108,6 +108,17 @@ METRICS = _schema("metrics", [
     ("value", pa.float64(), False),
 ])
 
+# The leaves of namespace records that are not a single number (model/namespaces.py; single numbers are metrics)
+NAMESPACE_VALUES = _schema("namespace_values", [
+    ("ts_ns", NS, False),          # the commit the value belongs to
+    ("resource_id", STR, False),   # the publisher
+    ("namespace", STR, False),     # application, performance, hardware, workflow, or a user-defined name
+    ("name", STR, False),          # the leaf's path, keys joined by '/', e.g. rank/3/extrema/location
+    ("item", pa.int64(), True),    # position among the leaf's values of that commit; null for a single string
+    ("value", pa.float64(), True),  # a number
+    ("text", STR, True),           # a string
+])
+
 LOGS = _schema("logs", [
     ("ts_ns", NS, False),
     ("resource_id", STR, True),
@@ -181,6 +192,7 @@ TABLES: dict[str, pa.Schema] = {
     "transfers": TRANSFERS,
     "io": IO,
     "metrics": METRICS,
+    "namespace_values": NAMESPACE_VALUES,
     "logs": LOGS,
     "data_states": DATA_STATES,
     "mutations": MUTATIONS,

@@ -45,6 +45,9 @@ CATEGORIES = ("compute", "communication", "io", "wait", "idle", "runtime", "othe
 ROLES = ("task", "call", "state", "other")
 #: what a resource's time is at a moment when none of its spans runs
 IDLE = "idle"
+#: the metric every source that samples a process's resident memory writes it as (``metrics.name``, on the
+#: process's resource); the analyses read per-process memory by this name only
+PROCESS_MEMORY = "process.memory.rss_bytes"
 
 SPAN_COLUMNS = ("span_id", "parent_id", "resource_id", "kind", "name", "start_ns", "end_ns", "task_key",
                 "attrs", "resource_kind")
@@ -224,6 +227,11 @@ def _value(rule_value: Any, alias: str, kind: str) -> str:
     if kind == "executes":
         return "TRUE" if rule_value else "FALSE"
     return _lit(rule_value)
+
+
+def condition_sql(when: Mapping, alias: str = "s") -> str:
+    """The SQL condition of a rule's ``when`` over the relation ``alias`` (``resource_kind`` reads ``r.kind``)."""
+    return _cond(when, alias)
 
 
 def _case(mappings: Sequence[Mapping], table: str, key: str, alias: str, default: str) -> str:

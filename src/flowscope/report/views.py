@@ -340,6 +340,19 @@ def logs_view(run: Run) -> dict:
             "total": int(counts["n"].sum()) if len(counts) else 0, "records": rows}
 
 
+def memory_view(run: Run) -> dict:
+    """Memory over time per executing process (:func:`flowscope.analysis.memory.process_memory`): per process its
+    label and its samples, seconds since the run's start and bytes."""
+    from flowscope.analysis.memory import PROCESS_MEMORY, process_memory
+
+    t0 = _t0(run)
+    df = process_memory(run)
+    procs = [{"resource_id": rid, "label": str(part["label"].iloc[0]),
+              "t": ((part["ts_ns"].to_numpy() - t0) / 1e9).tolist(), "bytes": part["bytes"].astype(float).tolist()}
+             for rid, part in df.groupby("resource_id", sort=True)]
+    return {"metric": PROCESS_MEMORY, "processes": procs}
+
+
 #: view name -> (the function computing it, the tables whose new segments change it)
 VIEWS: dict[str, tuple[Callable[[Run], dict], tuple[str, ...]]] = {
     "critical-path": (critical_path_view, ("spans", "dependencies", "transfers", "data_states", "mutations",
@@ -347,4 +360,5 @@ VIEWS: dict[str, tuple[Callable[[Run], dict], tuple[str, ...]]] = {
     "profile": (profile_view, ("spans", "transfers", "io", "resources")),
     "anomalies": (anomalies_view, ("spans", "anomalies", "transfers", "logs", "resources")),
     "logs": (logs_view, ("logs", "spans")),
+    "memory": (memory_view, ("metrics", "resources")),
 }

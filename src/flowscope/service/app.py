@@ -33,6 +33,7 @@ from flowscope.service.dashboard_routes import dashboard_routes
 from flowscope.service.live_hub import LiveHub
 from flowscope.service.json_batch import WINDOW_CHARS, MalformedBatch, json_batch_table
 from flowscope.service.forecast_routes import forecast_routes
+from flowscope.service.namespace_routes import namespace_routes
 from flowscope.service.wcp_routes import data_state_routes
 
 ARROW_STREAM = "application/vnd.apache.arrow.stream"
@@ -41,12 +42,17 @@ QUERY_LIMIT_MAX = 100_000
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, message: str, headers: dict | None = None):
-        self.status, self.message, self.headers = status, message, headers
+    def __init__(self, status: int, message: str, headers: dict | None = None, reason: str | None = None):
+        self.status, self.message, self.headers, self.reason = status, message, headers, reason
 
 
-def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+#: the ``reason`` of a 404 for a run this collector does not know (yet): a joining producer retries it
+UNKNOWN_RUN = "unknown-run"
+
+
+def _error(status: int, message: str, headers: dict | None = None, reason: str | None = None) -> JSONResponse:
+    return JSONResponse({"error": message, **({"reason": reason} if reason else {})}, status_code=status,
+                        headers=headers)
 
 
 def _table_name(request: Request) -> str:
@@ -63,7 +69,7 @@ def _run_id(request: Request, collector: Collector) -> str:
     except ValueError as exc:
         raise ApiError(400, str(exc)) from None
     if not collector.has_run(run_id):
-        raise ApiError(404, f"unknown run {run_id!r}: open it first with POST /v1/runs")
+        raise ApiError(404, f"unknown run {run_id!r}: open it first with POST /v1/runs", reason=UNKNOWN_RUN)
     return run_id
 
 
@@ -307,7 +313,8 @@ def build_app(collector: Collector) -> Starlette:
         try:
             if collector.segment_exists(run_id, table, segment_id):
                 collector.count_duplicate()
-                return JSONResponse({"rows": None, "duplicate": True, "segment_id": segment_id})
+                return JSONResponse({"rows": None, "duplicate": True, "segment_id": segment_id,
+                                     "watched": collector.watched(run_id)})
         except ValueError as exc:
             raise ApiError(400, f"{SEGMENT_HEADER}: {exc}") from None
         kind = _body_kind(request.headers.get("content-type", ""))
@@ -342,10 +349,11 @@ def build_app(collector: Collector) -> Starlette:
         except SchemaError as exc:
             raise ApiError(422, str(exc)) from None
         except UnknownRun as exc:
-            raise ApiError(404, str(exc)) from None
+            raise ApiError(404, str(exc), reason=UNKNOWN_RUN) from None
         del data  # the writer holds it until it is written, then releases its reservation
         result = await asyncio.wrap_future(fut)
-        return JSONResponse({"rows": result.rows, "duplicate": result.duplicate, "segment_id": segment_id})
+        return JSONResponse({"rows": result.rows, "duplicate": result.duplicate, "segment_id": segment_id,
+                             "watched": collector.watched(run_id)})
 
     async def query(request: Request) -> JSONResponse:
         run_id = _run_id(request, collector)
@@ -394,7 +402,7 @@ def build_app(collector: Collector) -> Starlette:
                              "limit": limit, "offset": offset})
 
     async def api_error(request: Request, exc: ApiError) -> JSONResponse:
-        return _error(exc.status, exc.message, exc.headers)
+        return _error(exc.status, exc.message, exc.headers, exc.reason)
 
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return _error(exc.status_code, exc.detail)
@@ -403,7 +411,7 @@ def build_app(collector: Collector) -> Starlette:
         return _error(422, str(exc))
 
     async def unknown_run(request: Request, exc: UnknownRun) -> JSONResponse:
-        return _error(404, str(exc))
+        return _error(404, str(exc), reason=UNKNOWN_RUN)
 
     async def server_error(request: Request, exc: Exception) -> Response:
         return _error(500, f"internal error: {type(exc).__name__}: {exc}")
@@ -417,6 +425,7 @@ def build_app(collector: Collector) -> Starlette:
         Route("/v1/runs/{run_id}/tables/{table}", query, methods=["GET"]),
         *data_state_routes(collector),
         *forecast_routes(collector),
+        *namespace_routes(collector),
         *anomaly_routes(collector),
         *dashboard_routes(LiveHub(collector.store, collector)),
     ]

@@ -86,6 +86,7 @@ class Collector:
         self.stats = {"batches": 0, "rows": 0, "duplicates": 0, "busy_refusals": 0, "errors": 0}
         self._segment_listeners: list = []
         self._close_listeners: list = []
+        self._watch_probes: list = []
         self._stopping = False
         self._writers = [threading.Thread(target=self._write_loop, name=f"flowscope-writer-{i}", daemon=True)
                          for i in range(max(1, writers))]
@@ -170,13 +171,27 @@ class Collector:
         self._tell(self._close_listeners, run_id, doc)
         return doc
 
-    def add_listener(self, on_segment, on_close=None) -> None:
+    def add_listener(self, on_segment, on_close=None, watching=None) -> None:
         """Call ``on_segment(run_id, table, segment_id, data)`` for every segment written, on the writer thread,
         before the batch is acknowledged, and ``on_close(run_id, run_json)`` when a run is closed. A listener
-        that raises is logged and never fails the batch; it must be quick (it delays the acknowledgement)."""
+        that raises is logged and never fails the batch; it must be quick (it delays the acknowledgement).
+        ``watching(run_id) -> bool`` says whether someone follows the run live (see :meth:`watched`)."""
         self._segment_listeners.append(on_segment)
         if on_close is not None:
             self._close_listeners.append(on_close)
+        if watching is not None:
+            self._watch_probes.append(watching)
+
+    def watched(self, run_id: str) -> bool:
+        """Whether a page follows ``run_id`` live now: the acknowledgement of a batch says so, and a client that
+        reads it sends its batches more often while it holds (``Client(live_flush_interval=...)``)."""
+        for probe in self._watch_probes:
+            try:
+                if probe(run_id):
+                    return True
+            except Exception:  # a hint: never a reason to fail a batch
+                log.exception("a collector watch probe failed on %s", run_id)
+        return False
 
     @staticmethod
     def _tell(listeners: list, *args) -> None:

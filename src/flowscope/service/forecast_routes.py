@@ -8,6 +8,7 @@ parameters get 400 ``{"error", "field"}``; an unknown run 404; a run with no exe
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -15,9 +16,26 @@ from starlette.routing import Route
 
 from flowscope.model.provenance import check_run_id
 from flowscope.service.collector import Collector
+from flowscope.store.layout import RUN_JSON
 from flowscope.store.run import Run
 
 PARAMS = ("event", "fraction", "window")
+
+
+class StoreRuns:
+    """The runs of a store folder, as the route looks them up (``flowscope ui`` has no collector)."""
+
+    def __init__(self, store: Path):
+        self.store = store
+
+    def run_dir(self, run_id: str) -> Path:
+        return self.store / check_run_id(run_id)
+
+    def has_run(self, run_id: str) -> bool:
+        try:
+            return (self.run_dir(run_id) / RUN_JSON).is_file()
+        except ValueError:
+            return False
 
 
 def _refuse(status: int, message: str, field: str | None = None) -> JSONResponse:
@@ -27,8 +45,8 @@ def _refuse(status: int, message: str, field: str | None = None) -> JSONResponse
     return JSONResponse(body, status_code=status)
 
 
-def forecast_routes(collector: Collector) -> list[Route]:
-    """The routes to mount on the collector's app."""
+def forecast_routes(collector: Collector | StoreRuns) -> list[Route]:
+    """The routes to mount on the collector's app (or on the dashboard's, over a store's runs)."""
     from flowscope.analysis.forecast import check_fraction, predict
     from flowscope.analysis.forecast.signal import check_event
 

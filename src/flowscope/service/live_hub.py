@@ -13,11 +13,13 @@ a page asks.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import json
 import logging
 import threading
 import uuid
+import weakref
 from collections import deque
 from pathlib import Path
 
@@ -169,9 +171,27 @@ class LiveHub:
         self._feed: deque = deque()
         self._feed_bytes = 0
         self._feed_cv = threading.Condition()
+        # the views' DuckDB connections are closed before the interpreter finalises: one destroyed during
+        # finalisation aborts the process ("FATAL: exception not rethrown", seen at the end of `flowscope run`)
+        atexit.register(LiveHub._close_views, weakref.ref(self))
         if collector is not None:
             threading.Thread(target=self._feed_loop, name="flowscope-dashboard-feed", daemon=True).start()
-            collector.add_listener(self._on_segment, self._on_close)
+            collector.add_listener(self._on_segment, self._on_close, self.watching)
+
+    @staticmethod
+    def _close_views(ref) -> None:
+        hub = ref()
+        for w in list(hub._runs.values()) if hub is not None else []:
+            if w.live is not None and w.lock.acquire(timeout=5):
+                try:
+                    w.live.close()
+                finally:
+                    w.lock.release()
+
+    def watching(self, run_id: str) -> bool:
+        """Whether a page is connected to ``run_id`` now (the overview's stream or an analysis page)."""
+        w = self._runs.get(run_id)
+        return w is not None and bool(w.waiters)
 
     def _on_segment(self, run_id: str, table: str, segment_id: str, data) -> None:
         w = self._runs.get(run_id)

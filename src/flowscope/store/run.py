@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import threading
 from pathlib import Path
@@ -82,6 +83,8 @@ class Run:
         #: the caller's override of the run's semantic mappings (model/semantics.py), tried before all others
         self.semantics: list[dict] = load_mappings(semantics) if semantics is not None else []
         self._con: duckdb.DuckDBPyConnection | None = None
+        #: what the connection's views were made for: which tables had segments, and the mappings (as JSON)
+        self._views_state: tuple | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -142,15 +145,22 @@ class Run:
         return out
 
     def connection(self) -> duckdb.DuckDBPyConnection:
-        """A DuckDB connection with one view per table, derived tables (anomalies) included (refreshed on
-        every call)."""
+        """A DuckDB connection with one view per table, derived tables (anomalies) included. A table's view reads
+        its folder's segments as they are at each query; the views are made again when a table gains its first
+        segment or loses its last, or when the semantic mappings change (checked on every call)."""
         with self._lock:
             if self._con is None:
                 self._con = duckdb.connect(":memory:")
             con = self._con
-            for name, target in {**TABLES, **DERIVED_TABLES}.items():
-                files = segment_files(self.path, name)
-                if files:
+            tables = {**TABLES, **DERIVED_TABLES}
+            present = {name: bool(segment_files(self.path, name)) for name in tables}
+            mappings = self.mappings()
+            state = (present, json.dumps(mappings, sort_keys=True, default=str))
+            if state == self._views_state:  # the same views: each one's glob finds new segments by itself
+                return con.cursor()
+            self._views_state = None  # until all are made
+            for name, target in tables.items():
+                if present[name]:
                     glob = str(self.path / name / "*.parquet").replace("'", "''")
                     source = f"read_parquet('{glob}')"
                     if name == "resources":
@@ -163,9 +173,9 @@ class Run:
                 else:
                     cols = ", ".join(f'CAST(NULL AS {_duck_type(f.type)}) AS "{f.name}"' for f in target)
                     con.execute(f"CREATE OR REPLACE VIEW \"{name}\" AS SELECT {cols} WHERE false")
-            mappings = self.mappings()
             con.execute(f"CREATE OR REPLACE VIEW activity AS {activity_sql(mappings)}")
             con.execute(f"CREATE OR REPLACE VIEW executors AS {executors_sql(mappings)}")
+            self._views_state = state
             return con.cursor()
 
     def mappings(self) -> list[dict]:
@@ -199,6 +209,7 @@ class Run:
             if self._con is not None:
                 self._con.close()
                 self._con = None
+                self._views_state = None
 
 
 def open_run(path: str | Path, semantics: Any = None) -> Run:

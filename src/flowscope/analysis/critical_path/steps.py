@@ -14,6 +14,9 @@ COMPONENTS = ("compute", "transfer", "io", "wait", "queue")
 #: operations; no scheduler placed them): the resource ran none of them. Not in :data:`COMPONENTS` (which every
 #: attribution lists, zeros included): it appears only in such paths
 IDLE_COMPONENT = "idle"
+#: the ``kind`` of a step that is a unit of work (a task, an outermost span, a timed I/O operation: any source's), as
+#: opposed to the gaps between units ("WAIT", "QUEUE") and a data-state path's mutations
+UNIT_STEP = "task"
 STEP_COLUMNS = ["id", "label", "kind", "start_ns", "end_ns", "duration_ns", "component", "location", "application"]
 
 

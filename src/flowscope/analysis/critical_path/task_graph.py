@@ -10,6 +10,14 @@ import numpy as np
 import pandas as pd
 
 from flowscope.analysis.critical_path.tables import _attrs, _frame
+from flowscope.analysis.timeline import (
+    BUSY_SPAN_SQL,
+    IO_UNIT,
+    SPAN_UNIT,
+    TASK_UNIT,
+    TIMED_IO_SQL,
+    work_unit_kind,
+)
 
 
 @dataclass
@@ -69,13 +77,30 @@ def _task_graph(spans, dependencies, transfers=None) -> _TaskGraph:
     pos = pd.Series(np.arange(len(tasks)), index=tasks["key"])
     deps = _frame(dependencies, "dependencies", ["task_key", "depends_on"])
     deps = deps[["task_key", "depends_on"]].astype(str).drop_duplicates()
-    deps = deps[deps["task_key"].isin(pos.index) & deps["depends_on"].isin(pos.index)]
+    # a dependency between spans within units (work_units' ``aliases``: a flow's or a message's ends) is one between
+    # the units, when the dependent unit started after the other ended (the unit as a whole waited for it); one
+    # between spans of the same unit, or of units that overlap, says nothing of the order of the units
+    alias = {}
+    if "aliases" in t.columns:
+        alias = {a: str(k) for k, al in zip(t["task_key"], t["aliases"]) if isinstance(al, list) for a in al}
+    inner = deps["task_key"].isin(list(alias)) | deps["depends_on"].isin(list(alias))
+    if alias:
+        deps = deps.assign(task_key=deps["task_key"].map(lambda k: alias.get(k, k)),
+                           depends_on=deps["depends_on"].map(lambda k: alias.get(k, k)))
+    keep = deps["task_key"].isin(pos.index) & deps["depends_on"].isin(pos.index) & (deps["task_key"] != deps["depends_on"])
+    deps, inner = deps[keep], inner[keep].to_numpy()
     src = pos.reindex(deps["depends_on"]).to_numpy(dtype=np.int64)
     dst = pos.reindex(deps["task_key"]).to_numpy(dtype=np.int64)
     # a dependent that started before its dependency did is another execution than the one kept: drop the edge
     starts = tasks["start_ns"].to_numpy(dtype=np.int64)
-    ok = starts[dst] >= starts[src]
+    ends = tasks["end_ns"].to_numpy(dtype=np.int64)
+    # units that are a resource's own spans (work_units), not tasks: the dependent follows its dependency's end
+    own = bool(len(tasks)) and tasks["unit"].notna().all() and not (tasks["unit"] == TASK_UNIT).any()
+    ok = np.where(inner | own, starts[dst] >= ends[src], starts[dst] >= starts[src])
     src, dst = src[ok], dst[ok]
+    if alias and len(src):  # two inner dependencies between the same two units are one edge
+        pair = np.unique(np.stack([src, dst]), axis=1)
+        src, dst = pair[0], pair[1]
     xs = np.full(len(src), -1, dtype=np.int64)
     xe = np.full(len(src), -1, dtype=np.int64)
     if transfers is not None and len(src):
@@ -94,28 +119,6 @@ def _task_graph(spans, dependencies, transfers=None) -> _TaskGraph:
     return _TaskGraph(tasks, src, dst, xs, xe)
 
 
-#: what :func:`work_units` returns, per kind of unit (its ``unit`` column)
-TASK_UNIT = "task"
-SPAN_UNIT = "span"
-IO_UNIT = "io operation"
-
-#: the I/O records that time one operation on a resource that executes work: not an aggregate (a row totalling
-#: many operations, whose times are a window, docs/data-model.md), with a duration; per resource, the outermost
-#: ones (an operation of a lower layer within one of a layer above, e.g. the POSIX writes of an MPI-IO write,
-#: is part of it). ``prev_end``: the latest end of the resource's records that start before it (ties: longer first)
-TIMED_IO_SQL = """
-    WITH t AS (
-        SELECT i.resource_id, i.op, i.path, i."offset", i.nbytes, i.start_ns, i.end_ns, i.attrs
-        FROM io i LEFT JOIN executors e ON e.resource_id = i.resource_id
-        WHERE i.resource_id IS NOT NULL AND coalesce(e.executes, TRUE) AND i.end_ns > i.start_ns
-          AND NOT coalesce(TRY_CAST(json_extract_string(i.attrs, '$.aggregate') AS BOOLEAN), false)),
-    o AS (
-        SELECT *, max(end_ns) OVER (PARTITION BY resource_id ORDER BY start_ns, end_ns DESC, op, path, "offset", attrs
-                                    ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_end
-        FROM t)
-    SELECT * EXCLUDE (prev_end) FROM o WHERE prev_end IS NULL OR end_ns > prev_end"""
-
-
 def work_units(run) -> pd.DataFrame:
     """The units of work :func:`task_graph_paths` runs over for ``run``, as ``activity`` rows with a ``unit``
     column saying which kind they are: its tasks (role ``task``, named by their group; ``unit`` "task"); a run
@@ -127,21 +130,56 @@ def work_units(run) -> pd.DataFrame:
               coalesce(a.task_key, a.resource_id || '#' || coalesce(CAST(a.span_id AS VARCHAR),
                        CAST(row_number() OVER (ORDER BY a.resource_id, a.start_ns, a.end_ns) AS VARCHAR))) AS task_key,
               a.attrs, 'task' AS role, a.category"""
-    tasks = run.sql(f"SELECT {cols}, '{TASK_UNIT}' AS unit FROM activity a WHERE a.role = 'task'")
-    if len(tasks):
-        return tasks
-    spans = run.sql(f"""
+    kind = work_unit_kind(run)
+    if kind == TASK_UNIT:
+        return run.sql(f"SELECT {cols}, '{TASK_UNIT}' AS unit FROM activity a WHERE a.role = 'task'")
+    if kind == IO_UNIT:
+        return run.sql(f"""
+            SELECT CAST(NULL AS BIGINT) AS span_id, CAST(NULL AS BIGINT) AS parent_id, resource_id, 'io' AS kind,
+                   op AS name, start_ns, end_ns,
+                   op || ' ' || coalesce(path, '(no path)') || ' #'
+                      || CAST(row_number() OVER (ORDER BY resource_id, start_ns, end_ns DESC, op, path, "offset", attrs)
+                              AS VARCHAR) AS task_key,
+                   attrs, 'task' AS role, 'io' AS category, '{IO_UNIT}' AS unit
+            FROM ({TIMED_IO_SQL}) ORDER BY resource_id, start_ns""")
+    # the outermost busy spans of each executing resource (none at all: an empty frame with these columns)
+    units = run.sql(f"""
         SELECT {cols}, '{SPAN_UNIT}' AS unit FROM activity a LEFT JOIN executors e ON e.resource_id = a.resource_id
-        WHERE coalesce(e.executes, TRUE) AND a.category <> 'idle' AND a.end_ns > a.start_ns
+        WHERE {BUSY_SPAN_SQL}
           AND (a.parent_id IS NULL OR NOT EXISTS (SELECT 1 FROM activity p WHERE p.span_id = a.parent_id
                                                   AND p.resource_id = a.resource_id))""")
-    if len(spans) or not run.counts().get("io"):
-        return spans
-    return run.sql(f"""
-        SELECT CAST(NULL AS BIGINT) AS span_id, CAST(NULL AS BIGINT) AS parent_id, resource_id, 'io' AS kind,
-               op AS name, start_ns, end_ns,
-               op || ' ' || coalesce(path, '(no path)') || ' #'
-                  || CAST(row_number() OVER (ORDER BY resource_id, start_ns, end_ns DESC, op, path, "offset", attrs)
-                          AS VARCHAR) AS task_key,
-               attrs, 'task' AS role, 'io' AS category, '{IO_UNIT}' AS unit
-        FROM ({TIMED_IO_SQL}) ORDER BY resource_id, start_ns""")
+    if len(units) and run.counts().get("dependencies"):
+        units["aliases"] = _nested_keys(run, units)
+    return units
+
+
+#: per span that a dependency names and that lies within another span of its resource (by ``parent_id``): its key,
+#: and every span it lies within on that resource (``ancestor``, the enclosing span's ``span_id``), innermost first
+_NAMED_WITHIN_SQL = """
+    WITH RECURSIVE named AS (
+        SELECT s.task_key AS key, s.resource_id, s.parent_id FROM spans s
+        WHERE s.parent_id IS NOT NULL
+          AND s.task_key IN (SELECT task_key FROM dependencies UNION SELECT depends_on FROM dependencies)),
+    up(key, resource_id, ancestor) AS (
+        SELECT key, resource_id, parent_id FROM named
+        UNION ALL
+        SELECT up.key, up.resource_id, s.parent_id FROM up JOIN spans s
+            ON s.span_id = up.ancestor AND s.resource_id = up.resource_id WHERE s.parent_id IS NOT NULL)
+    SELECT DISTINCT key, resource_id, ancestor FROM up"""
+
+
+def _nested_keys(run, units: pd.DataFrame) -> list:
+    """Per unit (outermost spans of :func:`work_units`), the keys of the spans within it that a dependency names
+    (a Chrome flow binds the innermost slice at its ends, an MPI message its send and receive calls), or None: the
+    dependencies of those spans are the unit's."""
+    within = run.sql(_NAMED_WITHIN_SQL)
+    out: list = [None] * len(units)
+    if not len(within):
+        return out
+    row = {(r, int(sid)): i for i, (r, sid) in enumerate(zip(units["resource_id"], units["span_id"]))
+           if pd.notna(sid)}
+    for key, rid, anc in zip(within["key"], within["resource_id"], within["ancestor"]):
+        i = row.get((rid, int(anc)))
+        if i is not None:
+            out[i] = (out[i] or []) + [str(key)]
+    return out

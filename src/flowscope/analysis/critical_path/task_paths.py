@@ -4,6 +4,7 @@ paths and what-if replays with scaled durations."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,14 +84,14 @@ def _measured_path(g: _TaskGraph) -> CriticalPath:
     rows: list[dict] = []
     chain = [v]
     cursor = int(end[v])
-    keys, groups, workers = tasks["key"].to_numpy(), tasks["group"].to_numpy(), tasks["worker"].to_numpy()
+    keys, groups, locations = tasks["key"].to_numpy(), tasks["group"].to_numpy(), _locations(tasks)
     component = _unit_components(tasks)
     # units that are a resource's own sequence (its outermost spans, its I/O operations), not tasks a scheduler
     # placed: the time between two of them is the resource running none (idle, as the resource-state timeline
     # calls it), not queueing
     gap_kind, gap_component = ("QUEUE", "queue") if _scheduled(tasks) else ("IDLE", IDLE_COMPONENT)
     while True:
-        key, grp, loc = keys[v], groups[v], workers[v] if workers[v] is not None else res[v]
+        key, grp, loc = keys[v], groups[v], locations[v]
         s = min(int(start[v]), cursor)
         rows.append(_step(key, grp, "task", s, cursor, component[v], loc, grp))
         cursor = s
@@ -152,6 +153,14 @@ def _unit_components(tasks: pd.DataFrame) -> np.ndarray:
     return cat.map(lambda c: _COMPONENT_OF.get(c, "compute")).to_numpy(dtype=object)
 
 
+def _locations(tasks: pd.DataFrame) -> np.ndarray:
+    """Per unit, where it ran: its Dask worker when the rows name one, else its resource (a StarPU worker, an MPI
+    location, a WfCommons host, a Darshan rank)."""
+    worker = tasks["worker"].to_numpy(dtype=object)
+    res = tasks["resource_id"].to_numpy(dtype=object)
+    return np.where(pd.notna(worker), worker, res)
+
+
 def _scheduled(tasks: pd.DataFrame) -> bool:
     """Whether the units are tasks a scheduler placed (the gaps before them are queueing): unless the rows say
     they are a resource's own spans or I/O operations (:func:`work_units`' ``unit``)."""
@@ -165,7 +174,7 @@ def _structural_path(g: _TaskGraph) -> CriticalPath:
     dur, xt = g.duration, g.xfer_time
     length, path = longest_path(g.n, g.src, g.dst, xt.astype(np.float64), dur.astype(np.float64))
     keys, groups = g.tasks["key"].to_numpy(), g.tasks["group"].to_numpy()
-    locs = g.tasks["worker"].to_numpy()
+    locs = _locations(g.tasks)
     component = _unit_components(g.tasks)
     edge_of = {}
     if len(path) > 1:
@@ -252,10 +261,12 @@ def near_critical_paths(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFra
 
 
 def what_if(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame | pa.Table,
-            transfers: pd.DataFrame | pa.Table | None = None, scale: dict[str, float] | None = None) -> int:
+            transfers: pd.DataFrame | pa.Table | None = None, scale: dict[str, float] | None = None,
+            scale_tasks: Mapping[str, float] | None = None) -> int:
     """The makespan (ns) a replay of the run would have with scaled durations: ``scale`` maps a task group
     to a factor for its tasks' durations, and "transfer" / "queue" to factors for all transfer times / all
-    observed queueing. The replay keeps each task on its thread in the observed order and starts it when
+    observed queueing; ``scale_tasks`` maps a task key to a factor for that task's duration (on top of its
+    group's; keys the graph does not have are ignored). The replay keeps each task on its thread in the observed order and starts it when
     its inputs have arrived and its thread is free, plus the lag it was observed to wait beyond that; so
     with every factor 1.0 it returns the measured makespan exactly."""
     scale = dict(scale or {})
@@ -274,6 +285,12 @@ def what_if(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame | pa.Tabl
     t0 = int(start.min())
     n = g.n
     factor = np.array([float(scale.get(x, 1.0)) for x in groups])
+    if scale_tasks:
+        per_key = pd.Series(scale_tasks, dtype=np.float64)
+        if (per_key < 0).any() or per_key.isna().any():
+            bad = per_key[(per_key < 0) | per_key.isna()].index[0]
+            raise ValueError(f"what_if: scale_tasks[{bad!r}] must be a number >= 0")
+        factor = factor * per_key.reindex(g.tasks["key"]).fillna(1.0).to_numpy()
     dur = (end - start) * factor
     fx, fq = float(scale.get("transfer", 1.0)), float(scale.get("queue", 1.0))
     # constraints u -> v with lag: v may start lag after u ends. Vertex n is the run's start (weight 0).

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
+from flowscope.analysis.forecast.calibration import calibration
 from flowscope.analysis.forecast.model import WindowModel, default_window
 from flowscope.analysis.forecast.signal import EventSignal, check_event, run_signal, run_tasks
 from flowscope.analysis.forecast.windows import ALPHA, ks_hits
@@ -68,6 +69,14 @@ class Prediction:
         f = self.frames.iloc[1:]
         return float((f["likelihood"] - f["observed"]).abs().mean()) if len(f) else None
 
+    @property
+    def calibration(self) -> dict:
+        """The Brier score of the likelihoods against each sample of the frame they forecast, beside the
+        climatological forecast's (the run-so-far frequency), and the skill score
+        (:func:`~flowscope.analysis.forecast.calibration.calibration`)."""
+        return calibration(self.signal.counts, self.threshold, self.window,
+                           self.frames["likelihood"].to_numpy(np.float64), self.frames["observed"].to_numpy(np.float64))
+
     def as_dict(self) -> dict:
         """JSON-ready: everything but the signal's samples."""
         frames = [{"frame": int(r.frame), "start_ns": int(r.start_ns), "end_ns": int(r.end_ns),
@@ -81,7 +90,7 @@ class Prediction:
                 "window_source": self.window_source, "note": self.note, "signal": self.signal.as_dict(),
                 "frame_ns": self.window * self.signal.period_ns, "frames": frames, "judged": len(judged),
                 "hits": sum(f["hit"] for f in judged), "hit_rate": self.hit_rate,
-                "mean_abs_error": self.mean_abs_error, "next": self.next}
+                "mean_abs_error": self.mean_abs_error, "calibration": self.calibration, "next": self.next}
 
 
 def choose_window(model: WindowModel | None, resources: int, tasks: int, n_samples: int,

@@ -16,6 +16,7 @@ beyond): every pair gets scipy's decision without one scipy call per pair.
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Callable, Sequence
 from functools import lru_cache
@@ -41,15 +42,37 @@ def _pvalue(d: int, w: int) -> float:
 @lru_cache(maxsize=4096)
 def critical_d(w: int, alpha: float = ALPHA) -> int:
     """The smallest d such that scipy's ks_2samp rejects (p < ``alpha``) two samples of ``w`` values whose
-    ECDFs differ by at most d / w; ``w + 1`` when no d in 0..w is rejected."""
+    ECDFs differ by at most d / w; ``w + 1`` when no d in 0..w is rejected.
+
+    The p-value falls as d grows, so the answer is bracketed by a galloping search that starts from the
+    asymptotic critical value (Kolmogorov's c(alpha) * sqrt(2 / w) * w), usually one or two scipy calls
+    away, and then bisected: a few exact evaluations instead of a bisection over 0..w."""
     if w < 1:
         raise ValueError(f"window size must be >= 1, got {w}")
-    lo, hi = 0, w + 1  # p(lo) >= alpha, p(hi) < alpha (hi = w + 1: "never")
-    if _pvalue(0, w) < alpha:
+    memo: dict[int, bool] = {}
+
+    def rejects(d: int) -> bool:
+        if d > w:
+            return True  # the sentinel "never": above every possible d
+        if d not in memo:
+            memo[d] = _pvalue(d, w) < alpha
+        return memo[d]
+
+    if rejects(0):
         return 0
-    while hi - lo > 1:
+    guess = min(max(1, math.ceil(math.sqrt(-math.log(alpha / 2) / 2) * math.sqrt(2 * w))), w + 1)
+    step = 1
+    if rejects(guess):  # the answer is at most guess: gallop down to a d that is not rejected
+        hi, lo = guess, guess - 1
+        while lo > 0 and rejects(lo):
+            hi, lo, step = lo, max(0, lo - 2 * step), 2 * step
+    else:  # the answer is above guess: gallop up to a rejected d (or past w)
+        lo, hi = guess, guess + 1
+        while not rejects(hi):
+            lo, hi, step = hi, min(w + 1, hi + 2 * step), 2 * step
+    while hi - lo > 1:  # rejects(hi) and not rejects(lo)
         mid = (lo + hi) // 2
-        if _pvalue(mid, w) < alpha:
+        if rejects(mid):
             hi = mid
         else:
             lo = mid

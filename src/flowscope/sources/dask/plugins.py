@@ -28,6 +28,7 @@ from collections.abc import Callable
 from typing import Any
 
 import numpy as np
+import psutil
 import pyarrow as pa
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from distributed.utils import key_split_group
@@ -36,6 +37,7 @@ from flowscope.client import packer as _packer
 from flowscope.model import identifiers as ids
 from flowscope.model import schemas as _schemas
 from flowscope.model.conform import conform
+from flowscope.model.semantics import PROCESS_MEMORY
 from flowscope.sources import semantics as _semantics
 from flowscope.sources.thread_io import AGGREGATE_JSON as AGG
 from flowscope.sources.thread_io import OpenAudit, ThreadIO, ThreadIOReader, thread_ids
@@ -65,10 +67,16 @@ def exception_type(text: str | None) -> str | None:
     return m.group(1) if m else None
 
 
+#: seconds a plugin's records wait before they are sent: FLUSH_S while nobody watches the run, LIVE_FLUSH_S while
+#: a dashboard page follows it (a batch every 0.2 s per worker keeps the page within Dask's own dashboard's pace)
+FLUSH_S = 2.0
+LIVE_FLUSH_S = 0.2
+
+
 def _client(address: str, run_id: str):
     from flowscope.client.client import Client
 
-    return Client(address, run_id=run_id, flush_interval=2.0)
+    return Client(address, run_id=run_id, flush_interval=FLUSH_S, live_flush_interval=LIVE_FLUSH_S)
 
 
 class _LogCapture(logging.Handler):
@@ -534,7 +542,7 @@ class _WorkerCapture(WorkerPlugin):
         self._install(worker)
         self._audit = OpenAudit(self._record_open, exclude=[sys.prefix, sys.base_prefix, *sys.path[1:2]])
         self._audit.enable()
-        self._sampler = self._lease = self._lease_retry = None
+        self._sampler = self._lease = self._lease_retry = self._memory_sampling = None
         if self.hardware_period > 0:
             from tornado.ioloop import PeriodicCallback
 
@@ -542,6 +550,19 @@ class _WorkerCapture(WorkerPlugin):
             if self._sampler is None:  # another process samples this host; take over if it goes away
                 self._lease_retry = PeriodicCallback(self._try_lease, self.hardware_period * 1000)
                 self._lease_retry.start()
+            # every worker process samples its own memory (the host sampler sees the host's only)
+            self._process = psutil.Process()
+            self._sample_memory()
+            self._memory_sampling = PeriodicCallback(self._sample_memory, self.hardware_period * 1000)
+            self._memory_sampling.start()
+
+    def _sample_memory(self) -> None:
+        """One sample of this worker process's resident memory, on the worker's resource."""
+        try:
+            self.fs.metric(PROCESS_MEMORY, float(self._process.memory_info().rss), namespace="performance",
+                           resource_id=self.rid)
+        except Exception:
+            self._failed()
 
     def _try_lease(self) -> None:
         """Become this host's hardware sampler for the run if no other process is."""
@@ -646,6 +667,9 @@ class _WorkerCapture(WorkerPlugin):
         except Exception:
             self._failed()
         self._io_reader.close()
+        if self._memory_sampling is not None:
+            self._memory_sampling.stop()
+            self._sample_memory()  # the memory it ended with
         if self._lease_retry is not None:
             self._lease_retry.stop()
         if self._sampler is not None:

@@ -57,6 +57,7 @@
     S.metrics = {names: m.metrics.names, series: {}};
     S.pendingTasks = []; S.pendingTransfers = [];
     addSeries(m.metrics.series);
+    charts.hosts = charts.throughput = true;
     ensureTimeline();
     addTasks(m.tasks, null);
     if (m.transfers.start.length) addTasks(null, m.transfers);
@@ -82,9 +83,9 @@
     if (d.transfers) addTasks(null, d.transfers);
     if (d.progress) for (var g in d.progress) S.progress[g] = d.progress[g];
     if (d.states) S.states = d.states;
-    if (d.metrics) { S.metrics.names = d.metrics.names; addSeries(d.metrics.series); }
+    if (d.metrics) { S.metrics.names = d.metrics.names; addSeries(d.metrics.series); charts.hosts = true; }
     if (d.warnings) { S.warnings = S.warnings.concat(d.warnings).slice(-200); S.warningCount = d.warning_count; }
-    if (d.throughput) for (var sec in d.throughput) S.throughput[sec] = d.throughput[sec];
+    if (d.throughput) { for (var sec in d.throughput) S.throughput[sec] = d.throughput[sec]; charts.throughput = true; }
     if (d.status !== undefined) { S.status = d.status; S.endS = d.end_s; }
     if (d.last_s !== undefined) S.lastS = d.last_s;
     S.seq = d.seq;
@@ -92,6 +93,24 @@
   }
 
   // ---- drawing (at most once per animation frame) -------------------------------------------------
+  // the plotly charts are redrawn only when their data changed, and at most once per CHART_MS: a plotly redraw
+  // costs far more than the stream's (incremental) one, and per-second charts gain nothing from 60 redraws a second
+  var CHART_MS = 1000;
+  var charts = {hosts: false, throughput: false, last: -Infinity, timer: 0};
+  live.charts = charts;
+  function renderCharts() {
+    if (!charts.hosts && !charts.throughput) return;
+    var now = global.performance.now(), wait = charts.last + CHART_MS - now;
+    if (wait > 0) {
+      if (!charts.timer) charts.timer = global.setTimeout(function () { charts.timer = 0; requestRender(); }, wait);
+      return;
+    }
+    var drewHosts = charts.hosts && renderHosts(), drewThroughput = charts.throughput && renderThroughput();
+    if (drewHosts) charts.hosts = false;
+    if (drewThroughput) charts.throughput = false;
+    if (drewHosts || drewThroughput) charts.last = now;
+  }
+
   var drawPending = false;
   function requestRender() {
     if (drawPending) return;
@@ -160,9 +179,30 @@
                  (w.task_key ? " (task " + w.task_key + ")" : "") + (w.resource ? " on " + w.resource : "");
       wl.appendChild(el("li", text));
     });
-    renderHosts();
-    renderThroughput();
+    renderCharts();
+    needPlotly();  // loaded once the page is painted, charts or not yet: not later, in the middle of a live run
     live.renders = (live.renders || 0) + 1;
+  }
+
+  // plotly.js (4.8 MB) draws the throughput and host charts only: it is loaded after the stream and the tables
+  // were first painted, so that parsing it never delays them (the first render of a finished run), and then at
+  // once, so that a live run's first charts do not stall the page while records stream in
+  var plotly = {state: global.Plotly ? "loaded" : "none"};
+  live.plotly = plotly;
+  function needPlotly() {
+    if (plotly.state !== "none") return plotly.state === "loaded";
+    plotly.state = "waiting";
+    // two frames: the one that paints what render() just set, then load
+    global.requestAnimationFrame(function () { global.requestAnimationFrame(function () {
+      var s = document.createElement("script");
+      s.src = "/ui/static/plotly.min.js";
+      s.async = true;
+      s.onload = function () { plotly.state = "loaded"; requestRender(); };
+      s.onerror = function () { plotly.state = "failed"; };
+      plotly.state = "loading";
+      document.head.appendChild(s);
+    }); });
+    return false;
   }
 
   var PANELS = {cpu: {"cpu.percent": ["CPU busy, % of all cores", 1], "process.cpu.percent": ["process CPU, % of one core", 1]},
@@ -177,7 +217,8 @@
   function renderHosts() {
     var panels = PANEL_ORDER.filter(function (p) { return S.metrics.series[p]; });
     var div = document.getElementById("hosts");
-    if (!panels.length || !global.Plotly) return;
+    if (!panels.length) return true;
+    if (!needPlotly()) return false;
     if (!live.hostsPlotted) div.replaceChildren();
     var traces = [], layout = {height: 150 * panels.length + 60, margin: {l: 50, r: 10, t: 24, b: 36},
                                legend: {orientation: "h"}, showlegend: true, annotations: []};
@@ -200,13 +241,15 @@
     layout.xaxis = {title: {text: "seconds since the run started"}, anchor: panels.length > 1 ? "y" + panels.length : "y"};
     Plotly.react(div, traces, layout, {displaylogo: false, responsive: true});
     live.hostsPlotted = true;
+    return true;
   }
 
   /** Tasks finished per second (task spans by the second they ended in), as bars. */
   function renderThroughput() {
     var div = document.getElementById("throughput");
     var secs = Object.keys(S.throughput).map(Number).sort(function (a, b) { return a - b; });
-    if (!secs.length || !global.Plotly) return;
+    if (!secs.length) return true;
+    if (!needPlotly()) return false;
     if (!live.throughputPlotted) div.replaceChildren();
     Plotly.react(div, [{type: "bar", x: secs.map(function (s) { return s + 0.5; }),
                         y: secs.map(function (s) { return S.throughput[s]; }), width: 1, marker: {color: "#3182bd"},
@@ -216,6 +259,7 @@
                   yaxis: {title: {text: "tasks finished / s"}, rangemode: "tozero"}},
                  {displaylogo: false, responsive: true});
     live.throughputPlotted = true;
+    return true;
   }
 
   // ---- the connection ---------------------------------------------------------------------------

@@ -1,0 +1,197 @@
+"""The cost of publishing into a namespace (the dissertation's overhead experiment, Figs. 26-27, on a small loop).
+
+A numpy stencil (explicit 2-D diffusion on a ``--grid`` x ``--grid`` float64 mesh, ``--steps`` steps) computes its
+diagnostics every k steps (mass, density minimum and maximum with their locations, NaN count: Astaroth's record,
+Listing 4.3) and, when observed, publishes them into the namespace ``application`` (``ns.set(...)``,
+``ns.commit()``) for k = 1, 5 and 50, blocking or not, to a collector in this process or in another process
+(``flowscope serve`` on loopback). The peer is the same loop computing the same diagnostics and publishing
+nothing. Measured: the loop's process CPU time (the publishing calls, the client's sender threads and, in
+process, the collector's writer threads) and wall time, from the first step to the last acknowledgement
+(``ns.flush()``); client set-up and close are outside. For the separate collector its own CPU time is reported
+beside. Configurations alternate for ``--repeat`` repetitions; figures are medians.
+
+The full mini-app of issue 17 (MPI ranks, the instability) and the Redis transport are not here yet.
+
+    python bench/publish.py               # 512 x 512 mesh, 600 steps, 5 repetitions
+    python bench/publish.py --quick       # smoke run
+
+Writes ``bench/results/publish.json`` (DESIGN.md, "Benchmarks") and prints one summary line last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+from _machine import cpu_model, git_commit, write_result
+
+import flowscope
+from flowscope.client.transport import Busy, HttpTransport, Unreachable
+
+BENCH = "publish"
+EVERY = (1, 5, 50)
+TARGETS = {("nonblocking", 5): 1.0, ("blocking", 1): 5.0}  # overhead in %, the issue's targets (in process)
+
+
+def diagnostics(u: np.ndarray) -> dict:
+    """Astaroth-style diagnostics of one step."""
+    lo, hi = int(np.nanargmin(u)), int(np.nanargmax(u))
+    return {"mass": float(u.sum()),
+            "density": {"min": {"value": float(u.flat[lo]), "location": np.array(np.unravel_index(lo, u.shape))},
+                        "max": {"value": float(u.flat[hi]), "location": np.array(np.unravel_index(hi, u.shape))}},
+            "nan_count": int(np.isnan(u).sum())}
+
+
+def stencil(n: int, steps: int, every: int, ns=None) -> tuple[float, float, float]:
+    """Run the loop; (process CPU seconds, wall seconds) from the first step to the last acknowledgement, and the
+    final mesh's sum (the output both sides must agree on)."""
+    rng = np.random.default_rng(0)
+    u = 1.0 + 0.01 * rng.random((n, n))
+    t_cpu, t_wall = time.process_time(), time.perf_counter()
+    for step in range(1, steps + 1):
+        lap = u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:] - 4.0 * u[1:-1, 1:-1]
+        u[1:-1, 1:-1] += 0.2 * lap
+        if step % every == 0:
+            d = diagnostics(u)
+            if ns is not None:
+                ns.set("step", step)
+                ns.set("diagnostics", d)
+                ns.commit()
+    if ns is not None:
+        ns.flush()
+    return time.process_time() - t_cpu, time.perf_counter() - t_wall, float(u.sum())
+
+
+class Server:
+    """``flowscope serve`` in a child process on 127.0.0.1."""
+
+    def __init__(self, store: Path):
+        self.store = store
+        addr = store.parent / "address"
+        self.proc = subprocess.Popen([sys.executable, "-m", "flowscope", "serve", "--port", "0", "--store",
+                                      str(store), "--address-file", str(addr)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 300
+        while not (addr.exists() and addr.read_text().strip()):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("flowscope serve did not start")
+            time.sleep(0.05)
+        self.address = addr.read_text().split()[0]
+        self.ps = psutil.Process(self.proc.pid)
+        probe = HttpTransport(self.address, timeout=2.0)
+        while True:  # the address is written just before the server accepts
+            try:
+                probe.health()
+                break
+            except (Unreachable, Busy):
+                if time.monotonic() > deadline:
+                    raise RuntimeError("flowscope serve does not answer") from None
+                time.sleep(0.05)
+        probe.close()
+
+    def cpu(self) -> float:
+        t = self.ps.cpu_times()
+        return t.user + t.system
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        self.proc.wait(30)
+
+
+def measure(where: str, blocking: bool, every: int, args, tmp: Path, server: Server | None) -> dict:
+    if where == "in-process":
+        client = flowscope.Client(store=tmp / "store-embedded", name="publish", spool_dir=tmp / "spool")
+    else:
+        client = flowscope.Client(server.address, name="publish", spool_dir=tmp / "spool")
+    try:
+        ns = client.namespace("application", blocking=blocking)
+        server_cpu = server.cpu() if server else 0.0
+        cpu, wall, total = stencil(args.grid, args.steps, every, ns)
+        server_cpu = (server.cpu() - server_cpu) if server else None
+    finally:
+        client.close()
+    run = flowscope.open_run(client.run_dir or server.store / client.run_id)
+    stored = int(run.sql("SELECT count(*) AS n FROM metrics WHERE namespace = 'application' AND name = 'step'")["n"][0])
+    run.close()
+    if stored != args.steps // every:  # every publication must be in the run before any time is reported
+        raise SystemExit(f"{where}, every {every}: the run holds {stored} publications, expected {args.steps // every}")
+    return {"cpu_s": cpu, "wall_s": wall, "collector_cpu_s": server_cpu, "publications": stored, "sum": total}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--grid", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--quick", action="store_true", help="a smoke run: 128 x 128, 100 steps, 2 repetitions")
+    ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / f"{BENCH}.json")
+    args = ap.parse_args()
+    if args.quick:
+        args.grid, args.steps, args.repeat = 128, 100, 2
+    tmp = Path(tempfile.mkdtemp(prefix="flowscope-bench-publish-"))
+    server = Server(tmp / "store-served")
+    configs = [(w, b, k) for w in ("in-process", "separate-process") for b in (True, False) for k in EVERY]
+    samples: dict = {"baseline": []}
+    try:
+        for rep in range(args.repeat):
+            for k in EVERY:  # the unobserved loop, for each k (it computes the diagnostics as often)
+                cpu, wall, total = stencil(args.grid, args.steps, k)
+                samples["baseline"].append({"every": k, "cpu_s": cpu, "wall_s": wall, "sum": total})
+            for where, blocking, k in configs:
+                samples.setdefault((where, blocking, k), []).append(measure(where, blocking, k, args, tmp, server))
+            print(f"repetition {rep + 1}/{args.repeat} done", file=sys.stderr)
+    finally:
+        server.stop()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+    sums = {x["sum"] for group in samples.values() for x in group}
+    if len(sums) != 1:  # publishing must not change what the loop computes
+        raise SystemExit(f"the loop's results differ between configurations: {sorted(sums)}")
+    base = {k: {m: statistics.median(s[m] for s in samples["baseline"] if s["every"] == k) for m in ("cpu_s", "wall_s")}
+            for k in EVERY}
+    rows = {}
+    for (where, blocking, k) in configs:
+        s = samples[(where, blocking, k)]
+        cpu = statistics.median(x["cpu_s"] for x in s)
+        wall = statistics.median(x["wall_s"] for x in s)
+        pubs = s[0]["publications"]
+        key = f"{where}/{'blocking' if blocking else 'nonblocking'}/every-{k}"
+        rows[key] = {
+            "cpu_s": cpu, "wall_s": wall, "cpu_s_range": [min(x["cpu_s"] for x in s), max(x["cpu_s"] for x in s)],
+            "cpu_overhead_pct": 100 * (cpu - base[k]["cpu_s"]) / base[k]["cpu_s"],
+            "wall_overhead_pct": 100 * (wall - base[k]["wall_s"]) / base[k]["wall_s"],
+            "cpu_us_per_publication": 1e6 * (cpu - base[k]["cpu_s"]) / pubs,
+            "collector_cpu_s": statistics.median(x["collector_cpu_s"] for x in s) if where != "in-process" else None,
+        }
+        print(f"{key:42s} cpu {cpu:7.3f} s ({rows[key]['cpu_overhead_pct']:+6.1f} %, "
+              f"{rows[key]['cpu_us_per_publication']:8.0f} us/publication)  wall {wall:7.3f} s "
+              f"({rows[key]['wall_overhead_pct']:+6.1f} %)", file=sys.stderr)
+    head = rows["in-process/nonblocking/every-5"]
+    result = {
+        "benchmark": BENCH, "metric": "cpu_overhead_pct", "value": head["cpu_overhead_pct"], "unit": "%",
+        "target": TARGETS[("nonblocking", 5)], "meets_target": head["cpu_overhead_pct"] <= TARGETS[("nonblocking", 5)],
+        "peers": {"unobserved loop": {"value": base[5]["cpu_s"], "unit": "s (process CPU)"}},
+        "ratio_vs_peer": head["cpu_s"] / base[5]["cpu_s"],
+        "params": {"grid": args.grid, "steps": args.steps, "repeat": args.repeat, "baseline": base, "configs": rows,
+                   "targets": {"nonblocking every 5": "<= 1 %", "blocking every 1": "<= 5 %"},
+                   "cpu_model": cpu_model(), "commit": git_commit(),
+                   "note": "process CPU time; the machine may be shared (say so when quoting)"},
+    }
+    write_result(result, args.out)
+    blk = rows["in-process/blocking/every-1"]["cpu_overhead_pct"]
+    print(f"publish: non-blocking every 5 steps {head['cpu_overhead_pct']:+.2f} % CPU (target <= 1 %), blocking every "
+          f"step {blk:+.2f} % (target <= 5 %), in process; {args.grid}x{args.grid} mesh, {args.steps} steps, "
+          f"medians of {args.repeat}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""Publishing hierarchical records into namespaces, SOMA's client API in Python (docs/publish.md).
+
+A :class:`Namespace` keeps a record (a Conduit-like tree) in the producer's memory. ``set`` overwrites a leaf,
+``append`` adds to a leaf's list; both are local. ``commit`` closes the current update (SOMA's commit, akin to
+closing a file) and counts it; every ``publish_every``-th commit publishes the record to the collector and
+starts an empty one. Blocking, the publishing commit returns once the collector has stored the rows (they are
+queryable when it returns); non-blocking, it returns a ``concurrent.futures.Future`` resolving to the same
+acknowledgement. A commit that does not publish returns None, as SOMA's ``soma_commit_namespace_async`` returns
+no response. Closing the namespace (or its client) publishes what is pending, uncommitted updates included.
+
+The rows go through the client's senders (retry when the collector is busy, spool to disk when it is
+unreachable), in their own segments: an acknowledgement names what happened to them.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from flowscope.model.namespaces import (
+    APPEND,
+    MODES,
+    OVERWRITE,
+    SEPARATOR,
+    Leaf,
+    NamespaceError,
+    check_namespace,
+    check_path,
+    domain_of,
+    leaves,
+    tables,
+)
+
+if TYPE_CHECKING:
+    from flowscope.client.client import Client
+
+_MISSING = object()
+
+
+class PublishError(RuntimeError):
+    """The collector refused a publication for good; the rows are kept in the spool's ``rejected/`` folder."""
+
+
+@dataclass(frozen=True)
+class Acknowledgement:
+    """What became of one publication: ``stored`` when the collector wrote every row to the run (queryable now);
+    False when some were spooled to local disk because the collector could not be reached or stayed busy (they
+    are delivered when it is back, or by ``flowscope ingest-spool``)."""
+
+    namespace: str
+    commits: tuple[int, int]        # the first and last commit the publication carries (1-based)
+    ts_ns: int                      # the time of its last commit
+    rows: dict[str, int]            # rows per table (metrics, namespace_values)
+    stored: bool
+    segments: tuple[str, ...] = field(default=())
+
+
+@dataclass
+class _Node:
+    """A leaf of the record being built: its values per commit ((ts_ns or None while uncommitted, Leaf))."""
+
+    parts: list
+    single: bool
+
+
+def _all_of(futures: list[Future], make: Any) -> Future:
+    """A future resolved with ``make([results])`` once every one of ``futures`` is, or with the first exception."""
+    out: Future = Future()
+    left = [len(futures)]
+    lock = threading.Lock()
+
+    def done(_f: Future) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        errors = [f.exception() for f in futures if f.exception() is not None]
+        if errors:
+            out.set_exception(errors[0])
+            return
+        try:
+            out.set_result(make([f.result() for f in futures]))
+        except Exception as exc:  # noqa: BLE001 - carried to whoever waits
+            out.set_exception(exc)
+
+    if not futures:
+        out.set_result(make([]))
+    for f in futures:
+        f.add_done_callback(done)
+    return out
+
+
+class Namespace:
+    """A named stream of hierarchical records published into ``client``'s run (make one with
+    ``client.namespace(...)`` or ``flowscope.namespace(...)``).
+
+    ``publish_every``: publish on every k-th commit (SOMA's publish frequency). ``blocking``: a publishing commit
+    waits for the collector's acknowledgement (True) or returns a Future (False). ``resource_id``: what the
+    records are about (an MPI rank's resource, a node); default the publishing process."""
+
+    def __init__(self, client: Client, name: str, *, publish_every: int = 1, blocking: bool = True,
+                 resource_id: str | None = None):
+        self.name = check_namespace(name)
+        self.domain = domain_of(name)
+        self.client = client
+        self.publish_every = 1
+        self.set_publish_frequency(publish_every)
+        self.blocking = bool(blocking)
+        self.resource_id = resource_id
+        self.commits = 0            # commits so far
+        self.published_commits = 0  # commits carried by publications so far
+        self._last_ts = 0
+        self._nodes: dict[str, _Node] = {}
+        self._inner: set[str] = set()   # paths that have keys below them
+        self._dirty = False             # updates since the last commit
+        self._lock = threading.RLock()
+        self._owns_client = False
+        self.pending: list[Future] = []  # non-blocking publications not yet acknowledged
+        self.closed = False
+
+    def __repr__(self) -> str:
+        return (f"Namespace({self.name!r}, publish_every={self.publish_every}, blocking={self.blocking}, "
+                f"commits={self.commits})")
+
+    # ---- updates (local) -----------------------------------------------------------------------------------
+    def set_publish_frequency(self, every: int) -> None:
+        """Publish on every ``every``-th commit from now on (SOMA's ``soma_set_publish_frequency``)."""
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise NamespaceError("publish_every", f"a whole number of commits >= 1, got {every!r}")
+        self.publish_every = every
+
+    def update(self, path: str | Mapping, value: Any = _MISSING, *, mode: str = OVERWRITE) -> None:
+        """Put ``value`` at ``path`` (SOMA's ``soma_update_namespace``): ``mode`` overwrite replaces the leaf,
+        append adds to its list. A mapping value is walked, its keys extending the path, and each of its leaves
+        updated the same way (other leaves under ``path`` stay, as Conduit's ``Node.update``); ``update(mapping)``
+        updates from the root. NamespaceError names the path that cannot be published; nothing is changed then."""
+        if self.closed:
+            raise NamespaceError("namespace", f"{self.name} is closed")
+        if mode not in MODES:
+            raise NamespaceError("mode", f"{mode!r} is not one of {', '.join(MODES)}")
+        if value is _MISSING:
+            if not isinstance(path, Mapping):
+                raise NamespaceError("value", "update(path, value): the value is missing")
+            path, value = "", path
+        else:
+            check_path(path)
+        given = list(leaves(path, value))  # checked before anything changes
+        with self._lock:
+            self._check_shape(given, mode)
+            for p, leaf in given:
+                self._put(p, leaf, mode)
+            self._dirty = True
+
+    def set(self, path: str | Mapping, value: Any = _MISSING) -> None:
+        """Overwrite the leaf (or leaves of a mapping) at ``path``."""
+        self.update(path, value, mode=OVERWRITE)
+
+    def append(self, path: str | Mapping, value: Any = _MISSING) -> None:
+        """Append ``value`` to the list at ``path`` (a sequence or array: its items, in order)."""
+        self.update(path, value, mode=APPEND)
+
+    def _check_shape(self, given: list[tuple[str, Leaf]], mode: str) -> None:
+        seen = set(self._nodes)
+        inner = set(self._inner)
+        for p, leaf in given:
+            if p in inner:
+                raise NamespaceError(p, "has keys below it in this record; a path is either a value or holds keys")
+            keys = p.split(SEPARATOR)
+            for i in range(1, len(keys)):
+                prefix = SEPARATOR.join(keys[:i])
+                if prefix in seen:
+                    raise NamespaceError(p, f"{prefix} holds a value in this record; no key can be below it")
+                inner.add(prefix)
+            node = self._nodes.get(p)
+            if mode == APPEND and node is not None and node.single:
+                raise NamespaceError(p, "holds a single value (set) in this record; set it again, or append to a "
+                                        "list")
+            seen.add(p)
+
+    def _put(self, path: str, leaf: Leaf, mode: str) -> None:
+        keys = path.split(SEPARATOR)
+        for i in range(1, len(keys)):
+            self._inner.add(SEPARATOR.join(keys[:i]))
+        node = self._nodes.get(path)
+        if mode == OVERWRITE or node is None:
+            self._nodes[path] = _Node([[None, list(leaf.values)]], single=leaf.single and mode == OVERWRITE)
+        elif node.parts[-1][0] is None:
+            node.parts[-1][1].extend(leaf.values)
+        else:
+            node.parts.append([None, list(leaf.values)])
+
+    # ---- commit and publish --------------------------------------------------------------------------------
+    def commit(self) -> Acknowledgement | Future | None:
+        """Close the current update and count it (SOMA's ``soma_commit_namespace``, or ``..._async`` when not
+        blocking); every ``publish_every``-th commit publishes the record: its acknowledgement (blocking) or a
+        Future of it (non-blocking). None when this commit only counted."""
+        with self._lock:
+            self._stamp()
+            if self.commits - self.published_commits >= self.publish_every:
+                return self._publish()
+            return None
+
+    def _stamp(self) -> None:
+        if self.closed:
+            raise NamespaceError("namespace", f"{self.name} is closed")
+        ts = max(time.time_ns(), self._last_ts + 1)  # a commit's time identifies it: strictly increasing
+        self._last_ts = ts
+        self.commits += 1
+        for node in self._nodes.values():
+            if node.parts[-1][0] is None:
+                node.parts[-1][0] = ts
+        self._dirty = False
+
+    def publish(self) -> Acknowledgement | Future | None:
+        """Publish the committed record now, whatever the frequency (SOMA's ``soma_publish_namespace``);
+        None when no commit is waiting."""
+        with self._lock:
+            if self.commits == self.published_commits:
+                return None
+            return self._publish()
+
+    def _publish(self) -> Acknowledgement | Future:
+        parts = [(p, ts, Leaf(values, node.single)) for p, node in self._nodes.items()
+                 for ts, values in node.parts if ts is not None]
+        first, last = self.published_commits + 1, self.commits
+        ts_ns = self._last_ts
+        self._nodes, self._inner = {}, set()
+        self.published_commits = self.commits
+        rid = self.resource_id or self.client.process_resource()
+        data = tables(self.name, rid, parts)
+        futures, segments = [], []
+        for table, t in data.items():
+            for seg, fut in self.client.send_acknowledged(table, t):
+                segments.append(seg)
+                futures.append(fut)
+        rows = {table: t.num_rows for table, t in data.items()}
+        name = self.name
+
+        def acknowledge(outcomes: list[str]) -> Acknowledgement:
+            refused = [o for o in outcomes if o.startswith("rejected")]
+            if refused:
+                raise PublishError(f"namespace {name}, commits {first}-{last}: {refused[0]}")
+            return Acknowledgement(name, (first, last), ts_ns, rows, all(o == "stored" for o in outcomes),
+                                   tuple(segments))
+
+        fut = _all_of(futures, acknowledge)
+        if self.blocking:
+            return fut.result()
+        self.pending = [f for f in self.pending if not f.done()]
+        self.pending.append(fut)
+        return fut
+
+    # ---- analysis ------------------------------------------------------------------------------------------
+    def analyze(self, sql: str | None = None, *, reduce: str | None = None, name: str | None = None,
+                by: str | None = None) -> dict:
+        """Have the collector run a query over this namespace's rows in the run and return its result
+        (SOMA's ``soma_analyze``): ``sql``, one SELECT over the table ``namespace`` (columns ts_ns,
+        resource_id, name, item, value, text), or a named reduction ``reduce`` (count, sum, mean, min, max,
+        first, last) of the numbers whose path matches the glob ``name`` (default all), per path and, with
+        ``by="resource_id"``, per publisher. Returns ``{"columns": [...], "rows": [{...}, ...]}``; what is
+        published and not yet acknowledged is not in it (publish blocking, or wait for the Future, first).
+        NamespaceError names the request field the collector refused."""
+        request = {k: v for k, v in (("sql", sql), ("reduce", reduce), ("name", name), ("by", by))
+                   if v is not None}
+        return self.client.analyze(self.name, request)
+
+    # ---- end -----------------------------------------------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> Acknowledgement | None:
+        """Commit uncommitted updates, publish what no publication carried yet, and wait for every
+        publication of this namespace to be acknowledged; the last acknowledgement, or None."""
+        with self._lock:
+            if self._dirty:
+                self._stamp()
+            ack = None
+            if self.commits > self.published_commits:
+                out = self._publish()
+                ack = out.result(timeout) if isinstance(out, Future) else out
+            pending, self.pending = self.pending, []
+        for f in pending:
+            f.result(timeout)
+        return ack
+
+    def close(self, status: str = "finished") -> None:
+        """Flush, and close the client (with ``status``) when this namespace made it (``flowscope.namespace``
+        without a client)."""
+        if self.closed:
+            return
+        try:
+            self.flush()
+        finally:
+            self.closed = True
+            if self._owns_client:
+                self.client.close(status=status)
+
+    def __enter__(self) -> Namespace:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close(status="failed" if exc_type else "finished")

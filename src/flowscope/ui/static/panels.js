@@ -1,0 +1,160 @@
+/* flowscope run overview: the panels computed by analyses rather than kept by the live view.
+ * - Memory per worker process: the `memory` view (analysis.memory.process_memory), one WebSocket that brings it
+ *   and brings it again whenever the run changed (as the analysis pages do).
+ * - Forecast: GET /v1/runs/RUN_ID/forecast?event=E&fraction=F (analysis.forecast.predict), fetched again when
+ *   the live view moved on (a new delta or status; at most once a second) or the event or fraction changed;
+ *   both are kept in the URL's query (?event=&fraction=).
+ * Strings from the observed program are set as text, and escaped for plotly.js's labels. */
+(function (global) {
+  "use strict";
+  var UI = global.flowscopeUI, el = UI.el;
+  var runId = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop());
+  var P = global.flowscopePanels = {
+    memory: {doc: null, updates: 0, renders: 0, socket: null},
+    forecast: {doc: null, url: null, fetches: 0, renders: 0, error: null, pending: false},
+    errors: []
+  };
+  var params = new URLSearchParams(location.search);
+  function setParam(k, v) {
+    params.set(k, String(v));
+    history.replaceState(null, "", location.pathname + "?" + params.toString());
+  }
+  function pt(s) {  // plotly.js reads a few HTML tags in labels: show them literally
+    return String(s === null || s === undefined ? "" : s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
+  function pct(x) { return (x === null || x === undefined) ? "-" : (100 * x).toFixed(1) + " %"; }
+  function plot(div, traces, layout) {
+    if (!global.Plotly) return;
+    if (!div.data) div.replaceChildren();
+    Plotly.react(div, traces, layout, {displaylogo: false, responsive: true});
+  }
+
+  // ---- memory per worker process -----------------------------------------------------------------
+  var MIB = 1048576;
+  function renderMemory() {
+    var doc = P.memory.doc, div = document.getElementById("memory");
+    if (!doc) return;
+    if (doc.failed) { div.replaceChildren(el("p", "memory: " + doc.failed, {"class": "error"})); return; }
+    if (!doc.processes.length) {
+      div.replaceChildren(el("p", "no per-process memory samples yet (" + doc.metric + " of a process that runs work)",
+                              {"class": "muted nodata"}));
+      return;
+    }
+    plot(div, doc.processes.map(function (p) {
+      return {type: "scatter", mode: "lines", x: p.t, y: p.bytes.map(function (b) { return b / MIB; }),
+              name: pt(p.label), line: {width: 1.6},
+              hovertemplate: pt(p.label) + " %{x:.1f} s: %{y:.1f} MiB<extra></extra>"};
+    }), {height: 260, margin: {l: 60, r: 10, t: 10, b: 40}, legend: {orientation: "h"}, showlegend: true,
+         xaxis: {title: {text: "seconds since the run started"}, rangemode: "tozero"},
+         yaxis: {title: {text: "resident memory, MiB"}, rangemode: "tozero"}});
+    P.memory.renders++;
+  }
+
+  var backoff = 250;
+  function connectMemory() {
+    var proto = location.protocol === "https:" ? "wss:" : "ws:";
+    var ws = P.memory.socket = new WebSocket(proto + "//" + location.host + "/v1/ui/runs/" +
+                                             encodeURIComponent(runId) + "/views/memory/live");
+    ws.onopen = function () { backoff = 250; };
+    ws.onmessage = function (ev) {
+      var m = JSON.parse(ev.data);
+      if (m.type !== "view") return;
+      P.memory.doc = m.doc; P.memory.updates++;
+      try { renderMemory(); } catch (e) { P.errors.push(String(e.message || e)); throw e; }
+    };
+    ws.onclose = function () {
+      if (P.memory.socket === ws) P.memory.socket = null;
+      setTimeout(connectMemory, backoff); backoff = Math.min(5000, backoff * 2);
+    };
+  }
+
+  // ---- forecast ----------------------------------------------------------------------------------
+  var eventSel = document.getElementById("fc-event"), fractionIn = document.getElementById("fc-fraction");
+  if (params.get("event")) eventSel.value = params.get("event");
+  if (params.get("fraction")) fractionIn.value = params.get("fraction");
+
+  function renderForecast() {
+    var f = P.forecast, doc = f.doc;
+    var facts = document.getElementById("fc-facts"), note = document.getElementById("fc-note"),
+        div = document.getElementById("fc-chart");
+    if (f.error) {
+      facts.replaceChildren(el("span", f.error, {"class": "muted", id: "fc-error"}));
+      note.textContent = "";
+      return;
+    }
+    if (!doc) return;
+    facts.replaceChildren();
+    function fact(label, text, id, value) {
+      var d = el("div", label + " ");
+      var b = el("b", text, {id: id});
+      if (value !== null && value !== undefined) b.setAttribute("data-value", String(value));
+      d.appendChild(b);
+      facts.appendChild(d);
+    }
+    fact("at least", doc.threshold + " of " + doc.resources + " resources " + doc.event, "fc-threshold", doc.threshold);
+    fact("hit rate so far", doc.hit_rate === null ? "- (fewer than 2 frames)" : pct(doc.hit_rate) + " (" + doc.hits +
+         " of " + doc.judged + " frames)", "fc-hit-rate", doc.hit_rate);
+    fact("next frame", doc.next ? pct(doc.next.likelihood) : "-", "fc-next", doc.next ? doc.next.likelihood : null);
+    fact("frame", doc.window + " samples, " + UI.fmtSeconds(doc.frame_ns / 1e9), "fc-window", doc.window);
+    note.textContent = "window " + doc.window_source + ": " + doc.note;
+    note.setAttribute("data-source", doc.window_source);
+    var t0 = doc.signal.t0_ns, xs = doc.frames.map(function (r) { return (r.start_ns - t0) / 1e9; });
+    if (!doc.frames.length) {
+      div.replaceChildren(el("p", "no complete frame yet", {"class": "muted nodata"}));
+      f.renders++;
+      return;
+    }
+    var hover = "frame %{customdata}: %{y:.3f}<extra>%{fullData.name}</extra>",
+        ids = doc.frames.map(function (r) { return r.frame; });
+    plot(div, [
+      {type: "scatter", mode: "lines+markers", name: "predicted likelihood", x: xs, customdata: ids,
+       y: doc.frames.map(function (r) { return r.likelihood; }), line: {color: "#3182bd", shape: "hv"},
+       marker: {size: 4}, hovertemplate: hover},
+      {type: "scatter", mode: "lines+markers", name: "observed", x: xs, customdata: ids,
+       y: doc.frames.map(function (r) { return r.observed; }), line: {color: "#e6550d", shape: "hv", dash: "dot"},
+       marker: {size: 4}, hovertemplate: hover}
+    ], {height: 240, margin: {l: 60, r: 10, t: 10, b: 40}, legend: {orientation: "h"},
+        xaxis: {title: {text: "frame start, seconds since the first activity"}, rangemode: "tozero"},
+        yaxis: {title: {text: "share of the frame"}, range: [0, 1.05]}});
+    f.renders++;
+  }
+
+  function forecastUrl() {
+    return "/v1/runs/" + encodeURIComponent(runId) + "/forecast?event=" + encodeURIComponent(eventSel.value) +
+           "&fraction=" + encodeURIComponent(fractionIn.value);
+  }
+  var seen = null, lastFetch = 0;
+  function fetchForecast() {
+    var f = P.forecast, url = forecastUrl();
+    f.pending = true; lastFetch = Date.now(); f.fetches++;
+    return fetch(url, {credentials: "same-origin", cache: "no-store"}).then(function (r) {
+      return r.json().then(function (body) {
+        if (url !== forecastUrl()) return;  // the query changed meanwhile: its own fetch follows
+        f.url = url;
+        if (r.ok) { f.doc = body; f.error = null; } else { f.doc = null; f.error = body.error || ("HTTP " + r.status); }
+        renderForecast();
+      });
+    }).catch(function (e) { f.error = String(e.message || e); renderForecast(); })
+      .then(function () { f.pending = false; });
+  }
+  function changed() {  // the live view's position: a new delta, snapshot or status means new records
+    var L = global.flowscopeLive, s = L && L.state;
+    return s ? s.epoch + "/" + s.seq + "/" + s.status : null;
+  }
+  function tick() {
+    var now = changed();
+    if (P.forecast.pending || Date.now() - lastFetch < 1000) return;
+    if (now !== seen || (P.forecast.url !== forecastUrl())) { seen = now; fetchForecast(); }
+  }
+  function onQuery() {
+    var v = Number(fractionIn.value);
+    if (!(v >= 0 && v <= 1)) { P.forecast.error = "fraction: a number within [0, 1]"; renderForecast(); return; }
+    setParam("event", eventSel.value); setParam("fraction", fractionIn.value);
+    lastFetch = 0; tick();
+  }
+  eventSel.addEventListener("change", onQuery);
+  fractionIn.addEventListener("change", onQuery);
+  P.refreshForecast = fetchForecast;
+  setInterval(tick, 250);
+  connectMemory();
+})(window);

@@ -1,0 +1,286 @@
+"""The publication API (SOMA's, docs/publish.md): namespaces of hierarchical records, overwrite and append,
+commit and publish frequency, blocking and non-blocking publication, flush at close, analyze, bad input.
+
+Real parts: a collector process on loopback (tests/conftest.py) and the collector embedded in this process."""
+
+from __future__ import annotations
+
+from concurrent.futures import Future
+
+import httpx
+import numpy as np
+import pytest
+
+import flowscope
+from flowscope import Client
+from flowscope.analysis.namespaces import namespace_rows, record
+from flowscope.client.namespaces import Acknowledgement
+from flowscope.model.namespaces import MAX_TEXT_BYTES, NamespaceError, domain_of
+
+DIAGNOSTICS = {  # one rank's record of one step, shaped like Astaroth's (the dissertation's Listing 4.3)
+    "pid": 3,
+    "timestep": 120,
+    "local_mass": 1.25e3,
+    "converged": True,
+    "solver": "rk3",
+    "density": {"min": {"value": 0.5, "location": np.array([4, 7, 1], dtype=np.uint16)},
+                "max": {"value": 2.5, "location": [9, 0, 3]},
+                "nan": {"count": 0, "cells": []}},
+    "tags": ["healthy", "step"],
+}
+AS_STORED = {  # numbers come back as float64, sequences as lists; an empty list has no row to come back from
+    "pid": 3.0, "timestep": 120.0, "local_mass": 1.25e3, "converged": 1.0, "solver": "rk3",
+    "density": {"min": {"value": 0.5, "location": [4.0, 7.0, 1.0]}, "max": {"value": 2.5, "location": [9.0, 0.0, 3.0]},
+                "nan": {"count": 0.0}},
+    "tags": ["healthy", "step"],
+}
+
+
+def _values(run: flowscope.Run, sql: str) -> list:
+    return [tuple(r.values()) for r in run.sql_arrow(sql).to_pylist()]
+
+
+def test_a_nested_record_round_trips_through_metrics_namespace_values_and_sql(tmp_path):
+    with Client(store=tmp_path / "store", name="roundtrip", spool_dir=tmp_path / "spool") as fs:
+        ns = fs.namespace("application", resource_id="rank:3")
+        ns.set("diagnostics", DIAGNOSTICS)
+        ack = ns.commit()
+        assert isinstance(ack, Acknowledgement) and ack.stored and ack.commits == (1, 1)
+        assert ack.rows == {"metrics": 7, "namespace_values": 9}
+        run = flowscope.open_run(fs.run_dir)
+        # single numbers are metrics rows, named by their path, at the commit's time
+        assert _values(run, f"SELECT name, value, ts_ns = {ack.ts_ns}, resource_id FROM metrics "
+                            "WHERE namespace = 'application' ORDER BY name") == [
+            ("diagnostics/converged", 1.0, True, "rank:3"), ("diagnostics/density/max/value", 2.5, True, "rank:3"),
+            ("diagnostics/density/min/value", 0.5, True, "rank:3"),
+            ("diagnostics/density/nan/count", 0.0, True, "rank:3"),
+            ("diagnostics/local_mass", 1250.0, True, "rank:3"), ("diagnostics/pid", 3.0, True, "rank:3"),
+            ("diagnostics/timestep", 120.0, True, "rank:3")]
+        # strings and lists are namespace_values rows, one per item
+        got = _values(run, "SELECT name, item, value, text FROM namespace_values ORDER BY name, item NULLS FIRST")
+        assert got == [
+            ("diagnostics/density/max/location", 0, 9.0, None), ("diagnostics/density/max/location", 1, 0.0, None),
+            ("diagnostics/density/max/location", 2, 3.0, None), ("diagnostics/density/min/location", 0, 4.0, None),
+            ("diagnostics/density/min/location", 1, 7.0, None), ("diagnostics/density/min/location", 2, 1.0, None),
+            ("diagnostics/solver", None, None, "rk3"), ("diagnostics/tags", 0, None, "healthy"),
+            ("diagnostics/tags", 1, None, "step")]
+        # and back: the rows rebuild the record
+        assert record(run, "application") == {"diagnostics": AS_STORED}
+        assert record(run, "application", resource_id="rank:9") == {}
+        assert namespace_rows(run, "application").num_rows == 16
+
+
+def test_overwrite_keeps_the_last_value_and_append_keeps_every_value(tmp_path):
+    with Client(store=tmp_path / "store", spool_dir=tmp_path / "spool") as fs:
+        ns = fs.namespace("state", publish_every=3)
+        acks = []
+        for step in range(3):
+            ns.set("energy", 10.0 + step)                 # overwrite: one value survives the publication
+            ns.set("phase", f"phase-{step}")
+            ns.append("rank/0/nan_count", step)         # append: every value, each at its commit
+            ns.append("rank/0/nan_count", [100 + step])  # twice in one commit: two items of that commit
+            acks.append(ns.commit())
+        assert acks[:2] == [None, None] and acks[2].commits == (1, 3)
+        run = flowscope.open_run(fs.run_dir)
+        assert _values(run, "SELECT name, value FROM metrics WHERE namespace = 'state'") == [("energy", 12.0)]
+        assert _values(run, "SELECT text FROM namespace_values WHERE name = 'phase'") == [("phase-2",)]
+        rows = _values(run, "SELECT ts_ns, item, value FROM namespace_values WHERE name = 'rank/0/nan_count' "
+                            "ORDER BY ts_ns, item")
+        assert [(i, v) for _, i, v in rows] == [(0, 0.0), (1, 100.0), (0, 1.0), (1, 101.0), (0, 2.0), (1, 102.0)]
+        commit_times = sorted({ts for ts, _, _ in rows})
+        assert len(commit_times) == 3 and commit_times[-1] == acks[2].ts_ns
+        # the overwritten value carries the time of the commit that set it last
+        assert _values(run, "SELECT ts_ns FROM metrics WHERE name = 'energy'") == [(commit_times[-1],)]
+        assert record(run, "state") == {"energy": 12.0, "phase": "phase-2",
+                                        "rank": {"0": {"nan_count": [0.0, 100.0, 1.0, 101.0, 2.0, 102.0]}}}
+
+
+def test_publish_every_k_commits_stores_exactly_those_commits_and_close_flushes_the_rest(collector, tmp_path):
+    fs = Client(collector.address, name="every-5", spool_dir=tmp_path / "spool")
+    ns = fs.namespace("performance", publish_every=5)
+    answers = []
+    for i in range(1, 13):
+        ns.set("commit", i)
+        ns.append("history", i)
+        answers.append(ns.commit())
+    published = [(i + 1, a.commits) for i, a in enumerate(answers) if a is not None]
+    assert published == [(5, (1, 5)), (10, (6, 10))]
+    assert all(a.stored for a in answers if a is not None)
+    run = flowscope.open_run(collector.store / fs.run_id)
+    # blocking: stored before commit() returned, so queryable now; commits 11 and 12 are not published yet
+    assert _values(run, "SELECT value FROM metrics WHERE name = 'commit' ORDER BY value") == [(5.0,), (10.0,)]
+    assert _values(run, "SELECT count(*), min(value), max(value) FROM namespace_values") == [(10, 1.0, 10.0)]
+    ns.set("uncommitted", 1.0)  # an update not committed yet is published at close too
+    fs.close()
+    assert _values(run, "SELECT value FROM metrics WHERE name = 'commit' ORDER BY value") == [(5.0,), (10.0,), (12.0,)]
+    assert _values(run, "SELECT value FROM metrics WHERE name = 'uncommitted'") == [(1.0,)]
+    assert [v for (v,) in _values(run, "SELECT value FROM namespace_values ORDER BY ts_ns")] == \
+        [float(i) for i in range(1, 13)]
+    assert _values(run, "SELECT count(DISTINCT ts_ns) FROM metrics WHERE namespace = 'performance'") == [(4,)]
+    assert run.meta["status"] == "finished"
+
+
+def test_blocking_returns_once_stored_and_non_blocking_returns_a_future_of_the_acknowledgement(collector, tmp_path):
+    fs = Client(collector.address, name="modes", spool_dir=tmp_path / "spool")
+    run_dir = collector.store / fs.run_id
+    blocking = fs.namespace("application", blocking=True)
+    blocking.set("mesh/energy", 1.2e3)
+    ack = blocking.commit()
+    assert isinstance(ack, Acknowledgement) and ack.stored
+    for seg in ack.segments:  # on disk when commit() returned
+        assert (run_dir / "metrics" / f"{seg}.parquet").is_file()
+    assert _values(flowscope.open_run(run_dir), "SELECT value FROM metrics WHERE name = 'mesh/energy'") == [(1200.0,)]
+
+    quiet = fs.namespace("workflow", blocking=False)
+    futures = []
+    for step in range(4):
+        quiet.set("tasks/running", step)
+        quiet.set("tasks/state", ["running"] * step or ["idle"])
+        futures.append(quiet.commit())
+    assert all(isinstance(f, Future) for f in futures)
+    acks = [f.result(timeout=120) for f in futures]
+    assert [a.commits for a in acks] == [(1, 1), (2, 2), (3, 3), (4, 4)] and all(a.stored for a in acks)
+    got = _values(flowscope.open_run(run_dir), "SELECT value FROM metrics WHERE namespace = 'workflow' ORDER BY ts_ns")
+    assert got == [(0.0,), (1.0,), (2.0,), (3.0,)]
+    fs.close()
+
+
+def test_close_publishes_pending_non_blocking_commits(tmp_path):
+    ns = flowscope.namespace("application.solver", publish_every=50, blocking=False, store=tmp_path / "store",
+                             spool_dir=tmp_path / "spool", run_name="pending")
+    assert ns.domain == "application"
+    for step in range(7):
+        ns.set("residual", 10.0 ** -step)
+        assert ns.commit() is None  # 7 commits, fewer than 50: nothing published yet
+    run_dir = ns.client.run_dir
+    assert not (run_dir / "metrics").exists()
+    ns.close()
+    run = flowscope.open_run(run_dir)
+    assert _values(run, "SELECT value FROM metrics WHERE name = 'residual'") == [(1e-6,)]  # the last overwrite
+    assert run.meta["name"] == "pending" and run.meta["status"] == "finished"
+
+
+def test_analyze_runs_a_query_or_a_reduction_over_the_namespace_on_the_collector(collector, tmp_path):
+    fs = Client(collector.address, name="analyze", spool_dir=tmp_path / "spool")
+    ranks = [fs.namespace("application", resource_id=f"rank:{r}") for r in range(3)]
+    other = fs.namespace("hardware")
+    other.set("mass", 1e9)  # another namespace: never in application's results
+    other.commit()
+    for step in range(4):
+        for r, ns in enumerate(ranks):
+            ns.set("mass", 100.0 + r * 10 + step)
+            ns.set("label", f"r{r}")
+            ns.commit()
+    got = ranks[0].analyze("SELECT resource_id, max(value) AS peak, count(*) AS n FROM namespace "
+                           "WHERE name = 'mass' GROUP BY resource_id ORDER BY resource_id")
+    assert got["columns"] == ["resource_id", "peak", "n"]
+    assert got["rows"] == [{"resource_id": f"rank:{r}", "peak": 103.0 + r * 10, "n": 4} for r in range(3)]
+    assert ranks[0].analyze(reduce="max", name="m*")["rows"] == [{"name": "mass", "max": 123.0}]
+    assert ranks[1].analyze(reduce="first", by="resource_id")["rows"] == [
+        {"name": "mass", "resource_id": f"rank:{r}", "first": 100.0 + r * 10} for r in range(3)]
+    assert other.analyze(reduce="count")["rows"] == [{"name": "mass", "count": 1}]
+
+    # bad input: 4xx naming the field, over HTTP and through the API
+    url = f"{collector.address}/v1/runs/{fs.run_id}/namespaces/application/analyze"
+    for body, field in [({"sql": "COPY namespace TO 'x.csv'"}, "sql"),
+                        ({"sql": "SELECT * FROM read_csv('/etc/passwd')"}, "sql"),
+                        ({"sql": "SELECT 1; SELECT 2"}, "sql"),
+                        ({"sql": "SELECT nope FROM namespace"}, "sql"),
+                        ({"reduce": "median"}, "reduce"), ({"reduce": "max", "by": "host"}, "by"),
+                        ({"sql": "SELECT 1", "reduce": "max"}, "sql"), ({"sqll": "SELECT 1"}, "sqll"),
+                        ({"reduce": "max", "limit": -1}, "limit")]:
+        r = httpx.post(url, json=body, timeout=60)
+        assert r.status_code == 422 and r.json()["field"] == field, (body, r.text)
+    r = httpx.post(url.replace("/application/", "/bad name!/"), json={"reduce": "max"}, timeout=60)
+    assert r.status_code == 422 and r.json()["field"] == "namespace", r.text
+    r = httpx.post(url, content=b"{not json", timeout=60)
+    assert r.status_code == 400 and r.json()["field"] == "body"
+    with pytest.raises(NamespaceError) as err:
+        ranks[0].analyze("DROP TABLE namespace")
+    assert err.value.field == "sql" and "SELECT" in str(err.value)
+    fs.close()
+
+
+def test_analyze_in_the_embedded_collector_sees_what_was_published(tmp_path):
+    with Client(store=tmp_path / "store", spool_dir=tmp_path / "spool") as fs:
+        ns = fs.namespace("diagnostics", publish_every=2)
+        for step in range(4):
+            ns.append("rank/3/nan_count", [0, step])
+            ns.commit()
+        assert ns.analyze(reduce="sum", name="rank/*/nan_count")["rows"] == [{"name": "rank/3/nan_count", "sum": 6.0}]
+        got = ns.analyze("SELECT count(*) AS n FROM namespace WHERE item = 1")
+        assert got == {"namespace": "diagnostics", "columns": ["n"], "rows": [{"n": 4}], "truncated": False}
+        with pytest.raises(NamespaceError) as err:
+            ns.analyze(reduce="avg")
+        assert err.value.field == "reduce"
+
+
+@pytest.mark.parametrize("path, value, field, words", [
+    ("a/b", object(), "a/b", "cannot be published"),
+    ("a", {"b": {"c": {1, 2}}}, "a/b/c", "cannot be published"),
+    ("a", {"b": [1, {"x": 1}]}, "a/b[1]", "not a dict"),
+    ("a//b", 1.0, "'a//b'", "empty key"),
+    ("/a", 1.0, "'/a'", "empty key"),
+    ("", 1.0, "''", "is empty"),
+    ("a\nb", 1.0, "'a\\nb'", "control character"),
+    ("a/b\n", 1.0, "'a/b\\n'", "control character"),
+    (7, 1.0, "7", "a path is a string"),
+    ("a", {3: 1.0}, "a/3", "keys of a record are strings"),
+    ("big/text", "x" * (MAX_TEXT_BYTES + 1), "big/text", "at most"),
+    ("big/int", 2**60, "big/int", "too large"),
+    ("big/list", list(range(1_000_001)), "big/list", "at most"),
+    ("grid", np.zeros((2, 2)), "grid", "2-D array"),
+    ("gone", None, "gone", "None is not a value"),
+    ("empty", {}, "empty", "empty mapping"),
+])
+def test_bad_input_names_the_path_and_changes_nothing(tmp_path, path, value, field, words):
+    with Client(store=tmp_path / "store", spool_dir=tmp_path / "spool") as fs:
+        ns = fs.namespace("application")
+        ns.set("kept", 1.0)
+        with pytest.raises(NamespaceError) as err:
+            ns.set(path, value)
+        assert err.value.field == field and words in str(err.value), str(err.value)
+        ack = ns.commit()
+        assert ack.rows == {"metrics": 1}  # only what was set before the refused call
+        run = flowscope.open_run(fs.run_dir)
+        assert _values(run, "SELECT name FROM metrics WHERE namespace = 'application'") == [("kept",)]
+
+
+def test_shape_conflicts_modes_and_names_are_refused_naming_what_is_wrong(tmp_path):
+    with Client(store=tmp_path / "store", spool_dir=tmp_path / "spool") as fs:
+        ns = fs.namespace("application")
+        ns.set("rank/3/mass", 1.0)
+        for call, field, words in [(lambda: ns.set("rank/3/mass/x", 1.0), "rank/3/mass/x", "holds a value"),
+                                   (lambda: ns.set("rank/3", 2.0), "rank/3", "has keys below it"),
+                                   (lambda: ns.append("rank/3/mass", 2.0), "rank/3/mass", "single value"),
+                                   (lambda: ns.update("x", 1, mode="merge"), "mode", "overwrite, append"),
+                                   (lambda: ns.set("x"), "value", "missing")]:
+            with pytest.raises(NamespaceError) as err:
+                call()
+            assert err.value.field == field and words in str(err.value), str(err.value)
+        for bad in ("", "bad name", "-x", "a/b", "x" * 65, 3):
+            with pytest.raises(NamespaceError) as err:
+                fs.namespace(bad)
+            assert err.value.field == "namespace"
+        for every in (0, -1, 1.5, True):
+            with pytest.raises(NamespaceError) as err:
+                fs.namespace("ok", publish_every=every)
+            assert err.value.field == "publish_every"
+        ack = ns.commit()
+        ns.set("rank/3", 2.0)  # after a publication the record starts empty: any shape again
+        ns.commit()
+        assert ack.rows == {"metrics": 1}
+    assert [domain_of(n) for n in ("performance", "application.astaroth", "hardware", "workflow", "diagnostics",
+                                   "applications")] == ["performance", "application", "hardware", "workflow", None,
+                                                        None]
+
+
+def test_the_collector_refuses_namespace_values_that_break_the_tables_rules(collector):
+    run_id = httpx.post(f"{collector.address}/v1/runs", json={"name": "raw"}).json()["run_id"]
+    url = f"{collector.address}/v1/runs/{run_id}/tables/namespace_values"
+    good = {"ts_ns": 1, "resource_id": "r", "namespace": "application", "name": "a/b", "item": 0, "value": 1.0}
+    assert httpx.post(url, json=[good]).status_code == 200
+    for change, column in [({"name": "a//b"}, "name"), ({"namespace": "bad name"}, "namespace"),
+                           ({"text": "both"}, "value"), ({"value": None}, "value")]:
+        r = httpx.post(url, json=[good, {**good, **change}])
+        assert r.status_code == 422 and f"namespace_values.{column}: row 1" in r.json()["error"], r.text
