@@ -29,7 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["FlowscopeSchedulerPlugin", "FlowscopeWorkerPlugin", "FlowscopeStandardWorkerPlugin", "LEVELS",
-           "NothingObservedWarning", "register", "unregister", "observe", "start_collector", "stop_collector", "dask_setup"]
+           "NothingObservedWarning", "register", "unregister", "observe", "start_collector", "stop_collector", "dask_setup",
+           "dask_teardown", "discover"]
 
 #: Capture levels (docs/dask.md, "Capture levels"): ``standard`` (the default) records scheduler transitions,
 #: execution spans on threads, transfers, warnings, hardware and the I/O of calls of 1 ms or more (shorter calls'
@@ -372,9 +373,94 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
     _explain_if_empty(obs, bool(seen.get("finished") or facts.get("local_tasks")))
 
 
+#: the scheduler metadata key under which a scheduler hosting its run publishes it (``discover``)
+METADATA_KEY = "flowscope"
+COLLECTOR_ENV = "FLOWSCOPE_COLLECTOR"        # "process" (default) or "embedded": where a scheduler hosts it
+RUN_NAME_ENV = "FLOWSCOPE_RUN_NAME"
+
+
+@dataclass
+class _HostedRun:
+    """The collector and run a scheduler started by ``dask_setup`` hosts (no $FLOWSCOPE_ADDRESS given)."""
+
+    fs: object                 # the flowscope Client that opened the run
+    level: str                 # the capture level workers record at
+    collector: object = None   # the CollectorProcess, or None when embedded (fs holds it)
+
+
+_hosted: dict[int, _HostedRun] = {}  # id(scheduler) -> what it hosts
+
+
+def discover(scheduler_address: str, timeout: float = 30.0) -> dict:
+    """``{"address", "run_id", "level"}`` of the run a scheduler started with ``--preload flowscope.dask`` records
+    into, read from the scheduler at ``scheduler_address``: how any producer given only the scheduler's address
+    joins the run. LookupError if that scheduler publishes none."""
+    import asyncio
+
+    from distributed.core import rpc
+
+    async def fetch():
+        async with rpc(scheduler_address, timeout=timeout) as r:
+            return await r.get_metadata(keys=[METADATA_KEY], default=None)
+
+    # on a thread of its own: the caller may be inside an event loop (a notebook, a Dask server)
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="flowscope-discover") as pool:
+        found = pool.submit(asyncio.run, fetch()).result()
+    if not found:
+        raise LookupError(f"the scheduler at {scheduler_address} publishes no flowscope run "
+                          "(start it with --preload flowscope.dask)")
+    return found
+
+
+def _check_reachable(address: str) -> None:
+    """RuntimeError naming $FLOWSCOPE_ADDRESS when the collector there does not answer."""
+    from flowscope.client.transport import HttpTransport
+
+    try:
+        HttpTransport(address, timeout=5.0).health(timeout=5.0)
+    except Exception as exc:  # noqa: BLE001 - any failure to answer is the same error for the user
+        reason = " ".join(str(exc).split()) or type(exc).__name__
+        raise RuntimeError(f"flowscope.dask preload: the collector at FLOWSCOPE_ADDRESS={address} cannot be "
+                           f"reached ({reason})") from None
+
+
+def _host_run(scheduler) -> _HostedRun:
+    """Start a collector for ``scheduler`` (a child process unless $FLOWSCOPE_COLLECTOR=embedded), writing to the
+    default store, and open a run in it."""
+    from flowscope.embedded import Client
+    from flowscope.sources import semantics as _semantics
+    from flowscope.store.catalog import default_store
+
+    how = os.environ.get(COLLECTOR_ENV) or "process"
+    if how not in ("process", "embedded"):
+        raise RuntimeError(f"${COLLECTOR_ENV} must be 'process' or 'embedded', not {how!r}")
+    level = check_level(os.environ.get(LEVEL_ENV) or DEFAULT_LEVEL)
+    meta = {"capture_level": level, "semantics": [_semantics.DASK_DISTRIBUTED], **run_provenance([])}
+    name = os.environ.get(RUN_NAME_ENV) or "dask-scheduler"
+    command = " ".join(sys.argv)
+    store = default_store().resolve()
+    if how == "process":
+        from flowscope.service.process import CollectorProcess
+
+        collector = CollectorProcess(store)
+        try:
+            fs = Client(collector.address, name=name, command=command, meta=meta)
+        except BaseException:
+            collector.stop()
+            raise
+        return _HostedRun(fs, level, collector)
+    return _HostedRun(Client("embedded", store=store, serve=True, name=name, command=command, meta=meta), level)
+
+
 async def dask_setup(server) -> None:
     """Preload entry point (``--preload flowscope.dask``): install the plugin for this scheduler or worker; for
-    a Client (``distributed.client.preload``), note the scheduler it connected to."""
+    a Client (``distributed.client.preload``), note the scheduler it connected to.
+
+    With $FLOWSCOPE_ADDRESS and $FLOWSCOPE_RUN (``flowscope run``) they join that run. Without, a scheduler hosts
+    a collector and opens a run, published in its metadata (``discover``), and a worker joins the run its
+    scheduler publishes."""
+    import asyncio
+
     from distributed import Client, Scheduler
 
     if isinstance(server, Client):
@@ -382,20 +468,63 @@ async def dask_setup(server) -> None:
 
         process_facts.note_client(getattr(server.scheduler, "address", None))
         return
-    address, run_id = os.environ.get("FLOWSCOPE_ADDRESS"), os.environ.get("FLOWSCOPE_RUN")
-    if not address or not run_id:
-        raise RuntimeError("flowscope.dask preload needs FLOWSCOPE_ADDRESS and FLOWSCOPE_RUN "
-                           "(set by `flowscope run`, or Client.env())")
     from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin
+
+    address, run_id = os.environ.get("FLOWSCOPE_ADDRESS"), os.environ.get("FLOWSCOPE_RUN")
+    level = os.environ.get(LEVEL_ENV) or None
+    if address and not run_id:
+        raise RuntimeError("flowscope.dask preload: FLOWSCOPE_ADDRESS is set but FLOWSCOPE_RUN is not "
+                           "(set both, as `flowscope run` does, or neither to let the scheduler host the run)")
+    if address:
+        await asyncio.to_thread(_check_reachable, address)
+    elif isinstance(server, Scheduler):
+        hosted = await asyncio.to_thread(_host_run, server)
+        _hosted[id(server)] = hosted
+        address, run_id = hosted.fs.address, hosted.fs.run_id
+        level = hosted.level
+        server.set_metadata([METADATA_KEY], {"address": address, "run_id": run_id, "level": level})
+    else:
+        found = await server.scheduler.get_metadata(keys=[METADATA_KEY], default=None)
+        if not found:
+            raise RuntimeError("flowscope.dask preload: no FLOWSCOPE_ADDRESS and FLOWSCOPE_RUN, and the scheduler "
+                               "publishes no run (start it with --preload flowscope.dask, or use `flowscope run`)")
+        address, run_id, level = found["address"], found["run_id"], level or found.get("level")
 
     if isinstance(server, Scheduler):
         # preloads run before the scheduler starts its plugins, so this one is started with the others
         server.add_plugin(FlowscopeSchedulerPlugin(address, run_id), name=FlowscopeSchedulerPlugin.name)
     else:
-        plugin = worker_plugin(address, run_id, os.environ.get(LEVEL_ENV) or DEFAULT_LEVEL)
+        plugin = worker_plugin(address, run_id, level or DEFAULT_LEVEL)
         await server.plugin_add(plugin, name=plugin.name)
         if os.environ.get("FLOWSCOPE_ANOMALIES"):  # `flowscope run --anomalies`
             from flowscope.sources.dask.anomaly_plugin import NAME, AnomalyWorkerPlugin
 
             period = float(os.environ.get("FLOWSCOPE_ANOMALY_PERIOD") or 1.0)
             await server.plugin_add(AnomalyWorkerPlugin(address, run_id, period=period), name=NAME)
+
+
+async def dask_teardown(server) -> None:
+    """Preload exit point: a scheduler that hosts its run has its workers deliver and remove their plugins, then
+    delivers its own rows, closes the run (finished) and stops the collector. Nothing to do otherwise."""
+    import asyncio
+
+    from flowscope.sources.dask.plugins import FlowscopeSchedulerPlugin, FlowscopeWorkerPlugin
+
+    hosted = _hosted.pop(id(server), None)
+    if hosted is None:
+        return
+    try:
+        # before the scheduler tells its workers to close: each delivers what it holds while the collector runs
+        await server.broadcast(msg={"op": "plugin-remove", "name": FlowscopeWorkerPlugin.name}, on_error="return")
+        plugin = server.plugins.get(FlowscopeSchedulerPlugin.name)
+        if plugin is not None:
+            await plugin.close()
+    finally:
+        def close() -> None:
+            try:
+                hosted.fs.close(status="finished")
+            finally:
+                if hosted.collector is not None:
+                    hosted.collector.stop()
+
+        await asyncio.to_thread(close)
