@@ -189,6 +189,7 @@
   // once, so that a live run's first charts do not stall the page while records stream in
   var plotly = {state: global.Plotly ? "loaded" : "none"};
   live.plotly = plotly;
+  live.needPlotly = function () { return needPlotly(); };  // panels.js asks for it too
   function needPlotly() {
     if (plotly.state !== "none") return plotly.state === "loaded";
     plotly.state = "waiting";

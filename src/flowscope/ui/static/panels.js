@@ -23,10 +23,17 @@
     return String(s === null || s === undefined ? "" : s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
   }
   function pct(x) { return (x === null || x === undefined) ? "-" : (100 * x).toFixed(1) + " %"; }
-  function plot(div, traces, layout) {
-    if (!global.Plotly) return;
+  // plotly.js arrives after the page's first paint (live.js loads it): a chart asked for before then is drawn
+  // again once it is there; only a chart actually drawn counts as a render
+  function plot(div, traces, layout, again) {
+    if (!global.Plotly) {
+      if (global.flowscopeLive && global.flowscopeLive.needPlotly) global.flowscopeLive.needPlotly();
+      global.setTimeout(again, 200);
+      return false;
+    }
     if (!div.data) div.replaceChildren();
     Plotly.react(div, traces, layout, {displaylogo: false, responsive: true});
+    return true;
   }
 
   // ---- memory per worker process -----------------------------------------------------------------
@@ -40,14 +47,14 @@
                               {"class": "muted nodata"}));
       return;
     }
-    plot(div, doc.processes.map(function (p) {
+    var drawn = plot(div, doc.processes.map(function (p) {
       return {type: "scatter", mode: "lines", x: p.t, y: p.bytes.map(function (b) { return b / MIB; }),
               name: pt(p.label), line: {width: 1.6},
               hovertemplate: pt(p.label) + " %{x:.1f} s: %{y:.1f} MiB<extra></extra>"};
     }), {height: 260, margin: {l: 60, r: 10, t: 10, b: 40}, legend: {orientation: "h"}, showlegend: true,
          xaxis: {title: {text: "seconds since the run started"}, rangemode: "tozero"},
-         yaxis: {title: {text: "resident memory, MiB"}, rangemode: "tozero"}});
-    P.memory.renders++;
+         yaxis: {title: {text: "resident memory, MiB"}, rangemode: "tozero"}}, renderMemory);
+    if (drawn) P.memory.renders++;
   }
 
   var backoff = 250;
@@ -106,7 +113,7 @@
     }
     var hover = "frame %{customdata}: %{y:.3f}<extra>%{fullData.name}</extra>",
         ids = doc.frames.map(function (r) { return r.frame; });
-    plot(div, [
+    var drawn = plot(div, [
       {type: "scatter", mode: "lines+markers", name: "predicted likelihood", x: xs, customdata: ids,
        y: doc.frames.map(function (r) { return r.likelihood; }), line: {color: "#3182bd", shape: "hv"},
        marker: {size: 4}, hovertemplate: hover},
@@ -115,8 +122,8 @@
        marker: {size: 4}, hovertemplate: hover}
     ], {height: 240, margin: {l: 60, r: 10, t: 10, b: 40}, legend: {orientation: "h"},
         xaxis: {title: {text: "frame start, seconds since the first activity"}, rangemode: "tozero"},
-        yaxis: {title: {text: "share of the frame"}, range: [0, 1.05]}});
-    f.renders++;
+        yaxis: {title: {text: "share of the frame"}, range: [0, 1.05]}}, renderForecast);
+    if (drawn) f.renders++;
   }
 
   function forecastUrl() {
