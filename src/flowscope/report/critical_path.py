@@ -33,10 +33,17 @@ class GraphLayout:
     (application / step: the states' ``origin``, else ``color_by``), states sorted by group so each group is a
     contiguous range, and the mutations sorted by their destination's group. Vectorised throughout."""
 
+    #: at most this many lanes: a lane per task (WfCommons names each state's task as its origin) drew a tick
+    #: label per lane, and Chromium took 40 s to lay out 1,001 of them
+    MAX_LANES = 64
+
     def __init__(self, states: pd.DataFrame, mutations: pd.DataFrame, path: CriticalPath, *,
                  group_by: str = "origin", color_by: str = "location"):
-        if group_by not in states.columns or states[group_by].isna().all():
-            group_by = color_by if color_by in states.columns else group_by
+        self.asked = group_by                # the grouping asked for, and how many lanes it would have had
+        self.asked_lanes = self._lanes(states, group_by)
+        if not self.asked_lanes or self.asked_lanes > self.MAX_LANES:
+            fallback = color_by if 0 < self._lanes(states, color_by) <= self.MAX_LANES else None
+            group_by = fallback or "all"
         self.group_by, self.color_by = group_by, color_by
         grp = (states[group_by].fillna("(none)").astype(str) if group_by in states.columns
                else pd.Series("all", index=states.index))
@@ -66,6 +73,20 @@ class GraphLayout:
         self.src, self.dst = src[eorder].astype(np.int64), dst[eorder].astype(np.int64)
         self.estart = np.searchsorted(self.group[self.dst], np.arange(len(self.groups) + 1))
         self.path = index.get_indexer(np.asarray(path.ids, dtype=object)) if path.ids else np.zeros(0, np.int64)
+
+    @staticmethod
+    def _lanes(states: pd.DataFrame, column: str) -> int:
+        """Lanes a grouping by ``column`` would have (0: no such column, or no value in it)."""
+        if column not in states.columns or states[column].isna().all():
+            return 0
+        return int(states[column].fillna("(none)").astype(str).nunique())
+
+    def lanes_note(self) -> str:
+        """Why the lanes are not the grouping asked for ('' when they are)."""
+        if self.group_by == self.asked or not self.asked_lanes:
+            return ""
+        return (f" ({self.asked_lanes:,} {self.asked}s: too many lanes to draw; "
+                f"{'one lane' if self.group_by == 'all' else 'by ' + self.group_by} instead)")
 
     @property
     def n(self) -> int:
@@ -127,7 +148,7 @@ def graph_figure(states: pd.DataFrame, mutations: pd.DataFrame, path: CriticalPa
                                line={"color": "crimson", "width": 3}, marker={"color": "crimson", "size": 9},
                                text=None if collapsed else g.ids[p].tolist(), hoverinfo="text+x"))
     what = (f"{g.n:,} states in {len(g.groups):,} groups by {g.group_by} (collapsed)" if collapsed
-            else f"{g.n:,} states")
+            else f"{g.n:,} states{g.lanes_note()}")
     fig.update_layout(title=f"Data-state graph ({what}), critical path in red",
                       xaxis_title="seconds since the first state", showlegend=True,
                       yaxis={"tickvals": list(range(len(g.groups))), "ticktext": g.groups},
@@ -218,7 +239,7 @@ def graph_view(states: pd.DataFrame, mutations: pd.DataFrame, path: CriticalPath
                            "blob": json.dumps(base64.b64encode(zlib.compress(blob, 6)).decode()),
                            "div": json.dumps(div_id), "palette": json.dumps(_PALETTE)}
         out.insert(0, f'<p class="cp-controls">Collapsed: one vertex per {_html.escape(g.group_by)} '
-                      f'({g.n:,} states). Expand a group: <select id="{div_id}-group">{options}</select> '
+                      f'({g.n:,} states){_html.escape(g.lanes_note())}. Expand a group: <select id="{div_id}-group">{options}</select> '
                       f'<button id="{div_id}-expand">expand</button> <button id="{div_id}-collapse">collapse'
                       f'</button> <button id="{div_id}-collapse-all">collapse all</button></p>')
         out.append(f"<script>{js}</script>")
