@@ -135,3 +135,29 @@ def test_cli_compare_by_name_and_by_sets(repeated_runs, capsys):
     assert main(["compare", "--name", "nope", "--store", store]) == 1
     err = capsys.readouterr().err
     assert "no run named 'nope'" in err and len(err.strip().splitlines()) == 1
+
+
+NO_SCRIPT_RUN = """
+import dask, flowscope
+from dask import delayed
+with flowscope.observe(store={store!r}, name="from-stdin"):
+    dask.compute(sum(delayed(abs)(-i) for i in range(20)), scheduler="threads")
+"""
+
+
+def test_runs_without_a_main_script_are_compared(tmp_path, capsys):
+    """Runs recorded from a session with no main script (a notebook, a REPL, ``python -``, a pytest-xdist worker)
+    have no script hash; comparing them says so instead of failing on the missing value."""
+    import subprocess
+    import sys
+
+    store = tmp_path / "store"
+    for _ in range(2):
+        subprocess.run([sys.executable, "-"], input=NO_SCRIPT_RUN.format(store=str(store)), text=True, check=True,
+                       timeout=300, capture_output=True)
+    rs = flowscope.open_store(store)
+    assert len(rs.runs) == 2 and rs.runs["script_sha256"].isna().all()
+    capsys.readouterr()
+    assert main(["compare", "--name", "from-stdin", "--store", str(store)]) == 0
+    out = capsys.readouterr().out
+    assert all(r in out for r in rs.runs["run_id"])

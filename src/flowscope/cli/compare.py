@@ -70,7 +70,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         print_json(c.to_dict())
         return 0
     print_table("runs", ["run", "name", "host", "script", "wall (s)"],
-                [[r.run_id, r.name, r.host, (r.script_sha256 or "")[:12], _s(r.duration_s)]
+                [[r.run_id, r.name, r.host, r.script_sha256[:12] if isinstance(r.script_sha256, str) else "(none)", _s(r.duration_s)]
                  for r in c.runs.itertuples()])
     print_table("time per phase (s): mean ± std across the runs of each name", ["name", "phase", "runs", "mean",
                                                                                   "std", "min", "max", "CV"],
