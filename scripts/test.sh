@@ -21,4 +21,10 @@ PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 .venv/bin/python -m pip install -q --upgrade pip
 .venv/bin/python -m pip install -q -e '.[test]'
+# Modules run in FLOWSCOPE_TEST_WORKERS processes (default 3), each module whole in one process (its module-scoped
+# cluster, collector and browser are shared by its tests); FLOWSCOPE_TEST_WORKERS=0 runs everything in this process.
+workers=${FLOWSCOPE_TEST_WORKERS:-3}
+if [ "$workers" -gt 0 ]; then
+  exec .venv/bin/python -m pytest -n "$workers" --dist loadfile "$@"
+fi
 exec .venv/bin/python -m pytest "$@"
