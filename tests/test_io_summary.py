@@ -67,7 +67,7 @@ def reference(log: Path) -> dict:
     """The job summary PyDarshan gives for ``log``."""
     rep = darshan.DarshanReport(str(log), read_all=True)
     nprocs = rep.metadata["job"]["nprocs"]
-    mods, sizes, files, ranks, shared = {}, {}, {}, {}, {}
+    mods, sizes, files, ranks, shared, file_times = {}, {}, {}, {}, {}, {}
     cost = get_io_cost_df(rep) if rep.modules else pd.DataFrame()
     for mod, (p, rd, wr) in OPS.items():
         df = _records(rep, mod)
@@ -96,6 +96,12 @@ def reference(log: Path) -> dict:
         m["cost_key"] = "HDF5" if mod in ("H5F", "H5D") else key
         m["records"] = len(df)
         mods[mod] = m
+        for path, g in df.groupby("path"):  # seconds per file (all ranks' records of it)
+            ft = {"records": len(g)}
+            for op, col in (("read_s", "READ"), ("write_s", "WRITE"), ("meta_s", "META")):
+                t = g[f"{p}_F_{col}_TIME"] if f"{p}_F_{col}_TIME" in g else pd.Series([0.0])
+                ft[op], ft[f"{op}_negative"] = float(t.sum()), bool((t < 0).any())
+            file_times[(mod, path)] = ft
         for op in ("READ", "WRITE"):
             cols = [c for c in df.columns if c.startswith((f"{p}_SIZE_{op}_", f"{p}_SIZE_{op}_AGG_"))]
             if cols:
@@ -129,7 +135,7 @@ def reference(log: Path) -> dict:
                 covered += db
         unattributed += max(b - covered, 0)
     return {"nprocs": nprocs, "modules": mods, "sizes": sizes, "files": files, "ranks": ranks,
-            "unattributed": unattributed, "cost": cost, "rep": rep, "dxt": dxt}
+            "unattributed": unattributed, "cost": cost, "rep": rep, "dxt": dxt, "file_times": file_times}
 
 
 def close(a: float, b: float, records: int = 1) -> bool:
@@ -175,6 +181,24 @@ def test_bytes_operations_files_and_times_per_module_equal_pydarshan(imported):
     assert {"POSIX", "MPI-IO", "STDIO", "H5F", "H5D"} <= checked
 
 
+def test_seconds_per_file_equal_pydarshans(imported):
+    """Read, write and metadata seconds of every file of every module: the sum of its records' F_*_TIME counters
+    over all ranks, as PyDarshan reads them (a negative counter: unknown)."""
+    checked = 0
+    for log, run in imported.items():
+        want = reference(log)["file_times"]
+        got = io_summary(run).by_file.set_index(["interface", "path"])
+        assert set(got.index) == set(want), log.name
+        for key, ft in want.items():
+            for op in ("read_s", "write_s", "meta_s"):
+                if ft[f"{op}_negative"]:
+                    assert math.isnan(got.loc[key, op]), (log.name, key, op)
+                else:
+                    assert close(float(got.loc[key, op]), ft[op], ft["records"]), (log.name, key, op, got.loc[key, op])
+                checked += 1
+    assert checked > 1000
+
+
 def test_totals_count_each_byte_once(imported, shared_data):
     """MPI-IO and HDF5 sit on POSIX: the run's totals are POSIX + STDIO, never the sum over all layers."""
     for log, run in imported.items():
@@ -217,6 +241,15 @@ def test_top_files_are_pydarshans_largest(imported):
         want = sorted(((b, p) for p, b in ref["files"].items()), key=lambda x: (-x[0], x[1]))[:5]
         got = [(int(b), p) for b, p in zip(top["bytes"], top["path"])]
         assert got == want, log.name
+        # and their seconds, from the same layers as their bytes (POSIX + STDIO: MPI-IO sits on POSIX)
+        for f in top.to_dict("records"):
+            ft = [v for (mod, path), v in ref["file_times"].items() if mod in LOWER and path == f["path"]]
+            records = sum(v["records"] for v in ft)
+            for ours, ops in (("data_s", ("read_s", "write_s")), ("meta_s", ("meta_s",))):
+                if any(v[f"{op}_negative"] for v in ft for op in ops):
+                    assert math.isnan(f[ours]), (log.name, f["path"], ours)
+                else:
+                    assert close(f[ours], sum(v[op] for v in ft for op in ops), 2 * records), (log.name, f, ours)
 
 
 def test_per_rank_volume_and_imbalance_equal_pydarshans(imported, shared_data):

@@ -82,7 +82,8 @@ class IOSummary:
     by_interface: pd.DataFrame
     #: per interface and file: read_bytes, write_bytes, reads, writes, read_s, write_s, meta_s, ranks
     by_file: pd.DataFrame
-    #: the largest files of the run's totals: path, bytes, read_bytes, write_bytes, interfaces
+    #: the largest files of the run's totals: path, bytes, read_bytes, write_bytes, data_s (read + write
+    #: seconds), meta_s, interfaces (a time is NaN where a record has none or Darshan wrote a negative one)
     top_files: pd.DataFrame
     #: access-size histograms: interface, op, bucket (one of SIZE_BUCKETS), count
     sizes: pd.DataFrame
@@ -244,12 +245,16 @@ def _imbalance(ranks: pd.DataFrame, unattributed: int) -> dict[str, Any]:
             "unattributed_bytes": unattributed}
 
 
+#: the largest files: bytes and seconds from the layers the run's totals count (Darshan: POSIX + STDIO)
+TOP_FILE_COLUMNS = ["path", "bytes", "read_bytes", "write_bytes", "data_s", "meta_s", "interfaces"]
+
+
 def io_summary(run: Run, top: int = 10) -> IOSummary:
     """The I/O job summary of ``run`` (see :class:`IOSummary`); ``top`` largest files."""
     df = io_rows(run)
     if not len(df):
         return IOSummary(0, [], pd.DataFrame(columns=IF_COLUMNS), pd.DataFrame(columns=["interface", "path"]),
-                         pd.DataFrame(columns=["path", "bytes", "read_bytes", "write_bytes", "interfaces"]), _sizes(df), pd.DataFrame(columns=["rank", "read_bytes",
+                         pd.DataFrame(columns=TOP_FILE_COLUMNS), _sizes(df), pd.DataFrame(columns=["rank", "read_bytes",
                          "write_bytes", "bytes"]), _imbalance(pd.DataFrame({"rank": [], "bytes": []}), 0),
                          {"read_bytes": 0, "write_bytes": 0, "reads": 0, "writes": 0, "files": 0, "data_s": 0.0,
                           "meta_s": 0.0, "timed": False}, [], IO_ABSENT)
@@ -276,10 +281,11 @@ def io_summary(run: Run, top: int = 10) -> IOSummary:
     files = tot[tot["path"].notna()].groupby("path").agg(
         interfaces=("interface", lambda s: ", ".join(sorted(set(s)))))
     fb = _op_frame(tot[tot["path"].notna()], ["path"]).set_index("path")
-    files = files.join(fb[["read_bytes", "write_bytes"]])
+    files = files.join(fb[["read_bytes", "write_bytes", "read_s", "write_s", "meta_s"]])
     files["bytes"] = files["read_bytes"] + files["write_bytes"]
+    files["data_s"] = files["read_s"] + files["write_s"]   # unknown (NaN) when either direction is
     top_files = files.reset_index().sort_values(["bytes", "path"], ascending=[False, True]).head(top)
-    top_files = top_files[["path", "bytes", "read_bytes", "write_bytes", "interfaces"]].reset_index(drop=True)
+    top_files = top_files[TOP_FILE_COLUMNS].reset_index(drop=True)
     ranks, unattributed = _ranks(df)
     timed_ops = df[~df["aggregate"] & df["op"].isin(DATA_OPS) & df["busy_ns"].notna()]
     totals = {"read_bytes": int(t["read_bytes"]) if t is not None else 0,

@@ -62,9 +62,10 @@ def run(args: argparse.Namespace) -> int:
                   f"{int(i['reads']):,}", f"{int(i['writes']):,}", _s(i["read_s"]), _s(i["write_s"]), _s(i["meta_s"]),
                   "yes" if i["in_totals"] else "no"] for i in s.by_interface.to_dict("records")])
     if len(s.top_files):
-        print_table(f"top {len(s.top_files)} files by bytes", ["file", "bytes", "read", "written", "interfaces"],
+        print_table(f"top {len(s.top_files)} files by bytes", ["file", "bytes", "read", "written", "data time",
+                                                                "metadata time", "interfaces"],
                     [[f["path"], _bytes(f["bytes"]), _bytes(f["read_bytes"]), _bytes(f["write_bytes"]),
-                      f["interfaces"]] for f in s.top_files.to_dict("records")])
+                      _s(f["data_s"]), _s(f["meta_s"]), f["interfaces"]] for f in s.top_files.to_dict("records")])
     if len(s.sizes):
         from flowscope.analysis.io_summary import SIZE_BUCKETS
 

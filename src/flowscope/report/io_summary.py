@@ -120,9 +120,9 @@ def io_summary_section(ctx, figs, section, table, nodata) -> str:
     body.append('<div class="cols">' + "".join(f'<div class="grow">{c}</div>' for c in charts) + "</div>")
     if len(s.top_files):
         body.append("<h3>Largest files</h3>" + table(
-            ["file", "bytes", "read", "written", "interfaces"],
+            ["file", "bytes", "read", "written", "data time", "metadata time", "interfaces"],
             [[f["path"], _fmt_bytes(f["bytes"]), _fmt_bytes(f["read_bytes"]), _fmt_bytes(f["write_bytes"]),
-              f["interfaces"]] for f in s.top_files.to_dict("records")]))
+              _fmt_s(f["data_s"]), _fmt_s(f["meta_s"]), f["interfaces"]] for f in s.top_files.to_dict("records")]))
     if len(s.ranks):
         body.append(figs.html(_ranks_figure(s), "io-ranks"))
     for iface in s.timeline_interfaces:
