@@ -123,12 +123,14 @@ def main() -> int:
         for rep in range(args.repeat):
             order = ["flowscope", "ks_2samp_loop"] if rep % 2 == 0 else ["ks_2samp_loop", "flowscope"]
             for side in order:
-                r = _run_side(side, path, windows)
-                runs[side].append(r)
-                print(f"rep {rep + 1}/{args.repeat} {side}: {r['wall_s']:.3f} s (cpu {r['cpu_s']:.3f} s)",
-                      file=sys.stderr)
+                runs[side].append(_run_side(side, path, windows))
+            # outputs checked equal before any time of this repetition is printed
             if runs["flowscope"][-1]["hits"] != runs["ks_2samp_loop"][-1]["hits"]:
                 raise SystemExit("the hits differ between flowscope and the ks_2samp loop: no time reported")
+            for side in order:
+                r = runs[side][-1]
+                print(f"rep {rep + 1}/{args.repeat} {side}: {r['wall_s']:.3f} s (cpu {r['cpu_s']:.3f} s)",
+                      file=sys.stderr)
 
     def summary(side: str) -> dict:
         rs = runs[side]

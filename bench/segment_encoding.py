@@ -5,7 +5,7 @@ dictionary on every column (what the collector did before).
 The batch is what the scheduler and a worker deliver for the tiny-task graph of bench/overhead.py: 120,000
 ``transitions`` rows (each task's ~6 transitions; tuple task keys, stimulus ids that are mostly unique) and
 20,000 task ``spans``. Both encodings are written to memory with zstd, alternating, ``--repeat`` times
-(medians); CPU time per row of writing and of reading the file back, and the file sizes, are reported.
+(medians, with min and max); each file is read back and must equal the table written; CPU time per row of writing and of reading the file back, and the file sizes, are reported.
 
 Writes ``bench/results/segment_encoding.json`` (DESIGN.md, "Benchmarks"; ``value`` is the write time per
 row of the store's encoding divided by the default's) and prints one summary line last.
@@ -75,7 +75,8 @@ def measure(table: pa.Table, use_dictionary) -> tuple[float, float, int]:
     c0 = time.process_time()
     back = pq.read_table(io.BytesIO(data))
     read = time.process_time() - c0
-    assert back.num_rows == table.num_rows
+    if not back.equals(table):  # checked before any time is kept: both encodings must read back the same table
+        raise SystemExit(f"use_dictionary={use_dictionary!r}: the segment read back differs from the table written")
     return write / table.num_rows * 1e6, read / table.num_rows * 1e6, len(data)
 
 
@@ -96,11 +97,15 @@ def main() -> None:
                 got[w].append(measure(table, ways[w]))
         out[name] = {w: {"rows": table.num_rows,
                          "write_us_per_row": round(statistics.median(x[0] for x in v), 4),
+                         "write_us_per_row_min_max": [round(min(x[0] for x in v), 4), round(max(x[0] for x in v), 4)],
                          "read_us_per_row": round(statistics.median(x[1] for x in v), 4),
+                         "read_us_per_row_min_max": [round(min(x[1] for x in v), 4), round(max(x[1] for x in v), 4)],
                          "bytes": v[0][2]} for w, v in got.items()}
         out[name]["dictionary_columns"] = ways["store"]
         s, a = out[name]["store"], out[name]["all_columns"]
-        print(f"{name:12s} store {s['write_us_per_row']:.3f} us/row write, {s['read_us_per_row']:.3f} read, "
+        print(f"{name:12s} store {s['write_us_per_row']:.3f} us/row write "
+              f"[{s['write_us_per_row_min_max'][0]:.3f}-{s['write_us_per_row_min_max'][1]:.3f}], "
+              f"{s['read_us_per_row']:.3f} read, "
               f"{s['bytes']:,} B | dictionary on every column {a['write_us_per_row']:.3f} write, "
               f"{a['read_us_per_row']:.3f} read, {a['bytes']:,} B")
 
