@@ -17,6 +17,7 @@ from flowscope.cli import (
     importing,
     io,
     lineage,
+    monitor,
     profile,
     remove,
     report,
@@ -30,7 +31,7 @@ from flowscope.cli import (
     ui,
 )
 
-GROUPS = (demo, run, step, simulate, serve, ui, runs, report, explain, lineage, compare, profile, anomalies, forecast, io,
+GROUPS = (demo, run, step, simulate, serve, monitor, ui, runs, report, explain, lineage, compare, profile, anomalies, forecast, io,
           semantics, importing, export, spool, remove)
 
 

@@ -31,6 +31,7 @@ from flowscope.store.run import Run
 from flowscope.service.anomaly_server import anomaly_routes
 from flowscope.service.dashboard_routes import dashboard_routes
 from flowscope.service.live_hub import LiveHub
+from flowscope.service.metrics_route import metrics_routes
 from flowscope.service.json_batch import WINDOW_CHARS, MalformedBatch, json_batch_table
 from flowscope.service.forecast_routes import forecast_routes
 from flowscope.service.namespace_routes import namespace_routes
@@ -427,6 +428,7 @@ def build_app(collector: Collector) -> Starlette:
         *forecast_routes(collector),
         *namespace_routes(collector),
         *anomaly_routes(collector),
+        *metrics_routes(collector),
         *dashboard_routes(LiveHub(collector.store, collector)),
     ]
     return Starlette(routes=routes, exception_handlers={

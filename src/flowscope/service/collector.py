@@ -84,6 +84,8 @@ class Collector:
         self._known_runs: set[str] = set()
         self._inflight: dict[tuple[str, str, str], Future] = {}
         self.stats = {"batches": 0, "rows": 0, "duplicates": 0, "busy_refusals": 0, "errors": 0}
+        self._rows_by_table: dict[str, int] = {}   # rows written since start, per table (Prometheus /metrics)
+        self._run_status: dict[str, str] = {}      # status of each run this collector opened or closed since start
         self._segment_listeners: list = []
         self._close_listeners: list = []
         self._watch_probes: list = []
@@ -128,6 +130,7 @@ class Collector:
             if path.is_file():
                 existing = read_json(path)
                 self._known_runs.add(run_id)
+                self._run_status[run_id] = str(existing.get("status"))
                 return existing
             d.mkdir(parents=True, exist_ok=True)
             doc = {
@@ -145,6 +148,7 @@ class Collector:
                 doc.setdefault(k, v)
             write_json_atomic(path, doc)
             self._known_runs.add(run_id)
+            self._run_status[run_id] = "running"
             return doc
 
     def close_run(self, run_id: str, *, end_ns: int | None = None, status: str = "finished",
@@ -168,6 +172,7 @@ class Collector:
             if extra:
                 doc.update(extra)
             write_json_atomic(path, doc)
+            self._run_status[run_id] = status
         self._tell(self._close_listeners, run_id, doc)
         return doc
 
@@ -309,6 +314,7 @@ class Collector:
                     self.stats["batches"] += 1
                     if written:
                         self.stats["rows"] += data.num_rows
+                        self._rows_by_table[table] = self._rows_by_table.get(table, 0) + data.num_rows
                         self._segments_written += 1
                     else:
                         self.stats["duplicates"] += 1
@@ -349,6 +355,20 @@ class Collector:
                 "dead_temps_removed": self.removed_temps,  # None until the sweep at start is done
                 **self.stats,
             }
+
+    def rows_by_table(self) -> dict[str, int]:
+        """Rows written since this collector started, per table."""
+        with self._res_lock:
+            return dict(self._rows_by_table)
+
+    def runs_by_status(self) -> dict[str, int]:
+        """How many of the runs this collector opened or closed since it started are in each status."""
+        with self._run_lock:
+            statuses = list(self._run_status.values())
+        out: dict[str, int] = {}
+        for st in statuses:
+            out[st] = out.get(st, 0) + 1
+        return out
 
     def shutdown(self, wait: bool = True) -> None:
         """Finish writing what is queued, then stop the writer threads."""
