@@ -77,6 +77,12 @@ def test_preload_alone_hosts_collector_and_observes_late_worker(tmp_path):
 
             found = discover(address)
             assert found["address"].startswith("http://127.0.0.1:") and found["run_id"]
+            # so does `flowscope monitor --scheduler`; this host's sampler for the run is already a worker's (one
+            # per host and run), which the monitor says before leaving it alone
+            mon = subprocess.run([sys.executable, "-m", "flowscope", "monitor", "--scheduler", address],
+                                 capture_output=True, text=True, env=_env(), timeout=300)
+            assert mon.returncode == 0, mon.stderr
+            assert f"already records run {found['run_id']}" in mon.stderr, mon.stderr
 
             workers.append(_worker(tmp_path, "late"))
             _wait("the late worker", lambda: len(client.scheduler_info()["workers"]) == 2, [sched, *workers])
