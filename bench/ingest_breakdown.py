@@ -27,6 +27,7 @@ Writes ``bench/results/ingest_breakdown.json`` and prints a table.
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 import tempfile
 import time
@@ -154,6 +155,8 @@ def main(argv: list[str] | None = None) -> int:
         "compiled": "span" in best, "parts_ns": parts, "python_parts_ns": python_parts,
         "python_value": round(python_total, 1), "variants_ns": best,
         "samples_ns": {k: [round(x, 1) for x in v] for k, v in samples.items()},
+        "median_ns": {k: round(statistics.median(v), 1) for k, v in samples.items()},
+        "min_max_ns": {k: [round(min(v), 1), round(max(v), 1)] for k, v in samples.items()},
         "params": {"records": n, "repeat": args.repeat, "threads": 1, "clock": "process CPU time, minimum of the "
                    "repetitions", "value_is": "span + take + ipc per record, one thread, no collector, on the "
                    "compiled path when built (python_value: the pure-Python path)",
@@ -168,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in parts.items():
             print(f"  {k:<20} {v:>7.1f} ns/record")
         print(f"  (the loop and a call of an empty Python function with span's arguments: {best['loop_and_call']} ns)")
+    med = {k: statistics.median(samples[k]) for k in (("span", "take") if "span" in best else ("python_span", "python_take"))}
+    print(f"  (medians of the {args.repeat} repetitions: " + ", ".join(f"{k} {v:.1f}" for k, v in med.items())
+          + f", ipc {statistics.median(samples['ipc']):.1f} ns/record)")
     print(f"ingest_breakdown: {total:,.0f} ns of CPU per record on the per-record path "
           f"({'compiled' if 'span' in best else 'pure Python'}; pure Python {python_total:,.0f}); wrote {args.output}",
           flush=True)

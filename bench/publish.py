@@ -141,12 +141,17 @@ def main() -> int:
     configs = [(w, b, k) for w in ("in-process", "separate-process") for b in (True, False) for k in EVERY]
     samples: dict = {"baseline": []}
     try:
+        # the unobserved loop for each k (it computes the diagnostics as often) and every configuration, in an order
+        # that rotates from one repetition to the next, so that no side always runs first
+        jobs = [("baseline", k) for k in EVERY] + configs
         for rep in range(args.repeat):
-            for k in EVERY:  # the unobserved loop, for each k (it computes the diagnostics as often)
-                cpu, wall, total = stencil(args.grid, args.steps, k)
-                samples["baseline"].append({"every": k, "cpu_s": cpu, "wall_s": wall, "sum": total})
-            for where, blocking, k in configs:
-                samples.setdefault((where, blocking, k), []).append(measure(where, blocking, k, args, tmp, server))
+            shift = rep % len(jobs)
+            for job in jobs[shift:] + jobs[:shift]:
+                if job[0] == "baseline":
+                    cpu, wall, total = stencil(args.grid, args.steps, job[1])
+                    samples["baseline"].append({"every": job[1], "cpu_s": cpu, "wall_s": wall, "sum": total})
+                else:
+                    samples.setdefault(job, []).append(measure(*job, args, tmp, server))
             print(f"repetition {rep + 1}/{args.repeat} done", file=sys.stderr)
     finally:
         server.stop()
