@@ -605,7 +605,7 @@ def main(argv: list[str] | None = None) -> int:
                    "transfers": len(run["xfer"]["start"]), "delta_tasks": 1000, "run_s": t_end,
                    "zoom_steps": len(plan), "reps": args.reps, "viewport": VIEWPORT, "row_px": ROW_PX,
                    "data_bytes": sizes, "chromium": CHROMIUM, "chromium_args": CHROMIUM_ARGS,
-                   "webgl": "SwiftShader (software; no GPU)", "shared_machine": True,
+                   "webgl": "SwiftShader (software; no GPU)",
                    "os_load_1min": os.getloadavg()[0], "cpu_model": cpu_model(), "commit": git_commit()},
     }
     write_result(result, args.out)
