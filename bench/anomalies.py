@@ -231,14 +231,16 @@ def measure_shape(name: str, shape: dict, reps: int, algos: list[str], log, comp
                     t_stream.append(r["seconds"])
                     c_stream.append(r["cpu"])
                     first = first or r
+                    got = r["flagged"]
                 else:
                     t_peer.append(r["seconds"])
                     c_peer.append(r["cpu"])
                     want = r["flagged"]
-            if not np.array_equal(first["flagged"], want):
-                only_s = np.setdiff1d(first["flagged"], want)
-                only_p = np.setdiff1d(want, first["flagged"])
-                raise BenchError(f"{name} {algo}: flagged sets differ: {len(first['flagged'])} streaming, "
+            # this repetition's two sides, each against the other (not only the first streaming run)
+            if not np.array_equal(got, want):
+                only_s = np.setdiff1d(got, want)
+                only_p = np.setdiff1d(want, got)
+                raise BenchError(f"{name} {algo}, repetition {rep + 1}: flagged sets differ: {len(got)} streaming, "
                                  f"{len(want)} one-shot; only streaming {only_s[:5].tolist()}..., only one-shot "
                                  f"{only_p[:5].tolist()}...")
         s, p = spread(t_stream), spread(t_peer)
