@@ -205,3 +205,38 @@ def test_route_forecasts_a_live_dask_run_as_the_function_does(collector):
         assert doc == mine
         assert httpx.get(f"{collector.address}/v1/runs/{fs.run_id}", timeout=30).json()["status"] == "running"
         fs.close()
+
+
+def test_route_keeps_its_answer_until_the_run_changes_and_serves_an_older_one_only_when_asked(
+        shared_data, tmp_path, collector_factory):
+    import flowscope
+
+    store = tmp_path / "store"
+    run = open_run(import_paths([shared_data / "paje" / "starpu-demo" / "paje.trace"], store).run_dir)
+    c = collector_factory(store=store)
+    url = f"{c.address}/v1/runs/{run.run_id}/forecast"
+    q = {"event": "idle", "fraction": "0.25"}
+    first = httpx.get(url, params=q, timeout=60)
+    assert first.status_code == 200 and "age" not in first.headers
+    assert first.json() == json.loads(json.dumps(predict(run, "idle", 0.25).as_dict()))
+    # the run grows: its last ten tasks again, on the same workers, after its end
+    tail = run.sql("SELECT resource_id, kind, name, start_ns, end_ns, task_key, attrs FROM spans WHERE kind = 'task' "
+                   "ORDER BY end_ns DESC LIMIT 10")
+    shift = int(run.sql("SELECT max(end_ns) - min(start_ns) AS d FROM spans")["d"].iloc[0])
+    fs = flowscope.Client(c.address, run_id=run.run_id)
+    fs.write("spans", tail.assign(start_ns=tail["start_ns"] + shift, end_ns=tail["end_ns"] + shift,
+                                  task_key=[f"again-{i}" for i in range(len(tail))]))
+    fs.close()
+    now = json.loads(json.dumps(predict(run, "idle", 0.25).as_dict()))
+    assert now["tasks"] == first.json()["tasks"] + 10
+    older = httpx.get(url, params={**q, "max_age": "3600"}, timeout=60)  # an older answer is acceptable: kept one
+    assert older.status_code == 200 and older.json() == first.json() and int(older.headers["age"]) >= 0
+    fresh = httpx.get(url, params=q, timeout=60)  # without max_age: what the run holds now
+    assert fresh.json() == now and "age" not in fresh.headers
+    again = httpx.get(url, params={**q, "max_age": "3600"}, timeout=60)  # the run has not changed since: exact
+    assert again.json() == now and "age" not in again.headers
+    auto = httpx.get(url, params={**q, "max_age": "auto"}, timeout=60)
+    assert auto.status_code == 200 and auto.json() == now
+    for bad in ("-1", "soon", "nan"):
+        r = httpx.get(url, params={**q, "max_age": bad}, timeout=60)
+        assert r.status_code == 400 and r.json()["field"] == "max_age", r.text

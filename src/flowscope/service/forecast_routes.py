@@ -3,11 +3,22 @@
 A thin route over :func:`flowscope.analysis.forecast.predict` on what the run holds so far (a live run's
 acknowledged batches, or a finished run): the same JSON as ``flowscope forecast predict RUN --json``. Bad
 parameters get 400 ``{"error", "field"}``; an unknown run 404; a run with no executing resource yet 409.
+
+A prediction reads the whole run, so its cost grows with the run. Answers are kept per (run, query): while the
+tables the prediction reads (spans, resources, io, run.json) are unchanged the kept answer is the exact one and is
+served again. ``max_age=S`` accepts an answer computed up to S seconds ago on older data; ``max_age=auto`` (what
+the dashboard's panel asks) lets the route choose, so that recomputing one query takes at most ``CPU_SHARE`` of a
+core: an answer that took c seconds is served for up to max(``MIN_AGE_S``, c / ``CPU_SHARE``) seconds. Such an
+answer carries the standard ``Age`` header (whole seconds since it was computed). Without ``max_age``, every
+answer is computed on what the run holds now.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
+import time
+from collections import OrderedDict
 from pathlib import Path
 
 from starlette.requests import Request
@@ -19,7 +30,14 @@ from flowscope.service.collector import Collector
 from flowscope.store.layout import RUN_JSON
 from flowscope.store.run import Run
 
-PARAMS = ("event", "fraction", "window")
+PARAMS = ("event", "fraction", "window", "max_age")
+#: ``max_age=auto``: the share of one core recomputing one (run, query) may take, and the shortest age then served
+CPU_SHARE = 0.05
+MIN_AGE_S = 1.0
+#: how many (run, query) answers are kept, the least recently asked dropped first
+KEPT_MAX = 256
+#: what a prediction reads: a new segment in one of these folders (or run.json rewritten) changes the answer
+READS = ("spans", "resources", "io", RUN_JSON)
 
 
 class StoreRuns:
@@ -45,10 +63,36 @@ def _refuse(status: int, message: str, field: str | None = None) -> JSONResponse
     return JSONResponse(body, status_code=status)
 
 
+def _version(run_dir: Path) -> tuple:
+    """When what a prediction reads last changed (modification times of its tables' folders and run.json)."""
+    out = []
+    for name in READS:
+        try:
+            out.append(os.stat(run_dir / name).st_mtime_ns)
+        except OSError:
+            out.append(None)
+    return tuple(out)
+
+
+class _Kept:
+    """The last answer to one (run, query): the document, the data it was computed on, when, and its cost."""
+
+    __slots__ = ("doc", "version", "at", "cost", "lock")
+
+    def __init__(self) -> None:
+        self.doc: dict | None = None
+        self.version: tuple | None = None
+        self.at = 0.0
+        self.cost = 0.0
+        self.lock = asyncio.Lock()
+
+
 def forecast_routes(collector: Collector | StoreRuns) -> list[Route]:
     """The routes to mount on the collector's app (or on the dashboard's, over a store's runs)."""
     from flowscope.analysis.forecast import check_fraction, predict
     from flowscope.analysis.forecast.signal import check_event
+
+    kept: OrderedDict[tuple, _Kept] = OrderedDict()
 
     async def forecast(request: Request) -> JSONResponse:
         run_id = request.path_params["run_id"]
@@ -78,13 +122,42 @@ def forecast_routes(collector: Collector | StoreRuns) -> list[Route]:
                 return _refuse(400, f"window: expected a whole number of samples, got {q['window']!r}", "window")
             if window < 1:
                 return _refuse(400, f"window: must be >= 1 sample, got {window}", "window")
-        run = Run(collector.run_dir(run_id))
-        try:
-            pred = await asyncio.to_thread(predict, run, event, fraction, None, window=window)
-        except ValueError as exc:  # nothing to sample yet
-            return _refuse(409, str(exc))
-        finally:
-            run.close()
-        return JSONResponse(pred.as_dict())
+        max_age = None
+        if "max_age" in q:
+            if q["max_age"] == "auto":
+                max_age = "auto"
+            else:
+                try:
+                    max_age = float(q["max_age"])
+                except ValueError:
+                    max_age = -1.0
+                if not max_age >= 0:
+                    return _refuse(400, f"max_age: expected 'auto' or seconds >= 0, got {q['max_age']!r}", "max_age")
+        run_dir = collector.run_dir(run_id)
+        key = (run_id, event, fraction, window)
+        k = kept.get(key)
+        if k is None:
+            k = kept[key] = _Kept()
+            if len(kept) > KEPT_MAX:
+                kept.popitem(last=False)
+        kept.move_to_end(key)
+        async with k.lock:  # one computation per query at a time; the requests waiting for it get its answer
+            version = await asyncio.to_thread(_version, run_dir)
+            age = time.monotonic() - k.at
+            allowed = 0.0 if max_age is None else max(MIN_AGE_S, k.cost / CPU_SHARE) if max_age == "auto" \
+                else max_age
+            if k.doc is not None and (k.version == version or age <= allowed):
+                headers = {} if k.version == version else {"Age": str(int(age))}
+                return JSONResponse(k.doc, headers=headers)
+            run = Run(run_dir)
+            t0 = time.monotonic()
+            try:
+                pred = await asyncio.to_thread(predict, run, event, fraction, None, window=window)
+            except ValueError as exc:  # nothing to sample yet
+                return _refuse(409, str(exc))
+            finally:
+                run.close()
+            k.doc, k.version, k.at, k.cost = pred.as_dict(), version, time.monotonic(), time.monotonic() - t0
+            return JSONResponse(k.doc)
 
     return [Route("/v1/runs/{run_id}/forecast", forecast, methods=["GET"])]

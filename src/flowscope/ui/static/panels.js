@@ -1,7 +1,7 @@
 /* flowscope run overview: the panels computed by analyses rather than kept by the live view.
  * - Memory per worker process: the `memory` view (analysis.memory.process_memory), one WebSocket that brings it
  *   and brings it again whenever the run changed (as the analysis pages do).
- * - Forecast: GET /v1/runs/RUN_ID/forecast?event=E&fraction=F (analysis.forecast.predict), fetched again when
+ * - Forecast: GET /v1/runs/RUN_ID/forecast?event=E&fraction=F&max_age=auto (analysis.forecast.predict), fetched again when
  *   the live view moved on (a new delta or status; at most once a second) or the event or fraction changed;
  *   both are kept in the URL's query (?event=&fraction=).
  * Strings from the observed program are set as text, and escaped for plotly.js's labels. */
@@ -134,7 +134,9 @@
   function fetchForecast() {
     var f = P.forecast, url = forecastUrl();
     f.pending = true; lastFetch = Date.now(); f.fetches++;
-    return fetch(url, {credentials: "same-origin", cache: "no-store"}).then(function (r) {
+    // max_age=auto: the collector may answer with a prediction a little older than the run, so that however
+    // many pages watch, recomputing it keeps to a small share of a core (service/forecast_routes.py)
+    return fetch(url + "&max_age=auto", {credentials: "same-origin", cache: "no-store"}).then(function (r) {
       return r.json().then(function (body) {
         if (url !== forecastUrl()) return;  // the query changed meanwhile: its own fetch follows
         f.url = url;
