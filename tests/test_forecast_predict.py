@@ -240,3 +240,19 @@ def test_route_keeps_its_answer_until_the_run_changes_and_serves_an_older_one_on
     for bad in ("-1", "soon", "nan"):
         r = httpx.get(url, params={**q, "max_age": bad}, timeout=60)
         assert r.status_code == 400 and r.json()["field"] == "max_age", r.text
+
+
+def test_a_run_whose_forecast_is_read_is_followed_live(collector):
+    """A client reading a run's forecast (a flowscope.forecast.when rule, the dashboard's panel) follows the run
+    like a page does: the collector's acknowledgements then say "watched", and producers send more often."""
+    run_id = httpx.post(f"{collector.address}/v1/runs", json={"name": "followed"}, timeout=30).json()["run_id"]
+    span = [{"resource_id": "thread:h:1:1", "kind": "task", "name": "t", "start_ns": 1, "end_ns": 2}]
+
+    def ack() -> dict:
+        r = httpx.post(f"{collector.address}/v1/runs/{run_id}/tables/spans", json=span, timeout=30)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    assert ack()["watched"] is False
+    httpx.get(f"{collector.address}/v1/runs/{run_id}/forecast", timeout=60)  # answered or 409: read all the same
+    assert ack()["watched"] is True

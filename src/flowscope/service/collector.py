@@ -187,6 +187,10 @@ class Collector:
         if watching is not None:
             self._watch_probes.append(watching)
 
+    def add_watch_probe(self, watching) -> None:
+        """Add ``watching(run_id) -> bool``, a reader that follows runs live without listening to segments."""
+        self._watch_probes.append(watching)
+
     def watched(self, run_id: str) -> bool:
         """Whether a page follows ``run_id`` live now: the acknowledgement of a batch says so, and a client that
         reads it sends its batches more often while it holds (``Client(live_flush_interval=...)``)."""

@@ -11,6 +11,9 @@ the dashboard's panel asks) lets the route choose, so that recomputing one query
 core: an answer that took c seconds is served for up to max(``MIN_AGE_S``, c / ``CPU_SHARE``) seconds. Such an
 answer carries the standard ``Age`` header (whole seconds since it was computed). Without ``max_age``, every
 answer is computed on what the run holds now.
+
+Whoever reads a run's forecast follows it live, as a page does: for ``FOLLOW_S`` seconds after a request the
+collector's acknowledgements of that run's batches say ``"watched": true``, and producers send more often.
 """
 
 from __future__ import annotations
@@ -38,6 +41,9 @@ MIN_AGE_S = 1.0
 KEPT_MAX = 256
 #: what a prediction reads: a new segment in one of these folders (or run.json rewritten) changes the answer
 READS = ("spans", "resources", "io", RUN_JSON)
+#: a run whose forecast was read in the last FOLLOW_S seconds is followed live (a rule's or a panel's reader): the
+#: collector's acknowledgements say "watched", and producers send their batches more often
+FOLLOW_S = 5.0
 
 
 class StoreRuns:
@@ -93,6 +99,14 @@ def forecast_routes(collector: Collector | StoreRuns) -> list[Route]:
     from flowscope.analysis.forecast.signal import check_event
 
     kept: OrderedDict[tuple, _Kept] = OrderedDict()
+    read_at: dict[str, float] = {}  # run -> when its forecast was last read (monotonic)
+
+    def following(run_id: str) -> bool:
+        t = read_at.get(run_id)
+        return t is not None and time.monotonic() - t < FOLLOW_S
+
+    if hasattr(collector, "add_watch_probe"):  # a collector (not `flowscope ui` over a store): producers hear it
+        collector.add_watch_probe(following)
 
     async def forecast(request: Request) -> JSONResponse:
         run_id = request.path_params["run_id"]
@@ -102,6 +116,10 @@ def forecast_routes(collector: Collector | StoreRuns) -> list[Route]:
             return _refuse(400, str(exc), "run")
         if not collector.has_run(run_id):
             return _refuse(404, f"unknown run {run_id!r}", "run")
+        read_at[run_id] = time.monotonic()
+        if len(read_at) > KEPT_MAX:  # forget the runs read longest ago
+            for old in sorted(read_at, key=read_at.get)[:len(read_at) - KEPT_MAX]:
+                del read_at[old]
         q = request.query_params
         unknown = sorted(set(q) - set(PARAMS))
         if unknown:
