@@ -13,7 +13,7 @@ import flowscope
 from flowscope import Client
 from flowscope.cli.main import build_parser
 
-COMMANDS = ["demo", "run", "step", "simulate", "serve", "ui", "runs", "show", "sql", "report", "explain", "lineage", "compare",
+COMMANDS = ["demo", "run", "step", "simulate", "serve", "monitor", "ui", "runs", "show", "sql", "report", "explain", "lineage", "compare",
             "profile", "anomalies", "forecast", "io", "semantics", "import", "export", "ingest-spool", "rm"]
 
 

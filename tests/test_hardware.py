@@ -275,9 +275,11 @@ def test_a_failing_part_is_left_out_and_sampling_goes_on(tmp_path):
     sampler._parts.insert(0, ("net.gone0", vanished_nic))
     # the sampler's own logger, heard directly: what other tests of the same process did to the root logger's
     # handlers (pytest-xdist runs many modules in one process) does not matter here
+    # and heard even if another module's logging.config call (disable_existing_loggers) disabled it
     logger, caught = logging.getLogger("flowscope.hardware"), _Records()
     logger.addHandler(caught)
     level, logger.level = logger.level, logging.WARNING
+    disabled, logger.disabled = logger.disabled, False
     try:
         sampler.start()
         deadline = time.monotonic() + 60
@@ -289,6 +291,7 @@ def test_a_failing_part_is_left_out_and_sampling_goes_on(tmp_path):
     finally:
         logger.removeHandler(caught)
         logger.setLevel(level)
+        logger.disabled = disabled
     client.close()
     assert sampler.samples >= 3
     assert sampler.errors == sampler.samples
