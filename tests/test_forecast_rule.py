@@ -4,6 +4,7 @@ back-fill work to the same cluster."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -88,3 +89,10 @@ def test_rule_on_a_live_dask_run_submits_backfill_work(collector):
         assert frame["run_id"] == fs.run_id and frame["likelihood"] >= 0.01 and frame["resources"] >= 1
         assert backfill[0].result(timeout=60) == frame["frame"] ** 2
         fs.close()
+    # every action the rule took has its audit row in the run's logs, with the frame it acted on
+    run = open_run(collector.store / fs.run_id)
+    audit = run.sql("SELECT message, attrs FROM logs WHERE category = 'feedback' ORDER BY ts_ns")
+    acted = [json.loads(a) for a in audit["attrs"]]
+    assert [a["frame"] for a in acted] == [f["frame"] for f in rule.fired]
+    assert all(a["rule"] == "forecast" and a["outcome"] == "ok" and a["event"] == "idle" for a in acted)
+    assert acted[0]["likelihood"] == rule.fired[0]["likelihood"] and "<lambda>" in acted[0]["action"]

@@ -11,6 +11,11 @@ entry (``frame``, ``start_ns``, ``end_ns``, ``likelihood``) plus ``run_id``, ``e
 from the store when the collector is embedded, else through the collector's
 ``/v1/runs/{run}/forecast``), or ``(address, run_id)`` of a collector. The watch runs on a daemon thread
 every ``interval`` seconds until :meth:`Rule.stop`; :meth:`Rule.check` does one round in the calling thread.
+
+Every action taken on a live run (a Client's run, or ``(address, run_id)``) leaves an audit row in the run's
+``logs``: category ``feedback``, attrs ``rule`` ("forecast"), ``action`` (the callback's qualified name),
+``outcome`` ("ok", or the exception's type), ``frame``, ``start_ns``, ``end_ns``, ``likelihood``, ``threshold``
+(the rule's likelihood), ``event``, ``fraction``. A finished run read from its directory is not written to.
 """
 
 from __future__ import annotations
@@ -75,12 +80,26 @@ def _source(run: Any, event: str, fraction: float, model: Any, window: int | Non
                     f"got {type(run).__name__}")
 
 
+def _auditor(run: Any) -> tuple[Callable[[str, dict], None], Callable[[], None]] | None:
+    """(write an audit row, deliver the rows) for a live ``run`` (a Client, or (address, run_id)); None for a run
+    read from its directory."""
+    if isinstance(run, tuple) and len(run) == 2:
+        from flowscope.client.client import Client
+
+        client = Client(str(run[0]), run_id=str(run[1]))  # joins the run: never closes it
+        return (lambda msg, attrs: client.log(msg, category="feedback", attrs=attrs)), client.close
+    if callable(getattr(run, "log", None)) and getattr(run, "run_id", None):  # a Client, its collector embedded or not
+        return (lambda msg, attrs: run.log(msg, category="feedback", attrs=attrs)), lambda: run.flush()
+    return None
+
+
 class Rule:
     """A watch started by :func:`when`; ``fired`` lists the frames the callback was called for."""
 
     def __init__(self, get: Callable[[], dict | None], likelihood: float, do: Callable[[dict], Any],
-                 interval: float):
+                 interval: float, audit: tuple[Callable[[str, dict], None], Callable[[], None]] | None = None):
         self._get, self.likelihood, self._do, self.interval = get, likelihood, do, interval
+        self._audit = audit
         self.fired: list[dict] = []
         self.last: dict | None = None  # the last prediction read
         self.error: BaseException | None = None  # what stopped the watch, if anything failed
@@ -103,7 +122,21 @@ class Rule:
             self._done_frames.add(nxt["frame"])
             frame = {**nxt, **{k: doc[k] for k in ("run_id", "event", "fraction", "threshold", "resources")}}
             self.fired.append(frame)
-        self._do(frame)
+        outcome = "ok"
+        try:
+            self._do(frame)
+        except BaseException as exc:
+            outcome = type(exc).__name__
+            raise
+        finally:
+            if self._audit is not None:
+                action = getattr(self._do, "__qualname__", None) or repr(self._do)
+                self._audit[0](f"forecast rule acted: {action} for frame {frame['frame']} "
+                               f"(likelihood {frame['likelihood']:.3f} >= {self.likelihood:g}): {outcome}",
+                               {"rule": "forecast", "action": action, "outcome": outcome, "frame": frame["frame"],
+                                "start_ns": frame["start_ns"], "end_ns": frame["end_ns"],
+                                "likelihood": frame["likelihood"], "threshold": self.likelihood,
+                                "event": frame["event"], "fraction": frame["fraction"]})
         return frame
 
     def _loop(self) -> None:
@@ -121,10 +154,13 @@ class Rule:
         return self
 
     def stop(self, timeout: float | None = 10.0) -> None:
-        """End the watch (waits for a round under way)."""
+        """End the watch (waits for a round under way) and deliver its audit rows."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout)
+        if self._audit is not None:
+            audit, self._audit = self._audit, None
+            audit[1]()
 
     def __enter__(self) -> Rule:
         return self
@@ -157,5 +193,5 @@ def when(run: Any, event: str = "idle", fraction: float = 0.25, likelihood: floa
         raise ValueError(f"interval: must be > 0 seconds, got {interval}")
     if isinstance(model, (str, Path)):
         model = load_model(model)
-    rule = Rule(_source(run, event, f, model, window), lk, do, interval)
+    rule = Rule(_source(run, event, f, model, window), lk, do, interval, audit=_auditor(run))
     return rule.start() if start else rule
