@@ -90,7 +90,7 @@ def measure(mode: str, client, args: argparse.Namespace, store: Path) -> dict:
     done: list = []
     t0 = time.perf_counter()
     with flowscope.observe(client, store=store, name=f"backfill-{mode}") as obs:
-        graph = _graph(args)
+        graph = chained_workflow(args.waves, args.long, args.short)
         if mode == "priority":
             done += [client.submit(burn, args.piece, i, key=f"backfill-{i}", priority=-10, pure=False)
                      for i in range(pieces)]
@@ -113,7 +113,6 @@ def measure(mode: str, client, args: argparse.Namespace, store: Path) -> dict:
                                            do=submit, interval=args.interval)
         fut = client.compute(graph)
         result = fut.result()
-        main_end = time.perf_counter()
         if rule is not None:
             rule.stop()
             if rule.error is not None:
@@ -141,11 +140,7 @@ def measure(mode: str, client, args: argparse.Namespace, store: Path) -> dict:
     fill = spans[spans["task_key"].str.startswith("backfill-")]
     return {"makespan_s": (w1 - w0) / 1e9, "utilisation": busy / (2 * (w1 - w0)),
             "pieces_inside": int((fill["end_ns"] <= w1).sum()), "wall_s": wall,
-            "workflow_wall_s": main_end - t0, "fired": len(rule.fired) if rule is not None else None}
-
-
-def _graph(args):
-    return chained_workflow(args.waves, args.long, args.short)
+            "fired": len(rule.fired) if rule is not None else None}
 
 
 def _task_count(args) -> int:
@@ -186,8 +181,7 @@ def main() -> int:
                 bar.advance(task)
     summary = {m: {k: spread([r[k] for r in rs]) for k in ("makespan_s", "utilisation", "pieces_inside", "wall_s")}
                for m, rs in samples.items()}
-    for m in ("forecast",):
-        summary[m]["fired"] = spread([r["fired"] for r in samples[m]])
+    summary["forecast"]["fired"] = spread([r["fired"] for r in samples["forecast"]])
     base = summary["alone"]["utilisation"]["median"]
     gain = {m: 100 * (summary[m]["utilisation"]["median"] - base) for m in MODES}
     slow = {m: summary[m]["makespan_s"]["median"] / summary["alone"]["makespan_s"]["median"] for m in MODES}

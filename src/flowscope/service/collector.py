@@ -10,6 +10,7 @@ disk, so a killed collector never loses an acknowledged batch.
 
 from __future__ import annotations
 
+import collections
 import logging
 import os
 import queue
@@ -368,11 +369,7 @@ class Collector:
     def runs_by_status(self) -> dict[str, int]:
         """How many of the runs this collector opened or closed since it started are in each status."""
         with self._run_lock:
-            statuses = list(self._run_status.values())
-        out: dict[str, int] = {}
-        for st in statuses:
-            out[st] = out.get(st, 0) + 1
-        return out
+            return dict(collections.Counter(self._run_status.values()))
 
     def shutdown(self, wait: bool = True) -> None:
         """Finish writing what is queued, then stop the writer threads."""

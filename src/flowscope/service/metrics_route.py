@@ -29,8 +29,8 @@ class CollectorMetrics:
         def counter(name: str, doc: str, value: float) -> CounterMetricFamily:
             return CounterMetricFamily(f"{PREFIX}_{name}", doc, value=value)
 
-        def gauge(name: str, doc: str, value: float, unit: str = "") -> GaugeMetricFamily:
-            return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value, unit=unit)
+        def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
+            return GaugeMetricFamily(f"{PREFIX}_{name}", doc, value=value)
 
         yield counter("batches", "batches written to the store (duplicates included)", health["batches"])
         yield counter("duplicate_batches", "batches already in the store when they arrived again (not rewritten)",
