@@ -546,3 +546,31 @@ def test_a_task_is_matched_to_the_call_that_reported_its_own_compute_times(tmp_p
             assert n <= call[2].wchar < n + 64 * 1024, (n, call[2])
     finally:
         inner.shutdown()
+
+
+_HOOK_KIND_SCRIPT = """
+import json, sys
+from flowscope.sources import thread_io as tio
+rows = []
+with tio.OpenAudit(rows.append):
+    open(sys.argv[1], "w").close()
+for i in range(1000):
+    id(i)  # the frequent event a Python-level hook would pay for
+print(json.dumps({"kind": tio.audit_hook_kind(), "paths": [r["path"] for r in rows]}))
+"""
+
+
+@pytest.mark.parametrize("compiled", ["1", "0"])
+def test_the_open_hook_is_compiled_when_built_and_both_kinds_record_the_same_opens(tmp_path, compiled):
+    """The process-wide hook sees every audit event (Dask's scheduler raises ~130,000 ``builtins.id`` per 20,000
+    tasks): it is a C hook when the package is built, and FLOWSCOPE_COMPILED=0 keeps the Python one; both record
+    the same open."""
+    import subprocess
+    import sys
+
+    target = tmp_path / f"opened-{compiled}.txt"
+    out = subprocess.run([sys.executable, "-c", _HOOK_KIND_SCRIPT, str(target)], capture_output=True, text=True,
+                         env={**os.environ, "FLOWSCOPE_COMPILED": compiled}, timeout=120)
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got == {"kind": "compiled" if compiled == "1" else "python", "paths": [str(target)]}

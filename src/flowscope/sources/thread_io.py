@@ -88,6 +88,11 @@ from typing import Any, NamedTuple, Self
 
 from flowscope.model import identifiers as ids
 
+try:  # the open audit hook in C (built with the package); without it, sys.addaudithook's Python hook
+    from flowscope.sources import _open_hook
+except ImportError:
+    _open_hook = None
+
 __all__ = ["OpenAudit", "ThreadIO", "ThreadIOReader", "audit_hook_installed", "delta_since", "io_rows",
            "parse_raw", "read_cost", "read_thread_io", "snapshot_threads", "thread_ids"]
 
@@ -370,7 +375,7 @@ _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 _O_TMPFILE = getattr(os, "O_TMPFILE", 0)
 _OWN_THREAD_PREFIX = "flowscope"  # the client's builder/senders, the collector's writers and HTTP thread
 
-_installed = False
+_installed: str | None = None  # the hook's kind once added: it stays until the process exits
 _install_lock = threading.Lock()
 _active: tuple[OpenAudit, ...] = ()  # enabled recorders; the hook does nothing when empty
 _tls = threading.local()
@@ -394,11 +399,17 @@ if hasattr(os, "register_at_fork"):
 
 
 def _audit_hook(event: str, args: tuple) -> None:
-    # Runs for every audit event of the process (id(), sys._getframe, imports, sockets, ...):
-    # the common case must return after one comparison.
+    # The pure-Python hook (no compiled _open_hook): runs for every audit event of the process (id(),
+    # sys._getframe, imports, sockets, ...), so the common case must return after one comparison.
     if event != "open" or not _active:
         return
     _on_open(args)
+
+
+def _on_open_event(args: tuple) -> None:
+    """What the compiled hook calls for an "open" event."""
+    if _active:
+        _on_open(args)
 
 
 def _thread_facts(local: dict) -> tuple:
@@ -479,6 +490,13 @@ def own_opens() -> Iterator[None]:
 
 def audit_hook_installed() -> bool:
     """Whether this process's open audit hook is in place (it stays until the process exits)."""
+    return _installed is not None
+
+
+def audit_hook_kind() -> str | None:
+    """Which open audit hook this process has: ``"compiled"`` (``_open_hook.c``: Python is called for "open"
+    events only), ``"python"`` (``sys.addaudithook``: a Python call for every audit event; without the build, or
+    with FLOWSCOPE_COMPILED=0), or None (none yet)."""
     return _installed
 
 
@@ -488,8 +506,12 @@ def _install() -> None:
         return
     with _install_lock:
         if not _installed:
-            sys.addaudithook(_audit_hook)
-            _installed = True
+            if _open_hook is not None and os.environ.get("FLOWSCOPE_COMPILED", "1") != "0":
+                _open_hook.install(_on_open_event)
+                _installed = "compiled"
+            else:
+                sys.addaudithook(_audit_hook)
+                _installed = "python"
 
 
 class OpenAudit:
