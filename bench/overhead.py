@@ -55,10 +55,14 @@ Dask's local threaded scheduler (no cluster; ``observe()`` with no client, throu
 each in modes ``none``, ``profiler`` (``with dask.diagnostics.Profiler():``, Dask's own local profiler:
 the peer) and ``flowscope`` (``with observe(store=TMP):``, the default level ``standard``: every task as a
 span, the I/O of tasks of 1 ms or more, shorter tasks' charged to the next measured one on their thread, the
-hardware sampled every second; setup and teardown timed apart). Checked: the Profiler and flowscope
-each record every task Dask ran. Then ``--local-micro N`` no-op tasks on the synchronous scheduler
-(one thread, so the hooks' cost is not blurred by thread hand-offs), timed by the calling thread's CPU
-clock: the cost of the capture per task at level ``standard``, at level ``full`` (every task's I/O read),
+hardware sampled every second; setup and teardown timed apart). Each sample is a fresh process
+(bench/_local_sample.py) that imports only what its mode uses and first runs the workload once small in its mode
+(imports, the collector's start: not timed), so the uninstrumented side holds nothing of flowscope -- no modules
+for the garbage collector to walk, no audit hook, which a process keeps once added. Checked before any time is
+printed: every sample's result equals the one computed here, and the Profiler and flowscope each record every task
+Dask ran. Then ``--local-micro N`` no-op tasks on the synchronous scheduler
+(one thread, so the hooks' cost is not blurred by thread hand-offs), a fresh process per sample too, timed by
+the calling thread's CPU clock: the cost of the capture per task at level ``standard``, at level ``full`` (every task's I/O read),
 without per-task I/O, and at ``standard`` on the capture's pure-Python per-task path (``flowscope-reference``,
 FLOWSCOPE_COMPILED=0), beside the Profiler's.
 
@@ -78,6 +82,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import platform
 import shutil
@@ -90,6 +95,7 @@ import time
 from collections import Counter, defaultdict
 from pathlib import Path
 
+import cloudpickle
 import dask
 import distributed
 import numpy as np
@@ -99,7 +105,9 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 import flowscope
+import _tiny_graph
 from _machine import cpu_model, git_commit, write_result
+from _tiny_graph import tiny_graph
 from flowscope.sources.dask import FlowscopeSchedulerPlugin, FlowscopeWorkerPlugin, observe, start_collector
 
 BENCH = "overhead"
@@ -130,35 +138,9 @@ class BenchError(RuntimeError):
 
 
 # ---- workload 1: a DAG of tiny tasks -----------------------------------------------------------
-MOD = 1_000_003
-
-
-def inc(x):
-    return x + 1
-
-
-def add(a, b):
-    return (a + b) % MOD
-
-
-def tiny_graph(tasks: int, width: int = 100) -> tuple[dict, str, int, int]:
-    """A layered DAG: ``width`` inc tasks, then layers of ``add(prev[i], prev[i+1 mod width])``, then one
-    ``sum`` of the last layer. Returns (graph, output key, number of tasks, expected result)."""
-    width = max(2, min(width, tasks // 2))
-    depth = max(2, tasks // width)
-    dsk: dict = {}
-    vals = [i + 1 for i in range(width)]
-    for i in range(width):
-        dsk[("inc", i)] = (inc, i)
-    prev = "inc"
-    for d in range(1, depth):
-        name = f"add-{d:04d}"
-        for i in range(width):
-            dsk[(name, i)] = (add, (prev, i), (prev, (i + 1) % width))
-        vals = [(vals[i] + vals[(i + 1) % width]) % MOD for i in range(width)]
-        prev = name
-    dsk["total"] = (sum, [(prev, i) for i in range(width)])
-    return dsk, "total", len(dsk), sum(vals)
+# (in bench/_tiny_graph.py, shared with the local-scheduler samples; its functions travel to the workers by value,
+# as they did from this script's __main__)
+cloudpickle.register_pickle_by_value(_tiny_graph)
 
 
 def run_tiny(client, dsk: dict, key: str, expected: int) -> None:
@@ -791,130 +773,46 @@ def _short(frame: str) -> str:
 
 
 # ---- Dask's local threaded scheduler ---------------------------------------------------------------
-class LocalWorkload:
-    """A workload for Dask's threaded scheduler, in this process."""
-
-    def __init__(self, kind: str, args: argparse.Namespace):
-        self.kind = kind
-        if kind == "local-tiny":
-            self.dsk, self.key, self.tasks, self.expected = tiny_graph(args.tasks)
-        else:
-            import dask.array as da
-
-            n = args.array_size
-            x = da.random.RandomState(42).random_sample((n, n), chunks=(250, 250))
-            self.y = (x @ x.T).mean()
-            self.expected = None
-
-    def run(self) -> None:
-        from dask.threaded import get
-
-        if self.kind == "local-tiny":
-            got = get(dict(self.dsk), self.key)
-            if got != self.expected:
-                raise BenchError(f"local tiny graph returned {got}, expected {self.expected}")
-            return
-        value = float(self.y.compute(scheduler="threads"))
-        if self.expected is None:
-            self.expected = value
-        elif abs(value - self.expected) > 1e-9 * abs(self.expected):
-            raise BenchError(f"dask.array workload returned {value}, expected {self.expected}")
+MICRO_MODES = ("none", "profiler", "flowscope", "flowscope-full", "flowscope-no-task-io", "flowscope-reference")
+LOCAL_SAMPLE = Path(__file__).resolve().parent / "_local_sample.py"
 
 
-def measure_local(workload: LocalWorkload, mode: str, base: Path, tag: str, store: Path) -> dict:
-    """One run of ``workload`` on the threaded scheduler in ``mode``; checks that the mode recorded every task."""
-    from dask.diagnostics import Profiler
+def local_expected(kind: str, args: argparse.Namespace):
+    """What the local workload ``kind`` returns, computed here on the synchronous scheduler."""
+    if kind == "local-tiny":
+        return tiny_graph(args.tasks)[3]
+    import dask.array as da
 
-    workdir = Path(tempfile.mkdtemp(prefix=f"{tag}-", dir=base))
-    res: dict = {"mode": mode, "workload": workload.kind, "load_avg_1m": round(os.getloadavg()[0], 2)}
-    gc.collect()
-    cm = prof = None
-    if mode == "flowscope":
-        t0 = time.perf_counter()
-        cm = observe(store=store, name=f"bench-overhead-{tag}")
-        obs = cm.__enter__()
-        res["setup_s"] = time.perf_counter() - t0
-    elif mode == "profiler":
-        prof = Profiler().__enter__()
-    collectors = _collector_pids()
-    try:
-        cpu0, coll0 = time.process_time(), _collector_cpu(collectors)
-        t0 = time.perf_counter()
-        workload.run()
-        res["wall_s"] = time.perf_counter() - t0
-        res["cpu_s"] = {"bench": time.process_time() - cpu0, "collector": _collector_cpu(collectors) - coll0}
-    except BaseException:
-        if cm is not None:
-            cm.__exit__(*sys.exc_info())
-        raise
-    if prof is not None:
-        prof.__exit__(None, None, None)
-        res["tasks"] = len(prof.results)
-    if cm is not None:
-        t0 = time.perf_counter()
-        cm.__exit__(None, None, None)
-        res["teardown_s"] = time.perf_counter() - t0
-        if obs.hook_errors != {"local": 0}:
-            raise BenchError(f"flowscope local hooks failed: {obs.hook_errors}")
-        row = obs.run.sql("""SELECT (SELECT count(*) FROM spans WHERE kind = 'task') AS spans,
-                                    (SELECT sum(CAST(json_extract(attrs, '$.tasks') AS BIGINT)) FROM logs
-                                     WHERE category = 'graph-submitted') AS announced""").iloc[0]
-        if int(row["spans"]) != int(row["announced"]):
-            raise BenchError(f"{workload.kind}: Dask ran {int(row['announced'])} tasks, the run holds "
-                             f"{int(row['spans'])} task spans")
-        res["tasks"] = int(row["spans"])
-        counts = obs.run.counts()
-        res["records"] = {k: counts[k] for k in ("spans", "dependencies", "io", "metrics") if k in counts}
-        shutil.rmtree(obs.run_dir, ignore_errors=True)
-    shutil.rmtree(workdir, ignore_errors=True)
+    n = args.array_size
+    x = da.random.RandomState(42).random_sample((n, n), chunks=(250, 250))
+    return float((x @ x.T).mean().compute(scheduler="sync"))
+
+
+def local_sample(kind: str, mode: str, args: argparse.Namespace, store: Path, tag: str, expected=None) -> dict:
+    """One sample of ``kind`` in ``mode`` in a fresh process (bench/_local_sample.py: an uninstrumented process
+    imports nothing of flowscope and has no audit hook), its result checked against ``expected``."""
+    cmd = [sys.executable, str(LOCAL_SAMPLE), kind, mode, "--tasks", str(args.local_micro if kind == "micro" else
+                                                                          args.tasks),
+           "--array-size", str(args.array_size), "--store", str(store), "--tag", tag]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    if out.returncode:
+        raise BenchError(f"{kind} / {mode} sample failed ({' '.join(cmd)}):\n{out.stderr[-3000:]}")
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    if expected is not None:
+        got = res["value"]
+        if (got != expected if isinstance(expected, int) else abs(got - expected) > 1e-9 * abs(expected)):
+            raise BenchError(f"{kind} / {mode} returned {got}, expected {expected}")
     return res
 
 
-def local_micro(n: int, repeat: int, store: Path) -> dict:
-    """Per-task cost of each local instrumentation on ``n`` no-op tasks, synchronous scheduler, calling
-    thread's CPU time: median µs per task per mode and the difference to no instrumentation."""
-    from dask.diagnostics import Profiler
-    from dask.local import get_sync
-
-    def noop(i):
-        return i
-
-    dsk = {("noop", i): (noop, i) for i in range(n)}
-    keys = list(dsk)
-
-    def timed() -> float:
-        gc.collect()
-        t0 = time.thread_time()
-        get_sync(dict(dsk), keys)
-        return time.thread_time() - t0
-
-    out: dict = defaultdict(list)
-    for _ in range(repeat):
-        out["none"].append(timed())
-        with Profiler():
-            out["profiler"].append(timed())
-        for mode, io, level in (("flowscope", True, "standard"), ("flowscope-full", True, "full"),
-                                ("flowscope-no-task-io", False, "standard"), ("flowscope-reference", True, "standard")):
-            # flowscope-reference: level standard on the capture's pure-Python per-task path (FLOWSCOPE_COMPILED=0,
-            # which the capture reads when observe() makes it), to show what the compiled one saves
-            before = os.environ.get("FLOWSCOPE_COMPILED")
-            os.environ["FLOWSCOPE_COMPILED"] = "0" if mode == "flowscope-reference" else (before or "1")
-            try:
-                with observe(store=store, hardware_period=0, task_io=io, level=level) as obs:
-                    out[mode].append(timed())
-            finally:
-                if before is None:
-                    os.environ.pop("FLOWSCOPE_COMPILED")
-                else:
-                    os.environ["FLOWSCOPE_COMPILED"] = before
-            spans = int(obs.run.sql("SELECT count(*) AS n FROM spans WHERE kind = 'task'")["n"][0])
-            if spans != n:
-                raise BenchError(f"micro-benchmark: {n} tasks, {spans} task spans")
-            shutil.rmtree(obs.run_dir, ignore_errors=True)
-    none = _med(out["none"]) / n * 1e6
-    return {"tasks": n, "repeat": repeat, "clock": "thread_time of the calling thread (synchronous scheduler)",
-            "us_per_task": {m: _r(_med(v) / n * 1e6, 2) for m, v in out.items()},
-            "added_us_per_task": {m: _r(_med(v) / n * 1e6 - none, 2) for m, v in out.items() if m != "none"}}
+def local_micro(samples: dict, n: int) -> dict:
+    """Per-task cost of each local instrumentation on ``n`` no-op tasks on the synchronous scheduler (thread CPU
+    of the calling thread, a fresh process per sample): median µs per task per mode, and the difference to none."""
+    med = {m: _med(s["wall_s"] for s in v) / n * 1e6 for m, v in samples.items()}
+    return {"tasks": n, "repeat": len(samples["none"]),
+            "clock": "thread_time of the calling thread (synchronous scheduler), a fresh process per sample",
+            "us_per_task": {m: _r(v, 2) for m, v in med.items()},
+            "added_us_per_task": {m: _r(v - med["none"], 2) for m, v in med.items() if m != "none"}}
 
 
 def local_summary(samples: dict) -> dict:
@@ -933,6 +831,10 @@ def local_summary(samples: dict) -> dict:
             "ratio_flowscope_vs_profiler": _r(med["flowscope"] / med["profiler"]),
             "median_paired_ratio_flowscope": _r(_med(f["wall_s"] / n["wall_s"] for f, n in zip(fs, by_mode["none"]))),
             "us_per_task": {m: _r(v / tasks * 1e6, 2) for m, v in med.items()},
+            # the garbage collector's share: its time during the run, the run without it, what it had to walk
+            "gc_s": {m: _r(_med(s["gc_s"] for s in v)) for m, v in by_mode.items()},
+            "wall_minus_gc_s": {m: _r(_med(s["wall_s"] - s["gc_s"] for s in v)) for m, v in by_mode.items()},
+            "gc_objects": {m: int(_med(s["gc_objects"] for s in v)) for m, v in by_mode.items()},
             "cpu_us_per_task": {m: _r(v / tasks * 1e6, 2) for m, v in cpu.items()},
             "flowscope_setup_s": _r(_med(s["setup_s"] for s in fs)),
             "flowscope_teardown_s": _r(_med(s["teardown_s"] for s in fs)),
@@ -1088,7 +990,9 @@ def _local_parts(local: dict, local_ratio: dict) -> list[str]:
         lw = local[w]
         parts.append(f"{w} ({lw['tasks']:,} tasks, threads) {v:.3f}x wall "
                      f"({'meets' if v <= TARGET_LOCAL else 'misses'} {TARGET_LOCAL}), Profiler "
-                     f"{lw['ratio_vs_none']['profiler']:.3f}x")
+                     f"{lw['ratio_vs_none']['profiler']:.3f}x, garbage collector {lw['gc_s']['none']:.3f} -> "
+                     f"{lw['gc_s']['flowscope']:.3f} s, the rest {lw['wall_minus_gc_s']['none']:.3f} -> "
+                     f"{lw['wall_minus_gc_s']['flowscope']:.3f} s")
     if "micro" in local:
         added = local["micro"]["added_us_per_task"]
         parts.append(f"local capture +{added['flowscope']:.1f} us/task at standard (+{added['flowscope-full']:.1f} at "
@@ -1188,16 +1092,15 @@ def main(argv: list[str] | None = None) -> int:
                         spy[role] = summarise_profile(Path(info["file"]))
                     profiles[w]["py_spy_run"] = spy
                     progress.advance(steps)
-            if local_w:  # Dask's threaded scheduler in this process: no cluster
-                local_work = {w: LocalWorkload(w, args) for w in local_w}
-                for w in local_w:  # imports, the collector process's first start: not timed
-                    measure_local(local_work[w], "flowscope", base, f"warmup-{w}", args.store)
+            if local_w:  # Dask's local schedulers: each sample a fresh process of its own (bench/_local_sample.py)
+                local_store = base / "local-store"
+                expected = {w: local_expected(w, args) for w in local_w}
                 for rep in range(args.repeat):
                     order = list(LOCAL_MODES[rep % len(LOCAL_MODES):] + LOCAL_MODES[:rep % len(LOCAL_MODES)])
                     for w in local_w:
                         for mode in order:
                             progress.update(steps, description=f"rep {rep + 1}/{args.repeat}: {w} / {mode}")
-                            res = measure_local(local_work[w], mode, base, f"r{rep}-{w}-{mode}", args.store)
+                            res = local_sample(w, mode, args, local_store, f"r{rep}-{w}-{mode}", expected[w])
                             local_samples[w][mode].append(res)
                             extra = (f" + setup {res['setup_s']:.2f} s + teardown {res['teardown_s']:.2f} s"
                                      if mode == "flowscope" else "")
@@ -1205,8 +1108,15 @@ def main(argv: list[str] | None = None) -> int:
                                                    soft_wrap=True)
                             progress.advance(steps)
                 if args.local_micro:
-                    progress.update(steps, description=f"local micro-benchmark: {args.local_micro:,} no-op tasks")
-                    micro = local_micro(args.local_micro, max(3, args.repeat), args.store)
+                    micro_samples: dict = {m: [] for m in MICRO_MODES}
+                    for rep in range(max(3, args.repeat)):
+                        order = list(MICRO_MODES[rep % len(MICRO_MODES):] + MICRO_MODES[:rep % len(MICRO_MODES)])
+                        for mode in order:
+                            progress.update(steps, description=f"local micro-benchmark: {args.local_micro:,} no-op "
+                                                               f"tasks, rep {rep + 1} / {mode}")
+                            micro_samples[mode].append(local_sample("micro", mode, args, local_store,
+                                                                    f"micro-r{rep}-{mode}", args.local_micro))
+                    micro = local_micro(micro_samples, args.local_micro)
                     progress.console.print(f"local per-task cost (µs, thread CPU): {micro['us_per_task']}")
                     progress.advance(steps)
     finally:
