@@ -217,3 +217,56 @@ def test_the_report_of_a_local_run_draws_the_task_stream_and_the_critical_path(t
     chain = [norm(k) for k in tp.structural.steps["id"] if k in set(spans["task_key"])]
     assert len(chain) >= 3 and all((b, a) in edges for a, b in zip(chain, chain[1:])), chain
     assert write_report(run) == path
+
+
+_NO_PANDAS_SCRIPT = """
+import json, sys
+import dask
+from dask.threaded import get
+
+
+def inc(x):
+    return x + 1
+
+
+dsk = {("inc", i): (inc, i) for i in range(300)}
+dsk["total"] = (sum, [("inc", i) for i in range(300)])
+before = "pandas" in sys.modules
+if sys.argv[1] == "observe":
+    from flowscope.sources.dask import observe
+
+    with observe(store=sys.argv[2], hardware_period=0.05) as obs:
+        assert get(dsk, "total") == sum(range(1, 301))
+        assert get(dsk, "total") == sum(range(1, 301))
+    run_dir = str(obs.run_dir)
+else:  # under flowscope run: the capture is flowscope's, loaded at start; it writes its last rows at exit
+    assert get(dsk, "total") == sum(range(1, 301))
+    assert get(dsk, "total") == sum(range(1, 301))
+    run_dir = None
+print(json.dumps({"before": before, "after": "pandas" in sys.modules, "run_dir": run_dir}))
+"""
+
+
+@pytest.mark.parametrize("how", ["observe", "flowscope run"])
+def test_an_observed_process_that_never_imported_pandas_does_not_import_it(tmp_path, how):
+    """pyarrow imports pandas (0.24 s, ~29,000 objects the garbage collector then walks at every full collection)
+    the first time it converts Python objects or a numpy array; the capture builds its batches without that, so
+    a user's process that did not load pandas does not get it from being observed. The rows are all there (under
+    flowscope run the last ones are written at the script's exit)."""
+    store = tmp_path / "store"
+    script = tmp_path / "no_pandas.py"
+    script.write_text(_NO_PANDAS_SCRIPT)
+    cmd = [sys.executable, str(script), "observe", str(store)]
+    if how == "flowscope run":
+        cmd = [sys.executable, "-m", "flowscope", "run", "--store", str(store), "--sample-period", "0.05", "--",
+               sys.executable, str(script), "run"]
+    out = subprocess.run(cmd, capture_output=True, text=True, env=_clean_env(), timeout=300, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    got = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
+    assert got["before"] is False and got["after"] is False
+    run = flowscope.open_run(got["run_dir"] or next(p for p in store.iterdir() if p.is_dir()))
+    spans = run.sql("SELECT task_key, attrs FROM spans WHERE kind = 'task'")
+    assert len(spans) == 2 * 301 and spans["task_key"].value_counts().max() == 2
+    assert int(run.sql("SELECT count(*) AS n FROM dependencies")["n"][0]) == 2 * 300
+    assert all(json.loads(a)["nbytes"] > 0 for a in spans["attrs"])
+    assert int(run.sql("SELECT count(*) AS n FROM metrics")["n"][0]) > 0  # the hardware sampler's rows too

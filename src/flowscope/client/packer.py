@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from flowscope.model.arrow_values import fixed, texts
 from flowscope.model.conform import SchemaError, interval_columns, type_family
 from flowscope.model.schemas import MOSTLY_UNIQUE, schema
 
@@ -62,29 +63,15 @@ def _is_bool(v: Any) -> bool:
     return v.__class__ is bool or isinstance(v, np.bool_)
 
 
-# Arrays are built from buffers and with pyarrow's builders, never with pa.array(): its first call in a process
-# imports pandas (0.3 s of CPU), which a process that records need not pay (a Dask worker, a traced program).
-def _fixed(t: pa.DataType, values: np.ndarray, nulls: np.ndarray | None = None) -> pa.Array:
-    """A fixed-width array of type ``t`` over ``values`` (a contiguous numpy array of its width); ``nulls``: where
-    the values are null."""
-    if nulls is None:
-        return pa.Array.from_buffers(t, len(values), [None, pa.py_buffer(values)], null_count=0)
-    valid = np.packbits(~nulls, bitorder="little")
-    return pa.Array.from_buffers(t, len(values), [pa.py_buffer(valid), pa.py_buffer(values)],
-                                 null_count=int(nulls.sum()))
-
-
-def _strings(values: list) -> pa.Array:
-    """A string array of ``values`` (str or None)."""
-    b = pa.lib.StringBuilder()
-    b.append_values(values)
-    return b.finish()
+# Arrays are built from buffers and with pyarrow's builders (model/arrow_values.py), never with pa.array(): its
+# first call in a process imports pandas (0.3 s of CPU), which a process that records need not pay (a Dask worker,
+# a traced program).
 
 
 def _from_objects(values: list, t: pa.DataType) -> pa.Array:
     """A column kept as Python objects: strings (None for null) or, for a list<string> column, lists of strings."""
     if pa.types.is_string(t):
-        return _strings(values)
+        return texts(values)
     if pa.types.is_list(t) and pa.types.is_string(t.value_type):
         lengths = np.fromiter((len(v) if v is not None else 0 for v in values), dtype=np.int32, count=len(values))
         offsets = np.zeros(len(values) + 1, dtype=np.int32)
@@ -93,7 +80,7 @@ def _from_objects(values: list, t: pa.DataType) -> pa.Array:
         nulls = np.fromiter((v is None for v in values), dtype=bool, count=len(values))
         valid = pa.py_buffer(np.packbits(~nulls, bitorder="little")) if nulls.any() else None
         return pa.ListArray.from_buffers(t, len(values), [valid, pa.py_buffer(offsets)],
-                                         null_count=int(nulls.sum()), children=[_strings(flat)])
+                                         null_count=int(nulls.sum()), children=[texts(flat)])
     return pa.array(values, type=t)  # no such column in today's tables
 
 
@@ -247,10 +234,10 @@ class Packer:
             if len(values) > 2 * n + 64:  # a dictionary kept across batches: only the entries this one uses
                 used, codes = np.unique(codes, return_inverse=True)
                 values = [values[u] for u in used]
-            indices = _fixed(pa.int32(), np.ascontiguousarray(codes, dtype=np.int32))
+            indices = fixed(pa.int32(), np.ascontiguousarray(codes, dtype=np.int32))
             columns = [values] if len(self._coded) == 1 else (list(c) for c in zip(*values))
             for i, col in zip(self._coded, columns):
-                arrays[i] = _strings(col).take(indices)
+                arrays[i] = texts(col).take(indices)
             parts = parts[1:]
         for i, col in zip(self._stored, parts):
             field, k = self.schema.field(i), self.kinds[i]
@@ -261,10 +248,10 @@ class Packer:
                     arrays[i] = pa.nulls(n, field.type)
                 elif nulls:
                     mask = np.fromiter((v is None for v in col), dtype=bool, count=n)
-                    arrays[i] = _fixed(field.type, np.fromiter((0 if v is None else v for v in col), dtype=dtype,
+                    arrays[i] = fixed(field.type, np.fromiter((0 if v is None else v for v in col), dtype=dtype,
                                                                count=n), mask)
                 else:
-                    arrays[i] = _fixed(field.type, np.fromiter(col, dtype=dtype, count=n))
+                    arrays[i] = fixed(field.type, np.fromiter(col, dtype=dtype, count=n))
             else:
                 arrays[i] = _from_objects(col, field.type)
         return pa.Table.from_arrays(arrays, schema=self.schema)

@@ -24,7 +24,8 @@ from collections.abc import Callable
 
 import pyarrow as pa
 
-from flowscope.client.packer import _strings, _to_json, checker
+from flowscope.client.packer import _to_json, checker
+from flowscope.model.arrow_values import texts
 from flowscope.model.conform import SchemaError
 from flowscope.model.schemas import schema
 
@@ -82,7 +83,7 @@ def _to_arrow(raw: tuple) -> pa.Table:
         return pa.Array.from_buffers(_TYPES[i], n, [buf(valid) if nulls else None, buf(data)], null_count=nulls)
 
     def coded(codes, values: list) -> pa.Array:
-        return _strings(values).take(pa.Array.from_buffers(pa.int32(), n, [None, buf(codes)], null_count=0))
+        return texts(values).take(pa.Array.from_buffers(pa.int32(), n, [None, buf(codes)], null_count=0))
 
     def text(i: int, offsets, data, valid, nulls: int) -> pa.Array:
         return pa.Array.from_buffers(_TYPES[i], n, [buf(valid) if nulls else None, buf(offsets), buf(data)],

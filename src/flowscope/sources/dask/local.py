@@ -525,8 +525,10 @@ class LocalSchedulerCapture(Callback):
             g.tasks = len(dsk) - data_nodes
             if src:
                 n = len(src)
-                fs.write("dependencies", {"graph_id": [gid] * n, "task_key": src, "depends_on": dst,
-                                          "ts_ns": [now] * n})
+                from flowscope.model import arrow_values as av  # no pa.array(): it would import pandas here
+
+                fs.write("dependencies", {"graph_id": av.repeat_text(gid, n), "task_key": av.texts(src),
+                                          "depends_on": av.texts(dst), "ts_ns": av.repeat_int64(now, n)})
             fs.log(f"graph of {g.tasks} tasks on a local Dask scheduler", category="graph-submitted",
                    resource_id=fs.process_resource(), ts_ns=now,
                    attrs={"graph_id": gid, "tasks": g.tasks, "scheduler": "local"})
@@ -654,30 +656,33 @@ class LocalSchedulerCapture(Callback):
         import pyarrow as pa
         import pyarrow.compute as pc
 
-        slots = pa.array(np.frombuffer(slot, np.int32))
+        from flowscope.model import arrow_values as av  # no pa.array(): it would import pandas into this process
+
+        slots = av.int32s(slot)
         threads = [(self._thread_resource(st), str(st.ident), "sync" if st.ident == g.caller else "threads")
                    for st in g.threads]
-        rids, idents, kinds = (pa.array(list(c), pa.string()).take(slots) for c in zip(*threads))
+        rids, idents, kinds = (av.texts(c).take(slots) for c in zip(*threads))
         for key in g.heads[len(g.head_names):]:  # groups first seen in this batch
             grp = key_group(key)
             g.head_names.append(key_split(grp))
             g.head_groups.append(json.dumps(grp))
-        heads = pa.array(np.frombuffer(head, np.int32))
+        heads = av.int32s(head)
         if g.key_text is None or len(g.key_text) != len(g.keys):
             names = g.names  # in the order of g.keys, which holds more only for keys pretask met outside the graph
             text = list(names.values()) + [names.get(k) or str(k) for k in g.keys[len(names):]]
-            g.key_text = pa.array(text, pa.string())
+            g.key_text = av.texts(text)
         flag = np.frombuffer(flags, np.uint8)
-        nb = pa.array(np.frombuffer(nbytes, np.int64), pa.int64(), mask=(flag & _F_NBYTES) == 0)
-        nb = pc.fill_null(pc.cast(nb, pa.string()), "null")
-        close = pc.if_else(pa.array((flag & _F_MEASURED) != 0), _OWN, _NEXT) if g.marks else "}"
+        nb = av.int64s(nbytes, nulls=(flag & _F_NBYTES) == 0)
+        nb = pc.fill_null(pc.cast(nb, pa.string()), av.text("null"))
+        close = (pc.if_else(av.bools((flag & _F_MEASURED) != 0), av.text(_OWN), av.text(_NEXT)) if g.marks
+                 else av.text("}"))
         attrs = pc.binary_join_element_wise(
-            '{"nbytes": ', nb, ', "group": ', pa.array(g.head_groups, pa.string()).take(heads), ', "scheduler": "',
-            kinds, '", "state": "memory", "thread_ident": ', idents, close, "")
-        return {"resource_id": rids, "kind": pa.repeat("task", n),
-                "name": pa.array(g.head_names, pa.string()).take(heads),
-                "start_ns": pa.array(np.frombuffer(t0, np.int64)), "end_ns": pa.array(np.frombuffer(t1, np.int64)),
-                "task_key": g.key_text.take(pa.array(np.frombuffer(index, np.int64))), "attrs": attrs}
+            av.text('{"nbytes": '), nb, av.text(', "group": '), av.texts(g.head_groups).take(heads),
+            av.text(', "scheduler": "'), kinds, av.text('", "state": "memory", "thread_ident": '), idents, close,
+            av.text(""))
+        return {"resource_id": rids, "kind": av.repeat_text("task", n), "name": av.texts(g.head_names).take(heads),
+                "start_ns": av.int64s(t0), "end_ns": av.int64s(t1), "task_key": g.key_text.take(av.int64s(index)),
+                "attrs": attrs}
 
     def _flush_others(self, g: _Graph, items: list[MeasuredTask], span, final: bool) -> list[tuple]:
         """Tasks that failed, or ran in worker processes (their measurements come from the spool). Returns the
@@ -892,11 +897,10 @@ def install_from_env() -> LocalSchedulerCapture | None:
 
     def client():
         from flowscope.client.client import Client
-        from flowscope.sources.python_tracing import _warm_arrow
 
-        fs = Client(address, run_id=run_id)
-        _warm_arrow()  # this client is closed at exit
-        return fs
+        # closed at exit, when nothing can be imported any more: its batches are built from buffers
+        # (model/arrow_values.py), so no pa.array() imports pandas then (nor earlier, into the user's program)
+        return Client(address, run_id=run_id)
 
     _installed = LocalSchedulerCapture(client, level=os.environ.get(LEVEL_ENV) or DEFAULT_LEVEL)
     _installed.register()
