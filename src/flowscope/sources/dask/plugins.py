@@ -33,7 +33,7 @@ import pyarrow as pa
 from distributed.diagnostics.plugin import SchedulerPlugin, WorkerPlugin
 from distributed.utils import key_split_group
 
-from flowscope.client import packer as _packer
+from flowscope.model import arrow_values
 from flowscope.model import identifiers as ids
 from flowscope.model import schemas as _schemas
 from flowscope.model.conform import conform
@@ -164,9 +164,9 @@ def _stop_recording(plugin, what: str) -> None:
 def _text(values: list) -> pa.Array:
     """A string array of ``values``: str or None, anything else as its str() (as the row writers store a key)."""
     try:
-        return _packer._strings(values)
+        return arrow_values.texts(values)
     except (TypeError, pa.ArrowException):
-        return _packer._strings([v if v is None or v.__class__ is str else str(v) for v in values])
+        return arrow_values.texts([v if v is None or v.__class__ is str else str(v) for v in values])
 
 
 def _repeat(value: str | None, n: int) -> pa.Array:
@@ -231,7 +231,7 @@ class TransitionRows:
         worker_v = [None if not w else wids.get(w) or wids.setdefault(w, ids.worker_id(w)) for w in worker_v]
         combo_idx = _indices(combo_codes, n)
         return conform(self.table, pa.Table.from_arrays([
-            _packer._fixed(pa.int64(), np.fromiter(ts_ns, dtype=np.int64, count=n)),
+            arrow_values.fixed(pa.int64(), np.fromiter(ts_ns, dtype=np.int64, count=n)),
             _text(texts).take(_indices(key_codes, n)),
             _text(group_v).take(combo_idx), _text(prefix_v).take(combo_idx), _text(start_v).take(combo_idx),
             _text(finish_v).take(combo_idx), _repeat(self.observer, n), _text(worker_v).take(combo_idx),
@@ -339,7 +339,7 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
                     _text(dependents),
                     _text([k if k.__class__ is str else texts.get(k) or texts.setdefault(k, str(k))
                            for k in depends_on]),
-                    _packer._fixed(pa.int64(), np.full(n, now, dtype=np.int64))],
+                    arrow_values.fixed(pa.int64(), np.full(n, now, dtype=np.int64))],
                     names=["graph_id", "task_key", "depends_on", "ts_ns"]))
             self.fs.log(f"graph of {len(tasks or ())} tasks from {client}", category="graph-submitted",
                         resource_id=SCHEDULER_RESOURCE,
