@@ -98,3 +98,25 @@ def test_unknown_event_and_empty_run_are_refused_with_the_field_named(known_run)
         run_signal(known_run, "sleeping")
     with pytest.raises(ValueError, match="no executing resource"):
         event_signal(_states([]), "idle")
+
+
+def test_a_single_slot_thread_whose_spans_overlap_is_still_one_resource(tmp_path):
+    """A thread runs one thing at a time. Two of its task spans that overlap by a few milliseconds (seen on a real
+    Dask worker: the end of one task and the start of the next stamped by different clocks) get a second lane in
+    the timeline, which keeps their time; the signal still counts the thread once -- busy while either span runs --
+    instead of as a second resource idle nearly all along, which would make "at least a quarter idle" certain."""
+    with flowscope.Client(store=tmp_path / "store", name="overlap") as fs:
+        fs.resource("thread", "a")
+        fs.resource("thread", "b")
+        for name, rid, s, e in [("t1", "a", 0, 10), ("t2", "a", 8, 16), ("t3", "a", 18, 20), ("t4", "b", 4, 12)]:
+            fs.span(name, T0 + s * MS, T0 + e * MS, kind="task", resource_id=rid)
+        run_dir = fs.run_dir
+    run = open_run(run_dir)
+    states = resource_states(run)
+    assert states.loc[states["resource_id"] == "a", "slot"].nunique() == 2  # the timeline keeps the overlap
+    idle = run_signal(run, "idle", period_ns=MS)
+    assert idle.resources == 2
+    # a: busy 0-16 and 18-20; b: busy 4-12
+    assert idle.counts.tolist() == [1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 1, 1]
+    compute = run_signal(run, "compute", period_ns=MS)
+    assert compute.counts.tolist() == [2 - c for c in idle.counts.tolist()]

@@ -148,6 +148,56 @@ def event_signal(states: pd.DataFrame, event: str, *, always_idle: int = 0, max_
                        capped_by=capped)
 
 
+def _paint(base: pd.DataFrame, over: pd.DataFrame) -> pd.DataFrame:
+    """The rows of one lane (``base``: they cover the run's span, none overlapping) with the busy rows of another
+    (``over``) painted over them: the state of ``over`` where it has a row, ``base``'s elsewhere."""
+    bs, be = base["start_ns"].to_numpy(np.int64), base["end_ns"].to_numpy(np.int64)
+    os_, oe = over["start_ns"].to_numpy(np.int64), over["end_ns"].to_numpy(np.int64)
+    cuts = np.unique(np.concatenate([bs, be, os_, oe]))
+    inside = (cuts[:-1] >= bs[0]) & (cuts[1:] <= be[-1])
+    lo, hi = cuts[:-1][inside], cuts[1:][inside]
+    oi = np.searchsorted(os_, lo, side="right") - 1
+    covered = (oi >= 0) & (oe[np.maximum(oi, 0)] > lo)
+    bi = np.searchsorted(bs, lo, side="right") - 1
+    rows = base.iloc[bi].reset_index(drop=True)
+    top = over.iloc[oi[covered]].reset_index(drop=True)
+    for c in ("state", "group", "role"):
+        col = rows[c].to_numpy(object)
+        col[covered] = top[c].to_numpy(object)
+        rows[c] = col
+    rows["start_ns"], rows["end_ns"] = lo, hi
+    return rows
+
+
+def fold_extra_lanes(states: pd.DataFrame, slots: dict[str, int]) -> pd.DataFrame:
+    """``states`` with each resource held to its declared ``slots``: the timeline gives spans that overlap beyond a
+    resource's slots (a thread's two tasks stamped by different clocks) lanes of their own, to keep their time; a
+    resource still runs at most ``slots`` things at once, so those lanes' busy rows are painted over its last slot
+    and the lanes dropped. Resources without declared slots are kept as they are."""
+    lanes = states.groupby("resource_id")["slot"].max() + 1
+    over = [r for r, n in lanes.items() if r in slots and n > slots[r] >= 1]
+    if not over:
+        return states
+    mine = states["resource_id"].isin(over)
+    parts = [states[~mine]]
+    for r, g in states[mine].groupby("resource_id", sort=False):
+        k = slots[r]
+        parts.append(g[g["slot"] < k - 1])
+        lane = g[g["slot"] == k - 1].sort_values("start_ns")
+        for extra in range(k, int(g["slot"].max()) + 1):
+            busy = g[(g["slot"] == extra) & (g["state"] != IDLE)].sort_values("start_ns")
+            if len(busy):
+                lane = _paint(lane, busy)
+        parts.append(lane)
+    return pd.concat(parts, ignore_index=True)
+
+
+def declared_slots(run: Run) -> dict[str, int]:
+    """The slots each executing resource of ``run`` declares (resources with none declared are left out)."""
+    d = run.sql("SELECT resource_id, slots FROM executors WHERE executes AND slots IS NOT NULL")
+    return {str(r): int(n) for r, n in zip(d["resource_id"], d["slots"])}
+
+
 def unused_slots(run: Run, states: pd.DataFrame) -> int:
     """Declared slots of the run's executing resources beyond the lanes the timeline has for them (slots
     that never ran anything: idle all along)."""
@@ -164,9 +214,11 @@ def unused_slots(run: Run, states: pd.DataFrame) -> int:
 
 def run_signal(run: Run, event: str, *, max_rate_hz: float = MAX_RATE_HZ, max_samples: int = MAX_SAMPLES,
                period_ns: float | None = None, states: pd.DataFrame | None = None) -> EventSignal:
-    """The occurrence signal of ``event`` over ``run``'s executing resources (see :func:`event_signal`)."""
+    """The occurrence signal of ``event`` over ``run``'s executing resources (see :func:`event_signal`), each
+    counted at most as many times as it has slots (:func:`fold_extra_lanes`)."""
     check_event(event)
     st = resource_states(run) if states is None else states
+    st = fold_extra_lanes(st, declared_slots(run)) if len(st) else st
     return event_signal(st, event, always_idle=unused_slots(run, st), max_rate_hz=max_rate_hz,
                         max_samples=max_samples, period_ns=period_ns)
 
