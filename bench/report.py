@@ -25,7 +25,10 @@ Measured (the run itself happens once; the cluster stays up after it):
   call ``__exit__`` again on the same object, which rebuilds the report for the same window from the
   scheduler's state (the cluster is idle by then).
 
-flowscope and the peers alternate (the order rotates every repetition); the figures are medians. Sizes
+Checked before any time is printed: the graph's result, one task span per task in the run, and that every report
+built covers the run's tasks (flowscope's breakdown table and performance_report's summary both give the number of
+tasks; each must equal the graph's). flowscope and the peers alternate (the order rotates every repetition); the
+figures are medians. Sizes
 are the files' sizes on disk. With ``--render`` (default when Chromium and Playwright are there) the
 time headless Chromium takes to load flowscope's report and draw every chart is measured too (once).
 Writes ``bench/results/report.json`` (format: DESIGN.md, "Benchmarks") and prints one summary line last.
@@ -39,6 +42,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import re
 import shutil
 import statistics
 import sys
@@ -117,7 +121,7 @@ def build_flowscope(run_dir: Path, out: Path) -> dict:
     t0 = time.perf_counter()
     path = write_report(open_run(run_dir), out)
     took = time.perf_counter() - t0
-    return {"seconds": took, "bytes": path.stat().st_size}
+    return {"seconds": took, "bytes": path.stat().st_size, "path": path}
 
 
 def build_flowscope_cli(run_dir: Path, out: Path) -> dict:
@@ -130,7 +134,7 @@ def build_flowscope_cli(run_dir: Path, out: Path) -> dict:
     took = time.perf_counter() - t0
     if proc.returncode != 0:
         raise BenchError(f"flowscope report exited {proc.returncode}: {proc.stderr.strip()[-300:]}")
-    return {"seconds": took, "bytes": out.stat().st_size}
+    return {"seconds": took, "bytes": out.stat().st_size, "path": out}
 
 
 def exit_peer(report, filename: Path) -> dict:
@@ -138,7 +142,21 @@ def exit_peer(report, filename: Path) -> dict:
     t0 = time.perf_counter()
     report.__exit__(None, None, None)
     took = time.perf_counter() - t0
-    return {"seconds": took, "bytes": filename.stat().st_size}
+    return {"seconds": took, "bytes": filename.stat().st_size, "path": filename}
+
+
+# what each report says it covers: flowscope's breakdown table ("computation ... 1,018 tasks"), the summary of
+# Dask's performance_report ("number of tasks: 1018")
+_TASKS_SHOWN = {"flowscope": re.compile(r'<td class="l">computation</td>.*?<td class="">([\d,]+) tasks</td>'),
+                "dask": re.compile(r"number of tasks: (\d+)")}
+
+
+def tasks_shown(path: Path, kind: str) -> int:
+    """The number of tasks the report at ``path`` (``kind``: flowscope or dask) says it covers."""
+    m = _TASKS_SHOWN[kind].search(path.read_text(encoding="utf-8", errors="replace"))
+    if m is None:
+        raise BenchError(f"{path}: no task count found in the {kind} report")
+    return int(m.group(1).replace(",", ""))
 
 
 def render_seconds(path: Path) -> dict | None:
@@ -250,6 +268,10 @@ def record_run(args, workdir: Path, progress, step) -> dict:
         spans = int(run.sql("SELECT count(*) AS n FROM spans WHERE kind = 'task'")["n"].iloc[0])
         if spans != n_tasks:
             raise BenchError(f"the run holds {spans} task spans for {n_tasks} tasks (hook errors: {obs.hook_errors})")
+        for first in (first_peer, first_inline):
+            shown = tasks_shown(first.pop("path"), "dask")
+            if shown != n_tasks:
+                raise BenchError(f"performance_report covers {shown:,} tasks, the run ran {n_tasks:,}")
         state.update(run_dir=obs.run_dir, peer=peer, inline=inline, compute_s=compute_s, run_s=run_s,
                      first_peer=first_peer, first_inline=first_inline, counts=run.counts(),
                      hook_errors=obs.hook_errors)
@@ -303,6 +325,9 @@ def main(argv: list[str] | None = None) -> int:
                 for key, label, fn in order:
                     progress.update(step, description=f"rep {rep + 1}/{args.repeat}: {label}")
                     res = fn(f"r{rep}")
+                    shown = tasks_shown(res.pop("path"), "flowscope" if key.startswith("flowscope") else "dask")
+                    if shown != state["tasks"]:  # both sides cover the same computation, before any time is shown
+                        raise BenchError(f"{label}: the report covers {shown:,} tasks, the run ran {state['tasks']:,}")
                     samples[key].append(res)
                     progress.console.print(f"rep {rep + 1} {label:<26} {res['seconds']:7.2f} s  {_mib(res['bytes'])}")
                     progress.advance(step)
