@@ -15,7 +15,9 @@ every ``interval`` seconds until :meth:`Rule.stop`; :meth:`Rule.check` does one 
 Every action taken on a live run (a Client's run, or ``(address, run_id)``) leaves an audit row in the run's
 ``logs``: category ``feedback``, attrs ``rule`` ("forecast"), ``action`` (the callback's qualified name),
 ``outcome`` ("ok", or the exception's type), ``frame``, ``start_ns``, ``end_ns``, ``likelihood``, ``threshold``
-(the rule's likelihood), ``event``, ``fraction``. A finished run read from its directory is not written to.
+(the rule's likelihood), ``event``, ``fraction``, and ``result`` when the callback returned a dict (what the
+ready-made actions of :mod:`flowscope.feedback` return: what they changed). A finished run read from its directory
+is not written to.
 """
 
 from __future__ import annotations
@@ -122,9 +124,9 @@ class Rule:
             self._done_frames.add(nxt["frame"])
             frame = {**nxt, **{k: doc[k] for k in ("run_id", "event", "fraction", "threshold", "resources")}}
             self.fired.append(frame)
-        outcome = "ok"
+        outcome, result = "ok", None
         try:
-            self._do(frame)
+            result = self._do(frame)
         except BaseException as exc:
             outcome = type(exc).__name__
             raise
@@ -136,7 +138,8 @@ class Rule:
                                {"rule": "forecast", "action": action, "outcome": outcome, "frame": frame["frame"],
                                 "start_ns": frame["start_ns"], "end_ns": frame["end_ns"],
                                 "likelihood": frame["likelihood"], "threshold": self.likelihood,
-                                "event": frame["event"], "fraction": frame["fraction"]})
+                                "event": frame["event"], "fraction": frame["fraction"],
+                                **({"result": result} if isinstance(result, dict) else {})})
         return frame
 
     def _loop(self) -> None:
