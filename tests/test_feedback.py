@@ -134,3 +134,48 @@ def test_a_real_dask_cluster_is_scaled_down_when_idleness_is_predicted(tmp_path,
     else:
         assert row["action"] == "adapt_cluster(LocalCluster, minimum=1, maximum=1)"
         assert row["result"] == {"minimum": 1, "maximum": 1}
+
+
+# ---- rules on the anomaly detector's verdicts (flowscope.anomalies.when) -----------------------------------------
+SLOWED = {40: 0.3, 120: 0.4}
+
+
+def _work(i):
+    time.sleep(SLOWED.get(i, 0.01))
+    return i
+
+
+def test_an_anomaly_rule_acts_once_per_anomaly_of_a_live_dask_run_and_on_a_finished_one(tmp_path):
+    from distributed import Client, LocalCluster
+
+    from flowscope.analysis.anomalies import AnomalyConfig
+
+    acted: list[dict] = []
+    with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=None,
+                      worker_dashboard_address=None) as cl, Client(cl) as client:
+        with flowscope.observe(client, store=tmp_path / "store", name="anomaly-rule",
+                               anomalies={"config": AnomalyConfig(algo="sstd"), "period": 0.3, "mature": 50}) as obs:
+            rule = flowscope.anomalies.when(obs.client, do=acted.append, interval=0.2)
+            client.gather(client.map(_work, range(200), key=[f"work-{i}" for i in range(200)]))
+            deadline = time.monotonic() + 120
+            while not any(a["task_key"] == "work-120" for a in acted):  # the live verdicts reach the rule
+                assert rule.error is None, rule.error
+                assert time.monotonic() < deadline, f"the rule saw {[a['task_key'] for a in acted]}"
+                time.sleep(0.1)
+            rule.stop()
+    ids = [a["anomaly_id"] for a in acted]
+    assert len(ids) == len(set(ids))  # once per anomaly
+    assert all(a["function"] == "work" and a["score"] >= a["threshold"] for a in acted)
+    run = open_run(obs.run_dir)
+    rows = run.sql("SELECT attrs FROM logs WHERE category = 'feedback'")["attrs"]
+    audit = [json.loads(a) for a in rows]
+    assert sorted(a["anomaly_id"] for a in audit) == sorted(ids)
+    assert all(a["rule"] == "anomaly" and a["outcome"] == "ok" and a["action"].endswith("append") for a in audit)
+    # on the finished run, read from its directory: every anomaly row once, filtered; nothing is written to it
+    seen: list[dict] = []
+    later = flowscope.anomalies.when(obs.run_dir, do=seen.append, min_severity_ns=250_000_000, start=False)
+    later.check()
+    later.check()
+    flagged = run.sql("SELECT task_key FROM anomalies WHERE severity_ns >= 250000000")["task_key"]
+    assert sorted(a["task_key"] for a in seen) == sorted(set(flagged)) and "work-120" in set(flagged)
+    assert len(run.sql("SELECT attrs FROM logs WHERE category = 'feedback'")) == len(audit)

@@ -27,7 +27,7 @@ __all__ = ["Client", "FlowscopeError", "Run", "RunSet", "TABLES", "namespace", "
 
 
 #: submodules reachable as attributes without importing them first (``flowscope.forecast.when(...)``)
-_SUBMODULES = ("feedback", "forecast")
+_SUBMODULES = ("anomalies", "feedback", "forecast")
 
 
 def __getattr__(name: str):

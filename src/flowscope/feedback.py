@@ -11,9 +11,24 @@ from __future__ import annotations
 
 import os
 import signal as _signal
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["Action", "adapt_cluster", "scale_cluster", "signal_process", "stop_process"]
+__all__ = ["Action", "adapt_cluster", "auditor", "scale_cluster", "signal_process", "stop_process"]
+
+
+def auditor(run: Any) -> tuple[Callable[[str, dict], None], Callable[[], None]] | None:
+    """Where a rule's actions leave their audit rows (``logs``, category ``feedback``): (write a row, deliver the
+    rows) for a live ``run`` (a Client, or (address, run_id)); None for a run read from its directory, which is
+    not written to."""
+    if isinstance(run, tuple) and len(run) == 2:
+        from flowscope.client.client import Client
+
+        client = Client(str(run[0]), run_id=str(run[1]))  # joins the run: never closes it
+        return (lambda msg, attrs: client.log(msg, category="feedback", attrs=attrs)), client.close
+    if callable(getattr(run, "log", None)) and getattr(run, "run_id", None):  # a Client, its collector embedded or not
+        return (lambda msg, attrs: run.log(msg, category="feedback", attrs=attrs)), lambda: run.flush()
+    return None
 
 
 class Action:

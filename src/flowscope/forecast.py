@@ -30,6 +30,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from flowscope.feedback import auditor
+
 __all__ = ["Rule", "when"]
 
 
@@ -80,19 +82,6 @@ def _source(run: Any, event: str, fraction: float, model: Any, window: int | Non
         return remote(run.address, run.run_id)
     raise TypeError(f"run: expected a run directory, a Run, a flowscope.Client or (address, run_id), "
                     f"got {type(run).__name__}")
-
-
-def _auditor(run: Any) -> tuple[Callable[[str, dict], None], Callable[[], None]] | None:
-    """(write an audit row, deliver the rows) for a live ``run`` (a Client, or (address, run_id)); None for a run
-    read from its directory."""
-    if isinstance(run, tuple) and len(run) == 2:
-        from flowscope.client.client import Client
-
-        client = Client(str(run[0]), run_id=str(run[1]))  # joins the run: never closes it
-        return (lambda msg, attrs: client.log(msg, category="feedback", attrs=attrs)), client.close
-    if callable(getattr(run, "log", None)) and getattr(run, "run_id", None):  # a Client, its collector embedded or not
-        return (lambda msg, attrs: run.log(msg, category="feedback", attrs=attrs)), lambda: run.flush()
-    return None
 
 
 class Rule:
@@ -196,5 +185,5 @@ def when(run: Any, event: str = "idle", fraction: float = 0.25, likelihood: floa
         raise ValueError(f"interval: must be > 0 seconds, got {interval}")
     if isinstance(model, (str, Path)):
         model = load_model(model)
-    rule = Rule(_source(run, event, f, model, window), lk, do, interval, audit=_auditor(run))
+    rule = Rule(_source(run, event, f, model, window), lk, do, interval, audit=auditor(run))
     return rule.start() if start else rule
