@@ -379,3 +379,32 @@ def test_flowscope_run_serves_the_dashboard_of_its_run_while_the_command_runs(tm
     assert res.returncode == 0, res.stderr
     assert "200 True True running" in res.stdout
     assert re.search(r"^flowscope dashboard: http://127\.0\.0\.1:\d+/ui/runs/\S+$", res.stderr, re.MULTILINE), res.stderr
+
+
+def test_a_programs_diagnostics_are_drawn_live_and_its_instability_is_flagged_before_the_crash(collector, browser):
+    """The stencil mini-app, made unstable, publishes its diagnostics every step through a real collector; the run's
+    page draws the series as they arrive and shows the instability detector's warning while the solver is still
+    running: it stops at step 40 here, about 600 steps before it would crash."""
+    import flowscope
+    from flowscope.workflows.stencil import run_stencil
+
+    fs = flowscope.Client(collector.address, name="stencil live", live_flush_interval=0.1)
+    context = browser.new_context()
+    pg = _page(context)
+    pg.goto(f"{collector.address}/ui/runs/{fs.run_id}", wait_until="load")
+    seen: list[float] = []
+    with fs.namespace("application", publish_every=1, blocking=True) as ns:
+        out = run_stencil(n=64, steps=40, threads=2, unstable=True, namespace=ns,
+                          on_step=lambda step, d: seen.append(d["energy"]))
+    assert out["diagnostics"]["nan_count"] == 0  # no crash: the mesh is still finite
+    pg.wait_for_function("() => { const d = document.getElementById('diagnostics'); return d.data && "
+                         "d.data.some(t => t.name.includes('diagnostics/energy') && t.y.length === 40); }",
+                         timeout=WAIT_MS)
+    energy = pg.evaluate("() => document.getElementById('diagnostics').data"
+                         ".find(t => t.name.includes('diagnostics/energy')).y")
+    assert energy == pytest.approx(seen, rel=1e-12) and energy[-1] > 1e6 * energy[0]  # what the solver computed
+    pg.wait_for_function("() => Array.from(document.querySelectorAll('#warnings li'))"
+                         ".some(li => li.textContent.includes('application diagnostics/energy grew'))", timeout=WAIT_MS)
+    assert pg.errors == [] and pg.outside == []
+    context.close()
+    fs.close()

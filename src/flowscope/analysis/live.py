@@ -25,6 +25,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flowscope.analysis.instability import InstabilityDetector
+from flowscope.model.namespaces import domain_of
 from flowscope.model.semantics import activity_sql, condition_sql
 
 #: the tables the live view reads; batches of the others are ignored
@@ -41,6 +43,10 @@ STREAM_ROLES = ("task", "call")
 HOST_METRICS = {"cpu": ("cpu.percent", "process.cpu.percent"), "memory": ("memory.used_bytes", "process.memory.rss_bytes"),
                 "net_rx": ("net.rx_bytes_per_s",), "net_tx": ("net.tx_bytes_per_s",),
                 "disk_read": ("disk.read_bytes_per_s",), "disk_write": ("disk.write_bytes_per_s",)}
+#: numbers a program publishes into its own namespaces (application diagnostics: mass, energy, extrema...) drawn
+#: live, the first this many (namespace, name) pairs of a run; each is watched by an instability detector
+APP_SERIES_MAX = 8
+APP_DOMAINS = ("application", None)  # SOMA's application-diagnostics domain, and namespaces of the program's own
 #: warnings and errors kept with their text (the count covers all of them)
 KEEP_WARNINGS = 200
 #: points per host series in a snapshot (a longer series is thinned evenly; deltas carry every new point)
@@ -222,6 +228,9 @@ class LiveRun:
         # host metrics: (panel, resource_id) -> (ts list, value list)
         self._metric_names: dict[str, str] = {}
         self._series: dict[tuple[str, str], tuple[list, list]] = {}
+        # application diagnostics: "namespace:name" -> resource -> (ts list, value list); a detector per series
+        self._app: dict[str, dict[str, tuple[list, list]]] = {}
+        self._detectors: dict[tuple[str, str], InstabilityDetector] = {}
         # warnings
         self._warnings: list[dict] = []
         self._warning_count = 0
@@ -491,6 +500,7 @@ class LiveRun:
         delta["transfers"] = {"start": start.tolist(), "end": end.tolist(), "src": src.tolist(), "dst": dst.tolist()}
 
     def _apply_metrics(self, batch: pa.Table, delta: dict) -> None:
+        self._apply_app_metrics(batch, delta)
         hw = batch.filter(pc.equal(batch["namespace"], "hardware"))
         if not hw.num_rows:
             return
@@ -519,6 +529,53 @@ class LiveRun:
             self.last_ns = max(self.last_ns, int(pc.max(m["ts_ns"]).as_py()))
         if points:
             delta["metrics"] = {"names": dict(self._metric_names), "series": points}
+
+    def _apply_app_metrics(self, batch: pa.Table, delta: dict) -> None:
+        """A program's own numbers (namespaces of the application domain, or of no domain: not the performance,
+        hardware or workflow ones flowscope's sources fill): the first APP_SERIES_MAX series, each point also fed to
+        its series' instability detector, whose verdict becomes a warning of the view."""
+        spaces = [x for x in pc.unique(batch["namespace"]).to_pylist() if x is not None and domain_of(x) in APP_DOMAINS]
+        if not spaces:
+            return
+        app = batch.filter(pc.is_in(batch["namespace"], pa.array(spaces, pa.string())))
+        app = app.sort_by([("ts_ns", "ascending")])
+        points: dict[str, dict[str, dict]] = {}
+        found: list[dict] = []
+        cols = zip(app["namespace"].to_pylist(), app["name"].to_pylist(), app["resource_id"].to_pylist(),
+                   app["ts_ns"].to_pylist(), app["value"].to_pylist())
+        for space, name, rid, ts, value in cols:
+            panel = f"{space}:{name}"
+            series = self._app.get(panel)
+            if series is None:
+                if len(self._app) >= APP_SERIES_MAX:
+                    continue
+                series = self._app[panel] = {}
+            xs, ys = series.setdefault(rid, ([], []))
+            t = (ts - self.t0_ns) / 1e9
+            finite = value is not None and np.isfinite(value)
+            if finite:  # JSON has no NaN: a non-finite value is left out of the chart, not of the detector
+                xs.append(t)
+                ys.append(value)
+                got = points.setdefault(panel, {}).setdefault(rid, {"label": self._label(rid), "t": [], "v": []})
+                got["t"].append(t)
+                got["v"].append(value)
+            det = self._detectors.setdefault((panel, rid), InstabilityDetector())
+            verdict = det.update(len(ys) + (0 if finite else 1), value if value is not None else float("nan"))
+            if verdict is not None:
+                what = (f"grew {verdict['growth']:.3g}x over its last {det.window} publications "
+                        f"({verdict['rate']:.3g}x each)" if verdict["reason"] == "geometric growth"
+                        else "is no longer a finite number")
+                found.append({"t": t, "level": "warning", "category": "instability",
+                              "message": f"{space} {name} {what}: an instability (analysis/instability.py)",
+                              "task_key": None, "resource": self._label(rid) if rid else None})
+            self.last_ns = max(self.last_ns, ts)
+        if points:
+            delta["diagnostics"] = points
+        if found:
+            self._warning_count += len(found)
+            self._warnings = (self._warnings + found)[-KEEP_WARNINGS:]
+            delta["warnings"] = delta.get("warnings", []) + found
+            delta["warning_count"] = self._warning_count
 
     def _apply_logs(self, batch: pa.Table, delta: dict) -> None:
         w = batch.filter(pc.is_in(batch["level"], pa.array(["warning", "error"])))
@@ -563,6 +620,9 @@ class LiveRun:
                 "tasks": self._tasks.as_json(),
                 "transfers": {"start": cat(0), "end": cat(1), "src": cat(2), "dst": cat(3)},
                 "metrics": {"names": dict(self._metric_names), "series": series},
+                "diagnostics": {panel: {rid: {"label": self._label(rid), "t": xs[::max(1, -(-len(xs) // SNAPSHOT_POINTS))],
+                                              "v": ys[::max(1, -(-len(xs) // SNAPSHOT_POINTS))]}
+                                        for rid, (xs, ys) in by_rid.items()} for panel, by_rid in self._app.items()},
                 "warnings": list(self._warnings), "warning_count": self._warning_count,
                 "throughput": {str(sec): n for sec, n in sorted(self._finished.items())},
             }

@@ -11,6 +11,7 @@
     epoch: null, seq: null, name: "", status: null, lastS: 0, endS: null,
     progress: {}, states: {}, rows: [], groups: [], warnings: [], warningCount: 0,
     metrics: {names: {}, series: {}},          // panel -> resource -> {label, t, v}
+    diagnostics: {},                           // "namespace:name" -> resource -> {label, t, v}
     throughput: {},                            // second since the start -> task spans that ended in it
     pendingTasks: [], pendingTransfers: []     // before the stream exists (no rows or groups yet)
   };
@@ -36,9 +37,10 @@
     else (tasks ? S.pendingTasks : S.pendingTransfers).push([t, x]);
   }
 
-  function addSeries(series) {
+  function addSeries(series, to) {
+    var target = to || S.metrics.series;
     for (var panel in series) {
-      var into = S.metrics.series[panel] = S.metrics.series[panel] || {};
+      var into = target[panel] = target[panel] || {};
       for (var rid in series[panel]) {
         var p = series[panel][rid], s = into[rid] = into[rid] || {label: p.label, t: [], v: []};
         s.label = p.label;
@@ -57,7 +59,9 @@
     S.metrics = {names: m.metrics.names, series: {}};
     S.pendingTasks = []; S.pendingTransfers = [];
     addSeries(m.metrics.series);
-    charts.hosts = charts.throughput = true;
+    S.diagnostics = {};
+    addSeries(m.diagnostics || {}, S.diagnostics);
+    charts.hosts = charts.throughput = charts.diagnostics = true;
     ensureTimeline();
     addTasks(m.tasks, null);
     if (m.transfers.start.length) addTasks(null, m.transfers);
@@ -84,6 +88,7 @@
     if (d.progress) for (var g in d.progress) S.progress[g] = d.progress[g];
     if (d.states) S.states = d.states;
     if (d.metrics) { S.metrics.names = d.metrics.names; addSeries(d.metrics.series); charts.hosts = true; }
+    if (d.diagnostics) { addSeries(d.diagnostics, S.diagnostics); charts.diagnostics = true; }
     if (d.warnings) { S.warnings = S.warnings.concat(d.warnings).slice(-200); S.warningCount = d.warning_count; }
     if (d.throughput) { for (var sec in d.throughput) S.throughput[sec] = d.throughput[sec]; charts.throughput = true; }
     if (d.status !== undefined) { S.status = d.status; S.endS = d.end_s; }
@@ -96,19 +101,21 @@
   // the plotly charts are redrawn only when their data changed, and at most once per CHART_MS: a plotly redraw
   // costs far more than the stream's (incremental) one, and per-second charts gain nothing from 60 redraws a second
   var CHART_MS = 1000;
-  var charts = {hosts: false, throughput: false, last: -Infinity, timer: 0};
+  var charts = {hosts: false, throughput: false, diagnostics: false, last: -Infinity, timer: 0};
   live.charts = charts;
   function renderCharts() {
-    if (!charts.hosts && !charts.throughput) return;
+    if (!charts.hosts && !charts.throughput && !charts.diagnostics) return;
     var now = global.performance.now(), wait = charts.last + CHART_MS - now;
     if (wait > 0) {
       if (!charts.timer) charts.timer = global.setTimeout(function () { charts.timer = 0; requestRender(); }, wait);
       return;
     }
     var drewHosts = charts.hosts && renderHosts(), drewThroughput = charts.throughput && renderThroughput();
+    var drewDiagnostics = charts.diagnostics && renderDiagnostics();
     if (drewHosts) charts.hosts = false;
     if (drewThroughput) charts.throughput = false;
-    if (drewHosts || drewThroughput) charts.last = now;
+    if (drewDiagnostics) charts.diagnostics = false;
+    if (drewHosts || drewThroughput || drewDiagnostics) charts.last = now;
   }
 
   var drawPending = false;
@@ -242,6 +249,37 @@
     layout.xaxis = {title: {text: "seconds since the run started"}, anchor: panels.length > 1 ? "y" + panels.length : "y"};
     Plotly.react(div, traces, layout, {displaylogo: false, responsive: true});
     live.hostsPlotted = true;
+    return true;
+  }
+
+  /** The program's own published numbers, one panel per series (a logarithmic axis where a positive series
+   *  spans more than three decades, as an instability's does). */
+  function renderDiagnostics() {
+    var panels = Object.keys(S.diagnostics).sort();
+    var div = document.getElementById("diagnostics");
+    if (!panels.length) return true;
+    if (!needPlotly()) return false;
+    if (!live.diagnosticsPlotted) div.replaceChildren();
+    var traces = [], layout = {height: 140 * panels.length + 60, margin: {l: 60, r: 10, t: 24, b: 36},
+                               legend: {orientation: "h"}, showlegend: true};
+    panels.forEach(function (p, i) {
+      var axis = i ? "y" + (i + 1) : "y", lo = Infinity, hi = -Infinity;
+      Object.keys(S.diagnostics[p]).sort().forEach(function (rid, j) {
+        var s = S.diagnostics[p][rid];
+        s.v.forEach(function (v) { lo = Math.min(lo, v); hi = Math.max(hi, v); });
+        traces.push({type: "scatter", mode: "lines", x: s.t, y: s.v, yaxis: axis,
+                     name: p.replace(":", " ") + (j ? " (" + s.label + ")" : ""),
+                     line: {color: COLOURS[(i + j) % COLOURS.length], width: 1.6},
+                     hovertemplate: "%{x:.2f} s: %{y:.4~g}<extra></extra>"});
+      });
+      var log = lo > 0 && hi / lo > 1e3;
+      layout[i ? "yaxis" + (i + 1) : "yaxis"] = {domain: [1 - (i + 1) / panels.length + 0.06, 1 - i / panels.length],
+                                                type: log ? "log" : "linear", exponentformat: "e",
+                                                title: {text: p.split(":").pop(), font: {size: 10}}};
+    });
+    layout.xaxis = {title: {text: "seconds since the run started"}, anchor: panels.length > 1 ? "y" + panels.length : "y"};
+    Plotly.react(div, traces, layout, {displaylogo: false, responsive: true});
+    live.diagnosticsPlotted = true;
     return true;
   }
 
