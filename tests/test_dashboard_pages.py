@@ -635,10 +635,39 @@ def test_analysis_pages_of_imported_traces_show_the_figures_of_the_analyses(sour
     # the pages link to each other, the overview included
     hrefs = cp.evaluate("() => Array.from(document.querySelectorAll('#run-nav a')).map(a => a.getAttribute('href'))")
     assert hrefs == [f"/ui/runs/{runs[source]}"] + [f"/ui/runs/{runs[source]}/{p}" for p in
-                                                     ("critical-path", "profile", "anomalies", "logs")]
+                                                     ("advisor", "critical-path", "profile", "anomalies", "logs")]
     for pg in (cp, pf, an, lg):
         _no_markup_ran(pg)
         assert pg.errors == [] and pg.outside == []
+    context.close()
+
+
+@pytest.mark.parametrize("source", ["starpu", "otf2"])
+def test_the_advisor_page_shows_where_the_time_went_and_the_findings_of_flowscope_explain(source, imported_store,
+                                                                                         ui_server, browser):  # noqa: F811
+    """The advisor's page: the makespan's attribution and the findings ranked by recoverable time, each with its
+    change and evidence, the figures `flowscope explain` computes on the same run (read from the page's cells)."""
+    from flowscope.analysis.advisor import explain
+    from flowscope.store.run import open_run
+
+    store, runs = imported_store
+    want = explain(open_run(store / runs[source])).to_dict()
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    pg = _open(context, f"{ui_server}/ui/runs/{runs[source]}/advisor")
+    rows = pg.evaluate("() => Array.from(document.querySelectorAll('#adv-attribution tbody tr')).map(tr => "
+                       "[tr.cells[0].textContent, Number(tr.cells[1].dataset.value)])")
+    assert rows == [[a["label"], pytest.approx(a["seconds"], rel=1e-9)] for a in want["attribution"]]
+    assert len(rows) >= 2
+    got = pg.evaluate("() => Array.from(document.querySelectorAll('#adv-findings .finding')).map(f => ({title: "
+                      "f.querySelector('h3').textContent, rec: f.dataset.recoverable, change: "
+                      "f.querySelector('.change').textContent, evidence: f.querySelectorAll('tbody tr').length}))")
+    assert [g["title"] for g in got] == [f["title"] for f in want["findings"]]
+    assert [None if g["rec"] == "" else float(g["rec"]) for g in got] == \
+        [None if f["recoverable_s"] is None else pytest.approx(f["recoverable_s"], rel=1e-9) for f in want["findings"]]
+    assert [g["change"] for g in got] == [f["change"] for f in want["findings"]]
+    assert all(g["evidence"] == min(len(f["evidence"]), 20) for g, f in zip(got, want["findings"]))
+    _no_markup_ran(pg)
+    assert pg.errors == [] and pg.outside == []
     context.close()
 
 

@@ -1,6 +1,7 @@
-"""The dashboard's analysis views of a run as JSON documents: the critical path with its attribution and the
-data-state graph, the time breakdown with per-group statistics and the call profile, the anomalies in Chimbuko's
-views, and the logs with their tasks.
+"""The dashboard's analysis views of a run as JSON documents: the advisor's explanation (where the time went, the
+findings ranked by recoverable time), the critical path with its attribution and the data-state graph, the time
+breakdown with per-group statistics and the call profile, the anomalies in Chimbuko's views, and the logs with
+their tasks.
 
 Each view is computed by the analysis functions the report and ``flowscope show`` call, over the run's tables
 as they are on disk now (a running run: as far as it got), so a page shows the same figures as they do. Every
@@ -353,6 +354,23 @@ def memory_view(run: Run) -> dict:
     return {"metric": PROCESS_MEMORY, "processes": procs}
 
 
+#: evidence rows listed per finding of the advisor (its estimate covers all of them)
+EVIDENCE_LIMIT = 20
+
+
+def advisor_view(run: Run) -> dict:
+    """What ``flowscope explain`` says of the run (:func:`flowscope.analysis.advisor.explain`): where the makespan
+    went, the idle capacity, and the findings ranked by recoverable time, each with its change and its evidence
+    (the first EVIDENCE_LIMIT rows; ``evidence_rows`` counts them all)."""
+    from flowscope.analysis.advisor import explain
+
+    doc = explain(run).to_dict()
+    for f in doc["findings"]:
+        f["evidence_rows"] = len(f["evidence"])
+        f["evidence"] = f["evidence"][:EVIDENCE_LIMIT]
+    return doc
+
+
 #: view name -> (the function computing it, the tables whose new segments change it)
 VIEWS: dict[str, tuple[Callable[[Run], dict], tuple[str, ...]]] = {
     "critical-path": (critical_path_view, ("spans", "dependencies", "transfers", "data_states", "mutations",
@@ -361,4 +379,6 @@ VIEWS: dict[str, tuple[Callable[[Run], dict], tuple[str, ...]]] = {
     "anomalies": (anomalies_view, ("spans", "anomalies", "transfers", "logs", "resources")),
     "logs": (logs_view, ("logs", "spans")),
     "memory": (memory_view, ("metrics", "resources")),
+    "advisor": (advisor_view, ("spans", "transitions", "transfers", "dependencies", "logs", "io", "metrics",
+                               "resources")),
 }

@@ -41,7 +41,7 @@ DISK_POLL_S = 1.0
 #: one recomputation), seconds
 VIEW_DEBOUNCE_S = 1.0
 #: the run's analysis pages (``/ui/runs/RUN_ID/PAGE``), each served by ``view.html`` with the view of that name
-VIEW_PAGES = ("critical-path", "profile", "anomalies", "logs")
+VIEW_PAGES = ("advisor", "critical-path", "profile", "anomalies", "logs")
 #: views drawn as panels of the run overview (cheap: one query each), computed on a thread of their own so that
 #: a long analysis of a page does not hold them back, nor they it
 PANEL_VIEWS = ("memory",)

@@ -11,7 +11,7 @@
   var V = global.flowscopeView = {runId: runId, view: view, doc: null, updates: 0, connects: 0, renders: 0,
                                   errors: [], socket: null, paused: false};
   var params = new URLSearchParams(location.search);
-  var TITLES = {"critical-path": "Critical path", "profile": "Profile and breakdown", "anomalies": "Anomalies",
+  var TITLES = {"advisor": "Advisor: where the time went, and what to change", "critical-path": "Critical path", "profile": "Profile and breakdown", "anomalies": "Anomalies",
                 "logs": "Logs and warnings"};
 
   // ---- small helpers -----------------------------------------------------------------------------
@@ -510,7 +510,56 @@
   }
 
   // ---- page --------------------------------------------------------------------------------------
-  var RENDER = {"critical-path": renderCriticalPath, "profile": renderProfile, "anomalies": renderAnomalies, "logs": renderLogs};
+  /** The advisor (flowscope explain): the makespan's attribution, then the findings ranked by recoverable time. */
+  function renderAdvisor(d, root) {
+    root.appendChild(el("p", "wall time " + fmtDur(d.wall_s) + ", task phase " + fmtDur(d.task_phase_s) + ", " +
+                     UI.fmtInt(d.tasks) + " tasks on " + UI.fmtInt(d.slots) + " slots", {"class": "facts"}));
+    var at = section(root, "adv-where", "Where the makespan went",
+                     "Each part measured (or estimated, as its status says) over the run's wall time.");
+    var t = table("adv-attribution", [["part"], ["seconds", true], ["share", true], ["status"], ["how"]]);
+    t.id = "adv-attribution";
+    (d.attribution || []).forEach(function (r) {
+      var tr = el("tr");
+      tr.appendChild(el("td", r.label));
+      tr.appendChild(numCell(fmtDur(r.seconds), r.seconds));
+      tr.appendChild(numCell(pct(r.share), r.share));
+      tr.appendChild(el("td", r.status));
+      tr.appendChild(el("td", r.note || "", {"class": "muted"}));
+      t.tBodies[0].appendChild(tr);
+    });
+    at.appendChild(t);
+    var fs = section(root, "adv-findings", "Findings, most recoverable time first",
+                     "Each with the change it suggests and the rows it rests on.");
+    if (!(d.findings || []).length) fs.appendChild(nodata("no finding: nothing here stands out"));
+    (d.findings || []).forEach(function (f, i) {
+      var box = el("div", null, {"class": "finding", "data-rule": f.rule,
+                                 "data-recoverable": f.recoverable_s === null ? "" : String(f.recoverable_s)});
+      box.appendChild(el("h3", f.title));
+      box.appendChild(el("p", (f.recoverable_s === null ? "recoverable time not estimated" :
+                               "recoverable: about " + fmtDur(f.recoverable_s)) + " (" + f.rule + ", " + f.kind + ")",
+                         {"class": "facts"}));
+      box.appendChild(el("p", f.change, {"class": "change"}));
+      if (f.method) box.appendChild(el("p", "estimate: " + f.method, {"class": "muted"}));
+      var ev = f.evidence || [];
+      if (ev.length) {
+        var cols = Object.keys(ev[0]);
+        var et = table("adv-evidence", cols.map(function (c) { return [c]; }));
+        ev.forEach(function (row) {
+          var tr = el("tr");
+          cols.forEach(function (c) { var v = row[c]; tr.appendChild(el("td", v === null || v === undefined ? "" :
+                                                                              (typeof v === "object" ? JSON.stringify(v) : String(v)))); });
+          et.tBodies[0].appendChild(tr);
+        });
+        box.appendChild(et);
+        if (f.evidence_rows > ev.length) box.appendChild(el("p", "first " + ev.length + " of " +
+                                                            UI.fmtInt(f.evidence_rows) + " rows", {"class": "muted"}));
+      }
+      fs.appendChild(box);
+    });
+    (d.notes || []).forEach(function (n) { root.appendChild(el("p", n, {"class": "muted"})); });
+  }
+
+  var RENDER = {"advisor": renderAdvisor, "critical-path": renderCriticalPath, "profile": renderProfile, "anomalies": renderAnomalies, "logs": renderLogs};
 
   function render() {
     var d = V.doc, root = document.getElementById("view");
