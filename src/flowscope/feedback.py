@@ -69,8 +69,8 @@ def stop_process(pid: int, signal: int = _signal.SIGTERM) -> signal_process:
 
 class scale_cluster(Action):  # noqa: N801
     """Change a Dask cluster's workers by ``by`` (negative: fewer) through ``cluster.scale``, kept within
-    [``minimum``, ``maximum``]; the cluster is any of Dask's deployments (LocalCluster, SpecCluster, dask-jobqueue,
-    dask-kubernetes...)."""
+    [``minimum``, ``maximum``]; the cluster is one whose ``workers`` lists its workers and whose ``scale(n)`` sets
+    their number: LocalCluster and the other SpecCluster deployments (dask-jobqueue's, ...)."""
 
     def __init__(self, cluster: Any, by: int = -1, minimum: int = 1, maximum: int | None = None):
         if not isinstance(by, int) or by == 0:
