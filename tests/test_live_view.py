@@ -397,3 +397,35 @@ def test_the_collector_acknowledges_batches_without_waiting_for_the_live_view(re
             assert got[k] == want[k], k
     finally:
         collector.shutdown()
+
+
+def test_a_programs_own_series_are_drawn_the_first_eight_by_publication_and_watched_for_instability():
+    """Numbers published into the program's own namespaces (application domain, or none) become the view's
+    diagnostics, the first APP_SERIES_MAX series in the order they were first published; performance, hardware and
+    workflow namespaces stay out; a series that grows geometrically yields one warning."""
+    from flowscope.analysis.live import APP_SERIES_MAX
+    from flowscope.model.schemas import schema
+
+    t0 = 1_700_000_000_000_000_000
+    live = LiveRun({"run_id": "r", "start_ns": t0}, [])
+    names = [f"s{i:02d}" for i in range(APP_SERIES_MAX + 2)]
+    rows = {"ts_ns": [], "namespace": [], "name": [], "resource_id": [], "value": []}
+
+    def add(ts, ns, name, value):
+        for col, x in (("ts_ns", ts), ("namespace", ns), ("name", name), ("resource_id", "proc:1"), ("value", value)):
+            rows[col].append(x)
+
+    for step in range(12):
+        for i, n in enumerate(reversed(names)):  # published in reverse name order: first seen = last name
+            add(t0 + step * 1000 + i, "application" if i % 2 else "mine", n, 3.0 ** step if n == "s09" else 1.0)
+        add(t0 + step * 1000 + 500, "performance", "process.memory.rss_bytes", 1e6)
+        add(t0 + step * 1000 + 600, "workflow", "queued", 2.0 ** (4 * step))
+    fields = {f.name: f.type for f in schema("metrics")}
+    batch = pa.table({k: pa.array(v, fields[k]) for k, v in rows.items()})
+    delta = live.apply("metrics", "seg-1", batch)
+    snap = live.snapshot()
+    first = [f"{'application' if i % 2 else 'mine'}:{n}" for i, n in enumerate(reversed(names))][:APP_SERIES_MAX]
+    assert sorted(snap["diagnostics"]) == sorted(first) and sorted(delta["diagnostics"]) == sorted(first)
+    assert snap["diagnostics"]["mine:s09"]["proc:1"]["v"] == [3.0 ** k for k in range(12)]
+    warn = [w for w in snap["warnings"] if w["category"] == "instability"]
+    assert len(warn) == 1 and warn[0]["message"].startswith("mine s09 grew")

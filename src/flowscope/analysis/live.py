@@ -538,18 +538,24 @@ class LiveRun:
         if not spaces:
             return
         app = batch.filter(pc.is_in(batch["namespace"], pa.array(spaces, pa.string())))
+        key = pc.binary_join_element_wise(app["namespace"], app["name"], ":")
+        if len(self._app) < APP_SERIES_MAX:  # series first seen in this batch, in the order they were published
+            order = pc.sort_indices(app, [("ts_ns", "ascending")])
+            for panel in pc.unique(key.take(order)).to_pylist():
+                if len(self._app) >= APP_SERIES_MAX:
+                    break
+                self._app.setdefault(panel, {})
+        # only the drawn series' rows go on, in Python, to the detectors (a program may publish many more)
+        app = app.append_column("panel", key).filter(pc.is_in(key, pa.array(list(self._app), pa.string())))
+        if not app.num_rows:
+            return
         app = app.sort_by([("ts_ns", "ascending")])
         points: dict[str, dict[str, dict]] = {}
         found: list[dict] = []
-        cols = zip(app["namespace"].to_pylist(), app["name"].to_pylist(), app["resource_id"].to_pylist(),
-                   app["ts_ns"].to_pylist(), app["value"].to_pylist())
-        for space, name, rid, ts, value in cols:
-            panel = f"{space}:{name}"
-            series = self._app.get(panel)
-            if series is None:
-                if len(self._app) >= APP_SERIES_MAX:
-                    continue
-                series = self._app[panel] = {}
+        cols = zip(app["namespace"].to_pylist(), app["name"].to_pylist(), app["panel"].to_pylist(),
+                   app["resource_id"].to_pylist(), app["ts_ns"].to_pylist(), app["value"].to_pylist())
+        for space, name, panel, rid, ts, value in cols:
+            series = self._app[panel]
             xs, ys = series.setdefault(rid, ([], []))
             t = (ts - self.t0_ns) / 1e9
             finite = value is not None and np.isfinite(value)
