@@ -18,7 +18,6 @@ Every action taken on a live run leaves an audit row in its ``logs`` (category `
 from __future__ import annotations
 
 import json
-import threading
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -26,7 +25,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from flowscope.feedback import auditor
+from flowscope.feedback import Watch, auditor, run_source
 
 __all__ = ["AnomalyRule", "when"]
 
@@ -65,32 +64,21 @@ def _rows(run: Any) -> Callable[[], list[dict]]:
                     return out
         return get
 
-    if isinstance(run, Run):
-        return local(run.path)
-    if isinstance(run, (str, Path)):
-        return local(Path(run))
-    if isinstance(run, tuple) and len(run) == 2:
-        return remote(str(run[0]), str(run[1]))
-    if getattr(run, "run_dir", None) is not None:  # an embedded Client
-        return local(Path(run.run_dir))
-    if getattr(run, "address", None) and getattr(run, "run_id", None):
-        return remote(run.address, run.run_id)
-    raise TypeError(f"run: expected a run directory, a Run, a flowscope.Client or (address, run_id), "
-                    f"got {type(run).__name__}")
+    return run_source(run, local, remote)
 
 
-class AnomalyRule:
-    """A watch started by :func:`when`; ``fired`` lists the anomalies the callback was called for."""
+class AnomalyRule(Watch):
+    """A watch started by :func:`when`; ``fired`` lists the anomalies the callback was called for. :meth:`stop`
+    does one last round, so that what the run holds then is acted on."""
+
+    thread_name = "flowscope-anomaly-rule"
+    final_round = True
 
     def __init__(self, get: Callable[[], list[dict]], keep: Callable[[dict], bool], do: Callable[[dict], Any],
                  interval: float, audit: tuple[Callable[[str, dict], None], Callable[[], None]] | None = None):
-        self._get, self._keep, self._do, self.interval, self._audit = get, keep, do, interval, audit
-        self.fired: list[dict] = []
-        self.error: BaseException | None = None  # what stopped the watch, if anything failed
+        super().__init__(do, interval, audit)
+        self._get, self._keep = get, keep
         self._seen: set[int] = set()
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
 
     def check(self) -> list[dict]:
         """One round: read the anomalies; call the callback for each new one that passes the filters. Returns
@@ -102,59 +90,11 @@ class AnomalyRule:
                 self._seen.add(row["anomaly_id"])
                 self.fired.append(row)
                 acted.append(row)
-                self._act(row)
+                self._act(row, lambda action, outcome, row=row: (
+                    f"anomaly rule acted: {action} for {row['function']} {row.get('task_key')} "
+                    f"(score {row['score']:.3g} >= {row['threshold']:.3g}): {outcome}"),
+                    {"rule": "anomaly", **{k: row.get(k) for k in _AUDITED}})
             return acted
-
-    def _act(self, row: dict) -> None:
-        outcome, result = "ok", None
-        try:
-            result = self._do(row)
-        except BaseException as exc:
-            outcome = type(exc).__name__
-            raise
-        finally:
-            if self._audit is not None:
-                action = getattr(self._do, "__qualname__", None) or repr(self._do)
-                self._audit[0](f"anomaly rule acted: {action} for {row['function']} {row.get('task_key')} "
-                               f"(score {row['score']:.3g} >= {row['threshold']:.3g}): {outcome}",
-                               {"rule": "anomaly", "action": action, "outcome": outcome,
-                                **{k: row.get(k) for k in _AUDITED},
-                                **({"result": result} if isinstance(result, dict) else {})})
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.check()
-            except Exception as exc:  # noqa: BLE001 - kept for the caller, the watch stops
-                self.error = exc
-                return
-            self._stop.wait(self.interval)
-
-    def start(self) -> AnomalyRule:
-        self._thread = threading.Thread(target=self._loop, name="flowscope-anomaly-rule", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float | None = 10.0) -> None:
-        """End the watch (after one last round, so that what the run holds now is acted on) and deliver its audit
-        rows."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-            if self.error is None:
-                try:
-                    self.check()
-                except Exception as exc:  # noqa: BLE001 - kept for the caller
-                    self.error = exc
-        if self._audit is not None:
-            audit, self._audit = self._audit, None
-            audit[1]()
-
-    def __enter__(self) -> AnomalyRule:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def when(run: Any, *, do: Callable[[dict], Any], min_severity_ns: int | None = None, min_score: float | None = None,

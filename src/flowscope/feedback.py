@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import os
 import signal as _signal
+import threading
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
-__all__ = ["Action", "adapt_cluster", "auditor", "scale_cluster", "signal_process", "stop_process"]
+__all__ = ["Action", "Watch", "adapt_cluster", "auditor", "run_source", "scale_cluster", "signal_process",
+           "stop_process"]
 
 
 def auditor(run: Any) -> tuple[Callable[[str, dict], None], Callable[[], None]] | None:
@@ -29,6 +32,97 @@ def auditor(run: Any) -> tuple[Callable[[str, dict], None], Callable[[], None]] 
     if callable(getattr(run, "log", None)) and getattr(run, "run_id", None):  # a Client, its collector embedded or not
         return (lambda msg, attrs: run.log(msg, category="feedback", attrs=attrs)), lambda: run.flush()
     return None
+
+
+def run_source(run: Any, local: Callable[[Path], Any], remote: Callable[[str, str], Any]) -> Any:
+    """``local(run directory)`` or ``remote(address, run_id)``, for what ``run`` names: a run directory, a ``Run``, a
+    ``flowscope.Client`` (embedded: its directory; else its collector) or ``(address, run_id)``."""
+    from flowscope.store.run import Run
+
+    if isinstance(run, Run):
+        return local(run.path)
+    if isinstance(run, (str, Path)):
+        return local(Path(run))
+    if isinstance(run, tuple) and len(run) == 2:
+        return remote(str(run[0]), str(run[1]))
+    if getattr(run, "run_dir", None) is not None:  # an embedded Client
+        return local(Path(run.run_dir))
+    if getattr(run, "address", None) and getattr(run, "run_id", None):
+        return remote(run.address, run.run_id)
+    raise TypeError(f"run: expected a run directory, a Run, a flowscope.Client or (address, run_id), "
+                    f"got {type(run).__name__}")
+
+
+class Watch:
+    """What every rule on a live analysis shares: ``check()`` (one round, the subclass's) on a daemon thread every
+    ``interval`` seconds until :meth:`stop`, the callback ``do`` run with its audit row, ``fired`` and ``error``
+    (what stopped the watch). With ``final_round``, :meth:`stop` does one last round first."""
+
+    thread_name = "flowscope-rule"
+    final_round = False
+
+    def __init__(self, do: Callable[[dict], Any], interval: float,
+                 audit: tuple[Callable[[str, dict], None], Callable[[], None]] | None = None):
+        self._do, self.interval, self._audit = do, interval, audit
+        self.fired: list[dict] = []
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+
+    def check(self) -> Any:
+        raise NotImplementedError
+
+    def _act(self, subject: dict, describe: Callable[[str, str], str], attrs: dict) -> None:
+        """``do(subject)``, then its audit row: ``describe(action, outcome)`` as the message, ``attrs`` with the
+        action, its outcome and what it returned (a dict) as attrs. An action that raises raises on."""
+        outcome, result = "ok", None
+        try:
+            result = self._do(subject)
+        except BaseException as exc:
+            outcome = type(exc).__name__
+            raise
+        finally:
+            if self._audit is not None:
+                action = getattr(self._do, "__qualname__", None) or repr(self._do)
+                self._audit[0](describe(action, outcome),
+                               {"rule": attrs["rule"], "action": action, "outcome": outcome, **attrs,
+                                **({"result": result} if isinstance(result, dict) else {})})
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.check()
+            except Exception as exc:  # noqa: BLE001 - kept for the caller, the watch stops
+                self.error = exc
+                return
+            self._stop.wait(self.interval)
+
+    def start(self) -> Watch:
+        self._thread = threading.Thread(target=self._loop, name=self.thread_name, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """End the watch (waits for a round under way; with ``final_round`` one more round, so that what the run
+        holds now is acted on) and deliver its audit rows."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+            if self.final_round and self.error is None:
+                try:
+                    self.check()
+                except Exception as exc:  # noqa: BLE001 - kept for the caller
+                    self.error = exc
+        if self._audit is not None:
+            audit, self._audit = self._audit, None
+            audit[1]()
+
+    def __enter__(self) -> Watch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 class Action:

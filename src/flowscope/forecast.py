@@ -23,14 +23,13 @@ is not written to.
 from __future__ import annotations
 
 import json
-import threading
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flowscope.feedback import auditor
+from flowscope.feedback import Watch, auditor, run_source
 
 __all__ = ["Rule", "when"]
 
@@ -69,35 +68,21 @@ def _source(run: Any, event: str, fraction: float, model: Any, window: int | Non
                 raise ValueError(f"{url}: {exc.code} {exc.read().decode(errors='replace')}") from None
         return get
 
-    if isinstance(run, Run):
-        return local(run.path)
-    if isinstance(run, (str, Path)):
-        return local(Path(run))
-    if isinstance(run, tuple) and len(run) == 2:
-        return remote(str(run[0]), str(run[1]))
-    run_dir = getattr(run, "run_dir", None)
-    if run_dir is not None:  # an embedded Client
-        return local(Path(run_dir))
-    if getattr(run, "address", None) and getattr(run, "run_id", None):
-        return remote(run.address, run.run_id)
-    raise TypeError(f"run: expected a run directory, a Run, a flowscope.Client or (address, run_id), "
-                    f"got {type(run).__name__}")
+    return run_source(run, local, remote)
 
 
-class Rule:
-    """A watch started by :func:`when`; ``fired`` lists the frames the callback was called for."""
+class Rule(Watch):
+    """A watch started by :func:`when`; ``fired`` lists the frames the callback was called for, ``last`` the last
+    prediction read."""
+
+    thread_name = "flowscope-forecast-rule"
 
     def __init__(self, get: Callable[[], dict | None], likelihood: float, do: Callable[[dict], Any],
                  interval: float, audit: tuple[Callable[[str, dict], None], Callable[[], None]] | None = None):
-        self._get, self.likelihood, self._do, self.interval = get, likelihood, do, interval
-        self._audit = audit
-        self.fired: list[dict] = []
-        self.last: dict | None = None  # the last prediction read
-        self.error: BaseException | None = None  # what stopped the watch, if anything failed
+        super().__init__(do, interval, audit)
+        self._get, self.likelihood = get, likelihood
+        self.last: dict | None = None
         self._done_frames: set[int] = set()
-        self._stop = threading.Event()
-        self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None
 
     def check(self) -> dict | None:
         """One round: read the prediction; call the callback for its next frame if the likelihood is reached
@@ -113,52 +98,13 @@ class Rule:
             self._done_frames.add(nxt["frame"])
             frame = {**nxt, **{k: doc[k] for k in ("run_id", "event", "fraction", "threshold", "resources")}}
             self.fired.append(frame)
-        outcome, result = "ok", None
-        try:
-            result = self._do(frame)
-        except BaseException as exc:
-            outcome = type(exc).__name__
-            raise
-        finally:
-            if self._audit is not None:
-                action = getattr(self._do, "__qualname__", None) or repr(self._do)
-                self._audit[0](f"forecast rule acted: {action} for frame {frame['frame']} "
-                               f"(likelihood {frame['likelihood']:.3f} >= {self.likelihood:g}): {outcome}",
-                               {"rule": "forecast", "action": action, "outcome": outcome, "frame": frame["frame"],
-                                "start_ns": frame["start_ns"], "end_ns": frame["end_ns"],
-                                "likelihood": frame["likelihood"], "threshold": self.likelihood,
-                                "event": frame["event"], "fraction": frame["fraction"],
-                                **({"result": result} if isinstance(result, dict) else {})})
+        self._act(frame, lambda action, outcome: (f"forecast rule acted: {action} for frame {frame['frame']} "
+                                                  f"(likelihood {frame['likelihood']:.3f} >= {self.likelihood:g}): "
+                                                  f"{outcome}"),
+                  {"rule": "forecast", "frame": frame["frame"], "start_ns": frame["start_ns"],
+                   "end_ns": frame["end_ns"], "likelihood": frame["likelihood"], "threshold": self.likelihood,
+                   "event": frame["event"], "fraction": frame["fraction"]})
         return frame
-
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.check()
-            except Exception as exc:  # noqa: BLE001 - kept for the caller, the watch stops
-                self.error = exc
-                return
-            self._stop.wait(self.interval)
-
-    def start(self) -> Rule:
-        self._thread = threading.Thread(target=self._loop, name="flowscope-forecast-rule", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self, timeout: float | None = 10.0) -> None:
-        """End the watch (waits for a round under way) and deliver its audit rows."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout)
-        if self._audit is not None:
-            audit, self._audit = self._audit, None
-            audit[1]()
-
-    def __enter__(self) -> Rule:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
 
 
 def when(run: Any, event: str = "idle", fraction: float = 0.25, likelihood: float = 0.8, *,
