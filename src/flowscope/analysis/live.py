@@ -607,13 +607,17 @@ class LiveRun:
             return {"tasks": total, "done": done, "warnings": self._warning_count,
                     "last_s": (self.last_ns - self.t0_ns) / 1e9}
 
+    def _thinned(self, rid: str, xs: list, ys: list) -> dict:
+        """One series of a snapshot: its label and at most SNAPSHOT_POINTS points, evenly thinned."""
+        step = max(1, -(-len(xs) // SNAPSHOT_POINTS))
+        return {"label": self._label(rid), "t": xs[::step], "v": ys[::step]}
+
     def snapshot(self) -> dict:
         """The whole view at sequence number ``seq``."""
         with self._lock:
             series: dict[str, dict] = {}
             for (panel, rid), (xs, ys) in self._series.items():
-                step = max(1, -(-len(xs) // SNAPSHOT_POINTS))
-                series.setdefault(panel, {})[rid] = {"label": self._label(rid), "t": xs[::step], "v": ys[::step]}
+                series.setdefault(panel, {})[rid] = self._thinned(rid, xs, ys)
             xf = self._xfers
             cat = (lambda i: np.concatenate([x[i] for x in xf]).tolist() if xf else [])
             return {
@@ -626,9 +630,8 @@ class LiveRun:
                 "tasks": self._tasks.as_json(),
                 "transfers": {"start": cat(0), "end": cat(1), "src": cat(2), "dst": cat(3)},
                 "metrics": {"names": dict(self._metric_names), "series": series},
-                "diagnostics": {panel: {rid: {"label": self._label(rid), "t": xs[::max(1, -(-len(xs) // SNAPSHOT_POINTS))],
-                                              "v": ys[::max(1, -(-len(xs) // SNAPSHOT_POINTS))]}
-                                        for rid, (xs, ys) in by_rid.items()} for panel, by_rid in self._app.items()},
+                "diagnostics": {panel: {rid: self._thinned(rid, xs, ys) for rid, (xs, ys) in by_rid.items()}
+                                for panel, by_rid in self._app.items()},
                 "warnings": list(self._warnings), "warning_count": self._warning_count,
                 "throughput": {str(sec): n for sec, n in sorted(self._finished.items())},
             }
