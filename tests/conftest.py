@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -247,6 +248,9 @@ def collector(collector_factory) -> CollectorProcess:
 # ---- several recorded runs of one small Dask workflow, one with a planted slowdown ---------------------------
 #: the task group made slower in the planted run, and by how much per task (against tasks of about 1 ms)
 PLANTED_GROUP, PLANTED_SLEEP_S = "work", 0.2
+#: objects a quarter of the planted tasks hold while they collect garbage: a pause of about 0.1 s, logged by the
+#: worker as a warning (longer than 50 ms)
+PLANTED_HEAP = 1_500_000
 
 
 def _pipeline(delay: float):
@@ -256,9 +260,12 @@ def _pipeline(delay: float):
     def load(i):
         return list(range(i, i + 1000))
 
-    def work(xs, delay):
-        if delay:
-            time.sleep(delay)
+    def work(xs, delay, heap):
+        time.sleep(delay)
+        if heap:  # a long garbage collection, which the worker logs as a warning (category gc)
+            held = [[i] for i in range(heap)]
+            gc.collect()
+            del held
         return sum(x * x for x in xs)
 
     def combine(a, b):
@@ -266,7 +273,9 @@ def _pipeline(delay: float):
 
     n = 12
     loads = [delayed(load, pure=True)(i, dask_key_name=f"load-{i}") for i in range(n)]
-    works = [delayed(work, pure=True)(loads[i], delay, dask_key_name=f"work-{i}") for i in range(n)]
+    heap = PLANTED_HEAP if delay else 0
+    works = [delayed(work, pure=True)(loads[i], delay, heap if i % 4 == 0 else 0, dask_key_name=f"work-{i}")
+             for i in range(n)]
     combs = [delayed(combine, pure=True)(works[i], works[(i + 1) % n], dask_key_name=f"combine-{i}")
              for i in range(n)]
     return delayed(sum, pure=True)(combs, dask_key_name="total")
