@@ -122,3 +122,16 @@ def test_critical_paths_side_by_side_sum_to_their_lengths(repeated_runs, rs):
     assert g.get(repeated_runs["planted"], 0) > max(g.get(i, 0) for i in repeated_runs["baseline"])
     json.dumps(cp.to_dict())  # JSON-ready
 
+
+def test_a_task_thread_that_logs_before_its_first_task_ends_still_nests_in_its_worker(repeated_runs, rs):
+    """The planted run's threads log GC pauses from inside their first tasks, before those tasks' spans are
+    written: the threads are still the workers' (placement names only the workers), in every run."""
+    rows = rs.sql("""SELECT a.run_id, r.resource_id, r.parent_id, p.kind AS parent_kind
+                     FROM (SELECT DISTINCT run_id, resource_id FROM activity WHERE role = 'task') a
+                     JOIN resources r ON r.run_id = a.run_id AND r.resource_id = a.resource_id
+                     JOIN resources p ON p.run_id = r.run_id AND p.resource_id = r.parent_id""")
+    assert set(rows["run_id"]) == set(repeated_runs["run_ids"])
+    assert (rows["parent_kind"] == "worker").all(), rows[rows["parent_kind"] != "worker"]
+    from flowscope.analysis.compare import placement
+
+    assert placement(rs)["worker"].str.startswith("tcp://").all()

@@ -25,7 +25,7 @@ import time
 from concurrent.futures import Future
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pyarrow as pa
 
@@ -146,6 +146,9 @@ class Client:
         self._control_lock = threading.Lock()
         self._known_resources: set[str] = set()
         self._namespaces: list = []  # client/namespaces.py: flushed first when the client closes
+        #: what a thread's resource, declared by its first record, nests in: called on that thread, it returns a
+        #: resource id, or None for the thread's process (a Dask worker's plugin: the worker, for its task threads)
+        self.thread_parent: Callable[[], str | None] | None = None
 
         # only a client that opens the run sends its metadata (a joining one, such as a Dask plugin's, skips the cost)
         self._meta = {"run_id": self.run_id, "name": name, "command": command, "start_ns": now_ns(),
@@ -331,7 +334,8 @@ class Client:
             host = ids.hostname()
             self.process_resource()
             t = threading.current_thread()
-            rid = self.resource("thread", ids.thread_id(), name=t.name, parent_id=ids.process_id(), host=host,
+            parent = (self.thread_parent() if self.thread_parent is not None else None) or ids.process_id()
+            rid = self.resource("thread", ids.thread_id(), name=t.name, parent_id=parent, host=host,
                                 pid=os.getpid(), tid=threading.get_native_id(), thread_ident=threading.get_ident())
             self._local.rid = rid
         return rid

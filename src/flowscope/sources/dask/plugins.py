@@ -516,6 +516,9 @@ class _WorkerCapture(WorkerPlugin):
                     attrs={"nthreads": worker.state.nthreads, "memory_limit": worker.memory_manager.memory_limit})
         self._host = worker.address.split("://")[-1].rsplit(":", 1)[0]
         self._threads: dict[int, str] = {}  # pthread ident -> thread resource id
+        # a task's thread may record before its first task span is written (a GC pause logged from inside the
+        # task): declared by that record, it is still the worker's
+        fs.thread_parent = self._executor_parent
         # what tasks already on the worker did before this run began is not this run's: a task computed
         # earlier and released during the run must not bring its old compute span along
         self._startstops_done: dict[Any, int] = {key: len(ts.startstops) for key, ts in
@@ -613,6 +616,14 @@ class _WorkerCapture(WorkerPlugin):
                           delta.wchar, t0, t1, k,
                           f'{{"syscw": {delta.syscw}, "write_bytes": {delta.write_bytes}, '
                           f'"cancelled_write_bytes": {delta.cancelled_write_bytes}, {AGG}"ops": {delta.syscw}{tasks}}}')
+
+    def _executor_parent(self) -> str | None:
+        """The worker's resource id when the calling thread is one of its executors' threads, else None."""
+        ident = threading.get_ident()
+        for ex in list(self.worker.executors.values()):
+            if any(t.ident == ident for t in list(getattr(ex, "_threads", ()))):
+                return self.rid
+        return None
 
     def _thread_resource(self, ident: int | None) -> str:
         rid = self._threads.get(ident)
