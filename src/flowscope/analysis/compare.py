@@ -210,6 +210,19 @@ class Comparison:
                 "placement": rows(self.placement)}
 
 
+def choose(runs: RunSet, ids: list[str] = (), names: list[str] = (), against: list[str] = (),
+           against_names: list[str] = ()) -> tuple[RunSet, list[str]]:
+    """The runs of ``runs`` to compare -- those of ``ids`` and ``names`` and the baseline's -- and the baseline:
+    the runs of ``against`` and those named in ``against_names`` (empty: none given). ValueError when nothing is
+    named, or naming what matches no run."""
+    if not (ids or names or against or against_names):
+        raise ValueError("name the runs to compare: run ids, or names")
+    chosen = runs.select([*ids, *against], [*names, *against_names])
+    named = dict(zip(chosen.runs["run_id"], chosen.runs["name"]))
+    baseline = [i for i in chosen.run_ids if i in against or named[i] in against_names]
+    return chosen, baseline
+
+
 def compare(runs: RunSet, before: list[str] | None = None, after: list[str] | None = None, *,
             alpha: float = ALPHA, min_change: float = MIN_CHANGE, min_shift_s: float = MIN_SHIFT_S) -> Comparison:
     """Compare the runs of ``runs``. The sets whose task durations are tested: ``after`` against ``before``;

@@ -6,7 +6,7 @@ import argparse
 import math
 from pathlib import Path
 
-from flowscope.cli.output import STORE_HELP, console, print_json, print_table
+from flowscope.cli.output import STORE_HELP, console, err_console, print_json, print_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -31,6 +31,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--min-shift", type=float, default=None,
                    help="least absolute change of a group's median duration called a change, seconds (0.001)")
     p.add_argument("--json", action="store_true", help="print JSON")
+    p.add_argument("--html", metavar="FILE", default=None,
+                   help="also write the comparison's figures as one self-contained HTML file (the dashboard's "
+                        "compare page, offline)")
     p.set_defaults(func=cmd_compare)
 
 
@@ -56,16 +59,20 @@ def cmd_compare(args: argparse.Namespace) -> int:
             ids.append(read_json(path / RUN_JSON)["run_id"])
         else:
             ids.append(r)
-    against = list(args.against)
     if not (ids or args.name):
         raise ValueError("name the runs to compare: RUN ... or --name NAME")
-    everything = open_store(*stores)
-    chosen = everything.select([*ids, *against], [*args.name, *args.against_name])
-    names = dict(zip(chosen.runs["run_id"], chosen.runs["name"]))
-    baseline = [i for i in chosen.run_ids if i in against or names[i] in args.against_name]
+    chosen, baseline = cmp.choose(open_store(*stores), ids, args.name, args.against, args.against_name)
     options = {k: v for k, v in (("alpha", args.alpha), ("min_change", args.min_change),
                                  ("min_shift_s", args.min_shift)) if v is not None}
     c = cmp.compare(chosen, before=baseline or None, **options)
+    if args.html:
+        from flowscope.report.compare_view import compare_view
+        from flowscope.report.snapshot import write_snapshot
+
+        doc = compare_view(chosen, comparison=c)
+        doc["store"] = ", ".join(map(str, stores))
+        out = write_snapshot("compare.html", doc, args.html)
+        err_console.print(f"wrote {out}", markup=False, highlight=False, soft_wrap=True)
     if args.json:
         print_json(c.to_dict())
         return 0

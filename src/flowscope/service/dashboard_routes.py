@@ -267,6 +267,43 @@ def dashboard_routes(hub: LiveHub) -> list:
             w.waiters.discard((loop, wake))
             gone.cancel()
 
+    async def compare_page(request) -> Response:
+        return FileResponse(pages / "compare.html", headers={"cache-control": "no-store"})
+
+    def compare_doc(query) -> dict:
+        """The compare page's document for the runs the query names (``run``, ``name``, ``against``,
+        ``against_name``, repeatable; ``alpha``, ``min_change``, ``min_shift``); ValueError naming a wrong field."""
+        from flowscope.analysis.compare import choose
+        from flowscope.report.compare_view import compare_view
+        from flowscope.report.views import json_safe
+        from flowscope.store.run_set import open_store
+
+        ids, against = query.getlist("run"), query.getlist("against")
+        for field, values in (("run", ids), ("against", against)):
+            for v in values:
+                try:
+                    check_run_id(v)
+                except ValueError as exc:
+                    raise ValueError(f"{field}: {exc}") from None
+        options = {}
+        for field, key in (("alpha", "alpha"), ("min_change", "min_change"), ("min_shift", "min_shift_s")):
+            if query.get(field) not in (None, ""):
+                try:
+                    options[key] = float(query[field])
+                except ValueError:
+                    raise ValueError(f"{field}: not a number: {query[field]!r}") from None
+        chosen, baseline = choose(open_store(hub.store), ids, query.getlist("name"), against,
+                                  query.getlist("against_name"))
+        doc = compare_view(chosen, before=baseline or None, **options)
+        doc["store"] = str(hub.store)
+        return json_safe(doc)
+
+    async def compare_json(request) -> JSONResponse:
+        try:
+            return JSONResponse(await asyncio.to_thread(compare_doc, request.query_params))
+        except ValueError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+
     async def plotly_js(request) -> Response:
         raw, packed, etag = await asyncio.to_thread(_plotly_js)  # the first call reads and compresses it
         headers = {"cache-control": "max-age=3600", "etag": etag, "vary": "accept-encoding"}
@@ -364,6 +401,8 @@ def dashboard_routes(hub: LiveHub) -> list:
         Route("/", index, methods=["GET"]),
         Route("/ui", index, methods=["GET"]),
         Route("/ui/", runs_page, methods=["GET"]),
+        Route("/ui/compare", compare_page, methods=["GET"]),
+        Route("/v1/ui/compare", compare_json, methods=["GET"]),
         Route("/ui/runs/{run_id}", run_page, methods=["GET"]),
         Route("/ui/runs/{run_id}/{page}", view_page, methods=["GET"]),
         Route("/ui/static/plotly.min.js", plotly_js, methods=["GET"]),

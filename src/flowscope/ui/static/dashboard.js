@@ -44,8 +44,17 @@
   function runsPage(period) {
     var body = document.querySelector("#runs tbody"), filter = document.getElementById("filter"),
         statusFilter = document.getElementById("status-filter"), store = document.getElementById("store");
-    var last = null;
+    var last = null, picked = new Set(), link = document.getElementById("compare-selected");
     global.flowscopeRuns = {refreshes: 0, runs: []};
+    /** The link to the compare page of the runs ticked (two or more), oldest first as the store lists them. */
+    function pickedLink() {
+      var ids = (last ? last.runs : []).map(function (r) { return r.run_id; }).filter(function (i) { return picked.has(i); });
+      ids.reverse();
+      link.hidden = ids.length < 2;
+      link.setAttribute("aria-disabled", ids.length < 2 ? "true" : "false");
+      link.href = "/ui/compare?" + ids.map(function (i) { return "run=" + encodeURIComponent(i); }).join("&");
+      link.textContent = "compare the " + ids.length + " selected runs";
+    }
     function render() {
       if (!last) return;
       var q = filter.value.toLowerCase(), st = statusFilter.value;
@@ -55,6 +64,14 @@
         if (q && hay.indexOf(q) < 0) return;
         if (st && r.status !== st) return;
         var tr = el("tr", null, {"class": "run-row", "data-run": r.run_id});
+        var tdPick = el("td"), box = el("input", null, {type: "checkbox", "class": "pick-run",
+                                                          "aria-label": "compare run " + r.run_id});
+        box.checked = picked.has(r.run_id);
+        box.addEventListener("change", function () {
+          if (box.checked) picked.add(r.run_id); else picked.delete(r.run_id);
+          pickedLink();
+        });
+        tdPick.appendChild(box); tr.appendChild(tdPick);
         var tdStatus = el("td"); tdStatus.appendChild(statusBadge(r.status)); tr.appendChild(tdStatus);
         var tdName = el("td"), a = el("a", r.name || r.run_id, {href: "/ui/runs/" + encodeURIComponent(r.run_id)});
         tdName.appendChild(a); tr.appendChild(tdName);
