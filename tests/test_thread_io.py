@@ -345,6 +345,8 @@ def test_open_audit_filters(tmp_path, monkeypatch):
         own.join()                                        # flowscope's own threads: skipped
         with pytest.raises(FileNotFoundError):            # an open that fails is still an attempt
             open(tmp_path / "missing" / "x").close()
+        import flowscope                                  # flowscope's own files (an editable install's
+        open(flowscope.__file__, "rb").close()            # sources, lazily imported modules): skipped
     assert not audit.enabled
     got = [(r["path"], json.loads(r["attrs"])["mode"]) for r in rows]
     assert got == [(str(tmp_path / "relative.txt"), "w"), (str(tmp_path / "raw"), None),

@@ -372,6 +372,8 @@ def io_rows(delta: ThreadIO, *, tid: int, start_ns: int, end_ns: int, thread_ide
 _SKIP_PREFIXES = ("/proc/", "/sys/", "/dev/")
 _SKIP_EXACT = frozenset(("/proc", "/sys", "/dev"))
 _O_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
+#: flowscope's own package folder: its files are never the observed program's I/O
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _O_TMPFILE = getattr(os, "O_TMPFILE", 0)
 _OWN_THREAD_PREFIX = "flowscope"  # the client's builder/senders, the collector's writers and HTTP thread
 
@@ -526,7 +528,8 @@ class OpenAudit:
 
     The event is raised *before* the open is attempted, so an open that then fails (missing file,
     permission) is recorded too. Left out: opens of file descriptors (``open(fd)``), directories,
-    anything under /proc, /sys and /dev, paths under ``exclude`` prefixes, opens made by
+    anything under /proc, /sys and /dev, paths under ``exclude`` prefixes and under flowscope's own
+    package folder, opens made by
     flowscope's own threads (names starting with "flowscope") and opens made while ``emit`` runs
     on the same thread (a thread-local guard; this also stops any recursion), and every open while
     the recorder is disabled.
@@ -541,7 +544,9 @@ class OpenAudit:
 
     def __init__(self, emit: Callable[[dict], None], *, exclude: Iterable[str] = (), enable: bool = False):
         self.emit = emit
-        self._exclude = tuple(os.path.join(os.path.abspath(p), "") for p in exclude)  # "dir/": whole folders
+        # "dir/": whole folders; flowscope's own package always (an editable install's sources are outside
+        # sys.prefix, and a lazily imported module of ours is no I/O of the observed program)
+        self._exclude = tuple(os.path.join(os.path.abspath(p), "") for p in (*exclude, _PACKAGE_DIR))
         self.recorded = 0
         self.errors = 0
         self.last_error: BaseException | None = None
