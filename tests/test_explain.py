@@ -263,3 +263,27 @@ def test_what_changed_between_runs_names_the_planted_group_first(repeated_runs, 
     doc = json.loads(capsys.readouterr().out)
     assert [c for c in doc["changes"] if c["group"] is not None][0]["group"] == repeated_runs["group"]
     assert doc["compared"]["after"] == [repeated_runs["planted"]]
+
+
+@pytest.mark.parametrize("log, share", [("nonmpi_dxt_anonymized/nonmpi_dxt_anonymized.darshan", 75),
+                                        ("partial_data_dxt/partial_data_dxt.darshan", 100)])
+def test_small_accesses_of_a_darshan_log_are_found_with_darshans_own_counts(log, share, shared_data, tmp_path):
+    """The small_io rule on real Darshan logs: its counts and its estimate are those of the log's POSIX counters
+    as pydarshan (Darshan's own Python reader) reads them."""
+    darshan = pytest.importorskip("darshan")
+    from flowscope.importers import import_paths
+    from flowscope.store.run import open_run
+
+    path = shared_data / "darshan" / log
+    rep = darshan.DarshanReport(str(path), read_all=True)
+    c, fc = rep.records["POSIX"].to_df()["counters"], rep.records["POSIX"].to_df()["fcounters"]
+    bins = [k for k in c.columns if "_SIZE_READ_" in k or "_SIZE_WRITE_" in k]
+    total = int(c[bins].sum().sum())
+    small = int(c[[k for k in bins if k.endswith(("_0_100", "_100_1K", "_1K_10K"))]].sum().sum())
+    busy = float(fc["POSIX_F_READ_TIME"].sum() + fc["POSIX_F_WRITE_TIME"].sum())
+    run = open_run(tmp_path / import_paths([path], tmp_path, name="darshan").run_id)
+    found = [f for f in explain(run).findings if f.rule == "small_io"]
+    assert len(found) == 1
+    assert found[0].title == f"{100 * small / total:.0f} % of {total:,} data accesses are 10 KiB or smaller"
+    assert round(100 * small / total) == share
+    assert found[0].recoverable_s == pytest.approx(busy * small / total, rel=1e-6)
