@@ -671,6 +671,36 @@ def test_the_advisor_page_shows_where_the_time_went_and_the_findings_of_flowscop
     context.close()
 
 
+@pytest.mark.parametrize("source", ["starpu", "otf2"])
+def test_the_overview_opens_with_the_advisors_top_findings(source, imported_store, ui_server, browser):  # noqa: F811
+    """The run overview's first panel: the advisor's attribution and its first three findings, as `flowscope explain`
+    computes them, with the link to the advisor's page."""
+    from flowscope.analysis.advisor import explain
+    from flowscope.store.run import open_run
+
+    store, runs = imported_store
+    want = explain(open_run(store / runs[source])).to_dict()
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    pg = _page(context)
+    pg.goto(f"{ui_server}/ui/runs/{runs[source]}", wait_until="load")
+    pg.wait_for_function("() => window.flowscopePanels && flowscopePanels.advisor.renders > 0", timeout=WAIT_MS)
+    first = pg.evaluate("() => document.querySelector('main section').id")
+    assert first == "advisor-panel"
+    got = pg.evaluate("() => Array.from(document.querySelectorAll('#advisor-panel .finding')).map(f => "
+                      "[f.querySelector('.title').textContent, f.dataset.recoverable, f.querySelector('.change').textContent])")
+    got = [[g[0], float(g[1]) if g[1] else None, g[2]] for g in got]
+    assert got == [[f["title"], None if f["recoverable_s"] is None else pytest.approx(f["recoverable_s"], rel=1e-9),
+                    f["change"]] for f in want["findings"][:3]]
+    assert len(got) >= 1
+    shares = pg.evaluate("() => Array.from(document.querySelectorAll('#advisor-panel .attribution td.seconds'))"
+                         ".map(td => Number(td.dataset.value))")
+    assert shares == [pytest.approx(a["seconds"], rel=1e-9) for a in want["attribution"]]
+    assert pg.locator("#advisor-panel a.to-advisor").get_attribute("href") == f"/ui/runs/{runs[source]}/advisor"
+    _no_markup_ran(pg)
+    assert pg.errors == [] and pg.outside == [] and pg.evaluate("() => flowscopePanels.errors") == []
+    context.close()
+
+
 def test_a_page_that_does_not_exist_is_refused_naming_it(ui_server, imported_store):
     import httpx
 

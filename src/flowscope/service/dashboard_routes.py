@@ -40,6 +40,9 @@ DISK_POLL_S = 1.0
 #: an analysis page's view is recomputed at most this often while its run changes (changes meanwhile fold into
 #: one recomputation), seconds
 VIEW_DEBOUNCE_S = 1.0
+#: ... and a view that takes long to compute waits longer: at least its last computation's time divided by this
+#: share, so that following a large run keeps each view's recomputation under this share of one core
+VIEW_CPU_SHARE = 0.2
 #: the run's analysis pages (``/ui/runs/RUN_ID/PAGE``), each served by ``view.html`` with the view of that name
 VIEW_PAGES = ("advisor", "critical-path", "profile", "anomalies", "logs")
 #: views drawn as panels of the run overview (cheap: one query each), computed on a thread of their own so that
@@ -149,6 +152,7 @@ class _Views:
 
         fn, tables = VIEWS[view]
         run = Run(run_dir)
+        t0 = time.perf_counter()
         try:
             doc = json_safe(fn(run))
         except Exception as exc:  # a run the analysis cannot read says why, on its page
@@ -157,6 +161,7 @@ class _Views:
         finally:
             run.close()
         doc["view"] = view
+        doc["compute_s"] = time.perf_counter() - t0
         doc["status"] = sig[0]
         doc["segments"] = dict(zip(tables, sig[1:]))
         return doc
@@ -252,8 +257,9 @@ def dashboard_routes(hub: LiveHub) -> list:
                     waiting.cancel()
                 if gone in done:
                     return
-                # the changes of the next VIEW_DEBOUNCE_S fold into this recomputation
-                done, _ = await asyncio.wait({gone}, timeout=VIEW_DEBOUNCE_S)
+                # the changes of the next VIEW_DEBOUNCE_S (longer for a view that is long to compute) fold into
+                # this recomputation
+                done, _ = await asyncio.wait({gone}, timeout=max(VIEW_DEBOUNCE_S, doc["compute_s"] / VIEW_CPU_SHARE))
                 if gone in done:
                     return
                 wake.clear()

@@ -1,4 +1,6 @@
 /* flowscope run overview: the panels computed by analyses rather than kept by the live view.
+ * - The advisor's first findings: the `advisor` view (analysis.advisor.explain), brought by one WebSocket and
+ *   again whenever the run changed, as the analysis pages are.
  * - Memory per worker process: the `memory` view (analysis.memory.process_memory), one WebSocket that brings it
  *   and brings it again whenever the run changed (as the analysis pages do).
  * - Forecast: GET /v1/runs/RUN_ID/forecast?event=E&fraction=F&max_age=auto (analysis.forecast.predict), fetched again when
@@ -11,6 +13,7 @@
   var runId = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop());
   var P = global.flowscopePanels = {
     memory: {doc: null, updates: 0, renders: 0, socket: null},
+    advisor: {doc: null, updates: 0, renders: 0, socket: null},
     forecast: {doc: null, url: null, fetches: 0, renders: 0, error: null, pending: false},
     errors: []
   };
@@ -57,21 +60,69 @@
     if (drawn) P.memory.renders++;
   }
 
-  var backoff = 250;
-  function connectMemory() {
+  // ---- the advisor's first findings ---------------------------------------------------------------
+  var FINDINGS_SHOWN = 3;
+  function fmtDur(s) {
+    if (s === null || s === undefined || !isFinite(s)) return "-";
+    return Math.abs(s) < 1 ? (s * 1e3).toFixed(1) + " ms" : UI.fmtSeconds(s);
+  }
+  function renderAdvisor() {
+    var d = P.advisor.doc, div = document.getElementById("advisor");
+    if (!d) return;
+    if (d.failed) { div.replaceChildren(el("p", "advisor: " + d.failed, {"class": "error"})); return; }
+    var out = [];
+    var t = el("table", null, {"class": "attribution"}), head = el("tr");
+    [["part"], ["seconds", 1], ["share", 1]].forEach(function (h) { head.appendChild(el("th", h[0], h[1] ? {"class": "num"} : null)); });
+    var th = el("thead"); th.appendChild(head); t.appendChild(th);
+    var tb = el("tbody");
+    (d.attribution || []).forEach(function (r) {
+      var tr = el("tr");
+      tr.appendChild(el("td", r.label));
+      tr.appendChild(el("td", fmtDur(r.seconds), {"class": "num seconds", "data-value": String(r.seconds)}));
+      tr.appendChild(el("td", pct(r.share), {"class": "num"}));
+      tb.appendChild(tr);
+    });
+    t.appendChild(tb);
+    var findings = el("div", null, {"class": "findings"});
+    var fs = d.findings || [];
+    if (!fs.length) findings.appendChild(el("p", "no finding: nothing here stands out", {"class": "muted nodata"}));
+    fs.slice(0, FINDINGS_SHOWN).forEach(function (f) {
+      var box = el("div", null, {"class": "finding", "data-rule": f.rule,
+                                 "data-recoverable": f.recoverable_s === null ? "" : String(f.recoverable_s)});
+      var h = el("h3");
+      h.appendChild(el("span", f.title, {"class": "title"}));
+      h.appendChild(el("span", f.recoverable_s === null ? "  (recoverable time not estimated)" :
+                       "  (recoverable: about " + fmtDur(f.recoverable_s) + ")", {"class": "muted"}));
+      box.appendChild(h);
+      box.appendChild(el("p", f.change, {"class": "change"}));
+      findings.appendChild(box);
+    });
+    if (fs.length > FINDINGS_SHOWN) findings.appendChild(el("p", (fs.length - FINDINGS_SHOWN) + " more on the advisor's page",
+                                                            {"class": "muted"}));
+    var grid = el("div", null, {"class": "grid"});
+    grid.appendChild(findings); grid.appendChild(t);
+    out.push(grid);
+    div.replaceChildren.apply(div, out);
+    P.advisor.renders++;
+  }
+
+  var backoff = {memory: 250, advisor: 250};
+  /** One WebSocket that brings the view ``name`` and brings it again whenever the run changed. */
+  function connectView(name, render) {
     var proto = location.protocol === "https:" ? "wss:" : "ws:";
-    var ws = P.memory.socket = new WebSocket(proto + "//" + location.host + "/v1/ui/runs/" +
-                                             encodeURIComponent(runId) + "/views/memory/live");
-    ws.onopen = function () { backoff = 250; };
+    var ws = P[name].socket = new WebSocket(proto + "//" + location.host + "/v1/ui/runs/" +
+                                            encodeURIComponent(runId) + "/views/" + name + "/live");
+    ws.onopen = function () { backoff[name] = 250; };
     ws.onmessage = function (ev) {
       var m = JSON.parse(ev.data);
       if (m.type !== "view") return;
-      P.memory.doc = m.doc; P.memory.updates++;
-      try { renderMemory(); } catch (e) { P.errors.push(String(e.message || e)); throw e; }
+      P[name].doc = m.doc; P[name].updates++;
+      try { render(); } catch (e) { P.errors.push(String(e.message || e)); throw e; }
     };
     ws.onclose = function () {
-      if (P.memory.socket === ws) P.memory.socket = null;
-      setTimeout(connectMemory, backoff); backoff = Math.min(5000, backoff * 2);
+      if (P[name].socket === ws) P[name].socket = null;
+      setTimeout(function () { connectView(name, render); }, backoff[name]);
+      backoff[name] = Math.min(5000, backoff[name] * 2);
     };
   }
 
@@ -165,5 +216,7 @@
   fractionIn.addEventListener("change", onQuery);
   P.refreshForecast = fetchForecast;
   setInterval(tick, 250);
-  connectMemory();
+  document.getElementById("to-advisor").setAttribute("href", "/ui/runs/" + encodeURIComponent(runId) + "/advisor");
+  connectView("advisor", renderAdvisor);
+  connectView("memory", renderMemory);
 })(window);
