@@ -74,6 +74,12 @@ def check_pipeline_page(pg, repeated_runs) -> None:
     got = _cells(pg, "#cmp-phases tbody tr", ".mean", ".std")
     assert got == [[pytest.approx(r.mean_s, rel=1e-9), pytest.approx(r.std_s, rel=1e-9, abs=1e-12)]
                    for r in want.phase_summary.itertuples()]
+    # ... and each run's own value as a point on its phase
+    points = pg.evaluate("() => { const t = document.getElementById('phases-chart').data.find(t => t.name === 'one run');"
+                         " return [t.x, t.y]; }")
+    per_run = [(ph, getattr(r, ph + "_s")) for r in want.phases.itertuples()
+               for ph in ("computation", "communication", "io", "total") if getattr(r, ph + "_s") == getattr(r, ph + "_s")]
+    assert points == [[p for p, _ in per_run], [pytest.approx(v, rel=1e-9) for _, v in per_run]]
     # the critical paths side by side
     cp = critical_paths(rs)
     got = _cells(pg, "#cmp-paths tbody tr", ".length")

@@ -120,7 +120,12 @@
     });
     // each run as a point on its phase
     var xs = [], ys = [], texts = [];
-    doc.phases.forEach(function (r) { xs.push(r.phase); ys.push(r.seconds); texts.push(pt(r.run_id)); });
+    doc.phases.forEach(function (r) {  // one row per run, a column per phase
+      ["computation", "communication", "io", "total"].forEach(function (ph) {
+        var v = r[ph + "_s"];
+        if (v !== null && v !== undefined && isFinite(v)) { xs.push(ph); ys.push(v); texts.push(pt(runLabel(r))); }
+      });
+    });
     if (xs.length) traces.push({type: "scatter", mode: "markers", name: "one run", x: xs, y: ys, text: texts,
                                 marker: {color: "#222", size: 6, symbol: "circle-open"},
                                 hovertemplate: "%{text}: %{y:.4f} s<extra></extra>"});
