@@ -41,8 +41,10 @@ DISK_POLL_S = 1.0
 #: one recomputation), seconds
 VIEW_DEBOUNCE_S = 1.0
 #: ... and a view that takes long to compute waits longer: at least its last computation's time divided by this
-#: share, so that following a large run keeps each view's recomputation under this share of one core
+#: share, so that following a large run keeps each view's recomputation under this share of one core (a page may
+#: ask for less with ``?share=``: the overview's advisor panel, open whenever a run is, asks for PANEL_CPU_SHARE)
 VIEW_CPU_SHARE = 0.2
+PANEL_CPU_SHARE = 0.05
 #: the run's analysis pages (``/ui/runs/RUN_ID/PAGE``), each served by ``view.html`` with the view of that name
 VIEW_PAGES = ("advisor", "critical-path", "profile", "anomalies", "logs")
 #: views drawn as panels of the run overview (cheap: one query each), computed on a thread of their own so that
@@ -236,6 +238,7 @@ def dashboard_routes(hub: LiveHub) -> list:
             return
         try:
             run_id, view = _view_target(ws.path_params)
+            share = min(VIEW_CPU_SHARE, max(0.01, float(ws.query_params.get("share") or VIEW_CPU_SHARE)))
             w = await asyncio.to_thread(hub.watch, run_id)
         except (ValueError, FileNotFoundError):
             await ws.close(code=1008)
@@ -259,7 +262,7 @@ def dashboard_routes(hub: LiveHub) -> list:
                     return
                 # the changes of the next VIEW_DEBOUNCE_S (longer for a view that is long to compute) fold into
                 # this recomputation
-                done, _ = await asyncio.wait({gone}, timeout=max(VIEW_DEBOUNCE_S, doc["compute_s"] / VIEW_CPU_SHARE))
+                done, _ = await asyncio.wait({gone}, timeout=max(VIEW_DEBOUNCE_S, doc["compute_s"] / share))
                 if gone in done:
                     return
                 wake.clear()

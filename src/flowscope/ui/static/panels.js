@@ -108,10 +108,11 @@
 
   var backoff = {memory: 250, advisor: 250};
   /** One WebSocket that brings the view ``name`` and brings it again whenever the run changed. */
-  function connectView(name, render) {
+  function connectView(name, render, share) {
     var proto = location.protocol === "https:" ? "wss:" : "ws:";
     var ws = P[name].socket = new WebSocket(proto + "//" + location.host + "/v1/ui/runs/" +
-                                            encodeURIComponent(runId) + "/views/" + name + "/live");
+                                            encodeURIComponent(runId) + "/views/" + name + "/live" +
+                                            (share ? "?share=" + share : ""));
     ws.onopen = function () { backoff[name] = 250; };
     ws.onmessage = function (ev) {
       var m = JSON.parse(ev.data);
@@ -121,7 +122,7 @@
     };
     ws.onclose = function () {
       if (P[name].socket === ws) P[name].socket = null;
-      setTimeout(function () { connectView(name, render); }, backoff[name]);
+      setTimeout(function () { connectView(name, render, share); }, backoff[name]);
       backoff[name] = Math.min(5000, backoff[name] * 2);
     };
   }
@@ -217,6 +218,7 @@
   P.refreshForecast = fetchForecast;
   setInterval(tick, 250);
   document.getElementById("to-advisor").setAttribute("href", "/ui/runs/" + encodeURIComponent(runId) + "/advisor");
-  connectView("advisor", renderAdvisor);
+  // every open overview follows the advisor: a smaller share of a core than a page the user opened for it
+  connectView("advisor", renderAdvisor, 0.05);
   connectView("memory", renderMemory);
 })(window);
