@@ -127,11 +127,22 @@ def test_cli_compare_by_name_and_by_sets(repeated_runs, capsys):
     assert doc["changes"][0]["group"] == "work" and doc["changes"][0]["changed"] is True
     assert [c["group"] for c in doc["changes"] if c["changed"]] == ["work"]
     assert {r["phase"] for r in doc["phase_summary"]} >= {"computation", "communication", "total"}
+    # the figures' tables too (analysis/compare_figures.py): the critical paths, the transfers' fit, the warnings
+    from flowscope.analysis.compare_figures import critical_paths, warnings_and_long_tasks
+
+    rs = flowscope.open_store(repeated_runs["store"])
+    assert [r["length_s"] for r in doc["figures"]["critical_paths"]["runs"]] == \
+        pytest.approx(list(critical_paths(rs).runs["length_s"]), rel=1e-9)
+    summary = warnings_and_long_tasks(rs)[2]
+    assert [r["warnings"] for r in doc["figures"]["warning_summary"]] == list(summary["warnings"])
+    assert {r["run_id"] for r in doc["figures"]["transfer_fit"]} <= set(repeated_runs["run_ids"])
     assert main(["compare", repeated_runs["planted"], "--against", *repeated_runs["baseline"], "--store", store,
                  "--min-shift", str(MIN_SHIFT_S)]) == 0
     out = capsys.readouterr().out
     changed = [line for line in out.splitlines() if line.startswith("changed: ")]
     assert len(changed) == 1 and changed[0].startswith("changed: work slower (median ")
+    for title in ("critical paths side by side", "warnings against long tasks", "communication: latency"):
+        assert title in out, title
     assert main(["compare", "--name", "nope", "--store", store]) == 1
     err = capsys.readouterr().err
     assert "no run named 'nope'" in err and len(err.strip().splitlines()) == 1

@@ -65,16 +65,19 @@ def cmd_compare(args: argparse.Namespace) -> int:
     options = {k: v for k, v in (("alpha", args.alpha), ("min_change", args.min_change),
                                  ("min_shift_s", args.min_shift)) if v is not None}
     c = cmp.compare(chosen, before=baseline or None, **options)
+    figures = _figures(chosen)
     if args.html:
         from flowscope.report.compare_view import compare_view
         from flowscope.report.snapshot import write_snapshot
 
-        doc = compare_view(chosen, comparison=c)
+        doc = compare_view(chosen, comparison=c)  # the figures' own tables, with their per-record rows
         doc["store"] = ", ".join(map(str, stores))
         out = write_snapshot("compare.html", doc, args.html)
         err_console.print(f"wrote {out}", markup=False, highlight=False, soft_wrap=True)
     if args.json:
-        print_json(c.to_dict())
+        print_json({**c.to_dict(), "figures": {"transfer_fit": _rows(figures["fit"]),
+                                               "warning_summary": _rows(figures["warnings"]),
+                                               "critical_paths": figures["paths"].to_dict()}})
         return 0
     print_table("runs", ["run", "name", "host", "script", "wall (s)"],
                 [[r.run_id, r.name, r.host, r.script_sha256[:12] if isinstance(r.script_sha256, str) else "(none)", _s(r.duration_s)]
@@ -108,4 +111,34 @@ def cmd_compare(args: argparse.Namespace) -> int:
     print_table("where tasks ran", ["run", "group", "host", "worker", "tasks", "share"],
                 [[r.run_id, r.group, r.host, r.worker, r.tasks, f"{100 * r.share:.0f} %"]
                  for r in c.placement.itertuples()])
+    paths, groups = figures["paths"].runs, figures["paths"].groups
+    print_table("critical paths side by side", ["run", "path", "length (s)", "groups on it (share)"],
+                [[r.run_id, r.kind or f"none: {r.missing}", _s(r.length_s),
+                  ", ".join(f"{g.group} {100 * g.share:.0f} %" for g in
+                            groups[groups["run_id"] == r.run_id].head(3).itertuples())]
+                 for r in paths.itertuples()])
+    if len(figures["fit"]):
+        print_table("communication: latency and bandwidth per run and locality (time = latency + size / bandwidth)",
+                    ["run", "locality", "transfers", "latency (s)", "bandwidth (MB/s)"],
+                    [[r.run_id, r.locality, r.transfers, _s(r.latency_s),
+                      "-" if not r.bandwidth == r.bandwidth else f"{r.bandwidth / 1e6:.3g}"]
+                     for r in figures["fit"].itertuples()])
+    print_table("warnings against long tasks (a long task: >= 10x its run's median and >= 0.1 s)",
+                ["run", "warnings", "during long tasks", "long tasks", "their share of host-time"],
+                [[r.run_id, r.warnings, r.during_long_tasks, r.long_tasks, f"{100 * r.long_task_time_share:.0f} %"]
+                 for r in figures["warnings"].itertuples()])
     return 0
+
+
+def _figures(runs) -> dict:
+    """The figures' summary tables of ``runs`` (analysis/compare_figures.py)."""
+    from flowscope.analysis import compare_figures as cf
+
+    return {"fit": cf.transfer_fit(cf.transfer_costs(runs)), "warnings": cf.warnings_and_long_tasks(runs)[2],
+            "paths": cf.critical_paths(runs)}
+
+
+def _rows(df) -> list[dict]:
+    import json
+
+    return json.loads(df.to_json(orient="records", double_precision=15)) if len(df) else []
