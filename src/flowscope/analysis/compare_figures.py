@@ -6,6 +6,7 @@ vocabulary. Times are seconds since each run's start (run.json's ``start_ns``).
   same host or of different hosts, and a least-squares line (latency, seconds per byte) per run and locality
   (Fig. 5);
 * :func:`io_timeline`: every I/O record on the resource that made it (Fig. 4);
+* :func:`reassignments`: tasks moved between workers while assigned (work stealing);
 * :func:`task_coordinates`: one row per task -- elapsed time, group, executing resource, output size,
   duration -- for parallel coordinates (Fig. 6);
 * :func:`warnings_and_long_tasks`: the warnings and errors logged, the long tasks, and how many warnings came
@@ -87,6 +88,20 @@ def transfer_fit(costs: pd.DataFrame) -> pd.DataFrame:
                      "bandwidth": float(1 / slope) if slope > 0 else np.nan})
     return pd.DataFrame(rows, columns=["run_id", "locality", "transfers", "bytes", "seconds", "latency_s",
                                        "seconds_per_byte", "bandwidth"])
+
+
+def reassignments(runs: RunSet) -> pd.DataFrame:
+    """Tasks moved from one worker to another while assigned (Dask's work stealing): every scheduler transition
+    ``processing -> processing`` -- run_id, task_key, group, t_s, from_worker (the worker of the task's previous
+    scheduler transition that names one) and to_worker, as resource ids."""
+    df = runs.sql("""
+        WITH t AS (SELECT run_id, task_key, "group", ts_ns, from_state, to_state, worker,
+                          lag(worker IGNORE NULLS) OVER (PARTITION BY run_id, task_key ORDER BY ts_ns) AS before
+                   FROM transitions WHERE observer = 'scheduler')
+        SELECT run_id, task_key, "group", ts_ns, before AS from_worker, worker AS to_worker FROM t
+        WHERE from_state = 'processing' AND to_state = 'processing' ORDER BY run_id, ts_ns""")
+    _since_start(df, _run_starts(runs), "ts_ns")
+    return df.rename(columns={"ts_s": "t_s"})[["run_id", "task_key", "group", "t_s", "from_worker", "to_worker"]]
 
 
 def io_timeline(runs: RunSet) -> pd.DataFrame:

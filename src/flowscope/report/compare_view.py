@@ -42,13 +42,15 @@ def compare_view(runs: RunSet, before: list[str] | None = None, after: list[str]
     between ``before`` and ``after``, scheduling order, placement; ``options`` as :func:`compare` takes them;
     ``comparison``: one already made of these runs) and
     the tables of the figures (transfers by locality, I/O per resource, task coordinates, warnings against long
-    tasks, the critical paths side by side), per-record tables capped at POINT_LIMIT rows each."""
+    tasks, the critical paths side by side, tasks moved between workers per pair of workers), per-record tables capped
+    at POINT_LIMIT rows each."""
     from flowscope.analysis.compare import compare
     from flowscope.analysis.compare_figures import (
         LONG_FACTOR,
         LONG_MIN_S,
         critical_paths,
         io_timeline,
+        reassignments,
         task_coordinates,
         transfer_costs,
         transfer_fit,
@@ -65,6 +67,9 @@ def compare_view(runs: RunSet, before: list[str] | None = None, after: list[str]
     cut_io, n_io = _capped(io, "nbytes")
     cut_warns, n_warns = _capped(warns, None)
     cut_long, n_long = _capped(long_tasks, "duration_s")
+    moved = reassignments(runs)
+    moves = (moved.groupby(["run_id", "from_worker", "to_worker"], dropna=False).size().rename("tasks").reset_index()
+             if len(moved) else pd.DataFrame(columns=["run_id", "from_worker", "to_worker", "tasks"]))
     doc.update(
         transfers=_rows(cut_costs), transfer_count=n_costs, transfer_fit=_rows(transfer_fit(costs)),
         tasks=_rows(cut_tasks), task_count=n_tasks,
@@ -72,5 +77,5 @@ def compare_view(runs: RunSet, before: list[str] | None = None, after: list[str]
         warnings=_rows(cut_warns), warning_count=n_warns, long_tasks=_rows(cut_long),
         long_task_count=n_long,
         warning_summary=_rows(warn_summary), long_task_rule={"factor": LONG_FACTOR, "min_s": LONG_MIN_S},
-        critical_paths=critical_paths(runs).to_dict(), point_limit=POINT_LIMIT)
+        critical_paths=critical_paths(runs).to_dict(), moves=_rows(moves), point_limit=POINT_LIMIT)
     return doc

@@ -315,6 +315,21 @@ class FlowscopeSchedulerPlugin(SchedulerPlugin):
         except Exception:
             self._failed()
 
+    def log_event(self, topic, msg) -> None:
+        """Dask's work stealing moves a task between workers without a transition; its 'confirm' event is
+        recorded as one: processing -> processing onto the thief (the victim is the task's previous worker)."""
+        if topic != "stealing" or self.fs is None:
+            return
+        try:
+            if isinstance(msg, (tuple, list)) and len(msg) >= 6 and msg[0] == "confirm":
+                _, key, _, _victim, thief, stimulus_id = msg[:6]
+                ts = self._tasks_get(key)
+                self._append((_time_ns(), key, ts.group.name if ts is not None else None,
+                              ts.prefix.name if ts is not None else None, "processing", "processing", thief,
+                              stimulus_id))
+        except Exception:
+            self._failed()
+
     def update_graph(self, scheduler, *, client=None, keys=None, tasks=None, stimulus_id=None, **kwargs) -> None:
         if self.fs is None:
             self.late_hooks += 1

@@ -223,7 +223,8 @@
   }
 
   function renderPlacement(root, doc) {
-    var s = section(root, "cmp-placement", "Where tasks ran", "Tasks per worker (the executing resource's parent) in each run.");
+    var s = section(root, "cmp-placement", "Where tasks ran", "Tasks per worker (the executing resource's parent) in each run, " +
+                    "and the tasks the scheduler moved between workers before they ran.");
     var per = {}, runs = doc.runs.map(function (r) { return r.run_id; });
     doc.placement.forEach(function (r) {
       var w = r.host ? r.worker + " @ " + r.host : r.worker;
@@ -236,6 +237,19 @@
     });
     if (traces.length) plot(chart(s, "placement-chart"), traces, {barmode: "stack", yaxis: {title: {text: "tasks"}}, height: 320});
     else nodata(s, "No task recorded in these runs.");
+    s.appendChild(el("h3", "Tasks moved from one worker to another while assigned (work stealing)"));
+    var moved = {};
+    doc.moves.forEach(function (m) { moved[m.run_id] = (moved[m.run_id] || 0) + m.tasks; });
+    var t = table("moves", [["run"], ["tasks moved", 1], ["from -> to (tasks)"]]);
+    runs.forEach(function (i) {
+      var tr = el("tr", null, {"data-run": i});
+      tr.appendChild(el("td", runLabel({run_id: i}), {"class": "key"}));
+      tr.appendChild(numCell(UI.fmtInt(moved[i] || 0), moved[i] || 0, "moved"));
+      tr.appendChild(el("td", doc.moves.filter(function (m) { return m.run_id === i; }).map(function (m) {
+        return (m.from_worker || "?") + " -> " + (m.to_worker || "?") + " (" + m.tasks + ")"; }).join("; "), {"class": "key"}));
+      t.tBodies[0].appendChild(tr);
+    });
+    s.appendChild(t);
   }
 
   function renderTransfers(root, doc) {
