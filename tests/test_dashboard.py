@@ -111,7 +111,7 @@ def test_overview_follows_a_live_dask_workflow_and_a_reconnecting_page_catches_u
             runs.goto(f"{collector.address}/ui/", wait_until="load")
             runs.wait_for_function(f"() => flowscopeRuns.runs.some(r => r.run_id === {fs.run_id!r})", timeout=WAIT_MS)
             row = runs.locator(f"tr[data-run='{fs.run_id}']")
-            assert row.locator("td").nth(1).inner_text() == RUN_NAME  # the name as text, markup and all
+            assert row.locator("td.name").inner_text() == RUN_NAME  # the name as text, markup and all
             assert row.locator(".status").inner_text() == "running"
 
             row.locator("a").click()

@@ -270,7 +270,9 @@ def test_what_changed_between_runs_names_the_planted_group_first(repeated_runs, 
 def test_small_accesses_of_a_darshan_log_are_found_with_darshans_own_counts(log, share, shared_data, tmp_path):
     """The small_io rule on real Darshan logs: its counts and its estimate are those of the log's POSIX counters
     as pydarshan (Darshan's own Python reader) reads them."""
-    darshan = pytest.importorskip("darshan")
+    from conftest import require_module
+
+    darshan = require_module("darshan", "Darshan's Python reader, the reference: pip install darshan")
     from flowscope.importers import import_paths
     from flowscope.store.run import open_run
 

@@ -256,8 +256,11 @@ def critical_paths(runs: RunSet) -> CriticalPaths:
             for r in path.by_component().itertuples(index=False):
                 comps.append({"run_id": run_id, "component": r.component, "seconds": r.duration_ns / 1e9,
                               "share": float(r.share)})
-            steps = path.steps[(path.steps["kind"] == "task") & (path.steps["duration_ns"] > 0)]
-            for g, part in steps.groupby(steps["application"].fillna("(none)"), sort=False):
+            # the path's time in each group's own work (its compute and I/O steps: not the waits, queues and
+            # transfers before them, which carry the group they lead to)
+            st = path.steps
+            steps = st[st["component"].isin(("compute", "io")) & st["application"].notna() & (st["duration_ns"] > 0)]
+            for g, part in steps.groupby("application", sort=False):
                 ns = int(part["duration_ns"].sum())
                 groups.append({"run_id": run_id, "group": g, "seconds": ns / 1e9,
                                "share": ns / path.length_ns if path.length_ns else 0.0})

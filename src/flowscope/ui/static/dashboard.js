@@ -73,7 +73,7 @@
         });
         tdPick.appendChild(box); tr.appendChild(tdPick);
         var tdStatus = el("td"); tdStatus.appendChild(statusBadge(r.status)); tr.appendChild(tdStatus);
-        var tdName = el("td"), a = el("a", r.name || r.run_id, {href: "/ui/runs/" + encodeURIComponent(r.run_id)});
+        var tdName = el("td", null, {"class": "name"}), a = el("a", r.name || r.run_id, {href: "/ui/runs/" + encodeURIComponent(r.run_id)});
         tdName.appendChild(a); tr.appendChild(tdName);
         tr.appendChild(el("td", r.run_id, {"class": "muted key"}));
         tr.appendChild(el("td", fmtWhen(r.start_ns)));
