@@ -769,3 +769,32 @@ def test_chrome_flows_link_the_units_that_hold_their_ends(shared_data, tmp_path,
     if name == "flow_simple.json":
         m = task_graph_paths(units, deps, run.table("transfers")).measured
         assert any(p in want for p in itertools.pairwise(m.ids)), m.ids
+
+
+def test_what_if_with_any_placement_lets_the_replay_rebalance_work_across_threads(tmp_path):
+    """Two threads: a, b, c (10 ms each) one after another on w1, and d (40 ms) alone on w2. Kept where they ran,
+    d four times faster leaves w1's 30 ms as the makespan; replayed with any placement (each task, in the observed
+    start order, on the thread free first) it also lets b and c move: 20 ms. With no factor, both give the
+    measured 40 ms here (no lag to replay)."""
+    spans, deps, transfers = hand_built_run(
+        tmp_path,
+        tasks={"a": ("w1", 1, 0, 10), "b": ("w1", 1, 10, 20), "c": ("w1", 1, 20, 30), "d": ("w2", 2, 0, 40)},
+        deps=[], transfers=[])
+    assert what_if(spans, deps, transfers) == 40 * MS
+    assert what_if(spans, deps, transfers, placement="any") == 40 * MS
+    assert what_if(spans, deps, transfers, scale_tasks={"d": 0.25}) == 30 * MS
+    assert what_if(spans, deps, transfers, scale_tasks={"d": 0.25}, placement="any") == 20 * MS
+    with pytest.raises(ValueError, match="placement"):
+        what_if(spans, deps, transfers, placement="somewhere")
+
+
+def test_what_if_with_any_placement_keeps_dependencies_and_transfers(tmp_path):
+    """The diamond of the tests above: with any placement, d still waits for c's output and its transfer; c
+    twice as fast: a 0-10, c 12-36 (its input's 2 ms transfer), b 10-30 on the other thread, d at 40 (c's 4 ms
+    transfer), ends 54."""
+    spans, deps, transfers = hand_built_run(
+        tmp_path,
+        tasks={"a": ("w1", 1, 0, 10), "b": ("w1", 1, 10, 30), "c": ("w2", 2, 12, 60), "d": ("w1", 1, 66, 80)},
+        deps=[("b", "a"), ("c", "a"), ("d", "b"), ("d", "c")],
+        transfers=[("a", "w1", "w2", 10, 12), ("c", "w2", "w1", 60, 64)])
+    assert what_if(spans, deps, transfers, scale_tasks={"c": 0.5}, placement="any") == 54 * MS

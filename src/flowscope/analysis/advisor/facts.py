@@ -72,24 +72,26 @@ class RunFacts:
             return None
 
     def replay_s(self, scale: Mapping[str, float] | None = None,
-                 scale_tasks: Mapping[str, float] | None = None) -> float | None:
+                 scale_tasks: Mapping[str, float] | None = None, placement: str = "observed") -> float | None:
         """The task phase's length (s) in a replay of the run with scaled durations (``what_if``: each task on
         its thread in the observed order, started when its inputs have arrived and its thread is free, plus
-        the lag it was observed to wait beyond that); None when the run has no measured task times."""
+        the lag it was observed to wait beyond that; ``placement="any"``: on whichever thread is free first);
+        None when the run has no measured task times."""
         from flowscope.analysis.critical_path import what_if
 
         if self.paths is None or self.paths.measured is None:
             return None
-        memo = (tuple(sorted((scale or {}).items())), tuple(sorted((scale_tasks or {}).items())))
+        memo = (tuple(sorted((scale or {}).items())), tuple(sorted((scale_tasks or {}).items())), placement)
         if memo not in self._replays:
             self._replays[memo] = what_if(self.units, self.dependencies, self.transfers, scale=dict(scale or {}),
-                                          scale_tasks=scale_tasks) / 1e9
+                                          scale_tasks=scale_tasks, placement=placement) / 1e9
         return self._replays[memo]
 
     def gain_s(self, scale: Mapping[str, float] | None = None,
-               scale_tasks: Mapping[str, float] | None = None) -> float | None:
-        """How much shorter the replay with these factors is than the replay as observed (s, >= 0)."""
-        base, new = self.replay_s(), self.replay_s(scale, scale_tasks)
+               scale_tasks: Mapping[str, float] | None = None, placement: str = "observed") -> float | None:
+        """How much shorter the replay with these factors is than the replay as observed (s, >= 0), both with
+        ``placement`` (``what_if``)."""
+        base, new = self.replay_s(placement=placement), self.replay_s(scale, scale_tasks, placement)
         if base is None or new is None:
             return None
         return max(base - new, 0.0)

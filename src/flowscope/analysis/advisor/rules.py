@@ -222,7 +222,9 @@ def slow_workers(f: RunFacts) -> list[Finding]:
             continue
         mine = t[(t["group"] == group) & (t["worker"] == w)]
         factor = np.minimum(1.0, my / np.maximum(mine["duration_ns"].to_numpy(np.float64), 1.0))
-        rec = f.gain_s(scale_tasks=dict(zip(mine["key"], factor)))
+        # a worker back to speed also takes back the share of the work the others took on while it was slow:
+        # replayed on whichever thread is free first, not where each task ran
+        rec = f.gain_s(scale_tasks=dict(zip(mine["key"], factor)), placement="any")
         n_flag = int(flagged["key"].isin(set(mine["key"])).sum()) if len(flagged) else 0
         ev = mine.assign(duration_s=mine["duration_ns"] / 1e9,
                          flagged_anomalous=mine["key"].isin(set(flagged["key"])) if len(flagged) else False)[
@@ -232,8 +234,8 @@ def slow_workers(f: RunFacts) -> list[Finding]:
             f"{w} runs {group} tasks {mx / my:.1f}x slower than the other workers (median {_s(mx / 1e9)} against "
             f"{_s(my / 1e9)}; {len(mine)} tasks, {n_flag} flagged by the anomaly detector)",
             rec,
-            f"replay with {w}'s {group} tasks at the other workers' median duration (one-sided Mann-Whitney U, "
-            f"Holm-adjusted p = {pa:.2g})",
+            f"replay with {w}'s {group} tasks at the other workers' median duration, each task on the thread free "
+            f"first (one-sided Mann-Whitney U, Holm-adjusted p = {pa:.2g})",
             f"Find what slows {w} on {group}: its host's other load, its memory or disk, its data (flowscope lineage "
             f"RUN KEY on one of its tasks); restart it or keep {group} off it (worker resources / restrictions)",
             ev.sort_values("duration_s", ascending=False).reset_index(drop=True),
