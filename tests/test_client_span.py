@@ -116,3 +116,25 @@ def test_a_row_writer_called_from_another_thread_writes_to_that_threads_buffer(t
         write(None, None, "r", "call", "reversed", T0 + 1, T0, None, None)
     fs.close()
     assert list(flowscope.open_run(fs.run_dir).table("spans")["name"]) == ["after-its-thread-ended"]
+
+
+def test_closing_a_client_frees_its_per_thread_state_without_the_garbage_collector(tmp_path):
+    """CPython 3.11 deadlocks when a threading.local is freed by a garbage collection that starts inside
+    sys._current_frames() (cpython#106883: both hold the interpreter's thread list lock), and Dask's worker
+    profiler calls sys._current_frames() every 10 ms: a Dask worker plugin's closed client once hung a worker
+    that way. A client's per-thread state goes when it closes, by reference counting, never by the collector."""
+    import gc
+    import weakref
+
+    gc.disable()
+    try:
+        fs = flowscope.Client(store=tmp_path / "store", name="closing")
+        t = threading.Thread(target=lambda: fs.span("f", T0, T0 + 1))
+        t.start()
+        t.join()
+        fs.span("g", T0, T0 + 2)
+        local = weakref.ref(fs._local)
+        fs.close()
+        assert local() is None, "the closed client's threading.local is left for the garbage collector"
+    finally:
+        gc.enable()

@@ -44,6 +44,8 @@ from flowscope.model.provenance import (
 )
 
 log = logging.getLogger("flowscope.client")
+#: what a closed client's ``_local`` is: a thread-local that lives as long as the process (see Client.close)
+_CLOSED_LOCAL = threading.local()
 
 EMBEDDED = "embedded"
 
@@ -662,6 +664,10 @@ class Client:
         for t in self._senders:
             t.join(timeout)
         self._closed = True
+        # this client's per-thread state goes now, by reference counting: left to a garbage collection, a
+        # threading.local can deadlock CPython 3.11 when the collection starts inside sys._current_frames(),
+        # which Dask's worker profiler calls every 10 ms (cpython#106883: both take the thread list lock)
+        self._local = _CLOSED_LOCAL
         self._transport.close()
         if self._embedded:
             self._embedded.stop()
