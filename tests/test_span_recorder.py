@@ -199,9 +199,9 @@ def test_a_closed_client_is_freed(tmp_path):
     t = threading.Thread(target=fs.span, args=("g", T0, T0 + 1))
     t.start()
     t.join()
+    buffer = weakref.ref(fs._local.packers["spans"])
     fs.close()
     gone = weakref.ref(fs)
-    buffer = weakref.ref(fs._local.packers["spans"])
     del fs
     gc.collect()
     assert gone() is None and buffer() is None
