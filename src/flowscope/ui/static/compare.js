@@ -17,45 +17,9 @@
     var q = params.toString();
     try { history.replaceState(null, "", location.pathname + (q ? "?" + q : "") + location.hash); } catch (e) { /* file:// */ }
   }
-  function pt(s) {  // text for plotly.js, which reads a few HTML tags in labels: shown literally
-    return String(s === null || s === undefined ? "" : s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-  }
-  function fmtDur(s) {
-    if (s === null || s === undefined || !isFinite(s)) return "-";
-    var a = Math.abs(s);
-    if (a === 0) return "0 s";
-    if (a < 1e-3) return (s * 1e6).toFixed(1) + " µs";
-    if (a < 1) return (s * 1e3).toFixed(2) + " ms";
-    if (a < 120) return s.toFixed(3) + " s";
-    return UI.fmtSeconds(s);
-  }
-  function pct(x) { return (x === null || x === undefined || !isFinite(x)) ? "-" : (100 * x).toFixed(1) + " %"; }
-  function fmtBytes(n) {
-    if (n === null || n === undefined || !isFinite(n)) return "-";
-    var u = ["B", "KiB", "MiB", "GiB", "TiB"], i = 0;
-    while (Math.abs(n) >= 1024 && i < u.length - 1) { n /= 1024; i++; }
-    return (i ? n.toFixed(1) : String(Math.round(n))) + " " + u[i];
-  }
+  var fmtDur = UI.fmtDur, pct = UI.pct, fmtBytes = UI.fmtBytes, numCell = UI.numCell, pt = UI.pt, table = UI.table,
+      section = UI.section;
   function fmtNum(x, n) { return (x === null || x === undefined || !isFinite(x)) ? "-" : Number(x).toPrecision(n || 3); }
-  function numCell(text, value, cls) {
-    var a = {"class": "num" + (cls ? " " + cls : "")};
-    if (value !== null && value !== undefined) a["data-value"] = String(value);
-    return el("td", text, a);
-  }
-  function table(cls, heads) {
-    var t = el("table", null, {"class": cls}), tr = el("tr");
-    heads.forEach(function (h) { tr.appendChild(el("th", h[0], h[1] ? {"class": "num"} : null)); });
-    var th = el("thead"); th.appendChild(tr); t.appendChild(th);
-    t.appendChild(el("tbody"));
-    return t;
-  }
-  function section(root, id, title, help) {
-    var s = el("section", null, {id: id, "aria-labelledby": id + "-h"});
-    s.appendChild(el("h2", title, {id: id + "-h"}));
-    if (help) s.appendChild(el("p", help, {"class": "muted"}));
-    root.appendChild(s);
-    return s;
-  }
   function chart(into, id) { var d = el("div", null, {"class": "plot", id: id}); into.appendChild(d); return d; }
   function plot(div, traces, layout) {
     if (!global.Plotly) return;

@@ -27,6 +27,50 @@
 
   function fmtInt(n) { return (n === null || n === undefined) ? "-" : Number(n).toLocaleString("en-US"); }
 
+  /** A duration in seconds, with the unit that suits it (µs, ms, s, then minutes). */
+  function fmtDur(s) {
+    if (s === null || s === undefined || !isFinite(s)) return "-";
+    var a = Math.abs(s);
+    if (a === 0) return "0 s";
+    if (a < 1e-3) return (s * 1e6).toFixed(1) + " µs";
+    if (a < 1) return (s * 1e3).toFixed(2) + " ms";
+    if (a < 120) return s.toFixed(3) + " s";
+    return fmtSeconds(s);
+  }
+  function pct(x) { return (x === null || x === undefined || !isFinite(x)) ? "-" : (100 * x).toFixed(1) + " %"; }
+  function fmtBytes(n) {
+    if (n === null || n === undefined || !isFinite(n)) return "-";
+    var u = ["B", "KiB", "MiB", "GiB", "TiB"], i = 0;
+    while (Math.abs(n) >= 1024 && i < u.length - 1) { n /= 1024; i++; }
+    return (i ? n.toFixed(1) : String(Math.round(n))) + " " + u[i];
+  }
+  /** A table cell showing `text` for the number `value` (kept exactly in data-value). */
+  function numCell(text, value, cls) {
+    var a = {"class": "num" + (cls ? " " + cls : "")};
+    if (value !== null && value !== undefined) a["data-value"] = String(value);
+    return el("td", text, a);
+  }
+  /** Text for plotly.js, which reads a few HTML tags in labels: shown literally. */
+  function pt(s) {
+    return String(s === null || s === undefined ? "" : s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
+  }
+  /** A table with its header (`heads`: [label, numeric?]) and an empty body. */
+  function table(cls, heads) {
+    var t = el("table", null, {"class": cls}), tr = el("tr");
+    heads.forEach(function (h) { tr.appendChild(el("th", h[0], h[1] ? {"class": "num"} : null)); });
+    var th = el("thead"); th.appendChild(tr); t.appendChild(th);
+    t.appendChild(el("tbody"));
+    return t;
+  }
+  /** A new section of the page, appended to `root` at once (plotly.js sizes a chart by its place on the page). */
+  function section(root, id, title, help) {
+    var s = el("section", null, {id: id, "aria-labelledby": id + "-h"});
+    s.appendChild(el("h2", title, {id: id + "-h"}));
+    if (help) s.appendChild(el("p", help, {"class": "muted"}));
+    root.appendChild(s);
+    return s;
+  }
+
   function statusBadge(status) {
     var s = String(status || "unknown");
     return el("span", s, {"class": "status status-" + s.replace(/[^a-z]/g, "")});
@@ -102,5 +146,6 @@
   }
 
   global.flowscopeUI = {el: el, fmtSeconds: fmtSeconds, fmtWhen: fmtWhen, fmtInt: fmtInt, statusBadge: statusBadge,
-                        getJSON: getJSON, runsPage: runsPage};
+                        getJSON: getJSON, runsPage: runsPage, fmtDur: fmtDur, pct: pct, fmtBytes: fmtBytes,
+                        numCell: numCell, pt: pt, table: table, section: section};
 })(window);

@@ -22,10 +22,7 @@
     params.set(k, String(v));
     history.replaceState(null, "", location.pathname + "?" + params.toString());
   }
-  function pt(s) {  // plotly.js reads a few HTML tags in labels: show them literally
-    return String(s === null || s === undefined ? "" : s).replace(/&/g, "&amp;").replace(/</g, "&lt;").replace(/>/g, "&gt;");
-  }
-  function pct(x) { return (x === null || x === undefined) ? "-" : (100 * x).toFixed(1) + " %"; }
+  var pt = UI.pt, pct = UI.pct, fmtDur = UI.fmtDur;
   // plotly.js arrives after the page's first paint (live.js loads it): a chart asked for before then is drawn
   // again once it is there; only a chart actually drawn counts as a render
   function plot(div, traces, layout, again) {
@@ -62,10 +59,6 @@
 
   // ---- the advisor's first findings ---------------------------------------------------------------
   var FINDINGS_SHOWN = 3;
-  function fmtDur(s) {
-    if (s === null || s === undefined || !isFinite(s)) return "-";
-    return Math.abs(s) < 1 ? (s * 1e3).toFixed(1) + " ms" : UI.fmtSeconds(s);
-  }
   function renderAdvisor() {
     var d = P.advisor.doc, div = document.getElementById("advisor");
     if (!d) return;
