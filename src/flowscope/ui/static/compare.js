@@ -354,8 +354,9 @@
                          height: 320, margin: {l: 60, r: 60, t: 20, b: 40}});
       div.dataset.warnings = String(w.length);
     }
-    var first = doc.warning_summary.filter(function (r) { return r.warnings > 0; });
-    if (!params.get("warn") && first.length) params.set("warn", first[0].run_id);
+    // shown first: the run with the most warnings
+    var most = doc.warning_summary.reduce(function (m, r) { return r.warnings > (m ? m.warnings : 0) ? r : m; }, null);
+    if (!params.get("warn") && most) params.set("warn", most.run_id);
     var pick = runPicker(s, "warn", doc, false, draw);
     div = chart(s, "warnings-chart");
     draw(pick.value);
