@@ -151,22 +151,17 @@ def warnings_and_long_tasks(runs: RunSet, *, long_factor: float = LONG_FACTOR,
         WHERE l.level IN ('warning', 'error') ORDER BY l.run_id, l.ts_ns""")
     _since_start(warns, starts, "ts_ns")
     warns = warns.rename(columns={"ts_s": "t_s"})
-    tasks = runs.sql(f"""WITH {_HOSTS},
-        t AS (SELECT a.run_id, a.task_key, a."group", h.host, a.start_ns, a.end_ns, a.end_ns - a.start_ns AS d
-              FROM activity a LEFT JOIN hosts h ON h.run_id = a.run_id AND h.resource_id = a.resource_id
-              WHERE a.role = 'task'),
-        m AS (SELECT run_id, median(d) AS med, min(start_ns) AS first_ns, max(end_ns) AS last_ns,
-                     count(DISTINCT host) AS hosts FROM t GROUP BY run_id)
-        SELECT t.*, m.first_ns, m.last_ns, m.hosts FROM t JOIN m USING (run_id)
-        WHERE t.d >= greatest(m.med * {float(long_factor)}, {float(long_min_s) * 1e9})
-        ORDER BY t.run_id, t.start_ns""")
-    spans = runs.sql("""SELECT run_id, min(start_ns) AS first_ns, max(end_ns) AS last_ns,
-                               greatest(count(DISTINCT host), 1) AS hosts
-                        FROM (SELECT a.run_id, a.start_ns, a.end_ns, coalesce(r.host, p.host) AS host
-                              FROM activity a
-                              LEFT JOIN resources r ON r.run_id = a.run_id AND r.resource_id = a.resource_id
-                              LEFT JOIN resources p ON p.run_id = a.run_id AND p.resource_id = r.parent_id
-                              WHERE a.role = 'task') GROUP BY run_id""").set_index("run_id")
+    # each run's tasks once: its extent and hosts (the summary's host-time), and those long against its median
+    tasks = runs.sql(f"""WITH {_HOSTS}
+        SELECT a.run_id, a.task_key, a."group", h.host, a.start_ns, a.end_ns, a.end_ns - a.start_ns AS d
+        FROM activity a LEFT JOIN hosts h ON h.run_id = a.run_id AND h.resource_id = a.resource_id
+        WHERE a.role = 'task' ORDER BY a.run_id, a.start_ns""")
+    by_run = tasks.groupby("run_id", sort=False)
+    spans = pd.DataFrame({"first_ns": by_run["start_ns"].min(), "last_ns": by_run["end_ns"].max(),
+                          "hosts": by_run["host"].nunique().clip(lower=1)})
+    threshold = np.maximum(by_run["d"].transform("median").to_numpy(np.float64) * float(long_factor),
+                           float(long_min_s) * 1e9)
+    tasks = tasks[tasks["d"].to_numpy(np.float64) >= threshold]
     long_tasks = tasks[["run_id", "task_key", "group", "host", "start_ns", "end_ns"]].copy()
     long_tasks["duration_s"] = (long_tasks["end_ns"] - long_tasks["start_ns"]) / 1e9
     _since_start(long_tasks, starts, "start_ns", "end_ns")

@@ -70,7 +70,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         from flowscope.report.compare_view import compare_view
         from flowscope.report.snapshot import write_snapshot
 
-        doc = compare_view(chosen, comparison=c)  # the figures' own tables, with their per-record rows
+        # the figures' own tables, with their per-record rows; the critical paths (a replay per run) made once
+        doc = compare_view(chosen, comparison=c, paths=figures["paths"])
         doc["store"] = ", ".join(map(str, stores))
         out = write_snapshot("compare.html", doc, args.html)
         err_console.print(f"wrote {out}", markup=False, highlight=False, soft_wrap=True)

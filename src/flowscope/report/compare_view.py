@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 
 from flowscope.analysis.compare import Comparison
+from flowscope.analysis.compare_figures import CriticalPaths
 from flowscope.store.run_set import RunSet
 
 #: rows of a per-record table a document carries at most (the longest tasks, the largest transfers and a
@@ -37,10 +38,10 @@ def _capped(df: pd.DataFrame, by: str | None, limit: int = POINT_LIMIT) -> tuple
 
 
 def compare_view(runs: RunSet, before: list[str] | None = None, after: list[str] | None = None, *,
-                 comparison: Comparison | None = None, **options: Any) -> dict:
+                 comparison: Comparison | None = None, paths: CriticalPaths | None = None, **options: Any) -> dict:
     """Everything the compare page shows of ``runs``: the comparison (phases, group distributions, what changed
     between ``before`` and ``after``, scheduling order, placement; ``options`` as :func:`compare` takes them;
-    ``comparison``: one already made of these runs) and
+    ``comparison``, ``paths``: a comparison and the critical paths already computed for these runs) and
     the tables of the figures (transfers by locality, I/O per resource, task coordinates, warnings against long
     tasks, the critical paths side by side, tasks moved between workers per pair of workers), per-record tables capped
     at POINT_LIMIT rows each."""
@@ -77,5 +78,6 @@ def compare_view(runs: RunSet, before: list[str] | None = None, after: list[str]
         warnings=_rows(cut_warns), warning_count=n_warns, long_tasks=_rows(cut_long),
         long_task_count=n_long,
         warning_summary=_rows(warn_summary), long_task_rule={"factor": LONG_FACTOR, "min_s": LONG_MIN_S},
-        critical_paths=critical_paths(runs).to_dict(), moves=_rows(moves), point_limit=POINT_LIMIT)
+        critical_paths=(paths if paths is not None else critical_paths(runs)).to_dict(), moves=_rows(moves),
+        point_limit=POINT_LIMIT)
     return doc
