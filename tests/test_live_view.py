@@ -429,3 +429,19 @@ def test_a_programs_own_series_are_drawn_the_first_eight_by_publication_and_watc
     assert snap["diagnostics"]["mine:s09"]["proc:1"]["v"] == [3.0 ** k for k in range(12)]
     warn = [w for w in snap["warnings"] if w["category"] == "instability"]
     assert len(warn) == 1 and warn[0]["message"].startswith("mine s09 grew")
+
+
+def test_what_pages_receive_is_json_a_browser_parses_with_numpy_values_and_non_finite_numbers_as_null():
+    """The text sent to pages (deltas, snapshots, views) is strict JSON: numpy arrays and scalars as their
+    values, NaN and infinities as null (a browser's JSON.parse refuses NaN), integer keys as strings, integers
+    beyond 64 bits exact, markup left as it is (the pages escape it)."""
+    from flowscope.service.json_text import encode
+
+    doc = {"tasks": {"start": np.array([0.5, 1.25]), "row": np.array([3, 4], dtype=np.int32)},
+           "n": np.int64(7), "x": np.float32(0.5), "bad": [float("nan"), float("inf"), -float("inf")],
+           "relabel": {2: "worker <b>a</b>"}, "big": 2 ** 70, "key": "('<script>x</script>', 1)"}
+    text = encode(doc)
+    assert isinstance(text, str) and "NaN" not in text and "Infinity" not in text
+    assert json.loads(text) == {"tasks": {"start": [0.5, 1.25], "row": [3, 4]}, "n": 7, "x": 0.5,
+                                "bad": [None, None, None], "relabel": {"2": "worker <b>a</b>"}, "big": 2 ** 70,
+                                "key": "('<script>x</script>', 1)"}

@@ -21,12 +21,13 @@ from functools import lru_cache
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from starlette.responses import FileResponse, JSONResponse, RedirectResponse, Response
+from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from flowscope.model.provenance import check_run_id
+from flowscope.service.json_text import PageJSON, encode
 from flowscope.service.live_hub import LiveHub
 from flowscope.store.catalog import list_runs, run_state
 from flowscope.store.layout import RUN_JSON, read_json, segment_files
@@ -200,16 +201,16 @@ def dashboard_routes(hub: LiveHub) -> list:
         try:
             check_run_id(request.path_params["run_id"])
         except ValueError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
+            return PageJSON({"error": str(exc)}, status_code=400)
         return FileResponse(pages / "run.html", headers={"cache-control": "no-store"})
 
     async def view_page(request) -> Response:
         try:
             check_run_id(request.path_params["run_id"])
         except ValueError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
+            return PageJSON({"error": str(exc)}, status_code=400)
         if request.path_params["page"] not in VIEW_PAGES:
-            return JSONResponse({"error": f"page: no page {request.path_params['page']!r}; the pages of a run: "
+            return PageJSON({"error": f"page: no page {request.path_params['page']!r}; the pages of a run: "
                                           f"{', '.join(VIEW_PAGES)}"}, status_code=404)
         return FileResponse(pages / "view.html", headers={"cache-control": "no-store"})
 
@@ -220,15 +221,15 @@ def dashboard_routes(hub: LiveHub) -> list:
             raise ValueError(f"view: no view {params['view']!r}; the views: {', '.join(VIEW_NAMES)}")
         return run_id, params["view"]
 
-    async def view_json(request) -> JSONResponse:
+    async def view_json(request) -> PageJSON:
         try:
             run_id, view = _view_target(request.path_params)
             w = await asyncio.to_thread(hub.watch, run_id)
         except ValueError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
+            return PageJSON({"error": str(exc)}, status_code=400)
         except FileNotFoundError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=404)
-        return JSONResponse(await views.get(w.run_dir, view))
+            return PageJSON({"error": str(exc)}, status_code=404)
+        return PageJSON(await views.get(w.run_dir, view))
 
     async def view_live(ws: WebSocket) -> None:
         """The view, then the view again each time the run changed (at most once per VIEW_DEBOUNCE_S)."""
@@ -250,7 +251,7 @@ def dashboard_routes(hub: LiveHub) -> list:
         gone = asyncio.ensure_future(ws.receive())
         try:
             doc = await views.get(w.run_dir, view)
-            await ws.send_json({"type": "view", "doc": doc})
+            await ws.send_text(encode({"type": "view", "doc": doc}))
             sent = doc["segments"], doc["status"]
             while True:
                 waiting = asyncio.ensure_future(wake.wait())
@@ -268,7 +269,7 @@ def dashboard_routes(hub: LiveHub) -> list:
                 wake.clear()
                 doc = await views.get(w.run_dir, view)
                 if (doc["segments"], doc["status"]) != sent:
-                    await ws.send_json({"type": "view", "doc": doc})
+                    await ws.send_text(encode({"type": "view", "doc": doc}))
                     sent = doc["segments"], doc["status"]
         except (WebSocketDisconnect, OSError):
             return
@@ -307,11 +308,11 @@ def dashboard_routes(hub: LiveHub) -> list:
         doc["store"] = str(hub.store)
         return json_safe(doc)
 
-    async def compare_json(request) -> JSONResponse:
+    async def compare_json(request) -> PageJSON:
         try:
-            return JSONResponse(await asyncio.to_thread(compare_doc, request.query_params))
+            return PageJSON(await asyncio.to_thread(compare_doc, request.query_params))
         except ValueError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
+            return PageJSON({"error": str(exc)}, status_code=400)
 
     async def plotly_js(request) -> Response:
         raw, packed, etag = await asyncio.to_thread(_plotly_js)  # the first call reads and compresses it
@@ -345,18 +346,18 @@ def dashboard_routes(hub: LiveHub) -> list:
         out.reverse()  # newest first
         return {"store": str(hub.store), "runs": out}
 
-    async def runs_json(request) -> JSONResponse:
-        return JSONResponse(await asyncio.to_thread(runs_doc))
+    async def runs_json(request) -> PageJSON:
+        return PageJSON(await asyncio.to_thread(runs_doc))
 
-    async def snapshot_json(request) -> JSONResponse:
+    async def snapshot_json(request) -> PageJSON:
         try:
             w = await asyncio.to_thread(hub.watch, check_run_id(request.path_params["run_id"]))
         except ValueError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=400)
+            return PageJSON({"error": str(exc)}, status_code=400)
         except FileNotFoundError as exc:
-            return JSONResponse({"error": str(exc)}, status_code=404)
+            return PageJSON({"error": str(exc)}, status_code=404)
         _, snap = await asyncio.to_thread(w.since, None, None)
-        return JSONResponse(snap)
+        return PageJSON(snap)
 
     async def live(ws: WebSocket) -> None:
         origin = ws.headers.get("origin")
@@ -384,7 +385,7 @@ def dashboard_routes(hub: LiveHub) -> list:
             kind, body = await asyncio.to_thread(w.since, ws.query_params.get("epoch"), since)
             while True:
                 if kind == "snapshot":
-                    await ws.send_json({"type": "snapshot", **body})
+                    await ws.send_text(encode({"type": "snapshot", **body}))
                     since = body["seq"]
                 elif body is not None:
                     message, since = body

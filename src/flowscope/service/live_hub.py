@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import itertools
-import json
 import logging
 import threading
 import uuid
@@ -29,6 +28,7 @@ import pyarrow.parquet as pq
 from flowscope.analysis.live import LiveRun, pending_segments
 from flowscope.model.schemas import schema
 from flowscope.store.layout import RUN_JSON, read_json
+from flowscope.service.json_text import encode
 from flowscope.store.run import Run
 
 log = logging.getLogger("flowscope.dashboard")
@@ -38,11 +38,6 @@ RING = 2000
 #: bytes of acknowledged batches the hub may hold before its view takes them; beyond, the collector waits for the
 #: view (as it always did before issue 15) instead of holding ever more batches outside its memory budget
 FEED_BYTES = 64 * 1024 * 1024
-
-
-def encode(doc: dict) -> str:
-    """``doc`` as the JSON text a page receives (Starlette's ``send_json`` encoding)."""
-    return json.dumps(doc, separators=(",", ":"), ensure_ascii=False)
 
 
 class Encoded:
