@@ -445,3 +445,45 @@ def test_what_pages_receive_is_json_a_browser_parses_with_numpy_values_and_non_f
     assert json.loads(text) == {"tasks": {"start": [0.5, 1.25], "row": [3, 4]}, "n": 7, "x": 0.5,
                                 "bad": [None, None, None], "relabel": {"2": "worker <b>a</b>"}, "big": 2 ** 70,
                                 "key": "('<script>x</script>', 1)"}
+
+
+def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded, tmp_path):
+    """While a run changes, a view is recomputed at most once per max(VIEW_DEBOUNCE_S, its cost / share) for
+    every page together: a page asking sooner gets the kept view and how long until a fresher one may be
+    computed; once that time has passed, the next ask recomputes it with the new segments."""
+    import asyncio
+
+    from flowscope.service.collector import Collector
+    from flowscope.service.dashboard_routes import VIEW_DEBOUNCE_S, _Views
+
+    segs = [s for s in _segments(recorded) if s[0] in ("metrics", "resources")]
+    assert sum(t == "metrics" for t, _, _ in segs) >= 2, "the recorded run has too few metrics segments"
+    now = [1000.0]
+    collector = Collector(tmp_path / "store")
+    try:
+        doc = collector.open_run({"name": "cadence", "start_ns": Run(recorded).meta["start_ns"]})
+        run_dir = collector.store / doc["run_id"]
+        last = max(i for i, s in enumerate(segs) if s[0] == "metrics")
+        for table, sid, data in segs[:last]:
+            collector.ingest(doc["run_id"], table, sid, data, timeout=60)
+        views = _Views(clock=lambda: now[0])
+
+        async def pages():
+            first, wait = await views.get(run_dir, "memory", share=0.05)
+            assert wait is None  # computed now: fresh
+            again, wait = await views.get(run_dir, "memory", share=0.05)
+            assert again is first and wait is None  # nothing changed: the kept view
+            table, sid, data = segs[last]
+            collector.ingest(doc["run_id"], table, sid, data, timeout=60)
+            allowed = max(VIEW_DEBOUNCE_S, first["compute_s"] / 0.05)
+            now[0] += allowed / 2
+            answers = [await views.get(run_dir, "memory", share=0.05) for _ in range(5)]  # five pages
+            for got, wait in answers:
+                assert got is first and wait == pytest.approx(allowed / 2)
+            now[0] += allowed / 2
+            newer, wait = await views.get(run_dir, "memory", share=0.05)
+            assert newer is not first and wait is None
+            assert newer["segments"]["metrics"] == first["segments"]["metrics"] + 1
+        asyncio.run(pages())
+    finally:
+        collector.shutdown()

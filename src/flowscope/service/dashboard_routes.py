@@ -16,6 +16,7 @@ import hashlib
 import logging
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
@@ -42,10 +43,13 @@ DISK_POLL_S = 1.0
 #: one recomputation), seconds
 VIEW_DEBOUNCE_S = 1.0
 #: ... and a view that takes long to compute waits longer: at least its last computation's time divided by this
-#: share, so that following a large run keeps each view's recomputation under this share of one core (a page may
-#: ask for less with ``?share=``: the overview's advisor panel, open whenever a run is, asks for PANEL_CPU_SHARE)
+#: share, so that following a large run keeps each view's recomputation under this share of one core, for every
+#: page that follows it together (a page may ask for less with ``?share=``)
 VIEW_CPU_SHARE = 0.2
-PANEL_CPU_SHARE = 0.05
+#: the share the overview's panels (advisor, memory) ask for with ``?share=panel``: they are open whenever a run's
+#: overview is, and with the forecast panel (service/forecast_routes.py, CPU_SHARE) and the live view keep the
+#: dashboard's cost to the collector under a tenth of a core (bench/dashboard.py)
+PANEL_CPU_SHARE = 0.02
 #: the run's analysis pages (``/ui/runs/RUN_ID/PAGE``), each served by ``view.html`` with the view of that name
 VIEW_PAGES = ("advisor", "critical-path", "profile", "anomalies", "logs")
 #: views drawn as panels of the run overview (cheap: one query each), computed on a thread of their own so that
@@ -133,8 +137,9 @@ class _Views:
     of their own) and kept until the segments of the
     tables it reads, or the run's status, change; pages of the same run and view share one computation."""
 
-    def __init__(self) -> None:
-        self._done: dict[tuple, tuple] = {}
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._done: dict[tuple, tuple] = {}  # (run_dir, view) -> (signature, doc, computed at)
         self._locks: dict[tuple, asyncio.Lock] = {}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="flowscope-views")
         self._panel_pool = ThreadPoolExecutor(1, thread_name_prefix="flowscope-panel-views")
@@ -169,19 +174,26 @@ class _Views:
         doc["segments"] = dict(zip(tables, sig[1:]))
         return doc
 
-    async def get(self, run_dir: Path, view: str) -> dict:
-        """The view of the run as its tables are now (computed if they changed since it was last computed)."""
+    async def get(self, run_dir: Path, view: str, share: float | None = None) -> tuple[dict, float | None]:
+        """The view of the run, and None when it is as the tables are now; or, with ``share``, the view kept
+        from a recent computation and in how many seconds a fresher one may be computed: a view followed live
+        is recomputed at most once per max(VIEW_DEBOUNCE_S, its last computation's time / ``share``), however
+        many pages follow it."""
         key = (run_dir, view)
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             sig = await asyncio.to_thread(self.signature, run_dir, view)
             hit = self._done.get(key)
+            if share is not None and hit is not None and hit[0] != sig:
+                wait = hit[2] + max(VIEW_DEBOUNCE_S, hit[1]["compute_s"] / share) - self._clock()
+                if wait > 0:
+                    return hit[1], wait
             if hit is None or hit[0] != sig:
                 loop = asyncio.get_running_loop()
                 pool = self._panel_pool if view in PANEL_VIEWS else self._pool
                 doc = await loop.run_in_executor(pool, self._compute, run_dir, view, sig)
-                hit = self._done[key] = (sig, doc)
-            return hit[1]
+                hit = self._done[key] = (sig, doc, self._clock())
+            return hit[1], None
 
 
 def dashboard_routes(hub: LiveHub) -> list:
@@ -229,17 +241,19 @@ def dashboard_routes(hub: LiveHub) -> list:
             return PageJSON({"error": str(exc)}, status_code=400)
         except FileNotFoundError as exc:
             return PageJSON({"error": str(exc)}, status_code=404)
-        return PageJSON(await views.get(w.run_dir, view))
+        return PageJSON((await views.get(w.run_dir, view))[0])
 
     async def view_live(ws: WebSocket) -> None:
-        """The view, then the view again each time the run changed (at most once per VIEW_DEBOUNCE_S)."""
+        """The view, then the view again each time the run changed (at most once per VIEW_DEBOUNCE_S, and for
+        a view that is long to compute at most once per its cost / share, for every page together)."""
         origin = ws.headers.get("origin")
         if origin and urlsplit(origin).netloc != ws.headers.get("host"):
             await ws.close(code=1008)
             return
         try:
             run_id, view = _view_target(ws.path_params)
-            share = min(VIEW_CPU_SHARE, max(0.01, float(ws.query_params.get("share") or VIEW_CPU_SHARE)))
+            asked = ws.query_params.get("share")
+            share = PANEL_CPU_SHARE if asked == "panel" else min(VIEW_CPU_SHARE, max(0.01, float(asked or VIEW_CPU_SHARE)))
             w = await asyncio.to_thread(hub.watch, run_id)
         except (ValueError, FileNotFoundError):
             await ws.close(code=1008)
@@ -250,24 +264,25 @@ def dashboard_routes(hub: LiveHub) -> list:
         w.waiters.add((loop, wake))
         gone = asyncio.ensure_future(ws.receive())
         try:
-            doc = await views.get(w.run_dir, view)
+            doc, later = await views.get(w.run_dir, view, share)
             await ws.send_text(encode({"type": "view", "doc": doc}))
             sent = doc["segments"], doc["status"]
             while True:
-                waiting = asyncio.ensure_future(wake.wait())
-                done, _ = await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED,
-                                             timeout=DISK_POLL_S if hub.collector is None else None)
-                if not waiting.done():
-                    waiting.cancel()
-                if gone in done:
-                    return
-                # the changes of the next VIEW_DEBOUNCE_S (longer for a view that is long to compute) fold into
-                # this recomputation
-                done, _ = await asyncio.wait({gone}, timeout=max(VIEW_DEBOUNCE_S, doc["compute_s"] / share))
+                if later is None:  # up to date: wait for the run to change
+                    waiting = asyncio.ensure_future(wake.wait())
+                    done, _ = await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED,
+                                                 timeout=DISK_POLL_S if hub.collector is None else None)
+                    if not waiting.done():
+                        waiting.cancel()
+                    if gone in done:
+                        return
+                # the changes of the next VIEW_DEBOUNCE_S (or until a fresher view may be computed) fold into
+                # one recomputation
+                done, _ = await asyncio.wait({gone}, timeout=VIEW_DEBOUNCE_S if later is None else later)
                 if gone in done:
                     return
                 wake.clear()
-                doc = await views.get(w.run_dir, view)
+                doc, later = await views.get(w.run_dir, view, share)
                 if (doc["segments"], doc["status"]) != sent:
                     await ws.send_text(encode({"type": "view", "doc": doc}))
                     sent = doc["segments"], doc["status"]

@@ -35,7 +35,7 @@ from flowscope.store.run import Run
 
 PARAMS = ("event", "fraction", "window", "max_age")
 #: ``max_age=auto``: the share of one core recomputing one (run, query) may take, and the shortest age then served
-CPU_SHARE = 0.05
+CPU_SHARE = 0.02
 MIN_AGE_S = 1.0
 #: how many (run, query) answers are kept, the least recently asked dropped first
 KEPT_MAX = 256

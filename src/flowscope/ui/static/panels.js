@@ -212,6 +212,6 @@
   setInterval(tick, 250);
   document.getElementById("to-advisor").setAttribute("href", "/ui/runs/" + encodeURIComponent(runId) + "/advisor");
   // every open overview follows the advisor: a smaller share of a core than a page the user opened for it
-  connectView("advisor", renderAdvisor, 0.05);
-  connectView("memory", renderMemory);
+  connectView("advisor", renderAdvisor, "panel");
+  connectView("memory", renderMemory, "panel");
 })(window);
