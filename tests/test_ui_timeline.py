@@ -262,3 +262,34 @@ def test_a_group_added_later_draws_in_its_colour_and_a_renamed_row_keeps_text_on
     assert page.evaluate("() => [tl.groups.length, tl.rowLabels.length]") == [5, 3]
     assert page.evaluate("() => window.__xss") is None
     assert page.dialogs == []
+
+
+def test_new_data_is_drawn_within_the_draw_share_of_the_page_and_a_users_zoom_at_once(page):
+    """A draw that took d ms is followed, for new data, by the next no sooner than d / drawShare ms after it
+    began (a timer, not the next frame); a zoom is drawn at the next frame whatever the last draw cost. The
+    page's clock and its frame and timer functions are replaced by counting ones: nothing here waits."""
+    got = page.evaluate("""() => {
+        let now = 1000, step = 20;
+        performance.now = () => (now += step);
+        const frames = [], timers = [];
+        window.requestAnimationFrame = (f) => frames.push(f);
+        window.cancelAnimationFrame = () => {};
+        window.setTimeout = (f, ms) => timers.push(ms);
+        window.clearTimeout = () => {};
+        tl.draw();  // took 20 ms on this clock
+        const d = {start: [10.5], end: [10.6], row: [0], group: [1], key: ["late-0"]};
+        tl.append(d);
+        const afterData = {frames: frames.length, timers: timers.slice()};
+        tl.setView(0, 5);
+        const afterZoom = frames.length;
+        step = 0; now += 10000;  // long after the last draw began
+        frames.length = 0; timers.length = 0; tl._pending = 0;
+        tl.append({start: [10.7], end: [10.8], row: [0], group: [1], key: ["late-1"]});
+        return {afterData, afterZoom, later: {frames: frames.length, timers: timers.length},
+                share: tl.options.drawShare, lastDrawMs: tl.lastDrawMs};
+    }""")
+    assert got["lastDrawMs"] == 20 and 0 < got["share"] < 1
+    assert got["afterData"]["frames"] == 0 and len(got["afterData"]["timers"]) == 1
+    assert 0 < got["afterData"]["timers"][0] <= 20 / got["share"]
+    assert got["afterZoom"] == 1  # the zoom: the next frame
+    assert got["later"] == {"frames": 1, "timers": 0}

@@ -118,11 +118,16 @@
     if (drewHosts || drewThroughput || drewDiagnostics) charts.last = now;
   }
 
-  var drawPending = false;
+  // the counters, tables and warnings are rebuilt at most once per RENDER_MS while deltas stream in (the task
+  // stream keeps its own pace, timeline.js drawShare): a person reads them no faster, and 20 deltas a second
+  // would otherwise rebuild them 20 times
+  var RENDER_MS = 250, drawPending = false, lastRender = -Infinity;
   function requestRender() {
     if (drawPending) return;
     drawPending = true;
-    global.requestAnimationFrame(function () { drawPending = false; render(); });
+    var wait = lastRender + RENDER_MS - global.performance.now();
+    var frame = function () { global.requestAnimationFrame(function () { drawPending = false; lastRender = global.performance.now(); render(); }); };
+    if (wait > 0) global.setTimeout(frame, wait); else frame();
   }
 
   function totals() {

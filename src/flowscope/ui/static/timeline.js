@@ -36,6 +36,7 @@
     maxTransferLines: 1000, // more transfers in view than this: marks on the receiving thread, not lines
     record: false,         // keep what the last draw drew, for inspect() (tests)
     follow: true,          // a view that shows the end of the run extends as deltas arrive
+    drawShare: 0.1,        // redraws for new data keep to this share of the page's time (a user's zoom is at once)
     wheelZoom: 0.0015,     // zoom factor per wheel delta unit: exp(-deltaY * wheelZoom)
   };
 
@@ -246,7 +247,7 @@
     }
     this.extent = [lo, hi];
     if (this._view && following) this._view = [v[0], hi];
-    this.requestDraw();
+    this.requestDraw(true);
     return this.count;
   };
 
@@ -286,9 +287,19 @@
     this.requestDraw();
   };
 
-  P.requestDraw = function () {
+  /** Draw at the next animation frame; for new data (``data``), no sooner than drawing keeps to
+   *  options.drawShare of the page's time: a draw that took d ms is followed by the next d / drawShare ms after
+   *  it began, so that a run streaming 100,000 tasks a second does not spend the page's time redrawing. */
+  P.requestDraw = function (data) {
     if (this._pending) return;
-    var self = this;
+    var self = this, share = this.options.drawShare;
+    if (data && share > 0 && this._drawnAt !== undefined) {
+      var wait = this._drawnAt + this.lastDrawMs / share - global.performance.now();
+      if (wait > 1) {
+        if (!this._timer) this._timer = global.setTimeout(function () { self._timer = 0; self.requestDraw(); }, wait);
+        return;
+      }
+    }
     this._pending = global.requestAnimationFrame(function () { self._pending = 0; self.draw(); });
   };
 
@@ -328,8 +339,9 @@
 
   /** Draw now; returns {exact, merged, transfers, ms}. */
   P.draw = function () {
-    var t0 = global.performance.now();
+    var t0 = this._drawnAt = global.performance.now();
     if (this._pending) { global.cancelAnimationFrame(this._pending); this._pending = 0; }
+    if (this._timer) { global.clearTimeout(this._timer); this._timer = 0; }
     var o = this.options, ctx = this.canvas.getContext("2d"), dpr = this.dpr;
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     var v = this._currentView(), v0 = v[0], v1 = v[1], W = this.plotWidth, L0 = this.plotLeft;
