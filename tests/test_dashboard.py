@@ -230,6 +230,24 @@ def test_with_a_token_pages_and_websocket_need_it(collector_factory, browser):
     context.close()
 
 
+def test_pages_messages_are_compressed_beyond_loopback_only(collector_factory):
+    """On loopback (the default) the live socket does not deflate what it sends (the collector's CPU; the bytes
+    cost nothing there); bound beyond loopback it agrees to permessage-deflate when the browser offers it."""
+    websockets_sync = require_module("websockets.sync.client", "uvicorn[standard] brings it")
+    token = "tok-" + "y" * 30
+    auth = {"Authorization": f"Bearer {token}"}
+    for host, deflate in (("127.0.0.1", False), ("0.0.0.0", True)):
+        c = collector_factory("--host", host, "--token", token)
+        run_id = _open_run(c.address, auth, "compression")
+        ws_url = c.address.replace("http://", "ws://") + f"/v1/ui/runs/{run_id}/live"
+        with websockets_sync.connect(ws_url, additional_headers=auth, open_timeout=30, proxy=None) as ws:
+            assert json.loads(ws.recv(timeout=60))["type"] == "snapshot"
+            offered = ws.request.headers.get("Sec-WebSocket-Extensions") or ""
+            agreed = ws.response.headers.get("Sec-WebSocket-Extensions") or ""
+        assert "permessage-deflate" in offered
+        assert ("permessage-deflate" in agreed) is deflate, (host, agreed)
+
+
 def test_flowscope_serve_prints_the_dashboard_url(collector):
     log = collector.log_path.read_text()
     assert f"flowscope dashboard: {collector.address}/ui/" in log
