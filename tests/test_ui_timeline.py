@@ -151,7 +151,8 @@ def test_a_delta_appends_and_the_live_view_follows_it(page):
         tl.draw();
     }""")
     assert page.evaluate("() => tl.count") == 1013
-    assert page.evaluate("() => tl.view") == [0, 19.5]  # the view showed the end of the run: it follows
+    # the view showed the end of the run: it follows, with a tenth of the run's length as headroom past its end
+    assert page.evaluate("() => tl.view") == pytest.approx([0, 19.5 * 1.1])
     exact = {r["key"]: r for r in page.evaluate("() => tl.inspect()")["exact"]}
     assert {f"late-{i}" for i in range(10)} <= set(exact)
     r = exact["late-9"]
@@ -293,3 +294,56 @@ def test_new_data_is_drawn_within_the_draw_share_of_the_page_and_a_users_zoom_at
     assert 0 < got["afterData"]["timers"][0] <= 20 / got["share"]
     assert got["afterZoom"] == 1  # the zoom: the next frame
     assert got["later"] == {"frames": 1, "timers": 0}
+
+
+@pytest.mark.parametrize("transfers", [50, 5000], ids=["transfer-lines", "transfer-marks"])
+def test_a_followed_run_draws_only_what_a_delta_changed_and_the_pixels_equal_a_full_draw(server, chromium, transfers):
+    """Following a live run, a delta redraws only the pixel columns from its earliest task on (the view keeps
+    headroom, so its scale stays put between rescales): after each of 40 deltas of tasks and transfers, some out
+    of order, sub-pixel and wide, over 12 rows, the canvas holds exactly what a full draw of the same view
+    draws."""
+    pg = chromium.new_page(viewport={"width": 1200, "height": 600}, device_scale_factor=1)
+    try:
+        pg.goto(server, wait_until="load")
+        got = pg.evaluate("""(nx) => {
+            let seed = 7;
+            const rnd = () => (seed = (seed * 16807) % 2147483647) / 2147483647;
+            const rows = Array.from({length: 12}, (_, i) => "row-" + i);
+            const groups = [{name: "a", color: "#1f77b4"}, {name: "b", color: "#ff7f0e"}, {name: "c", color: "#2ca02c"}];
+            const tl = new FlowscopeTimeline(document.getElementById("tl"), {rows, groups, rowHeight: 12});
+            const kinds = {}, mismatches = [];
+            let t = 0;
+            for (let d = 0; d < 40; d++) {
+                const task = {start: [], end: [], row: [], group: [], key: []}, x = {start: [], end: [], src: [], dst: []};
+                for (let i = 0; i < 400; i++) {
+                    const s = Math.max(0, t - rnd() * 2) + rnd() * 0.5, dur = rnd() < 0.9 ? rnd() * 0.01 : rnd() * 3;
+                    task.start.push(s); task.end.push(s + dur); task.row.push(Math.floor(rnd() * 12));
+                    task.group.push(Math.floor(rnd() * 3)); task.key.push("k" + d + "-" + i);
+                }
+                for (let i = 0; i < nx / 40; i++) {
+                    const s = Math.max(0, t - rnd()) + rnd() * 0.5;
+                    x.start.push(s); x.end.push(s + rnd() * 0.2); x.src.push(Math.floor(rnd() * 12)); x.dst.push(Math.floor(rnd() * 12));
+                }
+                t += 0.5;
+                tl.append(task, x);
+                tl.draw();
+                kinds[tl.lastDrawKind] = (kinds[tl.lastDrawKind] || 0) + 1;
+                const ctx = tl.canvas.getContext("2d");
+                const seen = ctx.getImageData(0, 0, tl.canvas.width, tl.canvas.height).data.slice();
+                tl._drawnState = null;  // forget what was drawn: the next draw is a full one
+                tl.draw();
+                if (tl.lastDrawKind !== "full") return {error: "the forced draw was " + tl.lastDrawKind};
+                const full = ctx.getImageData(0, 0, tl.canvas.width, tl.canvas.height).data;
+                let diff = 0;
+                for (let i = 0; i < full.length; i++) if (full[i] !== seen[i]) diff++;
+                if (diff) mismatches.push([d, diff]);
+            }
+            return {kinds, mismatches, count: tl.count, view: tl.view, extent: tl.extent};
+        }""", transfers)
+        assert "error" not in got, got
+        assert got["count"] == 40 * 400
+        assert got["mismatches"] == []
+        assert got["kinds"].get("incremental", 0) >= 20, got["kinds"]  # most deltas fell within the headroom
+        assert got["view"][0] == got["extent"][0] and got["view"][1] >= got["extent"][1]
+    finally:
+        pg.close()

@@ -24,6 +24,9 @@
   "use strict";
 
   var LEVELS = [0.10, 0.50, 1.0];      // busy share of a merged pixel: up to 10 %, up to 50 %, more
+  // following a live run, the whole-run view ends this share of the run's length past its end, so that its scale
+  // stays put while deltas fill the headroom and a draw redraws only the columns they changed
+  var HEADROOM = 0.1;
   var OPACITIES = [0.3, 0.6, 1.0];
   var DEFAULTS = {
     rowHeight: 0,          // px per row; 0: fit the rows into maxHeight (between 4 and 24 px)
@@ -123,6 +126,8 @@
     this.keys = [];
     this.count = 0;
     this.extent = [Infinity, -Infinity];
+    this._dirtyFrom = Infinity;  // the earliest start appended since the last draw
+    this._drawnState = null;     // what the pixel buffer holds: view, sizes, rows, groups (null: nothing reusable)
     this._view = null;          // [t0, t1] seconds; null: the whole run
     this.xfer = {n: 0, start: new Float64Array(16), end: new Float64Array(16),
                  src: new Int32Array(16), dst: new Int32Array(16)};
@@ -163,7 +168,9 @@
 
   P._currentView = function () {
     if (this._view) return this._view;
-    if (this.extent[0] <= this.extent[1] && this.extent[1] > this.extent[0]) return this.extent;
+    if (this.extent[0] <= this.extent[1] && this.extent[1] > this.extent[0]) {
+      return this._followEnd > this.extent[1] ? [this.extent[0], this._followEnd] : this.extent;
+    }
     if (this.extent[0] === this.extent[1]) return [this.extent[0] - 0.5, this.extent[0] + 0.5];
     return [0, 1];
   };
@@ -224,8 +231,9 @@
     }
     var v = this._currentView(), following = this._view === null ||
       (this.options.follow && this._view[1] >= this.extent[1] && this.extent[1] > -Infinity);
-    var lo = this.extent[0], hi = this.extent[1];
+    var lo = this.extent[0], hi = this.extent[1], first = Infinity;
     for (i = 0; i < n; i++) {
+      if (start[i] < first) first = start[i];
       var id = this.count++;
       this.rows[row[i]].insert(start[i], end[i], group[i], id);
       this.keys.push(key ? String(key[i]) : "");
@@ -245,7 +253,13 @@
         if (x.end[i] > hi) hi = x.end[i];
       }
     }
+    // the whole-run view of a run that grows past what was drawn gets headroom (a run shown whole for the first
+    // time, or that did not grow, is shown exactly)
+    if (this.drawCount && (lo < this.extent[0] || hi > Math.max(this.extent[1], this._followEnd || -Infinity))) {
+      this._followEnd = lo + (hi - lo) * (1 + HEADROOM);
+    }
     this.extent = [lo, hi];
+    if (first < this._dirtyFrom) this._dirtyFrom = first;
     if (this._view && following) this._view = [v[0], hi];
     this.requestDraw(true);
     return this.count;
@@ -353,7 +367,19 @@
     // the bars are written straight into one pixel buffer (axis-aligned, whole pixels): per row, one pixel line
     // gets its merged columns, then its exact bars over them, and is copied down to the bar's height. Far
     // cheaper than rasterising tens of thousands of canvas paths.
-    var Wd = this.canvas.width, Hd = this.canvas.height, buf = this._pixels(Wd, Hd);
+    // A run followed live: when nothing but new tasks changed since the last draw (same view, sizes, rows and
+    // colours), only the plot columns from the earliest new task's start on are redrawn; the columns before
+    // keep their pixels. Every task that reaches those columns is in a suffix of its row (sorted by start), so
+    // they are recomputed whole, and the exact bars of that suffix are drawn again in order (the same pixels
+    // where they reach back before it); transfer marks are drawn again, all of them.
+    var Wd = this.canvas.width, Hd = this.canvas.height, R = this.rows.length, prev = this._drawnState;
+    var incremental = !rec && prev !== null && this._image && this._image.width === Wd && this._image.height === Hd &&
+      prev.v0 === v0 && prev.v1 === v1 && prev.W === W && prev.L0 === L0 && prev.dpr === dpr && prev.rh === rh &&
+      prev.R === R && prev.packed === packed;
+    var ca = incremental ? (this._dirtyFrom === Infinity ? W :
+                            Math.max(0, Math.min(W, Math.floor((this._dirtyFrom - v0) * scale)))) : 0;
+    var from = v0 + ca * pxDur, clearAt = Math.round((L0 + ca) * dpr);
+    var buf = incremental ? this._words : this._pixels(Wd, Hd);
     var put = function (line, x0, x1, colour) {
       var da = Math.round((L0 + x0) * dpr), db = Math.min(Wd, Math.round((L0 + x1) * dpr));
       buf.fill(colour, line + da, line + (db > da ? db : da + 1));
@@ -366,7 +392,9 @@
       var yd0 = Math.round(y * dpr), yd1 = Math.min(Hd, Math.max(yd0 + 1, Math.round((y + barH) * dpr)));
       if (yd0 >= Hd) break;
       var line = yd0 * Wd;
-      var i = row.lowerBound(v0 - row.maxDur), s = row.start, e = row.end, g = row.group, n = row.n;
+      if (ca >= W) continue;
+      var i = row.lowerBound((incremental ? from - pxDur : v0) - row.maxDur), s = row.start, e = row.end,
+          g = row.group, n = row.n;
       touched.length = 0;
       bars.length = 0;
       var sorted = true, lastCol = -1;
@@ -385,6 +413,7 @@
         } else {
           var c = Math.floor((x0 + x1) / 2);
           c = c < 0 ? 0 : (c >= W ? W - 1 : c);
+          if (c < ca) continue;  // a column kept from the last draw
           var d = b - a, k = c * G + g[i];
           if (S.colStamp[c] !== pass) {
             S.colStamp[c] = pass; S.colCount[c] = 0; S.colBusy[c] = 0; S.colBestV[c] = -1;
@@ -399,6 +428,7 @@
         }
       }
       if (!touched.length && !bars.length) continue;
+      if (incremental) buf.fill(0, line + clearAt, line + Wd);
       if (!sorted) touched.sort(function (p, q) { return p - q; });
       // merged columns: adjacent ones of the same group and level are filled as one run
       var runStart = -1, runEnd = -1, runStyle = -1;
@@ -460,6 +490,9 @@
     }
     this._drawAxes(ctx, v0, v1, scale);
     if (rec) { rec.transfers = nx; rec.transfer_marks = nMarks; this._recorded = rec; }
+    this._drawnState = rec ? null : {v0: v0, v1: v1, W: W, L0: L0, dpr: dpr, rh: rh, R: R, packed: packed};
+    this._dirtyFrom = Infinity;
+    this.lastDrawKind = incremental ? "incremental" : "full";
     this.drawCount++;
     this.lastDrawMs = global.performance.now() - t0;
     return {exact: nExact, merged: nMerged, transfers: nx, transferMarks: nMarks, ms: this.lastDrawMs};
