@@ -296,7 +296,7 @@ def test_new_data_is_drawn_within_the_draw_share_of_the_page_and_a_users_zoom_at
     assert got["later"] == {"frames": 1, "timers": 0}
 
 
-@pytest.mark.parametrize("transfers", [50, 5000], ids=["transfer-lines", "transfer-marks"])
+@pytest.mark.parametrize("transfers", [0, 50, 5000], ids=["no-transfers", "transfer-lines", "transfer-marks"])
 def test_a_followed_run_draws_only_what_a_delta_changed_and_the_pixels_equal_a_full_draw(server, chromium, transfers):
     """Following a live run, a delta redraws only the pixel columns from its earliest task on (the view keeps
     headroom, so its scale stays put between rescales): after each of 40 deltas of tasks and transfers, some out

@@ -380,9 +380,11 @@
                             Math.max(0, Math.min(W, Math.floor((this._dirtyFrom - v0) * scale)))) : 0;
     var from = v0 + ca * pxDur, clearAt = Math.round((L0 + ca) * dpr);
     var buf = incremental ? this._words : this._pixels(Wd, Hd);
+    var dirtyDa = incremental ? Wd : 0;  // the leftmost device pixel column the buffer changed in
     var put = function (line, x0, x1, colour) {
       var da = Math.round((L0 + x0) * dpr), db = Math.min(Wd, Math.round((L0 + x1) * dpr));
       buf.fill(colour, line + da, line + (db > da ? db : da + 1));
+      if (da < dirtyDa) dirtyDa = da;
     };
 
     for (var r = 0; r < this.rows.length; r++) {
@@ -428,7 +430,7 @@
         }
       }
       if (!touched.length && !bars.length) continue;
-      if (incremental) buf.fill(0, line + clearAt, line + Wd);
+      if (incremental) { buf.fill(0, line + clearAt, line + Wd); if (clearAt < dirtyDa) dirtyDa = clearAt; }
       if (!sorted) touched.sort(function (p, q) { return p - q; });
       // merged columns: adjacent ones of the same group and level are filled as one run
       var runStart = -1, runEnd = -1, runStyle = -1;
@@ -467,7 +469,9 @@
         if (rec) rec.marks.push({row: X.dst[j], x0: L0 + m0, x1: L0 + m1, y0: my0, y1: my1});
       }
     }
-    ctx.putImageData(this._image, 0, 0);
+    // only what changed goes to the canvas (transfer lines are drawn over it with transparency: then all of it)
+    if (!incremental || (asLines && inView)) ctx.putImageData(this._image, 0, 0);
+    else if (dirtyDa < Wd) ctx.putImageData(this._image, 0, 0, dirtyDa, 0, Wd - dirtyDa, Hd);
 
     var nx = 0;
     if (asLines && inView) {
