@@ -314,7 +314,7 @@
         return;
       }
     }
-    this._pending = global.requestAnimationFrame(function () { self._pending = 0; self.draw(); });
+    this._pending = global.requestAnimationFrame(function () { self._pending = 0; self.draw(true); });
   };
 
   // one opaque word per group and level (RGBA bytes read as a little-endian Uint32, as on every browser's CPU): the group's colour at that opacity over white (merged columns are
@@ -351,8 +351,9 @@
     return S;
   };
 
-  /** Draw now; returns {exact, merged, transfers, ms}. */
-  P.draw = function () {
+  /** Draw now, all of it; returns {exact, merged, transfers, ms}. ``partial`` (the page's own frames): when only
+   *  new tasks changed since the last draw, redraw only the columns they reach, and count only those. */
+  P.draw = function (partial) {
     var t0 = this._drawnAt = global.performance.now();
     if (this._pending) { global.cancelAnimationFrame(this._pending); this._pending = 0; }
     if (this._timer) { global.clearTimeout(this._timer); this._timer = 0; }
@@ -373,7 +374,7 @@
     // they are recomputed whole, and the exact bars of that suffix are drawn again in order (the same pixels
     // where they reach back before it); transfer marks are drawn again, all of them.
     var Wd = this.canvas.width, Hd = this.canvas.height, R = this.rows.length, prev = this._drawnState;
-    var incremental = !rec && prev !== null && this._image && this._image.width === Wd && this._image.height === Hd &&
+    var incremental = partial === true && !rec && prev !== null && this._image && this._image.width === Wd && this._image.height === Hd &&
       prev.v0 === v0 && prev.v1 === v1 && prev.W === W && prev.L0 === L0 && prev.dpr === dpr && prev.rh === rh &&
       prev.R === R && prev.packed === packed;
     var ca = incremental ? (this._dirtyFrom === Infinity ? W :
