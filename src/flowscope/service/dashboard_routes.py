@@ -247,6 +247,16 @@ def dashboard_routes(hub: LiveHub) -> list:
             return PageJSON({"error": str(exc)}, status_code=404)
         return PageJSON((await views.get(w.run_dir, view))[0])
 
+    async def changed(wake: asyncio.Event, gone: asyncio.Future) -> bool:
+        """Wait until the run changed (``wake``; without a collector, at most DISK_POLL_S) or the page left
+        (``gone``); False when it left."""
+        waiting = asyncio.ensure_future(wake.wait())
+        done, _ = await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED,
+                                     timeout=DISK_POLL_S if hub.collector is None else None)
+        if not waiting.done():
+            waiting.cancel()
+        return gone not in done
+
     async def view_live(ws: WebSocket) -> None:
         """The view, then the view again each time the run changed (at most once per VIEW_DEBOUNCE_S, and for
         a view that is long to compute at most once per its cost / share, for every page together)."""
@@ -257,7 +267,8 @@ def dashboard_routes(hub: LiveHub) -> list:
         try:
             run_id, view = _view_target(ws.path_params)
             asked = ws.query_params.get("share")
-            share = PANEL_CPU_SHARE if asked == "panel" else min(VIEW_CPU_SHARE, max(0.01, float(asked or VIEW_CPU_SHARE)))
+            share = PANEL_CPU_SHARE if asked == "panel" else \
+                min(VIEW_CPU_SHARE, max(0.01, float(asked or VIEW_CPU_SHARE)))
             w = await asyncio.to_thread(hub.watch, run_id)
         except (ValueError, FileNotFoundError):
             await ws.close(code=1008)
@@ -272,14 +283,8 @@ def dashboard_routes(hub: LiveHub) -> list:
             await ws.send_text(encode({"type": "view", "doc": doc}))
             sent = doc["segments"], doc["status"]
             while True:
-                if later is None:  # up to date: wait for the run to change
-                    waiting = asyncio.ensure_future(wake.wait())
-                    done, _ = await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED,
-                                                 timeout=DISK_POLL_S if hub.collector is None else None)
-                    if not waiting.done():
-                        waiting.cancel()
-                    if gone in done:
-                        return
+                if later is None and not await changed(wake, gone):  # up to date: wait for the run to change
+                    return
                 # the changes of the next VIEW_DEBOUNCE_S (or until a fresher view may be computed) fold into
                 # one recomputation
                 done, _ = await asyncio.wait({gone}, timeout=VIEW_DEBOUNCE_S if later is None else later)
@@ -409,12 +414,7 @@ def dashboard_routes(hub: LiveHub) -> list:
                 elif body is not None:
                     message, since = body
                     await ws.send_text(message)  # encoded once for every page (live_hub.Encoded)
-                waiting = asyncio.ensure_future(wake.wait())
-                done, _ = await asyncio.wait({waiting, gone}, return_when=asyncio.FIRST_COMPLETED,
-                                             timeout=DISK_POLL_S if hub.collector is None else None)
-                if not waiting.done():
-                    waiting.cancel()
-                if gone in done:
+                if not await changed(wake, gone):
                     return
                 wake.clear()
                 if hub.collector is None:

@@ -374,9 +374,9 @@
     // they are recomputed whole, and the exact bars of that suffix are drawn again in order (the same pixels
     // where they reach back before it); transfer marks are drawn again, all of them.
     var Wd = this.canvas.width, Hd = this.canvas.height, R = this.rows.length, prev = this._drawnState;
-    var incremental = partial === true && !rec && prev !== null && this._image && this._image.width === Wd && this._image.height === Hd &&
-      prev.v0 === v0 && prev.v1 === v1 && prev.W === W && prev.L0 === L0 && prev.dpr === dpr && prev.rh === rh &&
-      prev.R === R && prev.packed === packed;
+    var incremental = partial === true && !rec && prev !== null && this._image && this._image.width === Wd &&
+      this._image.height === Hd && prev.v0 === v0 && prev.v1 === v1 && prev.W === W && prev.L0 === L0 &&
+      prev.dpr === dpr && prev.rh === rh && prev.R === R && prev.packed === packed;
     var ca = incremental ? (this._dirtyFrom === Infinity ? W :
                             Math.max(0, Math.min(W, Math.floor((this._dirtyFrom - v0) * scale)))) : 0;
     var from = v0 + ca * pxDur, clearAt = Math.round((L0 + ca) * dpr);
