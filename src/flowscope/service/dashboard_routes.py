@@ -177,19 +177,15 @@ class _Views:
     async def get(self, run_dir: Path, view: str, share: float | None = None) -> tuple[dict, float | None]:
         """The view of the run, and None when it is as the tables are now; or, with ``share``, the view kept
         from a recent computation and in how many seconds a fresher one may be computed: a view followed live
-        is recomputed at most once per max(VIEW_DEBOUNCE_S, its expected cost / ``share``), however many pages
-        follow it; the expected cost is the last computation's time scaled by the growth of the segments it
-        reads."""
+        is recomputed at most once per max(VIEW_DEBOUNCE_S, its last computation's time / ``share``), however
+        many pages follow it."""
         key = (run_dir, view)
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             sig = await asyncio.to_thread(self.signature, run_dir, view)
             hit = self._done.get(key)
             if share is not None and hit is not None and hit[0] != sig:
-                # the next computation is expected to cost the last one scaled by how much the tables grew: a view
-                # of a run that grows keeps to its share, not to the share of its last, smaller computation
-                grown = max(1.0, sum(sig[1:]) / max(1, sum(hit[0][1:])))
-                wait = hit[2] + max(VIEW_DEBOUNCE_S, hit[1]["compute_s"] * grown / share) - self._clock()
+                wait = hit[2] + max(VIEW_DEBOUNCE_S, hit[1]["compute_s"] / share) - self._clock()
                 if wait > 0:
                     return hit[1], wait
             if hit is None or hit[0] != sig:
