@@ -223,7 +223,7 @@ def dashboard_routes(hub: LiveHub) -> list:
             return PageJSON({"error": str(exc)}, status_code=400)
         if request.path_params["page"] not in VIEW_PAGES:
             return PageJSON({"error": f"page: no page {request.path_params['page']!r}; the pages of a run: "
-                                          f"{', '.join(VIEW_PAGES)}"}, status_code=404)
+                                      f"{', '.join(VIEW_PAGES)}"}, status_code=404)
         return FileResponse(pages / "view.html", headers={"cache-control": "no-store"})
 
     def _view_target(params) -> tuple[str, str]:

@@ -27,8 +27,8 @@ import pyarrow.parquet as pq
 
 from flowscope.analysis.live import LiveRun, pending_segments
 from flowscope.model.schemas import schema
-from flowscope.store.layout import RUN_JSON, read_json
 from flowscope.service.json_text import encode
+from flowscope.store.layout import RUN_JSON, read_json
 from flowscope.store.run import Run
 
 log = logging.getLogger("flowscope.dashboard")

@@ -128,6 +128,7 @@
     this.extent = [Infinity, -Infinity];
     this._dirtyFrom = Infinity;  // the earliest start appended since the last draw
     this._drawnState = null;     // what the pixel buffer holds: view, sizes, rows, groups (null: nothing reusable)
+    this._followEnd = -Infinity; // the whole-run view's end while a live run is followed (HEADROOM)
     this._view = null;          // [t0, t1] seconds; null: the whole run
     this.xfer = {n: 0, start: new Float64Array(16), end: new Float64Array(16),
                  src: new Int32Array(16), dst: new Int32Array(16)};
@@ -255,7 +256,7 @@
     }
     // the whole-run view of a run that grows past what was drawn gets headroom (a run shown whole for the first
     // time, or that did not grow, is shown exactly)
-    if (this.drawCount && (lo < this.extent[0] || hi > Math.max(this.extent[1], this._followEnd || -Infinity))) {
+    if (this.drawCount && (lo < this.extent[0] || hi > Math.max(this.extent[1], this._followEnd))) {
       this._followEnd = lo + (hi - lo) * (1 + HEADROOM);
     }
     this.extent = [lo, hi];
