@@ -16,6 +16,7 @@ from scipy.stats import ks_2samp
 
 from flowscope.analysis.forecast.bench import bench_run
 from flowscope.analysis.forecast.model import CorpusEntry, WindowModel, build_model, fit_surface, load_model
+from flowscope.analysis.forecast.predict import choose_window
 from flowscope.analysis.forecast.signal import run_signal
 from flowscope.analysis.forecast.windows import candidate_windows, critical_d, hit_rates, ks_hits
 from flowscope.importers import import_paths
@@ -178,12 +179,25 @@ def test_window_model_round_trips_through_json_and_says_when_it_does_not_fit(tmp
         load_model(tmp_path / "broken.json")
 
 
-def test_a_surface_below_the_cut_everywhere_gives_no_window():
-    s = fit_surface(pd.DataFrame({"window": [10, 100, 1000] * 2, "tasks": [100] * 3 + [200] * 3,
-                                  "hit_rate": [0.5, 0.4, 0.3] * 2}), 4)
+def test_a_surface_below_the_cut_everywhere_gives_its_best_window_not_the_default():
+    # the model covers the run (its cluster size, its task range) but no window reaches 95 %: the surface still
+    # ranks the windows, so the model's best one is used rather than the default, which ignores the model
+    rates = {10: 0.62, 100: 0.71, 1000: 0.40}  # peaks inside the range, not at either end
+    s = fit_surface(pd.DataFrame({"window": list(rates) * 2, "tasks": [100] * 3 + [200] * 3,
+                                  "hit_rate": list(rates.values()) * 2}), 4)
     assert s.cut(150) is None
+    best = s.best(150)
+    grid = np.unique(np.round(2.0 ** np.linspace(np.log2(10), np.log2(1000), 400)).astype(np.int64))
+    fitted = s(grid, np.full(len(grid), 150.0))
+    assert best == int(grid[np.argmax(fitted)]) and 10 < best < 1000
     m = WindowModel(event="idle", surfaces={4: s})
-    assert m.window_for(4, 150)[0] is None and "stays below 95% hit rate" in m.window_for(4, 150)[1]
+    w, why = m.window_for(4, 150)
+    assert w == best
+    assert "stays below 95% hit rate" in why and f"its best window, {best} samples" in why
+    assert f"{float(s(best, 150)):.0%}" in why  # the fitted hit rate the window was chosen for
+    assert choose_window(m, 4, 150, 100_000) == (best, "model", why)
+    # a run the model does not cover still gets the documented default
+    assert choose_window(m, 8, 150, 100_000)[1] == "default"
 
 
 def test_cli_bench_writes_the_model_from_trace_files_and_runs(tmp_path, shared_data, starpu_run):

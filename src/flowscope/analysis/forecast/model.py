@@ -11,8 +11,9 @@ With fewer distinct points than terms, or a single DAG size, the fit is the mini
 solution (its ``rank`` is recorded).
 
 The cut: for a DAG of T tasks, the model's window is the largest candidate-range size w such that the
-fitted hit rate stays >= ``cut`` (0.95) for every size from the smallest candidate up to w; None when
-even the smallest falls below. A model *fits* a run with N resources and T tasks when it has a surface
+fitted hit rate stays >= ``cut`` (0.95) for every size from the smallest candidate up to w. Where even the
+smallest falls below, the surface still ranks the sizes, and the model's window is the one with the highest
+fitted hit rate (:meth:`Surface.best`). A model *fits* a run with N resources and T tasks when it has a surface
 for exactly N resources and T lies within its corpus's task range widened by :data:`TASK_SLACK` either
 way; otherwise :func:`window_for` says why, and the prediction uses :func:`default_window`.
 """
@@ -79,15 +80,24 @@ class Surface:
         x, y = self._xy(np.asarray(w), np.asarray(tasks))
         return sum(c * x ** i * y ** j for c, (i, j) in zip(self.coefficients, self.terms, strict=True))
 
+    def _grid(self) -> np.ndarray:
+        return np.unique(np.round(2.0 ** np.linspace(*self.x_range, _GRID)).astype(np.int64))
+
     def cut(self, tasks: float, cut: float = CUT) -> int | None:
         """The largest window whose fitted hit rate, and that of every smaller candidate size, is >= ``cut``
         for a DAG of ``tasks`` tasks; None when the smallest size is already below."""
-        grid = np.unique(np.round(2.0 ** np.linspace(*self.x_range, _GRID)).astype(np.int64))
+        grid = self._grid()
         ok = self(grid, np.full(len(grid), float(tasks))) >= cut
         if not ok[0]:
             return None
         bad = np.flatnonzero(~ok)
         return int(grid[-1] if not len(bad) else grid[bad[0] - 1])
+
+    def best(self, tasks: float) -> int:
+        """The window of the corpus's range with the highest fitted hit rate for a DAG of ``tasks`` tasks (the
+        smallest such window on a tie)."""
+        grid = self._grid()
+        return int(grid[int(np.argmax(self(grid, np.full(len(grid), float(tasks)))))])
 
     def as_dict(self) -> dict:
         return {"resources": self.resources, "coefficients": self.coefficients, "terms": [list(t) for t in self.terms],
@@ -174,9 +184,11 @@ class WindowModel:
             return None, (f"the run's {tasks} tasks lie outside the model's range for {resources} resources "
                           f"({lo}-{hi} tasks, widened x{TASK_SLACK})")
         w = s.cut(tasks, self.cut)
-        if w is None:
-            return None, (f"the model's surface for {resources} resources stays below {self.cut:.0%} hit rate at "
-                          f"every window size for {tasks} tasks")
+        if w is None:  # the surface still ranks the windows: its best one, not a default that ignores the model
+            best = s.best(tasks)
+            return best, (f"the model's surface for {resources} resources stays below {self.cut:.0%} hit rate at "
+                          f"every window size for {tasks} tasks: its best window, {best} samples (fitted hit "
+                          f"rate {float(s(best, tasks)):.0%})")
         return w, f"window-size model: {resources} resources, {tasks} tasks -> {w} samples"
 
     def cuts(self) -> pd.DataFrame:
