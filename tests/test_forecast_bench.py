@@ -92,15 +92,49 @@ def test_critical_d_takes_a_few_scipy_calls_and_the_bisections_answer(monkeypatc
     calls = []
     real = windows._pvalue
     monkeypatch.setattr(windows, "_pvalue", lambda d, w: calls.append((d, w)) or real(d, w))
-    sizes = [*range(1, 80), 97, 250, 1000, 4096, 9999, 10_000, 10_001, 12_000, 50_000]
+    sizes = [*range(1, 80), 97, 250, 1000, 4096, 9999, 10_000, 10_001, 12_000, 50_000, 60_000]
     for w in sizes:
-        windows.critical_d.cache_clear()
         calls.clear()
-        d = windows.critical_d(w)
+        d = windows.scipy_critical_d(w)
         n = len(calls)
         assert d == bisection(w), w
         assert n <= 5, (w, n, calls)
-    windows.critical_d.cache_clear()
+
+
+def test_the_shipped_critical_values_are_scipys_decision():
+    """critical_d reads the table shipped with flowscope (ks_critical.json) up to its largest window: every
+    entry checked here is what scipy's ks_2samp decides, with the scipy installed."""
+    from flowscope.analysis.forecast import windows
+
+    table = windows.critical_table()
+    assert table is not None, ("the shipped table was computed with another scipy than the installed one: "
+                               "python scripts/ks_critical_table.py writes it again")
+    top = len(table) - 1
+    assert top >= 50_000  # the corpus's largest window (bench/forecast_corpus.py --max-window)
+    rng = np.random.default_rng(16)
+    sizes = sorted({*range(1, 301), *range(9_990, 10_011), top,
+                    *(int(x) for x in rng.integers(301, top, 150))})
+    for w in sizes:
+        assert int(table[w]) == windows.scipy_critical_d(w), w
+        assert critical_d(w) == int(table[w])
+    assert critical_d(top + 1) == windows.scipy_critical_d(top + 1)  # beyond the table: scipy, as before
+    assert critical_d(40, alpha=0.01) == windows.scipy_critical_d(40, alpha=0.01)  # another level: scipy
+
+
+def test_the_hit_rate_curve_within_the_table_does_not_import_scipy():
+    code = """
+import sys
+import numpy as np
+from flowscope.analysis.forecast.windows import hit_rates
+counts = np.random.default_rng(3).integers(0, 5, 30_000)
+r = hit_rates(counts, [10, 37, 500, 7000])
+print(sorted(m for m in sys.modules if m.split(".")[0] == "scipy")[:3], list(r["hits"]))
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120)
+    loaded, hits = p.stdout.strip().split(" ", 1)[0], p.stdout.strip().split(" ", 1)[1]
+    assert loaded == "[]", p.stdout
+    counts = np.random.default_rng(3).integers(0, 5, 30_000)
+    assert json.loads(hits) == [int(h) for h in hit_rates(counts, [10, 37, 500, 7000])["hits"]]
 
 
 @pytest.fixture(scope="module")

@@ -11,20 +11,27 @@ histogram over those values and the KS statistic of a pair is ``d / w`` with ``d
 of two cumulative counts, an integer. The test's p-value depends only on (d, w, w), so for each window size
 the decision is one comparison, ``d < critical_d(w)``, with ``critical_d`` taken from
 ``scipy.stats.ks_2samp`` itself (its default method: exact up to 10,000 samples per side, asymptotic
-beyond): every pair gets scipy's decision without one scipy call per pair.
+beyond): every pair gets scipy's decision without one scipy call per pair. At 5 % and up to 50,000-sample
+windows those critical values are read from a table scipy computed (``ks_critical.json``, written by
+scripts/ks_critical_table.py and checked against the installed scipy by tests/test_forecast_bench.py), so the
+curve needs no scipy call at all there.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import warnings
 from collections.abc import Callable, Sequence
 from functools import lru_cache
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 ALPHA = 0.05
+#: :func:`critical_d` at ALPHA for window sizes up to a largest, as scipy computed them (scripts/ks_critical_table.py)
+TABLE_FILE = Path(__file__).with_name("ks_critical.json")
 _CELLS = 1 << 22  # windows x distinct values held at once (bounds memory for small windows)
 
 
@@ -39,14 +46,73 @@ def _pvalue(d: int, w: int) -> float:
         return float(ks_2samp(a, b).pvalue)
 
 
+def _installed_version(dist: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return None
+
+
+@lru_cache(maxsize=1)
+def critical_table() -> np.ndarray | None:
+    """:func:`critical_d` at :data:`ALPHA` for every window size 0 .. the table's largest (index = window size),
+    as computed by :func:`scipy_critical_d` and shipped in :data:`TABLE_FILE`; None when the installed scipy is
+    not the version the table was computed with, or the table is missing (critical_d then asks scipy, as for sizes beyond the table)."""
+    try:
+        doc = json.loads(TABLE_FILE.read_text())
+    except FileNotFoundError:  # a source tree whose table was never written
+        return None
+    if doc["alpha"] != ALPHA or doc["scipy"] != _installed_version("scipy"):
+        return None
+    starts, values = np.asarray(doc["starts"], np.int64), np.asarray(doc["values"], np.int64)
+    return np.repeat(values, np.diff(np.append(starts, doc["largest"] + 1)))
+
+
+def write_critical_table(largest: int, path: Path = None, progress: Callable[[int, int], None] | None = None) -> Path:
+    """Compute :func:`scipy_critical_d` at :data:`ALPHA` for window sizes 0 .. ``largest`` and write them to
+    ``path`` (default :data:`TABLE_FILE`), run-length encoded, with the scipy version that computed them."""
+    from scipy import __version__ as scipy_version
+
+    values = [0]  # window size 0: never used (critical_d refuses it)
+    for w in range(1, largest + 1):
+        values.append(scipy_critical_d(w, ALPHA, guess=values[-1] if w > 1 else None))
+        if progress is not None and (w % 1000 == 0 or w == largest):
+            progress(w, largest)
+    v = np.asarray(values, np.int64)
+    starts = np.flatnonzero(np.r_[True, v[1:] != v[:-1]])
+    path = Path(path or TABLE_FILE)
+    path.write_text(json.dumps({"what": "critical_d(w) of flowscope.analysis.forecast.windows: the smallest KS "
+                                        "statistic times w that scipy.stats.ks_2samp rejects at alpha for two "
+                                        "samples of w values; run-length encoded (value i holds from window size "
+                                        "starts[i] up to the next start)",
+                                "alpha": ALPHA, "scipy": scipy_version, "largest": largest,
+                                "starts": starts.tolist(), "values": v[starts].tolist()}, separators=(",", ":")))
+    return path
+
+
 @lru_cache(maxsize=4096)
 def critical_d(w: int, alpha: float = ALPHA) -> int:
     """The smallest d such that scipy's ks_2samp rejects (p < ``alpha``) two samples of ``w`` values whose
     ECDFs differ by at most d / w; ``w + 1`` when no d in 0..w is rejected.
 
-    The p-value falls as d grows, so the answer is bracketed by a galloping search that starts from the
-    asymptotic critical value (Kolmogorov's c(alpha) * sqrt(2 / w) * w), usually one or two scipy calls
-    away, and then bisected: a few exact evaluations instead of a bisection over 0..w."""
+    At :data:`ALPHA` and up to the largest window of :func:`critical_table`, read from that table (scipy's
+    answers, shipped with flowscope: no scipy call, no scipy import); otherwise :func:`scipy_critical_d`."""
+    if w < 1:
+        raise ValueError(f"window size must be >= 1, got {w}")
+    if alpha == ALPHA:
+        table = critical_table()
+        if table is not None and w < len(table):
+            return int(table[w])
+    return scipy_critical_d(w, alpha)
+
+
+def scipy_critical_d(w: int, alpha: float = ALPHA, guess: int | None = None) -> int:
+    """:func:`critical_d` asked of scipy's ks_2samp. The p-value falls as d grows, so the answer is bracketed
+    by a galloping search that starts from ``guess`` (default: the asymptotic critical value, Kolmogorov's
+    c(alpha) * sqrt(2 / w) * w), usually one or two scipy calls away, and then bisected: a few exact
+    evaluations instead of a bisection over 0..w."""
     if w < 1:
         raise ValueError(f"window size must be >= 1, got {w}")
     memo: dict[int, bool] = {}
@@ -60,7 +126,9 @@ def critical_d(w: int, alpha: float = ALPHA) -> int:
 
     if rejects(0):
         return 0
-    guess = min(max(1, math.ceil(math.sqrt(-math.log(alpha / 2) / 2) * math.sqrt(2 * w))), w + 1)
+    if guess is None:
+        guess = math.ceil(math.sqrt(-math.log(alpha / 2) / 2) * math.sqrt(2 * w))
+    guess = min(max(1, guess), w + 1)
     step = 1
     if rejects(guess):  # the answer is at most guess: gallop down to a d that is not rejected
         hi, lo = guess, guess - 1
