@@ -232,6 +232,16 @@ def test_a_surface_below_the_cut_everywhere_gives_its_best_window_not_the_defaul
     assert choose_window(m, 4, 150, 100_000) == (best, "model", why)
     # a run the model does not cover still gets the documented default
     assert choose_window(m, 8, 150, 100_000)[1] == "default"
+    # a surface that dips below the cut at the smallest size only (a polynomial's wiggle) has no cut either, but
+    # reaches it further on: the reason must not say it stays below
+    rates = {10: 0.90, 100: 1.0, 1000: 0.50}
+    s = fit_surface(pd.DataFrame({"window": list(rates) * 2, "tasks": [100] * 3 + [200] * 3,
+                                  "hit_rate": list(rates.values()) * 2}), 4)
+    assert s.cut(150) is None and float(s(s.best(150), 150)) >= 0.95
+    w, why = WindowModel(event="idle", surfaces={4: s}).window_for(4, 150)
+    assert w == s.best(150) and "stays below" not in why
+    assert "is below 95% hit rate at its smallest window size, so it has no cut" in why
+    assert f"fitted hit rate {min(1.0, float(s(w, 150))):.0%})" in why
 
 
 def test_cli_bench_writes_the_model_from_trace_files_and_runs(tmp_path, shared_data, starpu_run):

@@ -186,9 +186,12 @@ class WindowModel:
         w = s.cut(tasks, self.cut)
         if w is None:  # the surface still ranks the windows: its best one, not a default that ignores the model
             best = s.best(tasks)
-            return best, (f"the model's surface for {resources} resources stays below {self.cut:.0%} hit rate at "
-                          f"every window size for {tasks} tasks: its best window, {best} samples (fitted hit "
-                          f"rate {float(s(best, tasks)):.0%})")
+            fitted = float(s(best, tasks))
+            where = (f"stays below {self.cut:.0%} hit rate at every window size" if fitted < self.cut else
+                     f"is below {self.cut:.0%} hit rate at its smallest window size, so it has no cut,")
+            # a polynomial surface can overshoot 100 %: the rate it stands for cannot
+            return best, (f"the model's surface for {resources} resources {where} for {tasks} tasks: its best "
+                          f"window, {best} samples (fitted hit rate {min(1.0, max(0.0, fitted)):.0%})")
         return w, f"window-size model: {resources} resources, {tasks} tasks -> {w} samples"
 
     def cuts(self) -> pd.DataFrame:
