@@ -136,8 +136,9 @@ def slow_worker(slow_address: str | None):
     return delayed(report, pure=True)(*[delayed(fit, pure=True)(delayed(prep, pure=True)(i)) for i in range(20)])
 
 
-#: the large chunk: 30 M float64 = 240 MB in one chunk, against two of 120 MB
+#: the large chunk: 30 M float64 = 240 MB in one chunk, against two of 120 MB (--chunk-mb, --pieces)
 BIG_CHUNK = 30_000_000
+PIECES = 2
 #: the graph of tiny tasks: this many one-element chunks, against chunks of 100
 TINY = 3_000
 
@@ -145,7 +146,7 @@ TINY = 3_000
 def large_chunk(cause: bool):
     import dask.array as da
 
-    return (da.random.random(BIG_CHUNK, chunks=BIG_CHUNK if cause else BIG_CHUNK // 2) * 2).sum()
+    return (da.random.random(BIG_CHUNK, chunks=BIG_CHUNK if cause else -(-BIG_CHUNK // PIECES)) * 2).sum()
 
 
 def tiny_tasks(cause: bool):
@@ -167,10 +168,16 @@ CASES = {
 
 
 def main() -> int:
+    global BIG_CHUNK, PIECES
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--chunk-mb", type=float, default=BIG_CHUNK * 8 / 1e6,
+                    help="large_chunk: the one chunk's size in MB (default 240)")
+    ap.add_argument("--pieces", type=int, default=PIECES, help="large_chunk: the chunks it is split into without the "
+                    "cause (default 2)")
     args = ap.parse_args()
+    BIG_CHUNK, PIECES = int(args.chunk_mb * 1e6 / 8), args.pieces
     from distributed import Client, LocalCluster
 
     cases = args.cases.split(",")
