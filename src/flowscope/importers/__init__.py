@@ -34,6 +34,7 @@ FORMATS: dict[str, str] = {
     "otf2": "flowscope.importers.otf2",
     "darshan": "flowscope.importers.darshan",
     "wfcommons": "flowscope.importers.wfcommons",
+    "parsl": "flowscope.importers.parsl",
     "chrome": "flowscope.importers.chrome",
     "paje": "flowscope.importers.paje",
 }

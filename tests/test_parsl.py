@@ -1,0 +1,146 @@
+"""Parsl's monitoring database (``monitoring.db``) imported as a run: a real Parsl workflow (tests/parsl_workflow.py:
+a local HighThroughputExecutor, monitoring on) run in a subprocess, then ``flowscope import`` on what it wrote."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import require_module
+
+from flowscope.importers import TraceError, detect_format, import_paths
+from flowscope.store.run import open_run
+
+require_module("parsl", "the Parsl importer's tests run a real Parsl workflow: pip install -e '.[test]'")
+
+HERE = Path(__file__).resolve().parent
+
+
+@pytest.fixture(scope="module")
+def parsl_db(tmp_path_factory) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("parsl")
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"}
+    p = subprocess.run([sys.executable, str(HERE / "parsl_workflow.py"), str(out)], capture_output=True, text=True,
+                       env=env, cwd=out, timeout=300, check=False)
+    assert p.returncode == 0, p.stderr[-3000:]
+    result = json.loads(p.stdout.strip().splitlines()[-1])
+    assert result == {"result": sum(2 * (i + 1) for i in range(6)), "failed": "planted failure"}
+    return out / "monitoring.db", result
+
+
+@pytest.fixture(scope="module")
+def parsl_run(parsl_db, tmp_path_factory):
+    return open_run(import_paths([parsl_db[0]], tmp_path_factory.mktemp("store")).run_dir)
+
+
+def _db(path: Path, sql: str) -> list[tuple]:
+    with sqlite3.connect(f"file:{path}?mode=ro", uri=True) as c:
+        return c.execute(sql).fetchall()
+
+
+def test_the_monitoring_database_is_detected_as_parsl(parsl_db, tmp_path):
+    assert detect_format(parsl_db[0]) == "parsl"
+    other = tmp_path / "other.db"
+    with sqlite3.connect(other) as c:
+        c.execute("CREATE TABLE task (task_id INTEGER, name TEXT)")
+    assert detect_format(other) != "parsl"
+
+
+def test_every_task_is_a_span_on_the_worker_pool_that_ran_it(parsl_db, parsl_run):
+    db = parsl_db[0]
+    tasks = _db(db, "SELECT task_id, task_func_name FROM task")
+    spans = parsl_run.sql("SELECT * FROM activity WHERE role = 'task'")
+    assert len(spans) == len(tasks) == 14  # 6 work, 6 double, total, boom
+    assert sorted(spans["group"]) == sorted(name for _, name in tasks)
+    # each span is the try's execution: from "running" to "running_ended" as Parsl's database has them
+    rows = _db(db, """SELECT s1.task_id, s1.timestamp, s2.timestamp FROM status s1 JOIN status s2
+                      ON s1.task_id = s2.task_id AND s1.try_id = s2.try_id
+                      WHERE s1.task_status_name = 'running' AND s2.task_status_name = 'running_ended'""")
+    assert len(rows) == 14
+    by_key = spans.set_index("task_key")
+    import pandas as pd
+
+    for tid, t0, t1 in rows:
+        name = dict(tasks)[tid]
+        s = by_key.loc[f"{name}-{tid}"]
+        assert s["start_ns"] == pd.Timestamp(t0, tz="UTC").value and s["end_ns"] == pd.Timestamp(t1, tz="UTC").value
+    work = spans[spans["group"] == "work"]
+    assert ((work["end_ns"] - work["start_ns"]) >= 50e6).all()  # the apps' own sleeps
+    # each ran on the worker process Parsl's resource monitor saw it on: the pool's two processes, one task at a time
+    pids = dict(((f"{dict(tasks)[t]}-{t}"), pid) for t, pid in
+                _db(db, "SELECT task_id, min(psutil_process_pid) FROM resource GROUP BY task_id"))
+    res = parsl_run.table("resources").set_index("resource_id")
+    assert {k: int(res.loc[r, "pid"]) for k, r in zip(spans["task_key"], spans["resource_id"])} == pids
+    ex = parsl_run.sql("SELECT resource_id, executes, slots FROM executors WHERE executes")
+    used = set(spans["resource_id"])
+    assert len(used) == 2 and used <= set(ex["resource_id"])
+    assert (ex.set_index("resource_id").loc[sorted(used), "slots"] == 1).all()
+    pool = {res.loc[r, "parent_id"] for r in used}
+    assert len(pool) == 1 and json.loads(res.loc[pool.pop(), "attrs"])["nthreads"] == 2
+    for r in used:  # one task at a time on each process
+        on = spans[spans["resource_id"] == r].sort_values("start_ns")
+        assert (on["start_ns"].to_numpy()[1:] >= on["end_ns"].to_numpy()[:-1]).all()
+    assert spans["category"].eq("compute").all()
+
+
+def test_dependencies_are_the_workflows_and_every_task_starts_after_what_it_needs(parsl_run):
+    deps = parsl_run.table("dependencies")
+    spans = parsl_run.sql("SELECT task_key, start_ns, end_ns FROM spans WHERE kind = 'task'").set_index("task_key")
+    edges = set(zip(deps["task_key"], deps["depends_on"]))
+    double = sorted(k for k in spans.index if k.startswith("double-"))
+    work = sorted(k for k in spans.index if k.startswith("work-"))
+    total = [k for k in spans.index if k.startswith("total-")]
+    assert len(edges) == 12 and len(total) == 1
+    assert {p for c, p in edges if c == total[0]} == set(double)
+    assert {c for c, p in edges if p in work} == set(double)
+    for child, parent in edges:
+        assert spans.loc[child, "start_ns"] >= spans.loc[parent, "end_ns"]
+
+
+def test_the_failed_task_is_logged_and_its_span_says_so(parsl_run):
+    logs = parsl_run.sql("SELECT * FROM logs WHERE level = 'error'")
+    assert len(logs) == 1 and logs["task_key"].iloc[0].startswith("boom-")
+    span = parsl_run.sql("SELECT attrs FROM spans WHERE task_key LIKE 'boom-%'")
+    assert json.loads(span["attrs"].iloc[0])["state"] == "failed"
+    trans = parsl_run.table("transitions")
+    assert trans[trans["task_key"].str.startswith("boom-")]["to_state"].iloc[-1] == "failed"
+
+
+def test_transitions_carry_every_state_change_and_the_analyses_run(parsl_db, parsl_run):
+    trans = parsl_run.table("transitions")
+    assert len(trans) == _db(parsl_db[0], "SELECT count(*) FROM status")[0][0]
+    first = trans.sort_values("ts_ns", kind="stable").drop_duplicates("task_key")
+    assert first["from_state"].isna().all() and first["to_state"].eq("pending").all()
+    from flowscope.analysis.critical_path import task_graph_paths
+
+    spans = parsl_run.table("spans")
+    paths = task_graph_paths(spans[spans["kind"] == "task"], parsl_run.table("dependencies"))
+    ids = paths.measured.ids  # the measured path (Parsl's times are observed), from the first task to the last
+    assert ids[-1].startswith("total-") and ids[-2].startswith("double-")
+    at = spans.set_index("task_key")
+    for a, b in zip(ids[:-1], ids[1:]):  # a chain of inputs and of waits for a worker process
+        assert at.loc[b, "start_ns"] >= at.loc[a, "end_ns"], (a, b)
+    shown = subprocess.run([sys.executable, "-m", "flowscope", "show", str(parsl_run.path), "--json"],
+                           capture_output=True, text=True, timeout=120, check=True)
+    doc = json.loads(shown.stdout)
+    assert doc["critical_path"]["measured_ns"] == paths.measured.length_ns
+
+
+def test_a_truncated_or_foreign_database_is_refused_saying_which_file(parsl_db, tmp_path):
+    cut = tmp_path / "cut.db"
+    data = parsl_db[0].read_bytes()
+    cut.write_bytes(data[: len(data) // 3])
+    with pytest.raises(TraceError, match=r"cut\.db"):
+        import_paths([cut], tmp_path / "s1", fmt="parsl")
+    empty = tmp_path / "empty.db"
+    shutil.copy(parsl_db[0], empty)
+    with sqlite3.connect(empty) as c:
+        c.execute("DELETE FROM workflow")
+    with pytest.raises(TraceError, match=r"empty\.db: no workflow run"):
+        import_paths([empty], tmp_path / "s2", fmt="parsl")
