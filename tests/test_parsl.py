@@ -144,3 +144,23 @@ def test_a_truncated_or_foreign_database_is_refused_saying_which_file(parsl_db, 
         c.execute("DELETE FROM workflow")
     with pytest.raises(TraceError, match=r"empty\.db: no workflow run"):
         import_paths([empty], tmp_path / "s2", fmt="parsl")
+
+
+def test_the_dashboards_progress_reads_parsls_states_through_the_runs_semantics(parsl_run):
+    """The overview's progress and the runs list count a task done, running or erred by the phase its state maps
+    to (model/semantics.py ``transitions``), not by Dask's state names: Parsl's exec_done and failed count."""
+    import pyarrow.parquet as pq
+
+    from flowscope.analysis.live import LiveRun, pending_segments
+    from flowscope.model.schemas import schema
+    from flowscope.service.dashboard_routes import _cold_counts
+
+    live = LiveRun(parsl_run.meta, parsl_run.mappings())
+    for table, sid, path in pending_segments(parsl_run.path, live):
+        live.apply(table, sid, pq.read_table(path, schema=schema(table)))
+    progress = live.snapshot()["progress"]
+    assert progress == {"work": {"total": 6, "done": 6, "running": 0, "erred": 0},
+                        "double": {"total": 6, "done": 6, "running": 0, "erred": 0},
+                        "total": {"total": 1, "done": 1, "running": 0, "erred": 0},
+                        "boom": {"total": 1, "done": 1, "running": 0, "erred": 1}}
+    assert _cold_counts(parsl_run.path, {}) == {"tasks": 14, "done": 14, "warnings": 1}

@@ -282,3 +282,18 @@ def test_the_report_of_a_starpu_trace_draws_breakdown_utilisation_and_groups(sha
     assert res["drawn"].get("fig-breakdown", 0) > 0
     assert "scal" in text["task-groups"] and "axpy" in text["task-groups"]
     assert "Measured critical path" in text["critical-path"]
+
+
+def test_task_states_map_to_phases_first_rule_wins_and_a_bad_phase_is_refused():
+    from flowscope.model.semantics import GENERIC, SemanticsError, check_mapping, state_phases
+
+    mine = {"source": "mine", "transitions": [{"when": {"to_state": "fin*"}, "phase": "done"},
+                                              {"when": {"to_state": "memory"}, "phase": "other"}]}
+    got = state_phases([mine, GENERIC], ["finished_ok", "memory", "erred", "processing", "launched", None])
+    # a declared rule comes before the generic ones (memory is not done here), unknown states are other
+    assert got == {"finished_ok": "done", "memory": "other", "erred": "erred", "processing": "running",
+                   "launched": "other", None: "other"}
+    with pytest.raises(SemanticsError, match=r"semantics\.transitions\[0\]\.phase: 'finished' is not one of"):
+        check_mapping({"transitions": [{"when": {"to_state": "x"}, "phase": "finished"}]})
+    with pytest.raises(SemanticsError, match=r"semantics\.transitions\[0\]\.when: 'name' is not a column \(to_state\)"):
+        check_mapping({"transitions": [{"when": {"name": "x"}, "phase": "done"}]})

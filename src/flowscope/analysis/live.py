@@ -27,15 +27,13 @@ import pyarrow.compute as pc
 
 from flowscope.analysis.instability import InstabilityDetector
 from flowscope.model.namespaces import domain_of
-from flowscope.model.semantics import activity_sql, condition_sql
+from flowscope.model.semantics import activity_sql, condition_sql, state_phases
 
 #: the tables the live view reads; batches of the others are ignored
 LIVE_TABLES = ("resources", "transitions", "spans", "transfers", "metrics", "logs")
 #: where a task's scheduler transitions come from (transitions.observer)
 SCHEDULER = "scheduler"
 #: a task that reached one of these has finished (its group's progress counts it done)
-DONE_STATES = ("memory", "erred")
-RUNNING_STATES = ("processing", "executing")
 #: span roles drawn in the task stream
 STREAM_ROLES = ("task", "call")
 #: host metrics drawn per panel, the first present of each choice (CPU and memory as the static report's hardware
@@ -204,6 +202,8 @@ class LiveRun:
         self.t0_ns = int(meta.get("start_ns") or 0)
         self._activity = activity_sql(mappings)
         self._roles = _StreamRoles(mappings)
+        self._mappings = mappings
+        self._phase: dict = {}  # a task state -> its phase under the run's mappings (model.semantics.PHASES)
         self._lock = threading.Lock()
         self.seq = 0
         self._segments: set[tuple[str, str]] = set()
@@ -356,7 +356,11 @@ class LiveRun:
         head[1:] = tk[1:] != tk[:-1]
         last = np.ones(len(tk), dtype=bool)  # and its last
         last[:-1] = tk[:-1] != tk[1:]
-        done_state = np.isin(sidx[rows], [i for i, st in enumerate(states) if st in DONE_STATES])
+        new_states = [st for st in states if st not in self._phase]
+        if new_states:
+            self._phase.update(state_phases(self._mappings, new_states))
+        phase = self._phase
+        done_state = np.isin(sidx[rows], [i for i, st in enumerate(states) if phase[st] in ("done", "erred")])
         first_done = np.full(len(keys), -1, np.int64)
         dk, dpos = tk[done_state], np.flatnonzero(done_state)
         if len(dk):
@@ -376,17 +380,17 @@ class LiveRun:
             old, state = cur[1], states[sidx[row_i]]
             if old is not None:
                 self._by_state[old] -= 1
-                if old in RUNNING_STATES:
+                if phase[old] == "running":
                     counts["running"] -= 1
             cur[0], cur[1] = int(ts[row_i]), state
             self._by_state[state] += 1
-            if state in RUNNING_STATES:
+            if phase[state] == "running":
                 counts["running"] += 1
             fd = first_done[key_i]
             if fd >= 0 and key not in self._done:
                 self._done.add(key)
                 counts["done"] += 1
-                if states[fd] == "erred":
+                if phase[states[fd]] == "erred":
                     counts["erred"] += 1
             changed.add(cur[2])
         self.last_ns = max(self.last_ns, int(ts.max()))

@@ -10,7 +10,9 @@ of a directory to one file; the others are named in a warning). What each of Par
   process that ran it (``process:<host>:<pid>``, one task at a time, from the ``resource`` table of Parsl's
   resource monitor), or on its worker pool when the monitor did not see it; attrs: ``try``, ``executor``, ``block_id``, ``hostname``, ``state`` (``exec_done``, ``failed``,
   ...), ``launched_ns`` (when it was handed to the executor) and the worker process's ``pid`` where Parsl's
-  resource monitor saw it. Every status row is a ``transitions`` row (``from_state`` the task's previous status);
+  resource monitor saw it. Every status row is a ``transitions`` row (``from_state`` the task's previous status,
+  ``observer`` ``scheduler``: the DataFlowKernel), and :data:`SEMANTICS` gives each state its phase (``exec_done``
+  done, ``failed`` erred, ``launched`` queued, ...);
 * ``task``: ``task_depends`` gives the ``dependencies``; a task whose last status is ``failed`` or
   ``dep_fail`` gets an error ``logs`` row;
 * ``node`` and ``block``: resources. Each (executor, block, host) is a worker pool, kind ``worker``,
@@ -48,6 +50,12 @@ SEMANTICS = {
     "resources": [{"when": {"kind": "process"}, "executes": True, "slots": 1},
                   {"when": {"kind": "worker"}, "executes": True, "slots": "attrs.nthreads"},
                   {"when": {"kind": "host"}, "executes": False}],
+    # Parsl's task states (parsl.dataflow.states.States)
+    "transitions": [{"when": {"to_state": ["exec_done", "memo_done"]}, "phase": "done"},
+                    {"when": {"to_state": ["failed", "dep_fail"]}, "phase": "erred"},
+                    {"when": {"to_state": ["running", "running_ended"]}, "phase": "running"},
+                    {"when": {"to_state": "launched"}, "phase": "queued"},
+                    {"when": {"to_state": ["pending", "unsched", "joining", "fail_retryable"]}, "phase": "waiting"}],
 }
 #: the tables and columns this importer reads (Parsl's monitoring schema since 2020)
 _NEEDED = {"workflow": ("run_id", "workflow_name", "time_began", "time_completed", "host", "user", "rundir"),
@@ -224,7 +232,7 @@ def read(path: Path, sink: ImportSink) -> None:
     sink.add("transitions", {"ts_ns": status["ts"].to_numpy(np.int64), "task_key": [key_of[x] for x in status["task_id"]],
                              "group": [name_of[x] for x in status["task_id"]], "prefix": [name_of[x] for x in status["task_id"]],
                              "from_state": prev.where(prev.notna(), None), "to_state": status["task_status_name"],
-                             "observer": ["dfk"] * len(status),
+                             "observer": ["scheduler"] * len(status),  # Parsl's DataFlowKernel
                              "worker": [pool_of.get((a, b)) for a, b in zip(status["task_id"], status["try_id"])],
                              "attrs": [_dumps({"try": None if pd.isna(x) else int(x)}) for x in status["try_id"]]})
 

@@ -12,7 +12,11 @@ and two attributes of a resource:
 
 * ``executes`` -- whether it runs work (a worker thread, an MPI location, a StarPU worker, a GPU stream, a
   host's slots), so that its time is capacity: busy in some category, or idle;
-* ``slots`` -- how many units of work it runs at once (None when unknown).
+* ``slots`` -- how many units of work it runs at once (None when unknown);
+
+and one attribute of a task's state (``transitions.to_state``): its ``phase``, one of :data:`PHASES` (waiting,
+queued, running, done, erred), which the progress counts read (Dask's ``memory`` and Parsl's ``exec_done`` are
+both ``done``).
 
 A *mapping* gives these attributes as data::
 
@@ -23,7 +27,7 @@ A *mapping* gives these attributes as data::
 ``when`` maps a column to a glob (``*``, ``?``, ``[...]``, case-sensitive) or a list of globs (any matches);
 JSON ``null`` matches a null. Span rules may test the ``spans`` columns, ``resource_kind`` (the kind of the
 span's resource) and ``attrs.KEY`` (a key of the span's JSON attrs); resource rules the ``resources``
-columns and ``attrs.KEY``. ``group`` and ``slots`` are a literal or a reference to such a field (``"name"``,
+columns and ``attrs.KEY``; transition rules ``to_state``. ``group`` and ``slots`` are a literal or a reference to such a field (``"name"``,
 ``"attrs.cpu_cores"``), or a list of references of which the first non-null is taken.
 
 For each attribute the first rule that matches and sets it wins, looking at the mappings in this order:
@@ -35,6 +39,7 @@ with the three span attributes, its ``executors`` view ``resources`` with the tw
 from __future__ import annotations
 
 import json
+from fnmatch import fnmatchcase
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -43,6 +48,9 @@ from typing import Any
 CATEGORIES = ("compute", "communication", "io", "wait", "idle", "runtime", "other")
 #: what kind of interval a span is
 ROLES = ("task", "call", "state", "other")
+#: what a task's state (``transitions.to_state``) means for its progress: not ready yet, ready and waiting for a
+#: place to run, running, finished (its result exists), failed, or none of these
+PHASES = ("waiting", "queued", "running", "done", "erred", "other")
 #: what a resource's time is at a moment when none of its spans runs
 IDLE = "idle"
 #: the metric every source that samples a process's resident memory writes it as (``metrics.name``, on the
@@ -53,8 +61,10 @@ SPAN_COLUMNS = ("span_id", "parent_id", "resource_id", "kind", "name", "start_ns
                 "attrs", "resource_kind")
 RESOURCE_COLUMNS = ("resource_id", "kind", "name", "parent_id", "host", "pid", "tid", "thread_ident",
                     "address", "start_ns", "end_ns", "attrs")
+TRANSITION_COLUMNS = ("to_state",)
 _SPAN_KEYS = ("category", "role", "group")
 _RESOURCE_KEYS = ("executes", "slots")
+_TRANSITION_KEYS = ("phase",)
 
 #: defaults by kind, used after every mapping a run declares: the kinds of the data model (docs/data-model.md)
 GENERIC: dict = {
@@ -77,6 +87,14 @@ GENERIC: dict = {
         {"when": {"kind": ["rank", "device", "stream", "gpu"]}, "executes": True, "slots": 1},
         {"when": {"kind": ["scheduler", "client", "container", "process", "worker"]}, "executes": False},
         {"when": {}, "executes": True, "slots": ["attrs.cpu_cores", "attrs.nthreads"]},
+    ],
+    # common state names; Dask's among them, for runs recorded before its sources declared their own
+    "transitions": [
+        {"when": {"to_state": ["memory", "done", "finished", "completed", "succeeded", "success"]}, "phase": "done"},
+        {"when": {"to_state": ["erred", "error", "failed", "failure"]}, "phase": "erred"},
+        {"when": {"to_state": ["processing", "executing", "running"]}, "phase": "running"},
+        {"when": {"to_state": ["no-worker", "queued", "ready", "scheduled"]}, "phase": "queued"},
+        {"when": {"to_state": ["waiting", "pending", "released"]}, "phase": "waiting"},
     ],
 }
 
@@ -109,10 +127,12 @@ def check_mapping(mapping: Any, where: str = "semantics") -> dict:
     if not isinstance(mapping, Mapping):
         raise SemanticsError(f"{where}: expected an object with 'spans' and/or 'resources', "
                              f"got {type(mapping).__name__}")
-    unknown = sorted(set(mapping) - {"source", "spans", "resources", "description"})
+    unknown = sorted(set(mapping) - {"source", "spans", "resources", "transitions", "description"})
     if unknown:
-        raise SemanticsError(f"{where}: unknown key {unknown[0]!r} (a mapping has source, spans, resources)")
-    for table, keys, columns in (("spans", _SPAN_KEYS, SPAN_COLUMNS), ("resources", _RESOURCE_KEYS, RESOURCE_COLUMNS)):
+        raise SemanticsError(f"{where}: unknown key {unknown[0]!r} (a mapping has source, spans, resources, "
+                             f"transitions)")
+    for table, keys, columns in (("spans", _SPAN_KEYS, SPAN_COLUMNS), ("resources", _RESOURCE_KEYS, RESOURCE_COLUMNS),
+                                 ("transitions", _TRANSITION_KEYS, TRANSITION_COLUMNS)):
         rules = mapping.get(table, [])
         if not isinstance(rules, list):
             raise SemanticsError(f"{where}.{table}: expected a list of rules, got {type(rules).__name__}")
@@ -126,6 +146,8 @@ def check_mapping(mapping: Any, where: str = "semantics") -> dict:
             _check_when(rule.get("when", {}), columns, f"{w}.when")
             if "category" in rule and rule["category"] not in CATEGORIES:
                 raise SemanticsError(f"{w}.category: {rule['category']!r} is not one of {', '.join(CATEGORIES)}")
+            if "phase" in rule and rule["phase"] not in PHASES:
+                raise SemanticsError(f"{w}.phase: {rule['phase']!r} is not one of {', '.join(PHASES)}")
             if "role" in rule and rule["role"] not in ROLES:
                 raise SemanticsError(f"{w}.role: {rule['role']!r} is not one of {', '.join(ROLES)}")
             if "group" in rule:
@@ -246,6 +268,30 @@ def _case(mappings: Sequence[Mapping], table: str, key: str, alias: str, default
 def ordered(override: Sequence[Mapping] = (), declared_: Sequence[Mapping] = ()) -> list[Mapping]:
     """The mappings in the order their rules are tried: override, declared, generic."""
     return [*override, *declared_, GENERIC]
+
+
+def state_phases(mappings: Sequence[Mapping], states: Iterable[str | None]) -> dict:
+    """Each of ``states`` (``transitions.to_state`` values) -> its phase (:data:`PHASES`): the first
+    ``transitions`` rule of ``mappings`` (in the order :func:`ordered` gives) whose ``to_state`` glob matches;
+    ``other`` when none does."""
+    rules = [r for m in mappings for r in m.get("transitions", []) if "phase" in r]
+    out = {}
+    for st in states:
+        phase = "other"
+        for r in rules:
+            pats = r.get("when", {}).get("to_state", "*")
+            pats = pats if isinstance(pats, list) else [pats]
+            if any((p is None and st is None) or (p is not None and st is not None and fnmatchcase(st, str(p)))
+                   for p in pats):
+                phase = r["phase"]
+                break
+        out[st] = phase
+    return out
+
+
+def phase_sql(mappings: Sequence[Mapping], alias: str = "t") -> str:
+    """The SQL expression of a transition's phase (:func:`state_phases`) over the relation ``alias``."""
+    return _case(mappings, "transitions", "phase", alias, "'other'")
 
 
 def activity_sql(mappings: Sequence[Mapping], spans: str = "spans", resources: str = "resources",

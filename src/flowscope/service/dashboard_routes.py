@@ -28,6 +28,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from flowscope.model.provenance import check_run_id
+from flowscope.model.semantics import phase_sql
 from flowscope.service.json_text import PageJSON, encode
 from flowscope.service.live_hub import LiveHub
 from flowscope.store.catalog import list_runs, run_state
@@ -76,9 +77,10 @@ def _cold_counts(run_dir: Path, cache: dict) -> dict:
         return hit[1]
     run = Run(run_dir)
     try:
-        sched = run.sql("""SELECT count(DISTINCT task_key) AS n,
-                                  count(DISTINCT CASE WHEN to_state IN ('memory', 'erred') THEN task_key END) AS done
-                           FROM transitions WHERE observer = 'scheduler'""").iloc[0]
+        phase = phase_sql(run.mappings(), "t")
+        sched = run.sql(f"""SELECT count(DISTINCT task_key) AS n,
+                                   count(DISTINCT CASE WHEN {phase} IN ('done', 'erred') THEN task_key END) AS done
+                            FROM transitions t WHERE observer = 'scheduler'""").iloc[0]
         if int(sched["n"]):
             tasks, done = int(sched["n"]), int(sched["done"])
         else:
