@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import require_module
 
@@ -164,3 +165,56 @@ def test_the_dashboards_progress_reads_parsls_states_through_the_runs_semantics(
                         "total": {"total": 1, "done": 1, "running": 0, "erred": 0},
                         "boom": {"total": 1, "done": 1, "running": 0, "erred": 1}}
     assert _cold_counts(parsl_run.path, {}) == {"tasks": 14, "done": 14, "warnings": 1}
+
+
+def test_tasks_by_phase_over_time_are_the_transitions_integrated_per_bin(parsl_run):
+    """The resource-utilisation view of the SOMA dissertation (tasks waiting, queued, running over time, against
+    the slots and how many are busy), from the run's transitions and timeline: each bin's mean count equals the
+    phase intervals' overlap with the bin, integrated here interval by interval."""
+    from flowscope.analysis.task_phases import phases_over_time
+    from flowscope.model.semantics import state_phases
+
+    bins = 40
+    got = phases_over_time(parsl_run, bins=bins)
+    assert len(got) == bins and list(got.columns[:5]) == ["start_ns", "end_ns", "waiting", "queued", "running"]
+    t = parsl_run.table("transitions").sort_values(["task_key", "ts_ns"], kind="stable")
+    phase = state_phases(parsl_run.mappings(), t["to_state"].unique())
+    t0, t1 = int(got["start_ns"].iloc[0]), int(got["end_ns"].iloc[-1])
+    assert t0 == int(t["ts_ns"].min()) and t1 == int(t["ts_ns"].max())
+    edges = np.linspace(0, t1 - t0, bins + 1)
+    want = {p: np.zeros(bins) for p in ("waiting", "queued", "running")}
+    for _, g in t.groupby("task_key"):
+        ts, st = g["ts_ns"].to_numpy() - t0, g["to_state"].to_numpy()  # ns from t0: exact as floats
+        for a, b, s in zip(ts[:-1], ts[1:], st[:-1]):  # each state lasts until the task's next one
+            p = phase[s]
+            if p in want:
+                for i in range(bins):
+                    lo, hi = edges[i], edges[i + 1]
+                    want[p][i] += max(0.0, min(b, hi) - max(a, lo)) / (hi - lo)
+    for p, w in want.items():
+        assert np.allclose(got[p].to_numpy(), w, atol=1e-6), p
+    assert got["running"].max() > 1  # two worker processes ran tasks side by side
+    assert (got["slots"] == 2).all()  # the two worker processes
+    assert ((got["busy"] >= 0) & (got["busy"] <= 2 + 1e-9)).all() and got["busy"].max() > 1
+
+
+def test_the_report_of_a_parsl_run_draws_its_tasks_by_state(parsl_run, tmp_path):
+    from conftest import shared_browser
+
+    from flowscope.report import write_report
+
+    html = write_report(parsl_run, tmp_path / "report.html")
+    page = shared_browser().new_page()
+    try:
+        page.goto(html.resolve().as_uri(), wait_until="load")
+        got = page.evaluate("""() => {
+          const s = document.querySelector('section#task-states'), gd = s.querySelector('.js-plotly-plot');
+          return {nodata: s.querySelectorAll('p.nodata').length,
+                  traces: gd ? gd._fullData.map(t => [t.name, Array.from(t.y).filter(v => v > 0).length]) : null};
+        }""")
+    finally:
+        page.close()
+    assert got["nodata"] == 0 and got["traces"] is not None
+    traces = dict(got["traces"])
+    assert set(traces) == {"tasks running", "tasks queued", "tasks waiting", "slots busy", "slots (2)"}
+    assert traces["tasks running"] > 0 and traces["slots busy"] > 0 and traces["tasks queued"] > 0

@@ -49,6 +49,7 @@ COMPANION = re.compile(r"(^|/)(README[^/]*|LICENSE[^/]*|HOWTO[^/]*|MANIFEST[^/]*
 SUPPLIED_BY = {
     "breakdown": r"flowscope semantics",
     "task-stream": r"OTF2|Paje|Chrome",
+    "task-states": r"Dask.*Parsl",
     "hardware": r"hardware sampler",
     "io": r"Darshan",
     "io-summary": r"Darshan",
@@ -228,6 +229,7 @@ def holds(run) -> dict[str, int]:
         "messages": _n(run, """SELECT count(*) FROM transfers WHERE attrs LIKE '%"dst_call"%'""")
         if counts.get("transfers") else 0,
         "dependencies": counts.get("dependencies", 0),
+        "transitions": counts.get("transitions", 0),
         "hardware": _n(run, """SELECT count(*) FROM metrics WHERE (namespace = 'hardware' AND name IN
                                ('cpu.percent', 'memory.used_bytes', 'process.cpu.percent', 'process.memory.rss_bytes'))""")
         if counts.get("metrics") else 0,
@@ -241,6 +243,7 @@ def expected_sections(h: dict[str, int]) -> dict[str, bool]:
     return {
         "breakdown": bool(h["busy"] or h["transfers"] or h["io"]),
         "task-stream": bool(h["spans"] or h["transfers"]),
+        "task-states": bool(h["transitions"]),
         "hardware": bool(h["hardware"]),
         "io": bool(h["io"]),
         "io-summary": bool(h["io"]),

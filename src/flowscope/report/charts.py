@@ -484,3 +484,35 @@ def warnings(ctx: Context) -> go.Figure | None:
     fig.update_xaxes(**_time_axis(ctx))
     height = 200 + 28 * len(cats) if cats else 320
     return _layout(fig, int(min(700, height)), showlegend=True)
+
+
+PHASE_COLORS = {"running": "#2ca02c", "queued": "#ff7f0e", "waiting": "#9e9e9e"}
+
+
+def task_phases(ctx: Context) -> go.Figure | None:
+    """Tasks waiting, queued and running over time (the workflow system's states, by their phase), with the
+    executing resources' busy slots and all their slots: the SOMA dissertation's resource-utilisation view."""
+    if not ctx.counts.get("transitions"):
+        return None
+    from flowscope.analysis.task_phases import PHASES_OVER_TIME, phases_over_time
+
+    df = phases_over_time(ctx.run, bins=300)
+    if not len(df):
+        return None
+    x = ((df["start_ns"].to_numpy(np.int64) + df["end_ns"].to_numpy(np.int64)) / 2 - ctx.t0) / 1e9
+    fig = go.Figure()
+    for p in reversed(PHASES_OVER_TIME):  # running at the bottom of the stack
+        fig.add_trace(go.Scatter(x=x, y=df[p].to_numpy(np.float64), name=f"tasks {p}", mode="lines",
+                                 stackgroup="tasks", line=dict(width=0.5, color=PHASE_COLORS[p]),
+                                 hovertemplate=f"%{{x:.3f}} s: %{{y:.2f}} tasks {p}<extra></extra>"))
+    fig.add_trace(go.Scatter(x=x, y=df["busy"].to_numpy(np.float64), name="slots busy", mode="lines",
+                             line=dict(color="#1f77b4", width=1.5),
+                             hovertemplate="%{x:.3f} s: %{y:.2f} slots busy<extra></extra>"))
+    slots = df["slots"].iloc[0]
+    if slots is not None and not pd.isna(slots):
+        fig.add_trace(go.Scatter(x=[x[0], x[-1]], y=[float(slots)] * 2, name=f"slots ({int(slots)})", mode="lines",
+                                 line=dict(color="#222", dash="dash", width=1),
+                                 hovertemplate=f"{int(slots)} slots<extra></extra>"))
+    fig.update_xaxes(**_time_axis(ctx))
+    fig.update_yaxes(title=dict(text="tasks / slots (mean per bin)", standoff=6), rangemode="tozero")
+    return _layout(fig, 320, showlegend=True, hovermode="x unified")

@@ -32,6 +32,7 @@ SECTIONS = (  # id, title
     ("summary", "Run"),
     ("breakdown", "Computation, communication and I/O"),
     ("task-stream", "Task stream"),
+    ("task-states", "Tasks by state over time"),
     ("hardware", "CPU and memory per host"),
     ("io", "I/O per thread"),
     ("io-summary", "I/O summary"),
@@ -560,6 +561,15 @@ def build_html(ctx: Context, progress: Progress | None = None) -> str:
         "<code>@flowscope.trace</code>, <code>Client.span</code>) or an imported trace (Paje states, OTF2 regions, "
         "Chrome / Perfetto slices, WfCommons tasks); transfers from data moved between Dask workers, MPI messages "
         "(OTF2), Paje links and Chrome / Perfetto flows."))
+    parts.append(figure_section(
+        "task-states", charts.task_phases(ctx), figs,
+        "How many tasks were waiting for their inputs, queued (ready, waiting for a worker) and running at each "
+        "moment, stacked, from the workflow system's own task states; the blue line is the slots of the executing "
+        "resources busy, the dashed one all of them (the SOMA dissertation's resource-utilisation view): "
+        "queued tasks above idle slots mean the scheduler, not the capacity, held the work back.",
+        "no task states in this run. They come from the workflow system's scheduler: Dask's (recorded by "
+        "<code>flowscope run</code> and <code>observe()</code> on a distributed cluster) and Parsl's "
+        "DataFlowKernel (<code>flowscope import monitoring.db</code>); traces of other tools carry none."))
     step(2, "hardware")
     parts.append(figure_section(
         "hardware", charts.hardware(ctx), figs,
