@@ -218,3 +218,22 @@ def test_the_report_of_a_parsl_run_draws_its_tasks_by_state(parsl_run, tmp_path)
     traces = dict(got["traces"])
     assert set(traces) == {"tasks running", "tasks queued", "tasks waiting", "slots busy", "slots (2)"}
     assert traces["tasks running"] > 0 and traces["slots busy"] > 0 and traces["tasks queued"] > 0
+
+
+def test_the_resource_monitors_samples_are_the_worker_processes_metrics(parsl_db, parsl_run):
+    """Parsl's resource table (psutil samples of the worker process around each try) becomes hardware metrics of
+    the process that ran it: resident memory as every source writes it (process.memory.rss_bytes, which the memory
+    analyses read) and the process's CPU seconds."""
+    from flowscope.model.semantics import PROCESS_MEMORY
+
+    rows = _db(parsl_db[0], """SELECT timestamp, psutil_process_pid, psutil_process_memory_resident,
+                                      psutil_process_time_user + psutil_process_time_system FROM resource""")
+    m = parsl_run.sql("SELECT m.*, r.pid FROM metrics m JOIN resources r ON r.resource_id = m.resource_id "
+                      "WHERE m.namespace = 'hardware'")
+    import pandas as pd
+
+    for name, col in ((PROCESS_MEMORY, 2), ("process.cpu.seconds", 3)):
+        got = m[m["name"] == name]
+        assert len(got) == len(rows), name
+        want = sorted((pd.Timestamp(r[0], tz="UTC").value, int(r[1]), float(r[col])) for r in rows)
+        assert sorted(zip(got["ts_ns"].astype(int), got["pid"].astype(int), got["value"].astype(float))) == want, name

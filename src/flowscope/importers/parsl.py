@@ -20,6 +20,8 @@ of a directory to one file; the others are named in a warning). What each of Par
   once, nested in ``host:<hostname>`` (``cpu_cores`` in attrs, from the node's ``cpu_count``); its worker
   processes nest in it. A run whose tries are all placed on processes counts its capacity from them (the pools
   ran nothing themselves); a run with tries on both counts both, an overestimate of the capacity;
+* ``resource`` (Parsl's resource monitor, psutil around each try): each sample becomes ``hardware`` metrics of
+  the worker process, ``process.memory.rss_bytes`` and ``process.cpu.seconds`` (user + system, cumulative);
 * ``workflow``: the run's name, start and end.
 
 Parsl writes its times as naive local date-times (``2026-11-29 14:15:55.158732``); they are read as UTC, so the
@@ -39,6 +41,7 @@ import pandas as pd
 
 from flowscope.importers.sink import ImportSink
 from flowscope.model.identifiers import host_id, process_id
+from flowscope.model.semantics import PROCESS_MEMORY
 
 NAME = "parsl"
 
@@ -145,9 +148,12 @@ def read(path: Path, sink: ImportSink) -> None:
                  if "node" in tables else pd.DataFrame(columns=["hostname", "block_id", "cpu_count", "worker_count"]))
         blocks = (pd.read_sql_query("SELECT executor_label, block_id, job_id, status, timestamp FROM block "
                                     "WHERE run_id = ?", con, params=args) if "block" in tables else pd.DataFrame())
-        pids = (pd.read_sql_query("SELECT task_id, try_id, min(psutil_process_pid) AS pid FROM resource "
-                                  "WHERE run_id = ? GROUP BY task_id, try_id", con, params=args)
-                if "resource" in tables else pd.DataFrame(columns=["task_id", "try_id", "pid"]))
+        samples = (pd.read_sql_query("SELECT task_id, try_id, timestamp, psutil_process_pid AS pid, "
+                                     "psutil_process_memory_resident AS rss, "
+                                     "psutil_process_time_user + psutil_process_time_system AS cpu_s "
+                                     "FROM resource WHERE run_id = ?", con, params=args)
+                   if "resource" in tables else pd.DataFrame(columns=["task_id", "try_id", "timestamp", "pid"]))
+        pids = samples.groupby(["task_id", "try_id"], as_index=False)["pid"].min()
     except sqlite3.DatabaseError as exc:
         raise _error(path, f"not a readable SQLite database ({exc})") from None
     finally:
@@ -225,6 +231,20 @@ def read(path: Path, sink: ImportSink) -> None:
                        "name": [name_of.get(x, "app") for x in t["task_id"]], "start_ns": s0,
                        "end_ns": np.maximum(s0, s1), "task_key": [key_of.get(x, str(x)) for x in t["task_id"]],
                        "attrs": attrs})
+
+    # -- metrics: the resource monitor's samples of each worker process (memory as every source writes it)
+    host_of = dict(zip(zip(tries["task_id"], tries["try_id"]), tries["hostname"]))
+    smp = samples.dropna(subset=["pid"])
+    smp = smp.assign(ts=_ns(smp["timestamp"]).to_numpy(),
+                     host=[host_of.get((a, b)) for a, b in zip(smp["task_id"], smp["try_id"])])
+    smp = smp[smp["ts"].notna() & smp["host"].notna()]
+    if len(smp):
+        rid = [process_id(int(p), h) for p, h in zip(smp["pid"], smp["host"])]
+        for name, col in ((PROCESS_MEMORY, "rss"), ("process.cpu.seconds", "cpu_s")):
+            ok = smp[col].notna().to_numpy()
+            sink.add("metrics", {"ts_ns": smp["ts"].to_numpy(np.int64)[ok], "resource_id": np.asarray(rid)[ok],
+                                 "namespace": ["hardware"] * int(ok.sum()), "name": [name] * int(ok.sum()),
+                                 "value": smp[col].to_numpy(np.float64)[ok]})
 
     # -- transitions: every status row, from the task's previous status
     prev = status.groupby("task_id")["task_status_name"].shift(1)
