@@ -137,7 +137,7 @@ def read(path: Path, sink: ImportSink) -> None:
         wf = runs.iloc[-1]
         run_id = str(wf["run_id"])
         if len(runs) > 1:
-            sink.warn(f"{path}: {len(runs)} workflow runs; imported the latest, {run_id} ({wf['workflow_name']}); "
+            sink.warn(f"{len(runs)} workflow runs; imported the latest, {run_id} ({wf['workflow_name']}); "
                       f"the others: {', '.join(map(str, runs['run_id'].iloc[:-1]))}")
         where, args = "WHERE run_id = ?", (run_id,)
         tasks = _query(con, path, "task", where, args)
@@ -162,7 +162,13 @@ def read(path: Path, sink: ImportSink) -> None:
 
     name_of = dict(zip(tasks["task_id"], tasks["task_func_name"].fillna("app")))
     key_of = {tid: f"{name}-{tid}" for tid, name in name_of.items()}
-    status = status.assign(ts=_ns(status["timestamp"]).to_numpy()).dropna(subset=["ts"])
+    status = status.assign(ts=_ns(status["timestamp"]).to_numpy())
+    unread = status["ts"].isna()
+    if unread.any():
+        first = status[unread].iloc[0]
+        sink.warn(f"table 'status': {int(unread.sum())} row(s) with no readable timestamp left out (the first: "
+                  f"task {first['task_id']}, state {first['task_status_name']!r}, timestamp {first['timestamp']!r})")
+    status = status[~unread]
     status = status.sort_values(["task_id", "ts"], kind="stable")
     unknown = sorted(set(status["task_id"]) - set(key_of))
     if unknown:
@@ -218,7 +224,7 @@ def read(path: Path, sink: ImportSink) -> None:
     launched = _ns(tries["task_try_time_launched"])
     ok = (start.notna() & end.notna()).to_numpy()
     if (~ok).any():
-        sink.warn(f"{path}: {int((~ok).sum())} task tr(ies) never ran (no running time): no span for them")
+        sink.warn(f"{int((~ok).sum())} task tr(ies) never ran (no running time): no span for them")
     t = tries[ok]
     states = last_state.reindex(idx[ok]).to_numpy()
     attrs = [_dumps({"try": int(tr), "executor": ex, "block_id": b, "hostname": h, "state": st,
@@ -264,7 +270,7 @@ def read(path: Path, sink: ImportSink) -> None:
             if not d:
                 continue
             if not d.isdigit() or int(d) not in key_of:
-                sink.warn(f"{path}: task {tid}: dependency {d!r} is not a task of run {run_id}; edge dropped")
+                sink.warn(f"task {tid}: dependency {d!r} is not a task of run {run_id}; edge dropped")
                 continue
             edges.append((key_of[tid], key_of[int(d)]))
     sink.add("dependencies", {"graph_id": [f"parsl-{run_id}"] * len(edges), "task_key": [c for c, _ in edges],
