@@ -8,9 +8,10 @@ of a directory to one file; the others are named in a warning). What each of Par
   ``<function>-<task id>``, from its ``running`` status to its ``running_ended`` (when the worker ran the
   function; without them, the try's ``task_try_time_running`` to ``task_try_time_returned``), on the worker
   process that ran it (``process:<host>:<pid>``, one task at a time, from the ``resource`` table of Parsl's
-  resource monitor), or on its worker pool when the monitor did not see it; attrs: ``try``, ``executor``, ``block_id``, ``hostname``, ``state`` (``exec_done``, ``failed``,
-  ...), ``launched_ns`` (when it was handed to the executor) and the worker process's ``pid`` where Parsl's
-  resource monitor saw it. Every status row is a ``transitions`` row (``from_state`` the task's previous status,
+  resource monitor), or on its worker pool when the monitor did not see it; attrs: ``try``, ``executor``,
+  ``block_id``, ``hostname``, ``state`` (``exec_done``, ``failed``, ...), ``launched_ns`` (when it was handed to the
+  executor) and the worker process's ``pid`` where Parsl's resource monitor saw it. Every status row is a
+  ``transitions`` row (``from_state`` the task's previous status,
   ``observer`` ``scheduler``: the DataFlowKernel), and :data:`SEMANTICS` gives each state its phase (``exec_done``
   done, ``failed`` erred, ``launched`` queued, ...);
 * ``task``: ``task_depends`` gives the ``dependencies``; a task whose last status is ``failed`` or
@@ -255,8 +256,10 @@ def read(path: Path, sink: ImportSink) -> None:
     # -- transitions: every status row, from the task's previous status
     prev = status.groupby("task_id")["task_status_name"].shift(1)
     pool_of = dict(zip(zip(tries["task_id"], tries["try_id"]), tries["ran_on"]))
-    sink.add("transitions", {"ts_ns": status["ts"].to_numpy(np.int64), "task_key": [key_of[x] for x in status["task_id"]],
-                             "group": [name_of[x] for x in status["task_id"]], "prefix": [name_of[x] for x in status["task_id"]],
+    names = [name_of[x] for x in status["task_id"]]
+    sink.add("transitions", {"ts_ns": status["ts"].to_numpy(np.int64),
+                             "task_key": [key_of[x] for x in status["task_id"]],
+                             "group": names, "prefix": names,
                              "from_state": prev.where(prev.notna(), None), "to_state": status["task_status_name"],
                              "observer": ["scheduler"] * len(status),  # Parsl's DataFlowKernel
                              "worker": [pool_of.get((a, b)) for a, b in zip(status["task_id"], status["try_id"])],

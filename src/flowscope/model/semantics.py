@@ -27,8 +27,8 @@ A *mapping* gives these attributes as data::
 ``when`` maps a column to a glob (``*``, ``?``, ``[...]``, case-sensitive) or a list of globs (any matches);
 JSON ``null`` matches a null. Span rules may test the ``spans`` columns, ``resource_kind`` (the kind of the
 span's resource) and ``attrs.KEY`` (a key of the span's JSON attrs); resource rules the ``resources``
-columns and ``attrs.KEY``; transition rules ``to_state``. ``group`` and ``slots`` are a literal or a reference to such a field (``"name"``,
-``"attrs.cpu_cores"``), or a list of references of which the first non-null is taken.
+columns and ``attrs.KEY``; transition rules ``to_state``. ``group`` and ``slots`` are a literal or a reference
+to such a field (``"name"``, ``"attrs.cpu_cores"``), or a list of references of which the first non-null is taken.
 
 For each attribute the first rule that matches and sets it wins, looking at the mappings in this order:
 the user's override, the mappings the run's sources declared (run.json ``semantics``), then

@@ -59,7 +59,8 @@ def _installed_version(dist: str) -> str | None:
 def critical_table() -> np.ndarray | None:
     """:func:`critical_d` at :data:`ALPHA` for every window size 0 .. the table's largest (index = window size),
     as computed by :func:`scipy_critical_d` and shipped in :data:`TABLE_FILE`; None when the installed scipy is
-    not the version the table was computed with, or the table is missing (critical_d then asks scipy, as for sizes beyond the table)."""
+    not the version the table was computed with, or the table is missing (critical_d then asks scipy, as for
+    sizes beyond the table)."""
     try:
         doc = json.loads(TABLE_FILE.read_text())
     except FileNotFoundError:  # a source tree whose table was never written
@@ -70,7 +71,8 @@ def critical_table() -> np.ndarray | None:
     return np.repeat(values, np.diff(np.append(starts, doc["largest"] + 1)))
 
 
-def write_critical_table(largest: int, path: Path = None, progress: Callable[[int, int], None] | None = None) -> Path:
+def write_critical_table(largest: int, path: Path | None = None,
+                         progress: Callable[[int, int], None] | None = None) -> Path:
     """Compute :func:`scipy_critical_d` at :data:`ALPHA` for window sizes 0 .. ``largest`` and write them to
     ``path`` (default :data:`TABLE_FILE`), run-length encoded, with the scipy version that computed them."""
     from scipy import __version__ as scipy_version
