@@ -566,7 +566,9 @@ def build_html(ctx: Context, progress: Progress | None = None) -> str:
         "How many tasks were waiting for their inputs, queued (ready, waiting for a worker) and running at each "
         "moment, stacked, from the workflow system's own task states; the blue line is the slots of the executing "
         "resources busy, the dashed one all of them (the SOMA dissertation's resource-utilisation view): "
-        "queued tasks above idle slots mean the scheduler, not the capacity, held the work back.",
+        "queued tasks above idle slots mean the scheduler, not the capacity, held the work back. Running is as the "
+        "scheduler reports it: Dask's processing means assigned to a worker, which may hold more tasks than it has "
+        "threads, so it can exceed the slots; the blue line is what the slots ran.",
         "no task states in this run. They come from the workflow system's scheduler: Dask's (recorded by "
         "<code>flowscope run</code> and <code>observe()</code> on a distributed cluster) and Parsl's "
         "DataFlowKernel (<code>flowscope import monitoring.db</code>); traces of other tools carry none."))
