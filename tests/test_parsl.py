@@ -237,3 +237,21 @@ def test_the_resource_monitors_samples_are_the_worker_processes_metrics(parsl_db
         assert len(got) == len(rows), name
         want = sorted((pd.Timestamp(r[0], tz="UTC").value, int(r[1]), float(r[col])) for r in rows)
         assert sorted(zip(got["ts_ns"].astype(int), got["pid"].astype(int), got["value"].astype(float))) == want, name
+
+
+def test_the_advisor_splits_the_lead_in_at_parsls_first_submission(parsl_db, parsl_run):
+    """Before its first task ran, a Parsl run spent most of its time with tasks submitted and the executor
+    starting: the lead-in is the client's only until the first task was submitted (a graph-submitted log at the
+    first task's invocation), the scheduler's after."""
+    import pandas as pd
+
+    from flowscope.analysis.advisor.attribution import attribute
+    from flowscope.analysis.advisor.facts import run_facts
+
+    facts = run_facts(parsl_run)
+    first = min(pd.Timestamp(r[0], tz="UTC").value for r in _db(parsl_db[0], "SELECT task_time_invoked FROM task"))
+    assert list(facts.submissions["ts_ns"]) == [first]
+    a = attribute(facts).set_index("category")["seconds"]
+    assert a["client_submission"] == pytest.approx((first - facts.wall_start_ns) / 1e9, abs=1e-9)
+    assert a["scheduler_overhead"] >= (facts.task_start_ns - first) / 1e9 - 1e-9
+    assert a["scheduler_overhead"] > a["client_submission"]  # the executor's start, not the client's work

@@ -23,6 +23,7 @@ of a directory to one file; the others are named in a warning). What each of Par
   ran nothing themselves); a run with tries on both counts both, an overestimate of the capacity;
 * ``resource`` (Parsl's resource monitor, psutil around each try): each sample becomes ``hardware`` metrics of
   the worker process, ``process.memory.rss_bytes`` and ``process.cpu.seconds`` (user + system, cumulative);
+* ``task.task_time_invoked``: the first is a ``graph-submitted`` log (the work reached the DataFlowKernel);
 * ``workflow``: the run's name, start and end.
 
 Parsl writes its times as naive local date-times (``2026-11-29 14:15:55.158732``); they are read as UTC, so the
@@ -278,6 +279,15 @@ def read(path: Path, sink: ImportSink) -> None:
             edges.append((key_of[tid], key_of[int(d)]))
     sink.add("dependencies", {"graph_id": [f"parsl-{run_id}"] * len(edges), "task_key": [c for c, _ in edges],
                               "depends_on": [p for _, p in edges]})
+
+    # -- submission: Parsl submits tasks one by one as the program calls its apps; the first is when the work
+    # reached the DataFlowKernel (the advisor's lead-in is the client's until then, the scheduler's after)
+    invoked = _ns(tasks["task_time_invoked"])
+    if invoked.notna().any():
+        sink.add("logs", {"ts_ns": [int(invoked.min())], "level": ["info"], "category": ["graph-submitted"],
+                          "message": [f"first of {len(tasks)} Parsl tasks submitted to the DataFlowKernel"],
+                          "attrs": [_dumps({"graph_id": f"parsl-{run_id}", "tasks": len(tasks),
+                                            "scheduler": "parsl"})]})
 
     # -- failures
     final = status.groupby("task_id").last()
