@@ -33,7 +33,6 @@ from flowscope.model.semantics import activity_sql, condition_sql, state_phases
 LIVE_TABLES = ("resources", "transitions", "spans", "transfers", "metrics", "logs")
 #: where a task's scheduler transitions come from (transitions.observer)
 SCHEDULER = "scheduler"
-#: a task that reached one of these has finished (its group's progress counts it done)
 #: span roles drawn in the task stream
 STREAM_ROLES = ("task", "call")
 #: host metrics drawn per panel, the first present of each choice (CPU and memory as the static report's hardware

@@ -2,7 +2,7 @@
 dissertation (cores scheduling, running and idle over time), for any run whose workflow system reports task
 states (``transitions``: Dask's scheduler, Parsl's DataFlowKernel).
 
-A task is in the phase of its latest state (``model.semantics.state_phases``: waiting, queued, running, done,
+A task is in the phase of its latest state (``model.semantics.phase_sql``: waiting, queued, running, done,
 erred) from that transition until its next one; its last state lasts until the end of the transitions' extent
 unless it is done or erred. Only the scheduler's transitions count when the run has any (a Dask worker reports
 the same task's states again from its side).
@@ -14,7 +14,7 @@ import numpy as np
 import pandas as pd
 
 from flowscope.analysis.timeline import BUSY_CATEGORIES, _integral, _slot_table, resource_states
-from flowscope.model.semantics import state_phases
+from flowscope.model.semantics import phase_sql
 from flowscope.store.run import Run
 
 #: the phases drawn over time (done and erred are where a task ends, not where it spends time)
@@ -27,15 +27,14 @@ def phases_over_time(run: Run, bins: int = 200) -> pd.DataFrame:
     ``end_ns``, the mean number of tasks ``waiting``, ``queued`` and ``running``, the mean number of slots
     ``busy`` on the executing resources (the resource-state timeline), and ``slots``, all of them (None when a
     resource's slots are unknown). Empty when the run has no transitions."""
-    t = run.sql("""SELECT task_key, ts_ns, to_state FROM transitions
-                   WHERE observer = 'scheduler' OR NOT EXISTS (SELECT 1 FROM transitions WHERE observer = 'scheduler')
-                   ORDER BY task_key, ts_ns""")
+    t = run.sql(f"""SELECT task_key, ts_ns, {phase_sql(run.mappings(), "t")} AS phase FROM transitions t
+                    WHERE observer = 'scheduler' OR NOT EXISTS (SELECT 1 FROM transitions WHERE observer = 'scheduler')
+                    ORDER BY task_key, ts_ns""")
     if not len(t) or bins < 1:
         return pd.DataFrame(columns=COLUMNS)
     ts = t["ts_ns"].to_numpy(np.int64)
     t0, t1 = int(ts.min()), int(ts.max())
-    phase_of = state_phases(run.mappings(), t["to_state"].unique())
-    phase = t["to_state"].map(phase_of).to_numpy(object)
+    phase = t["phase"].to_numpy(object)
     key = t["task_key"].to_numpy(object)
     last = np.ones(len(t), dtype=bool)
     last[:-1] = key[:-1] != key[1:]

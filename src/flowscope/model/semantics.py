@@ -39,7 +39,6 @@ with the three span attributes, its ``executors`` view ``resources`` with the tw
 from __future__ import annotations
 
 import json
-from fnmatch import fnmatchcase
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -273,20 +272,21 @@ def ordered(override: Sequence[Mapping] = (), declared_: Sequence[Mapping] = ())
 def state_phases(mappings: Sequence[Mapping], states: Iterable[str | None]) -> dict:
     """Each of ``states`` (``transitions.to_state`` values) -> its phase (:data:`PHASES`): the first
     ``transitions`` rule of ``mappings`` (in the order :func:`ordered` gives) whose ``to_state`` glob matches;
-    ``other`` when none does."""
-    rules = [r for m in mappings for r in m.get("transitions", []) if "phase" in r]
-    out = {}
-    for st in states:
-        phase = "other"
-        for r in rules:
-            pats = r.get("when", {}).get("to_state", "*")
-            pats = pats if isinstance(pats, list) else [pats]
-            if any((p is None and st is None) or (p is not None and st is not None and fnmatchcase(st, str(p)))
-                   for p in pats):
-                phase = r["phase"]
-                break
-        out[st] = phase
-    return out
+    ``other`` when none does. Decided by :func:`phase_sql` itself, so that it agrees with every query."""
+    import duckdb
+    import pyarrow as pa
+
+    states = list(states)
+    if not states:
+        return {}
+    con = duckdb.connect()
+    try:
+        con.register("t", pa.table({"i": pa.array(range(len(states)), pa.int64()),
+                                    "to_state": pa.array(states, pa.string())}))
+        phases = [r[0] for r in con.sql(f"SELECT {phase_sql(mappings, 't')} FROM t ORDER BY i").fetchall()]
+    finally:
+        con.close()
+    return dict(zip(states, phases))
 
 
 def phase_sql(mappings: Sequence[Mapping], alias: str = "t") -> str:
