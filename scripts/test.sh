@@ -6,8 +6,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 # Debian packages the tests drive: chromium renders the HTML report in a real browser; pajeng (pj_dump)
-# and otf2-tools (otf2-print) are the references the Paje and OTF2 importers are checked against.
-APT_PACKAGES=(chromium pajeng otf2-tools)
+# and otf2-tools (otf2-print) are the references the Paje and OTF2 importers are checked against; redis-server
+# carries batches from producers to collectors in tests/test_redis_transport.py.
+APT_PACKAGES=(chromium pajeng otf2-tools redis-server)
 if ((${#APT_PACKAGES[@]})); then
   missing=()
   for p in "${APT_PACKAGES[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done

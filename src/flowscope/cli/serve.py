@@ -35,6 +35,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--nice", type=int, default=0, metavar="N",
                    help="add N to the collector's CPU niceness before it starts (default 0): with N > 0, on a "
                         "saturated machine the processes it observes run first and its ingest catches up in idle time")
+    broker = p.add_argument_group("Redis Streams", "Producers that cannot reach a collector, or many collector "
+                                  "instances sharing the work: clients send to redis://HOST:PORT[/DB][?stream=NAME] "
+                                  "(as their address or $FLOWSCOPE_ADDRESS); every instance serving that stream takes "
+                                  "its share (docs/redis.md)")
+    broker.add_argument("--redis", default=None, metavar="URL",
+                        help="also read batches from this Redis stream (redis://HOST:PORT[/DB][?stream=NAME], "
+                             "stream 'flowscope' by default), as one instance of its consumer group")
+    broker.add_argument("--redis-claim-idle", type=float, default=30.0, metavar="SECONDS",
+                        help="take over entries another instance took and left unacknowledged this long (it died), "
+                             "and retry entries whose run was not open yet (default 30)")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                    help="server log verbosity (default warning)")
     auth = p.add_argument_group("access", "A collector bound beyond loopback answers only requests that carry its "
@@ -112,12 +122,23 @@ def run(args: argparse.Namespace) -> int:
                           writers=args.writers, writer_delay=args.writer_delay, fsync=args.fsync,
                           kill_after_segments=int(os.environ.get(KILL_AFTER_SEGMENTS_ENV) or 0))
 
+    consumer = None
+    if args.redis:
+        from flowscope.service.redis_consumer import RedisConsumer
+
+        consumer = RedisConsumer(collector, args.redis, claim_idle_s=args.redis_claim_idle)
+
     def ready(address: str) -> None:
+        if consumer is not None:
+            consumer.start()
+            print(f"flowscope collector reading the Redis stream {consumer.stream!r} at {args.redis} as "
+                  f"{consumer.consumer!r}", file=sys.stderr, flush=True)
         print(f"flowscope collector listening on {address} (store {store})", file=sys.stderr, flush=True)
         if access:
             print(f"flowscope collector: {access}", file=sys.stderr, flush=True)
         print(f"flowscope dashboard: {dashboard_url(address, token, _given(args))}", file=sys.stderr, flush=True)
 
     serve_forever(collector, args.host, args.port, address_file=args.address_file, log_level=args.log_level,
-                  on_ready=ready, token=token, ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
+                  on_ready=ready, on_stop=consumer.stop if consumer is not None else None, token=token,
+                  ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
     return 0

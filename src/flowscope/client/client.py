@@ -32,6 +32,7 @@ import pyarrow as pa
 from flowscope.client import span_recorder
 from flowscope.client.packer import Packer, recorder
 from flowscope.client.spool import Spool, default_spool_dir, replay
+from flowscope.client.redis_transport import RedisTransport
 from flowscope.client.transport import TOKEN_ENV, Busy, HttpTransport, Rejected, Unreachable, pick_collector
 from flowscope.model import identifiers as ids
 from flowscope.model.conform import SchemaError, conform
@@ -52,6 +53,10 @@ EMBEDDED = "embedded"
 
 class FlowscopeError(RuntimeError):
     """Records could not be delivered or were refused; the message says where they are kept."""
+
+
+#: addresses reached through a Redis stream (client/redis_transport.py) rather than a collector's HTTP
+REDIS_SCHEMES = ("redis://", "rediss://")
 
 
 class Client:
@@ -110,12 +115,19 @@ class Client:
                 # on loopback: a token only when this client was given one (the simulator's workers send none)
                 self._auth_token = token
             self.address = self._embedded.address
+        elif address.startswith(REDIS_SCHEMES):  # through a Redis stream to the collectors consuming it
+            self.address = RedisTransport(address).address
+            self._new_transport = lambda: RedisTransport(self.address)
         else:
             self.address = HttpTransport(address).address
             self._new_transport = lambda: HttpTransport(self.address, token=self._auth_token or "")
         self._transport = self._new_transport()  # for open, close and replay (under _control_lock)
-        self._probe = HttpTransport(self.address, timeout=2.0, token=self._auth_token or "") \
-            if self.address != EMBEDDED else None
+        if self.address == EMBEDDED:
+            self._probe = None
+        elif self.address.startswith(REDIS_SCHEMES):
+            self._probe = RedisTransport(self.address, timeout=2.0)
+        else:
+            self._probe = HttpTransport(self.address, timeout=2.0, token=self._auth_token or "")
 
         given = run_id or (os.environ.get("FLOWSCOPE_RUN") if address != EMBEDDED else None)
         self.run_id = check_run_id(given) if given else new_run_id()
@@ -406,7 +418,7 @@ class Client:
         body = json.dumps(request).encode()
         transport = getattr(self._local, "ns_transport", None)
         if transport is None:  # one kept-alive connection per thread
-            transport = self._local.ns_transport = HttpTransport(self.address, token=self._auth_token or "")
+            transport = self._local.ns_transport = self._http_transport("analyze()")
         status, doc = transport._request("POST", f"/v1/runs/{self.run_id}/namespaces/{namespace}/analyze", body,
                                          {"Content-Type": "application/json"})
         if 400 <= status < 500 and status != 429:
@@ -444,13 +456,20 @@ class Client:
         body = json.dumps({"states": states, "mutations": mutations}, default=str).encode()
         transport = getattr(self._local, "ds_transport", None)
         if transport is None:  # one kept-alive connection per thread
-            transport = self._local.ds_transport = HttpTransport(self.address, token=self._auth_token or "")
+            transport = self._local.ds_transport = self._http_transport("data states")
         status, doc = transport._request("POST", f"/v1/runs/{self.run_id}/states", body,
                                          {"Content-Type": "application/json"})
         if status == 422:
             raise DataStateError(doc.get("table") or "data_states", doc.get("field") or "?",
                                  doc.get("message") or doc.get("error", "refused"), doc.get("record"))
         return transport._check(status, doc)
+
+    def _http_transport(self, what: str) -> HttpTransport:
+        """A connection to the collector for a request that needs its answer (``what`` needs it)."""
+        if self.address.startswith(REDIS_SCHEMES):
+            raise ValueError(f"{what} asks the collector and waits for its answer: it needs a collector's HTTP "
+                             f"address, and this client sends through Redis ({self.address})")
+        return HttpTransport(self.address, token=self._auth_token or "")
 
     # ---- builder: packers -> Arrow batches --------------------------------------------------
     def _due(self, p: Packer, force: bool, now: float) -> bool:

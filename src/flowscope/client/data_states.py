@@ -256,11 +256,9 @@ def post_tables(client, states: pa.Table, mutations: pa.Table) -> dict:
     client._opened.wait()  # the sender thread opens the run
     if client._embedded is not None:
         return client._embedded.post_data_states(client.run_id, states, mutations)
-    from flowscope.client.transport import HttpTransport
-
     transport = getattr(client._local, "ds_transport", None)
     if transport is None:  # one kept-alive connection per thread
-        transport = client._local.ds_transport = HttpTransport(client.address, token=client._auth_token or "")
+        transport = client._local.ds_transport = client._http_transport("data states")
     status, doc = transport._request("POST", f"/v1/runs/{client.run_id}/states", arrow_body(states, mutations),
                                      {"Content-Type": "application/vnd.apache.arrow.stream"})
     if status == 422:

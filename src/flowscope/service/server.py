@@ -57,9 +57,10 @@ def _config(collector: Collector, log_level: str, token: str | None = None, ssl_
 
 def serve_forever(collector: Collector, host: str = "127.0.0.1", port: int = 8765, *,
                   address_file: str | Path | None = None, log_level: str = "warning",
-                  on_ready=None, token: str | None = None, ssl_keyfile: str | None = None,
+                  on_ready=None, on_stop=None, token: str | None = None, ssl_keyfile: str | None = None,
                   ssl_certfile: str | None = None) -> None:
-    """Serve until interrupted (SIGINT/SIGTERM), then finish queued writes.
+    """Serve until interrupted (SIGINT/SIGTERM), then finish queued writes (``on_stop()`` first, when given: what
+    else feeds the collector stops before it does).
 
     With ``token``, every request must carry ``Authorization: Bearer <token>`` (401 otherwise); with
     ``ssl_keyfile``/``ssl_certfile``, uvicorn serves HTTPS."""
@@ -82,6 +83,8 @@ def serve_forever(collector: Collector, host: str = "127.0.0.1", port: int = 876
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if on_stop:
+            on_stop()
         collector.shutdown(wait=True)  # acknowledged batches are on disk already; finish the queued ones
 
 

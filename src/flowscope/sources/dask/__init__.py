@@ -413,11 +413,16 @@ def discover(scheduler_address: str, timeout: float = 30.0) -> dict:
 
 
 def _check_reachable(address: str) -> None:
-    """RuntimeError naming $FLOWSCOPE_ADDRESS when the collector there does not answer."""
+    """RuntimeError naming $FLOWSCOPE_ADDRESS when the collector (or the Redis stream) there does not answer."""
+    from flowscope.client.client import REDIS_SCHEMES
+    from flowscope.client.redis_transport import RedisTransport
     from flowscope.client.transport import HttpTransport
 
     try:
-        HttpTransport(address, timeout=5.0).health(timeout=5.0)
+        if address.startswith(REDIS_SCHEMES):
+            RedisTransport(address, timeout=5.0).health(timeout=5.0)
+        else:
+            HttpTransport(address, timeout=5.0).health(timeout=5.0)
     except Exception as exc:  # noqa: BLE001 - any failure to answer is the same error for the user
         reason = " ".join(str(exc).split()) or type(exc).__name__
         raise RuntimeError(f"flowscope.dask preload: the collector at FLOWSCOPE_ADDRESS={address} cannot be "
