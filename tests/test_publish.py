@@ -284,3 +284,37 @@ def test_the_collector_refuses_namespace_values_that_break_the_tables_rules(coll
                            ({"text": "both"}, "value"), ({"value": None}, "value")]:
         r = httpx.post(url, json=[good, {**good, **change}])
         assert r.status_code == 422 and f"namespace_values.{column}: row 1" in r.json()["error"], r.text
+
+
+def test_namespaces_go_to_the_instances_the_address_file_maps_them_to(collector_factory, tmp_path):
+    """SOMA maps namespaces to service instances. An instance started with ``--namespaces GLOB`` serves the
+    namespaces that match (its line in the address file says so); the other namespaces are spread round-robin over
+    the instances that claim none. Each namespace's rows reach its instance, and the run, in the store they share,
+    is one run holding all of them."""
+    store = tmp_path / "shared-store"
+    a, b = collector_factory(store=store), collector_factory(store=store)
+    hw = collector_factory("--namespaces", "hardware*,gpu", store=store)
+    listed = [line for line in (tmp_path).glob("address-*") for line in line.read_text().splitlines()]
+    assert f"{hw.address} namespaces=hardware*,gpu" in listed  # serve --namespaces writes it
+    addr_file = tmp_path / "instances"
+    addr_file.write_text(f"{a.address}\n{b.address}\n{hw.address} namespaces=hardware*,gpu\n")
+    with Client(address_file=addr_file, name="mapped", spool_dir=tmp_path / "spool") as fs:
+        assert fs.address in (a.address, b.address)  # the client's own records: an instance claiming no namespace
+        published = {}
+        for name, n in (("hardware.node0", 3), ("application", 5), ("diagnostics", 7), ("gpu", 2)):
+            ns = fs.namespace(name)
+            for step in range(n):
+                ns.set("step", step)
+                ns.set("value", float(step))
+                ns.commit()
+            published[name] = 2 * n
+        run_id = fs.run_id
+    rows = {c.address: httpx.get(f"{c.address}/v1/health", timeout=10).json()["rows_by_table"].get("metrics", 0)
+            for c in (a, b, hw)}
+    assert rows[hw.address] == published["hardware.node0"] + published["gpu"]
+    # application and diagnostics: round-robin over a and b, one each
+    assert sorted([rows[a.address], rows[b.address]]) == sorted([published["application"], published["diagnostics"]])
+    run = flowscope.open_run(store / run_id)
+    got = run.sql("SELECT namespace, count(*) AS n FROM metrics GROUP BY namespace")
+    assert dict(zip(got["namespace"], got["n"])) == published
+    assert run.meta["status"] == "finished"

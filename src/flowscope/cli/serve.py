@@ -25,6 +25,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--store", default=None, help=STORE_HELP)
     p.add_argument("--address-file", default=None,
                    help="append this instance's address to FILE (clients spread over the listed instances)")
+    p.add_argument("--namespaces", default=None, metavar="GLOB[,GLOB...]",
+                   help="this instance serves the namespaces matching these patterns (written next to its address "
+                        "in --address-file): clients send those namespaces' publications here, and the rest elsewhere")
     p.add_argument("--queue-mb", type=float, default=256,
                    help="memory bound for batches received and not yet written, MiB (default 256)")
     p.add_argument("--max-request-mb", type=float, default=64, help="largest accepted request body, MiB (default 64)")
@@ -109,9 +112,21 @@ def _lower_priority(increment: int) -> None:
             pass
 
 
+def _namespace_patterns(text: str) -> str:
+    """``--namespaces`` as the address file writes it; ValueError names a bad pattern."""
+    patterns = [p.strip() for p in text.split(",") if p.strip()]
+    bad = [p for p in patterns if any(c.isspace() or c == "=" for c in p)]
+    if not patterns or bad:
+        raise ValueError(f"--namespaces {text!r}: give comma-separated glob patterns of namespace names, without "
+                         f"spaces or '='" + (f" ({bad[0]!r})" if bad else ""))
+    return ",".join(patterns)
+
+
 def run(args: argparse.Namespace) -> int:
     from flowscope.service.server import serve_forever
 
+    if args.namespaces is not None:
+        args.namespaces = _namespace_patterns(args.namespaces)
     if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
         raise ValueError("--ssl-keyfile and --ssl-certfile go together")
     token, access = _access(args)
@@ -140,5 +155,5 @@ def run(args: argparse.Namespace) -> int:
 
     serve_forever(collector, args.host, args.port, address_file=args.address_file, log_level=args.log_level,
                   on_ready=ready, on_stop=consumer.stop if consumer is not None else None, token=token,
-                  ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile)
+                  ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, namespaces=args.namespaces)
     return 0

@@ -33,7 +33,17 @@ from flowscope.client import span_recorder
 from flowscope.client.packer import Packer, recorder
 from flowscope.client.spool import Spool, default_spool_dir, replay
 from flowscope.client.redis_transport import RedisTransport
-from flowscope.client.transport import TOKEN_ENV, Busy, HttpTransport, Rejected, Unreachable, pick_collector
+from flowscope.client.transport import (
+    TOKEN_ENV,
+    Busy,
+    HttpTransport,
+    Instance,
+    Rejected,
+    Unreachable,
+    general_instances,
+    pick_collector,
+    read_instances,
+)
 from flowscope.model import identifiers as ids
 from flowscope.model.conform import SchemaError, conform
 from flowscope.model.provenance import (
@@ -96,13 +106,16 @@ class Client:
         # refused here, in the producer's call, rather than by the collector once the threads run
         check_open_request({"name": name, "command": command, **(meta or {})})
         listed_token = None  # the token written next to the address in an address file
+        #: the collector instances of the address file this client picked from (namespaces go to theirs)
+        self.instances: list[Instance] = []
         if not address:
+            if not address_file and not os.environ.get("FLOWSCOPE_ADDRESS"):
+                address_file = os.environ.get("FLOWSCOPE_ADDRESS_FILE") or None
             if address_file:
+                self.instances = read_instances(address_file)
                 address, listed_token = pick_collector(address_file)
             elif os.environ.get("FLOWSCOPE_ADDRESS"):
                 address = os.environ["FLOWSCOPE_ADDRESS"]
-            elif os.environ.get("FLOWSCOPE_ADDRESS_FILE"):
-                address, listed_token = pick_collector(os.environ["FLOWSCOPE_ADDRESS_FILE"])
             else:
                 address = EMBEDDED
         self._auth_token = token or listed_token or os.environ.get(TOKEN_ENV) or None
@@ -160,6 +173,8 @@ class Client:
         self._control_lock = threading.Lock()
         self._known_resources: set[str] = set()
         self._namespaces: list = []  # client/namespaces.py: flushed first when the client closes
+        self._joined: dict[str, Client] = {}  # address -> a client joined to this run there, for namespaces
+        self._round_robin = 0  # the next instance a namespace no instance claims goes to
         #: what a thread's resource, declared by its first record, nests in: called on that thread, it returns a
         #: resource id, or None for the thread's process (a Dask worker's plugin: the worker, for its task threads)
         self.thread_parent: Callable[[], str | None] | None = None
@@ -400,10 +415,36 @@ class Client:
         client publishes what its namespaces hold."""
         from flowscope.client.namespaces import Namespace
 
-        ns = Namespace(self, name, publish_every=publish_every, blocking=blocking, resource_id=resource_id)
+        ns = Namespace(self._namespace_client(name), name, publish_every=publish_every, blocking=blocking,
+                       resource_id=resource_id or self.process_resource())
         with self._packers_lock:
             self._namespaces.append(ns)
         return ns
+
+    def _namespace_client(self, name: str) -> Client:
+        """The client that publishes namespace ``name``: this one, or one joined to this run on the instance of the
+        address file that serves ``name`` (else, for a namespace no instance claims, the next of the instances
+        claiming none, round-robin)."""
+        if len(self.instances) < 2:
+            return self
+        claimed = [i for i in self.instances if i.namespaces and i.serves(name)]
+        if claimed:
+            target = claimed[0]
+        else:
+            pool = general_instances(self.instances)
+            target = pool[self._round_robin % len(pool)]
+            self._round_robin += 1
+        if target.address == self.address:
+            return self
+        with self._control_lock:
+            joined = self._joined.get(target.address)
+            if joined is None:
+                joined = self._joined[target.address] = Client(
+                    target.address, run_id=self.run_id, token=target.token or self._auth_token,
+                    flush_records=self.flush_records, flush_interval=self.flush_interval,
+                    live_flush_interval=self.live_flush_interval, busy_timeout=self.busy_timeout,
+                    spool_dir=self.spool.root, compiled=self.compiled)
+        return joined
 
     def analyze(self, namespace: str, request: dict) -> dict:
         """Have the collector run ``request`` (``sql``, or ``reduce`` with ``name`` and ``by``) over
@@ -661,6 +702,11 @@ class Client:
             except Exception as exc:  # noqa: BLE001 - reported below, the rest still closes
                 self.errors.append(f"namespace {ns.name}: {exc}")
         self.flush(timeout)
+        for joined in list(self._joined.values()):  # their rows are delivered before the run is closed
+            try:
+                joined.close(timeout=timeout)
+            except FlowscopeError as exc:
+                self.errors.append(f"{joined.address}: {exc}")
         if self._offline_since is not None or self.spool.has_pending(self.run_id):
             self._replay_own(busy_timeout=self.busy_timeout)
         if self.owns_run:

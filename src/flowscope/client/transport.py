@@ -3,12 +3,14 @@ flowscope/embedded.py's EmbeddedTransport, with the same interface)."""
 
 from __future__ import annotations
 
+import fnmatch
 import http.client
 import itertools
 import json
 import os
 import socket
 import ssl
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -43,9 +45,22 @@ class Rejected(ValueError):
 _pick = itertools.count()
 
 
-def read_collectors(path: str | Path) -> list[tuple[str, str | None]]:
-    """The (address, token or None) of each collector listed in ``path``, one per line:
-    ``http(s)://HOST:PORT`` optionally followed by `` token=TOKEN`` (``flowscope serve --address-file`` writes it)."""
+@dataclass(frozen=True)
+class Instance:
+    """One collector instance of an address file: its address, its token, and the namespaces it serves (glob
+    patterns; empty: it claims none, and takes the records and namespaces no instance claims)."""
+
+    address: str
+    token: str | None = None
+    namespaces: tuple[str, ...] = ()
+
+    def serves(self, namespace: str) -> bool:
+        return any(fnmatch.fnmatchcase(namespace, p) for p in self.namespaces)
+
+
+def read_instances(path: str | Path) -> list[Instance]:
+    """The collector instances listed in ``path``, one per line: ``http(s)://HOST:PORT``, optionally followed by
+    `` token=TOKEN`` and `` namespaces=GLOB[,GLOB...]`` (``flowscope serve --address-file`` writes them)."""
     path = Path(path)
     try:
         lines = path.read_text().splitlines()
@@ -59,17 +74,25 @@ def read_collectors(path: str | Path) -> list[tuple[str, str | None]]:
         address, *rest = line.split()
         if not address.startswith(("http://", "https://")) or not urlsplit(address).hostname:
             raise ValueError(f"{path}:{n}: not a collector address: {address!r} (expected http://HOST:PORT)")
-        token = None
+        token, namespaces = None, ()
         for item in rest:
             key, sep, value = item.partition("=")
-            if key != "token" or not sep or not value:
+            if key not in ("token", "namespaces") or not sep or not value:
                 raise ValueError(f"{path}:{n}: unexpected {item.split('=')[0]!r} after the address "
-                                 f"(only token=TOKEN may follow it)")
-            token = value
-        out.append((address, token))
+                                 f"(only token=TOKEN and namespaces=GLOB,... may follow it)")
+            if key == "token":
+                token = value
+            else:
+                namespaces = tuple(p for p in value.split(",") if p)
+        out.append(Instance(address, token, namespaces))
     if not out:
         raise ValueError(f"{path}: the collector address file lists no address")
     return out
+
+
+def read_collectors(path: str | Path) -> list[tuple[str, str | None]]:
+    """The (address, token or None) of each collector listed in ``path`` (see :func:`read_instances`)."""
+    return [(i.address, i.token) for i in read_instances(path)]
 
 
 def read_address_file(path: str | Path) -> list[str]:
@@ -77,11 +100,17 @@ def read_address_file(path: str | Path) -> list[str]:
     return [address for address, _ in read_collectors(path)]
 
 
+def general_instances(instances: list[Instance]) -> list[Instance]:
+    """The instances that take records of no namespace: those claiming no namespace (all, if every one claims)."""
+    return [i for i in instances if not i.namespaces] or instances
+
+
 def pick_collector(path: str | Path) -> tuple[str, str | None]:
-    """One of the collectors in the address file, with its token: clients of this process and of others
-    spread round-robin."""
-    collectors = read_collectors(path)
-    return collectors[(os.getpid() + next(_pick)) % len(collectors)]
+    """One of the collectors in the address file that claim no namespace, with its token: clients of this
+    process and of others spread round-robin."""
+    collectors = general_instances(read_instances(path))
+    i = collectors[(os.getpid() + next(_pick)) % len(collectors)]
+    return i.address, i.token
 
 
 def pick_address(path: str | Path) -> str:

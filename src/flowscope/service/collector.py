@@ -358,6 +358,7 @@ class Collector:
                 "decoding_batches": self._decoding,
                 "uptime_s": (now_ns() - self.started_ns) / 1e9,
                 "dead_temps_removed": self.removed_temps,  # None until the sweep at start is done
+                "rows_by_table": dict(self._rows_by_table),
                 **self.stats,
             }
 

@@ -58,7 +58,7 @@ def _config(collector: Collector, log_level: str, token: str | None = None, ssl_
 def serve_forever(collector: Collector, host: str = "127.0.0.1", port: int = 8765, *,
                   address_file: str | Path | None = None, log_level: str = "warning",
                   on_ready=None, on_stop=None, token: str | None = None, ssl_keyfile: str | None = None,
-                  ssl_certfile: str | None = None) -> None:
+                  ssl_certfile: str | None = None, namespaces: str | None = None) -> None:
     """Serve until interrupted (SIGINT/SIGTERM), then finish queued writes (``on_stop()`` first, when given: what
     else feeds the collector stops before it does).
 
@@ -69,7 +69,7 @@ def serve_forever(collector: Collector, host: str = "127.0.0.1", port: int = 876
     sock = bind(host, port)
     address = address_of(sock, "https" if ssl_certfile else "http")
     if address_file:
-        _append_address(Path(address_file), address, token)
+        _append_address(Path(address_file), address, token, namespaces)
     if on_ready:
         on_ready(address)
     server = _QuietServer(config)
@@ -110,17 +110,16 @@ class _QuietServer(uvicorn.Server):
         yield
 
 
-def _append_address(path: Path, address: str, token: str | None = None) -> None:
-    """Record this instance's address (and token: the file is then readable by its owner only); clients map
-    to the listed instances round-robin."""
+def _append_address(path: Path, address: str, token: str | None = None, namespaces: str | None = None) -> None:
+    """Record this instance's address (and token: the file is then readable by its owner only; and the namespaces
+    it serves); clients map to the listed instances round-robin, and a namespace to the instance serving it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+    line = address + (f" token={token}" if token else "") + (f" namespaces={namespaces}" if namespaces else "")
     with os.fdopen(fd, "a") as f:
         if token:
             os.fchmod(fd, 0o600)  # a file that existed may have been readable by others
-            f.write(f"{address} token={token}\n")
-        else:
-            f.write(address + "\n")
+        f.write(line + "\n")
 
 
 class BackgroundServer:
