@@ -3,17 +3,21 @@
 A numpy stencil (explicit 2-D diffusion on a ``--grid`` x ``--grid`` float64 mesh, ``--steps`` steps) computes its
 diagnostics every k steps (mass, density minimum and maximum with their locations, NaN count: Astaroth's record,
 Listing 4.3) and, when observed, publishes them into the namespace ``application`` (``ns.set(...)``,
-``ns.commit()``) for k = 1, 5 and 50, blocking or not, to a collector in this process or in another process
-(``flowscope serve`` on loopback). The peer is the same loop computing the same diagnostics and publishing
-nothing. Measured: the loop's process CPU time (the publishing calls, the client's sender threads and, in
-process, the collector's writer threads) and wall time, from the first step to the last acknowledgement
-(``ns.flush()``); client set-up and close are outside. For the separate collector its own CPU time is reported
-beside. Configurations alternate for ``--repeat`` repetitions; figures are medians.
+``ns.commit()``) for k = 1, 5 and 50, blocking or not, to a collector in this process, in another process
+(``flowscope serve`` on loopback), or over Redis (a ``redis-server`` on loopback, Debian's, and a ``flowscope serve
+--redis`` instance reading its stream: docs/redis.md). The peer is the same loop computing the same diagnostics and
+publishing nothing. Measured: the loop's process CPU time (the publishing calls, the client's sender threads and,
+in process, the collector's writer threads) and wall time, from the first step to the last acknowledgement
+(``ns.flush()``: over Redis, the broker's, since a producer there waits for Redis, not for the collector); client
+set-up and close are outside. For a separate collector its own CPU time is reported beside (over Redis, with the
+broker's). Every publication is checked to be in the run before any time is reported. Configurations alternate
+for ``--repeat`` repetitions; figures are medians.
 
-The full mini-app of issue 17 (MPI ranks, the instability) and the Redis transport are not here yet.
+The full mini-app of issue 17 (MPI ranks, the instability) is not here yet.
 
     python bench/publish.py               # 512 x 512 mesh, 600 steps, 5 repetitions
     python bench/publish.py --quick       # smoke run
+    python bench/publish.py --no-redis    # without the Redis configurations (no redis-server here)
 
 Writes ``bench/results/publish.json`` (DESIGN.md, "Benchmarks") and prints one summary line last.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import socket
 import statistics
 import subprocess
 import sys
@@ -71,14 +76,16 @@ def stencil(n: int, steps: int, every: int, ns=None) -> tuple[float, float, floa
 
 
 class Server:
-    """``flowscope serve`` in a child process on 127.0.0.1."""
+    """``flowscope serve`` in a child process on 127.0.0.1 (``extra``: more of its options); ``redis``: the
+    redis-server process it reads from, whose CPU time counts with it."""
 
-    def __init__(self, store: Path):
+    def __init__(self, store: Path, extra: tuple[str, ...] = (), redis: subprocess.Popen | None = None):
         self.store = store
-        addr = store.parent / "address"
+        addr = store.parent / f"address-{store.name}"
         self.proc = subprocess.Popen([sys.executable, "-m", "flowscope", "serve", "--port", "0", "--store",
-                                      str(store), "--address-file", str(addr)],
+                                      str(store), "--address-file", str(addr), *extra],
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.broker = psutil.Process(redis.pid) if redis is not None else None
         deadline = time.monotonic() + 300
         while not (addr.exists() and addr.read_text().strip()):
             if self.proc.poll() is not None or time.monotonic() > deadline:
@@ -98,15 +105,47 @@ class Server:
         probe.close()
 
     def cpu(self) -> float:
-        t = self.ps.cpu_times()
-        return t.user + t.system
+        return sum(t.user + t.system for t in (p.cpu_times() for p in (self.ps, self.broker) if p is not None))
 
     def stop(self) -> None:
         self.proc.terminate()
         self.proc.wait(30)
 
 
-def measure(where: str, blocking: bool, every: int, args, tmp: Path, server: Server | None) -> dict:
+def start_redis(exe: str) -> tuple[subprocess.Popen, str]:
+    """A redis-server on a free loopback port, without persistence; (its process, its URL)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"redis://127.0.0.1:{port}/0?stream=publish"
+    from flowscope.client.redis_transport import RedisTransport
+
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            RedisTransport(url).health()
+            return proc, url
+        except Unreachable:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError("redis-server did not start") from None
+            time.sleep(0.05)
+
+
+def _stored(store: Path, run_id: str) -> int:
+    run = flowscope.open_run(store / run_id)
+    try:
+        return int(run.sql("SELECT count(*) AS n FROM metrics WHERE namespace = 'application' AND name = 'step'")
+                   ["n"][0])
+    except Exception:  # noqa: BLE001 - no metrics segment yet
+        return 0
+    finally:
+        run.close()
+
+
+def measure(where: str, blocking: bool, every: int, args, tmp: Path, servers: dict) -> dict:
+    server = servers.get(where)
     if where == "in-process":
         client = flowscope.Client(store=tmp / "store-embedded", name="publish", spool_dir=tmp / "spool")
     else:
@@ -118,9 +157,12 @@ def measure(where: str, blocking: bool, every: int, args, tmp: Path, server: Ser
         server_cpu = (server.cpu() - server_cpu) if server else None
     finally:
         client.close()
-    run = flowscope.open_run(client.run_dir or server.store / client.run_id)
-    stored = int(run.sql("SELECT count(*) AS n FROM metrics WHERE namespace = 'application' AND name = 'step'")["n"][0])
-    run.close()
+    store = client.run_dir.parent if client.run_dir else server.store
+    stored = _stored(store, client.run_id)
+    deadline = time.monotonic() + 120
+    while where == "redis" and stored < args.steps // every and time.monotonic() < deadline:
+        time.sleep(0.05)  # the broker holds it: the collector instance writes it a moment later
+        stored = _stored(store, client.run_id)
     if stored != args.steps // every:  # every publication must be in the run before any time is reported
         raise SystemExit(f"{where}, every {every}: the run holds {stored} publications, expected {args.steps // every}")
     return {"cpu_s": cpu, "wall_s": wall, "collector_cpu_s": server_cpu, "publications": stored, "sum": total}
@@ -132,15 +174,25 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="a smoke run: 128 x 128, 100 steps, 2 repetitions")
+    ap.add_argument("--no-redis", action="store_true", help="leave out the configurations over Redis")
+    ap.add_argument("--redis-server", default=shutil.which("redis-server") or "/usr/bin/redis-server",
+                    help="the redis-server to start (default: the one on PATH; Debian: apt-get install redis-server)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / f"{BENCH}.json")
     args = ap.parse_args()
     if args.quick:
         args.grid, args.steps, args.repeat = 128, 100, 2
     tmp = Path(tempfile.mkdtemp(prefix="flowscope-bench-publish-"))
-    server = Server(tmp / "store-served")
-    configs = [(w, b, k) for w in ("in-process", "separate-process") for b in (True, False) for k in EVERY]
+    if not args.no_redis and not Path(args.redis_server).exists():
+        raise SystemExit(f"{args.redis_server} is missing: apt-get install redis-server, or run with --no-redis")
+    servers, redis = {"separate-process": Server(tmp / "store-served")}, None
+    wheres = ("in-process", "separate-process", *(() if args.no_redis else ("redis",)))
+    configs = [(w, b, k) for w in wheres for b in (True, False) for k in EVERY]
     samples: dict = {"baseline": []}
     try:
+        if not args.no_redis:
+            redis, url = start_redis(args.redis_server)
+            servers["redis"] = Server(tmp / "store-redis", ("--redis", url), redis)
+            servers["redis"].address = url  # producers send to the broker
         # the unobserved loop for each k (it computes the diagnostics as often) and every configuration, in an order
         # that rotates from one repetition to the next, so that no side always runs first
         jobs = [("baseline", k) for k in EVERY] + configs
@@ -151,10 +203,14 @@ def main() -> int:
                     cpu, wall, total = stencil(args.grid, args.steps, job[1])
                     samples["baseline"].append({"every": job[1], "cpu_s": cpu, "wall_s": wall, "sum": total})
                 else:
-                    samples.setdefault(job, []).append(measure(*job, args, tmp, server))
+                    samples.setdefault(job, []).append(measure(*job, args, tmp, servers))
             print(f"repetition {rep + 1}/{args.repeat} done", file=sys.stderr)
     finally:
-        server.stop()
+        for s in servers.values():
+            s.stop()
+        if redis is not None:
+            redis.terminate()
+            redis.wait(30)
         shutil.rmtree(tmp, ignore_errors=True)
 
     sums = {x["sum"] for group in samples.values() for x in group}
@@ -192,8 +248,12 @@ def main() -> int:
     }
     write_result(result, args.out)
     blk = rows["in-process/blocking/every-1"]["cpu_overhead_pct"]
+    over = ""
+    if "redis/nonblocking/every-5" in rows:
+        over = (f"; over Redis {rows['redis/nonblocking/every-5']['cpu_overhead_pct']:+.2f} % and "
+                f"{rows['redis/blocking/every-1']['cpu_overhead_pct']:+.2f} %")
     print(f"publish: non-blocking every 5 steps {head['cpu_overhead_pct']:+.2f} % CPU (target <= 1 %), blocking every "
-          f"step {blk:+.2f} % (target <= 5 %), in process; {args.grid}x{args.grid} mesh, {args.steps} steps, "
+          f"step {blk:+.2f} % (target <= 5 %), in process{over}; {args.grid}x{args.grid} mesh, {args.steps} steps, "
           f"medians of {args.repeat}")
     return 0
 
