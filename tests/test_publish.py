@@ -318,3 +318,48 @@ def test_namespaces_go_to_the_instances_the_address_file_maps_them_to(collector_
     got = run.sql("SELECT namespace, count(*) AS n FROM metrics GROUP BY namespace")
     assert dict(zip(got["namespace"], got["n"])) == published
     assert run.meta["status"] == "finished"
+
+
+def test_non_blocking_publications_queued_behind_a_slow_collector_travel_together_and_are_stored_once(
+        collector_factory, tmp_path):
+    """While the senders wait for a slow collector (each segment takes it a second to write), the publications
+    queued behind them for one table go as one batch: fewer requests and segments than publications, every
+    acknowledgement naming a segment that holds its rows, every row stored once."""
+    slow = collector_factory("--writer-delay", "1.0")
+    fs = Client(slow.address, name="coalesced", spool_dir=tmp_path / "spool")
+    ns = fs.namespace("application", blocking=False)
+    futures = []
+    for step in range(12):
+        ns.set("step", step)
+        ns.set("mesh/energy", float(step) / 2)
+        futures.append(ns.commit())
+    acks = [f.result(120) for f in futures]
+    fs.close()
+    run_dir = slow.store / fs.run_id
+    assert all(a.stored for a in acks)
+    for a in acks:
+        assert a.segments and all((run_dir / "metrics" / f"{seg}.parquet").is_file() for seg in a.segments)
+    written = {p.stem for p in (run_dir / "metrics").glob("*.parquet")}
+    assert set().union(*(a.segments for a in acks)) <= written
+    assert len(written) < len(acks)  # queued publications were merged
+    run = flowscope.open_run(run_dir)
+    assert _values(run, "SELECT value FROM metrics WHERE name = 'step' ORDER BY value") == \
+        [(float(i),) for i in range(12)]
+    assert _values(run, "SELECT count(*) FROM metrics") == [(24,)]
+
+
+def test_coalescing_merges_only_queued_publications_of_one_table_within_the_row_limit():
+    import pyarrow as pa
+
+    from flowscope.client.client import coalesce
+
+    def item(table, n, publication=True):
+        fut = Future() if publication else None
+        t = pa.table({"x": list(range(n))})
+        return (table, f"seg-{table}-{n}-{id(t)}", t, fut) if publication else (table, f"seg-{id(t)}", t)
+
+    a1, a2, b1, a3, plain, a4 = item("metrics", 3), item("metrics", 4), item("namespace_values", 2), \
+        item("metrics", 5), item("metrics", 6, publication=False), item("metrics", 9)
+    groups = coalesce([a1, a2, b1, a3, plain, a4], max_rows=12)
+    # publications of one table merge in order up to 12 rows; a plain batch and another table stay apart
+    assert [[i[1] for i in g] for g in groups] == [[a1[1], a2[1], a3[1]], [b1[1]], [plain[1]], [a4[1]]]

@@ -65,6 +65,30 @@ class FlowscopeError(RuntimeError):
     """Records could not be delivered or were refused; the message says where they are kept."""
 
 
+#: publications' batches a sender takes from its queue at once, to send those of one table together
+MAX_COALESCED = 64
+
+
+def coalesce(items: list[tuple], max_rows: int) -> list[list[tuple]]:
+    """Queued batches ``(table, segment id, data[, future])`` grouped for sending: the publications (those with a
+    future) of one table merge, in queue order, into groups of at most ``max_rows`` rows, sent as one batch under
+    the first one's segment id; every other batch goes alone. Groups keep the order of their first batch."""
+    groups: list[list[tuple]] = []
+    rows: list[int] = []
+    accepting: dict[str, int] = {}  # table -> the group its next publication may join
+    for it in items:
+        if len(it) > 3:
+            k = accepting.get(it[0])
+            if k is not None and rows[k] + it[2].num_rows <= max_rows:
+                groups[k].append(it)
+                rows[k] += it[2].num_rows
+                continue
+            accepting[it[0]] = len(groups)
+        groups.append([it])
+        rows.append(it[2].num_rows)
+    return groups
+
+
 #: addresses reached through a Redis stream (client/redis_transport.py) rather than a collector's HTTP
 REDIS_SCHEMES = ("redis://", "rediss://")
 
@@ -394,7 +418,9 @@ class Client:
     def send_acknowledged(self, table: str, data: pa.Table) -> list[tuple[str, Future]]:
         """Queue a canonical table for the senders in batches of at most ``flush_records`` rows, each with a
         Future of what became of it: "stored" (acknowledged by the collector), "spooled" (kept on local disk),
-        or "rejected: why" (kept in the spool's rejected/ folder). Returns (segment id, Future) per batch."""
+        or "rejected: why" (kept in the spool's rejected/ folder). Returns (segment id, Future) per batch. Batches
+        queued together for one table may travel as one (:func:`coalesce`): before a Future resolves, its
+        ``segment`` is set to the id its rows were stored under, which may be an earlier batch's."""
         with self._progress:
             self.stats["records"] += data.num_rows
         out = []
@@ -658,23 +684,45 @@ class Client:
                     return
                 if self._offline_since is not None and time.monotonic() - self._offline_since > 1.0:
                     self._replay_own(busy_timeout=1.0)
-                table, seg, data = item[:3]
-                fut = item[3] if len(item) > 3 else None  # a publication waits for what becomes of its rows
-                outcome = "spooled"
-                try:
-                    outcome = self._deliver(transport, table, seg, data)
-                except Exception as exc:  # noqa: BLE001 - whatever went wrong, the batch is kept
-                    self._to_spool(table, seg, data)
-                    log.warning("delivering a %s batch failed (%s: %s); spooled", table, type(exc).__name__, exc)
-                finally:
-                    if fut is not None:
-                        fut.set_result(outcome)
-                    with self._progress:
-                        self._settled += 1
-                        self._progress.notify_all()
+                items = [item]
+                if len(item) > 3:  # a publication: those queued behind it may travel with it
+                    while len(items) < MAX_COALESCED:
+                        try:
+                            items.append(self._sendq.get_nowait())
+                        except queue.Empty:
+                            break
+                        if items[-1] is None:
+                            break
+                stop = items[-1] is None
+                for group in coalesce(items[:-1] if stop else items, self.flush_records):
+                    self._send_group(transport, group)
+                if stop:
+                    return
         finally:
             if transport is not self._transport:
                 transport.close()
+
+    def _send_group(self, transport, group: list[tuple]) -> None:
+        """Deliver one batch, or several publications' batches of one table as one (:func:`coalesce`); each
+        publication's future gets ``segment``, the id its rows were stored or spooled under, then the outcome."""
+        table, seg = group[0][0], group[0][1]
+        outcome = "spooled"
+        try:
+            data = group[0][2] if len(group) == 1 else pa.concat_tables([g[2] for g in group])
+            outcome = self._deliver(transport, table, seg, data)
+        except Exception as exc:  # noqa: BLE001 - whatever went wrong, the batches are kept, each under its own id
+            seg = None
+            for g in group:
+                self._to_spool(table, g[1], g[2])
+            log.warning("delivering a %s batch failed (%s: %s); spooled", table, type(exc).__name__, exc)
+        finally:
+            for g in group:
+                if len(g) > 3:
+                    g[3].segment = seg or g[1]
+                    g[3].set_result(outcome)
+            with self._progress:
+                self._settled += len(group)
+                self._progress.notify_all()
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def flush(self, timeout: float | None = None) -> bool:

@@ -56,7 +56,7 @@ class Acknowledgement:
     ts_ns: int                      # the time of its last commit
     rows: dict[str, int]            # rows per table (metrics, namespace_values)
     stored: bool
-    segments: tuple[str, ...] = field(default=())
+    segments: tuple[str, ...] = field(default=())  # the segments holding its rows (maybe shared with others)
 
 
 @dataclass
@@ -244,8 +244,9 @@ class Namespace:
             refused = [o for o in outcomes if o.startswith("rejected")]
             if refused:
                 raise PublishError(f"namespace {name}, commits {first}-{last}: {refused[0]}")
+            stored_in = dict.fromkeys(getattr(f, "segment", None) or s for s, f in zip(segments, futures))
             return Acknowledgement(name, (first, last), ts_ns, rows, all(o == "stored" for o in outcomes),
-                                   tuple(segments))
+                                   tuple(stored_in))
 
         fut = _all_of(futures, acknowledge)
         if self.blocking:
