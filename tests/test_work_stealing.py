@@ -53,3 +53,29 @@ def test_tasks_stolen_by_an_idle_worker_are_transitions_from_one_worker_to_the_o
     assert pg.evaluate("() => flowscopeCompare.errors") == []
     shown = pg.evaluate("() => Number(document.querySelector('#cmp-placement table.moves td.moved').dataset.value)")
     assert shown == len(moved)
+
+
+def test_a_reassignment_is_read_from_the_runs_state_phases_not_from_dasks_state_names(tmp_path):
+    """Another scheduler's log (recorded through the Client, its states named its own way): a task moved from one
+    worker to another while it stays placed is a reassignment once the run's mapping says what 'placed' means."""
+    import json
+
+    from flowscope.cli.main import main
+
+    store = tmp_path / "store"
+    with flowscope.Client(store=store, name="own scheduler") as fs:
+        for ts, key, before, after, worker in [
+                (1, "t1", None, "ready", None), (2, "t1", "ready", "placed", "node-a"),
+                (3, "t1", "placed", "placed", "node-b"), (4, "t1", "placed", "finished", "node-b"),
+                (1, "t2", None, "ready", None), (2, "t2", "ready", "placed", "node-a"),
+                (5, "t2", "placed", "finished", "node-a"), (6, "t2", "finished", "finished", "node-b")]:
+            fs.emit("transitions", ts_ns=ts, task_key=key, group="g", from_state=before, to_state=after,
+                    observer="scheduler", worker=worker)
+        run_id = fs.run_id
+    assert reassignments(flowscope.open_store(store)).empty  # 'placed' has no phase yet: nothing is assigned
+    mapping = {"source": "own", "transitions": [{"when": {"to_state": "ready"}, "phase": "waiting"},
+                                                {"when": {"to_state": "placed"}, "phase": "queued"}]}
+    assert main(["semantics", run_id, "--store", str(store), "--set", json.dumps(mapping)]) == 0
+    moved = reassignments(flowscope.open_store(store))
+    # t1 moved while placed; t2's worker changed only after it finished (done: not a reassignment)
+    assert [(r.task_key, r.from_worker, r.to_worker) for r in moved.itertuples()] == [("t1", "node-a", "node-b")]

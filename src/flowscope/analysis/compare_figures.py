@@ -92,14 +92,17 @@ def transfer_fit(costs: pd.DataFrame) -> pd.DataFrame:
 
 def reassignments(runs: RunSet) -> pd.DataFrame:
     """Tasks moved from one worker to another while assigned (Dask's work stealing): every scheduler transition
-    ``processing -> processing`` -- run_id, task_key, group, t_s, from_worker (the worker of the task's previous
-    scheduler transition that names one) and to_worker, as resource ids."""
-    df = runs.sql("""
-        WITH t AS (SELECT run_id, task_key, "group", ts_ns, from_state, to_state, worker,
-                          lag(worker IGNORE NULLS) OVER (PARTITION BY run_id, task_key ORDER BY ts_ns) AS before
-                   FROM transitions WHERE observer = 'scheduler')
-        SELECT run_id, task_key, "group", ts_ns, before AS from_worker, worker AS to_worker FROM t
-        WHERE from_state = 'processing' AND to_state = 'processing' ORDER BY run_id, ts_ns""")
+    that keeps a task queued or running (its phase and its previous transition's, under the run's mappings:
+    ``model.semantics``) on another worker than the one its previous transitions named -- run_id, task_key, group,
+    t_s, from_worker and to_worker, as resource ids. For Dask, its ``processing -> processing`` transitions."""
+    df = runs.sql(f"""
+        WITH t AS (SELECT run_id, task_key, "group", ts_ns, worker, {runs.phase_sql("t")} AS phase
+                   FROM transitions t WHERE observer = 'scheduler'),
+        s AS (SELECT *, lag(worker IGNORE NULLS) OVER w AS before, lag(phase) OVER w AS before_phase
+              FROM t WINDOW w AS (PARTITION BY run_id, task_key ORDER BY ts_ns))
+        SELECT run_id, task_key, "group", ts_ns, before AS from_worker, worker AS to_worker FROM s
+        WHERE phase IN ('queued', 'running') AND before_phase IN ('queued', 'running')
+          AND worker IS NOT NULL AND before IS NOT NULL AND worker <> before ORDER BY run_id, ts_ns""")
     _since_start(df, _run_starts(runs), "ts_ns")
     return df.rename(columns={"ts_s": "t_s"})[["run_id", "task_key", "group", "t_s", "from_worker", "to_worker"]]
 

@@ -26,6 +26,7 @@ from flowscope.model.semantics import (
     executors_sql,
     ordered,
     override_of,
+    phase_sql,
 )
 from flowscope.store.catalog import list_runs, run_state
 from flowscope.store.layout import segment_files
@@ -150,7 +151,8 @@ class RunSet:
         cols = ", ".join(f'CAST(NULL AS {_duck_type(f.type)}) AS "{f.name}"' for f in target)
         return f"SELECT CAST(NULL AS VARCHAR) AS run_id, {cols} WHERE false"
 
-    def _semantic_views(self, con: duckdb.DuckDBPyConnection) -> None:
+    def _mapping_groups(self) -> list[tuple[list, list[str]]]:
+        """(semantic mappings, the ids of the runs read under them), one per distinct set of mappings."""
         by_mapping: dict[str, tuple[list, list[str]]] = {}
         for m in self._metas:
             try:
@@ -159,8 +161,21 @@ class RunSet:
                 raise ValueError(f"{m['path']}: {exc}") from None
             key = json.dumps(mappings, sort_keys=True, default=str)
             by_mapping.setdefault(key, (mappings, []))[1].append(m["run_id"])
+        return list(by_mapping.values())
+
+    def phase_sql(self, alias: str = "t") -> str:
+        """The SQL expression of a transition's phase (``model.semantics.phase_sql``) over the relation ``alias``,
+        which has ``run_id``: each run's transitions read under that run's mappings."""
+        groups = self._mapping_groups()
+        if len(groups) <= 1:
+            return phase_sql(groups[0][0] if groups else ordered(), alias)
+        cases = " ".join(f"WHEN {alias}.run_id IN ({', '.join(_sql_text(i) for i in ids)}) "
+                         f"THEN {phase_sql(mappings, alias)}" for mappings, ids in groups)
+        return f"(CASE {cases} ELSE 'other' END)"
+
+    def _semantic_views(self, con: duckdb.DuckDBPyConnection) -> None:
         acts, execs = [], []
-        for mappings, ids in by_mapping.values():
+        for mappings, ids in self._mapping_groups():
             where = "run_id IN (" + ", ".join(_sql_text(i) for i in ids) + ")"
             spans = f"(SELECT * FROM spans WHERE {where})"
             resources = f"(SELECT * FROM resources WHERE {where})"
