@@ -1,9 +1,11 @@
-"""The cost of publishing into a namespace (the dissertation's overhead experiment, Figs. 26-27, on a small loop).
+"""The cost of publishing into a namespace (the dissertation's overhead experiment, Figs. 26-27, on the mini-app).
 
-A numpy stencil (explicit 2-D diffusion on a ``--grid`` x ``--grid`` float64 mesh, ``--steps`` steps) computes its
-diagnostics every k steps (mass, density minimum and maximum with their locations, NaN count: Astaroth's record,
-Listing 4.3) and, when observed, publishes them into the namespace ``application`` (``ns.set(...)``,
-``ns.commit()``) for k = 1, 5 and 50, blocking or not, to a collector in this process, in another process
+``--app mini-app`` (the default): issue 17's stencil mini-app (``flowscope.workflows.stencil.run_stencil``, a
+periodic ``--grid`` x ``--grid`` float64 mesh updated in bands by ``--threads`` threads, ``--steps`` steps) computes
+its diagnostics every step (mass, energy, the extrema with their locations, NaN count: Astaroth's record, Listing
+4.3) and, when observed, commits them into the namespace ``application`` every step, which publishes every k-th
+commit (``publish_every=k``, SOMA's publish frequency). ``--app loop``: the earlier single-threaded loop, which
+computes and commits its diagnostics only every k steps. Either way for k = 1, 5 and 50, blocking or not, to a collector in this process, in another process
 (``flowscope serve`` on loopback), or over Redis (a ``redis-server`` on loopback, Debian's, and a ``flowscope serve
 --redis`` instance reading its stream: docs/redis.md). The peer is the same loop computing the same diagnostics and
 publishing nothing. Measured: the loop's process CPU time (the publishing calls, the client's sender threads and,
@@ -13,7 +15,7 @@ set-up and close are outside. For a separate collector its own CPU time is repor
 broker's). Every publication is checked to be in the run before any time is reported. Configurations alternate
 for ``--repeat`` repetitions; figures are medians.
 
-The full mini-app of issue 17 (MPI ranks, the instability) is not here yet.
+The mini-app's MPI ranks are not here: it runs threads.
 
     python bench/publish.py               # 512 x 512 mesh, 600 steps, 5 repetitions
     python bench/publish.py --quick       # smoke run
@@ -144,6 +146,25 @@ def _stored(store: Path, run_id: str) -> int:
         run.close()
 
 
+def mini_app(n: int, steps: int, threads: int, ns=None) -> tuple[float, float, float]:
+    """Run the mini-app; (process CPU seconds, wall seconds) from its first step to the last acknowledgement, and
+    its last mass (the output both sides must agree on)."""
+    from flowscope.workflows.stencil import run_stencil
+
+    t_cpu, t_wall = time.process_time(), time.perf_counter()
+    out = run_stencil(n, steps, threads=threads, namespace=ns)
+    if ns is not None:
+        ns.flush()
+    return time.process_time() - t_cpu, time.perf_counter() - t_wall, out["diagnostics"]["mass"]
+
+
+def run_app(args, every: int, ns=None) -> tuple[float, float, float]:
+    """One timed run of the chosen application (``--app``)."""
+    if args.app == "loop":
+        return stencil(args.grid, args.steps, every, ns)
+    return mini_app(args.grid, args.steps, args.threads, ns)
+
+
 def measure(where: str, blocking: bool, every: int, args, tmp: Path, servers: dict) -> dict:
     server = servers.get(where)
     if where == "in-process":
@@ -151,9 +172,10 @@ def measure(where: str, blocking: bool, every: int, args, tmp: Path, servers: di
     else:
         client = flowscope.Client(server.address, name="publish", spool_dir=tmp / "spool")
     try:
-        ns = client.namespace("application", blocking=blocking)
+        # the mini-app commits every step and publishes every k-th commit; the loop commits every k steps
+        ns = client.namespace("application", blocking=blocking, publish_every=every if args.app == "mini-app" else 1)
         server_cpu = server.cpu() if server else 0.0
-        cpu, wall, total = stencil(args.grid, args.steps, every, ns)
+        cpu, wall, total = run_app(args, every, ns)
         server_cpu = (server.cpu() - server_cpu) if server else None
     finally:
         client.close()
@@ -174,6 +196,9 @@ def main() -> int:
     ap.add_argument("--steps", type=int, default=600)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--quick", action="store_true", help="a smoke run: 128 x 128, 100 steps, 2 repetitions")
+    ap.add_argument("--app", choices=("mini-app", "loop"), default="mini-app",
+                    help="the stencil mini-app (flowscope.workflows.stencil, default) or the earlier loop")
+    ap.add_argument("--threads", type=int, default=2, help="the mini-app's threads (default 2)")
     ap.add_argument("--no-redis", action="store_true", help="leave out the configurations over Redis")
     ap.add_argument("--redis-server", default=shutil.which("redis-server") or "/usr/bin/redis-server",
                     help="the redis-server to start (default: the one on PATH; Debian: apt-get install redis-server)")
@@ -200,7 +225,7 @@ def main() -> int:
             shift = rep % len(jobs)
             for job in jobs[shift:] + jobs[:shift]:
                 if job[0] == "baseline":
-                    cpu, wall, total = stencil(args.grid, args.steps, job[1])
+                    cpu, wall, total = run_app(args, job[1])
                     samples["baseline"].append({"every": job[1], "cpu_s": cpu, "wall_s": wall, "sum": total})
                 else:
                     samples.setdefault(job, []).append(measure(*job, args, tmp, servers))
@@ -241,7 +266,8 @@ def main() -> int:
         "target": TARGETS[("nonblocking", 5)], "meets_target": head["cpu_overhead_pct"] <= TARGETS[("nonblocking", 5)],
         "peers": {"unobserved loop": {"value": base[5]["cpu_s"], "unit": "s (process CPU)"}},
         "ratio_vs_peer": head["cpu_s"] / base[5]["cpu_s"],
-        "params": {"grid": args.grid, "steps": args.steps, "repeat": args.repeat, "baseline": base, "configs": rows,
+        "params": {"app": args.app, "threads": args.threads, "grid": args.grid, "steps": args.steps,
+                   "repeat": args.repeat, "baseline": base, "configs": rows,
                    "targets": {"nonblocking every 5": "<= 1 %", "blocking every 1": "<= 5 %"},
                    "cpu_model": cpu_model(), "commit": git_commit(),
                    "note": "process CPU time; the machine may be shared (say so when quoting)"},
@@ -253,8 +279,8 @@ def main() -> int:
         over = (f"; over Redis {rows['redis/nonblocking/every-5']['cpu_overhead_pct']:+.2f} % and "
                 f"{rows['redis/blocking/every-1']['cpu_overhead_pct']:+.2f} %")
     print(f"publish: non-blocking every 5 steps {head['cpu_overhead_pct']:+.2f} % CPU (target <= 1 %), blocking every "
-          f"step {blk:+.2f} % (target <= 5 %), in process{over}; {args.grid}x{args.grid} mesh, {args.steps} steps, "
-          f"medians of {args.repeat}")
+          f"step {blk:+.2f} % (target <= 5 %), in process{over}; the {args.app} on a {args.grid}x{args.grid} mesh, "
+          f"{args.steps} steps, medians of {args.repeat}")
     return 0
 
 

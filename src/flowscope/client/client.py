@@ -18,6 +18,7 @@ import json
 import logging
 import os
 import queue
+import re
 import secrets
 import sys
 import threading
@@ -469,7 +470,9 @@ class Client:
                     target.address, run_id=self.run_id, token=target.token or self._auth_token,
                     flush_records=self.flush_records, flush_interval=self.flush_interval,
                     live_flush_interval=self.live_flush_interval, busy_timeout=self.busy_timeout,
-                    spool_dir=self.spool.root, compiled=self.compiled)
+                    # a spool of its own: two clients replaying one folder would race for its files
+                    spool_dir=self.spool.root / "by-instance" / re.sub(r"[^A-Za-z0-9.-]", "_", target.address),
+                    compiled=self.compiled)
         return joined
 
     def analyze(self, namespace: str, request: dict) -> dict:
