@@ -226,6 +226,17 @@ class CollectorProcess:
                 self.kill()
 
 
+def check_exactly_once(run, n: int) -> None:
+    """``run``'s spans are exactly the ``n`` a test's producers sent: span ids 0..n-1 once each, and the durations
+    ``i % 1000`` they were given."""
+    got = run.sql("""SELECT count(*) AS n, count(DISTINCT span_id) AS distinct_ids, sum(span_id) AS id_sum,
+                            sum(end_ns - start_ns) AS dur_sum FROM spans""").iloc[0]
+    assert int(got["n"]) == n
+    assert int(got["distinct_ids"]) == n
+    assert int(got["id_sum"]) == n * (n - 1) // 2
+    assert int(got["dur_sum"]) == sum(i % 1000 for i in range(n))
+
+
 @pytest.fixture
 def collector_factory(tmp_path):
     started: list[CollectorProcess] = []

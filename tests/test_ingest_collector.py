@@ -9,6 +9,7 @@ import httpx
 import psutil
 
 import flowscope
+from conftest import check_exactly_once
 from flowscope import Client
 
 N_THREADS = 4
@@ -19,15 +20,6 @@ def _produce(client: Client, thread_no: int, count: int) -> None:
     span = client.span
     for i in range(base, base + count):
         span("work", i, i + (i % 1000), kind="call", span_id=i, task_key=f"t{thread_no}")
-
-
-def _check_exactly_once(run: flowscope.Run, n: int) -> None:
-    got = run.sql("""SELECT count(*) AS n, count(DISTINCT span_id) AS distinct_ids, sum(span_id) AS id_sum,
-                            sum(end_ns - start_ns) AS dur_sum FROM spans""").iloc[0]
-    assert int(got["n"]) == n
-    assert int(got["distinct_ids"]) == n
-    assert int(got["id_sum"]) == n * (n - 1) // 2
-    assert int(got["dur_sum"]) == sum(i % 1000 for i in range(n))
 
 
 def test_million_records_from_four_threads_arrive_exactly_once(collector, tmp_path):
@@ -42,7 +34,7 @@ def test_million_records_from_four_threads_arrive_exactly_once(collector, tmp_pa
     assert client.stats["batches_spooled"] == 0
     run = flowscope.open_run(collector.store / client.run_id)
     assert run.meta["status"] == "finished"
-    _check_exactly_once(run, n)
+    check_exactly_once(run, n)
     per_thread = run.sql("SELECT task_key, count(*) AS n FROM spans GROUP BY 1 ORDER BY 1")
     assert per_thread["n"].tolist() == [n // N_THREADS] * N_THREADS
 
@@ -120,7 +112,7 @@ def test_two_clients_share_one_run(collector, tmp_path):
     joiner.close()
     owner.close()
     run = flowscope.open_run(collector.store / owner.run_id)
-    _check_exactly_once(run, 5000)
+    check_exactly_once(run, 5000)
     assert run.counts()["resources"] == 3  # host, process and the main thread, declared by both, stored per client
 
 
@@ -140,7 +132,7 @@ def test_clients_spread_over_collector_instances_listed_in_an_address_file(colle
     for c in [*joiners, owner]:
         c.close()
     run = flowscope.open_run(store / owner.run_id)
-    _check_exactly_once(run, 4000)
+    check_exactly_once(run, 4000)
     assert run.meta["status"] == "finished"
 
 
@@ -167,7 +159,7 @@ def test_a_joiner_that_arrives_before_the_run_is_opened_waits_for_it(collector, 
     flushed.join(120)
     joiner.close()
     assert joiner.stats["rows_rejected"] == 0 and not joiner.errors, joiner.errors
-    _check_exactly_once(flowscope.open_run(collector.store / run_id), 2000)
+    check_exactly_once(flowscope.open_run(collector.store / run_id), 2000)
 
 
 def test_a_bad_address_file_is_named(tmp_path):

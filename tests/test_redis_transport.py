@@ -18,7 +18,7 @@ import pytest
 
 import flowscope
 from flowscope import Client
-from tests.conftest import CollectorProcess, missing_dependency, require_module
+from conftest import CollectorProcess, check_exactly_once, missing_dependency, require_module
 
 redis = require_module("redis", "the Redis Streams transport: pip install 'flowscope[redis]'")
 
@@ -72,15 +72,6 @@ def _wait_done(r, stream: str, timeout: float = 180.0) -> None:
         time.sleep(0.1)
 
 
-def _check_exactly_once(run: flowscope.Run, n: int) -> None:
-    got = run.sql("""SELECT count(*) AS n, count(DISTINCT span_id) AS distinct_ids, sum(span_id) AS id_sum,
-                            sum(end_ns - start_ns) AS dur_sum FROM spans""").iloc[0]
-    assert int(got["n"]) == n
-    assert int(got["distinct_ids"]) == n
-    assert int(got["id_sum"]) == n * (n - 1) // 2
-    assert int(got["dur_sum"]) == sum(i % 1000 for i in range(n))
-
-
 def test_four_producer_processes_reach_two_collectors_through_redis_with_one_killed_mid_run(redis_url, tmp_path):
     """The first collector is alone on the stream and kills itself right after writing its third batch, before
     acknowledging it (and with more batches read ahead): the second, started after, claims what the first held,
@@ -109,7 +100,7 @@ def test_four_producer_processes_reach_two_collectors_through_redis_with_one_kil
         health = httpx.get(f"{second.address}/v1/health", timeout=10).json()
         assert health["duplicates"] >= 1, health  # the batch the first wrote but did not acknowledge
         run = flowscope.open_run(store / owner.run_id)
-        _check_exactly_once(run, producers * per)
+        check_exactly_once(run, producers * per)
         assert run.meta["status"] == "finished"
         assert run.meta["name"] == "through redis"
     finally:
@@ -143,7 +134,7 @@ def test_a_batch_the_collector_refuses_goes_to_the_rejected_stream_with_the_reas
         fields = {k.decode(): v for k, v in rejected[0][1].items()}
         assert fields["table"] == b"no_such_table" and fields["segment"] == b"seg-bad"
         assert b"no_such_table" in fields["error"]
-        _check_exactly_once(flowscope.open_run(store / owner.run_id), 100)
+        check_exactly_once(flowscope.open_run(store / owner.run_id), 100)
     finally:
         c.stop()
 
