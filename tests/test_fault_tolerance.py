@@ -13,9 +13,9 @@ import time
 import pytest
 
 import flowscope
+from conftest import check_exactly_once
 from flowscope import Client, FlowscopeError
 from flowscope.model.conform import SchemaError
-from test_ingest_collector import _check_exactly_once
 
 
 def collector_health(address: str) -> dict:
@@ -61,7 +61,7 @@ def test_sigkill_mid_send_then_restart_loses_and_duplicates_nothing(collector, t
     assert client.stats["batches_replayed"] > 0
     assert not client.spool.pending(client.run_id)
     run = flowscope.open_run(collector.store / client.run_id)
-    _check_exactly_once(run, n)
+    check_exactly_once(run, n)
     assert run.meta["status"] == "finished"
     while collector_health(collector.address)["dead_temps_removed"] is None:  # its sweep at start is done
         time.sleep(0.02)
@@ -89,7 +89,7 @@ def test_a_batch_on_disk_but_not_acknowledged_is_replayed_as_a_duplicate(collect
     assert client.stats["batches_replayed"] > 0
     assert httpx.get(f"{doomed.address}/v1/health").json()["duplicates"] >= 1
     run = flowscope.open_run(doomed.store / client.run_id)
-    _check_exactly_once(run, n)
+    check_exactly_once(run, n)
     assert run.meta["status"] == "finished"
 
 
@@ -113,14 +113,14 @@ def test_unreachable_collector_spools_everything_and_ingest_spool_delivers_it(co
     assert report["rows"] == 10_000 + 1 + 3 and report["closed_runs"] == 1 and report["duplicates"] == 0
     assert not (spool / client.run_id).exists()
     run = flowscope.open_run(collector.store / client.run_id)
-    _check_exactly_once(run, 10_000)
+    check_exactly_once(run, 10_000)
     assert run.meta["status"] == "finished" and run.meta["name"] == "offline"
 
     # replaying the same batches again (say, a copy someone kept) adds nothing
     res = _flowscope("ingest-spool", str(backup), "--address", collector.address, "--json")
     assert res.returncode == 0, res.stderr
     assert json.loads(res.stdout)["duplicates"] == json.loads(res.stdout)["batches"] > 0
-    _check_exactly_once(run, 10_000)
+    check_exactly_once(run, 10_000)
 
 
 def test_ingest_spool_straight_into_a_store(tmp_path):
