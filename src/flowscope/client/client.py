@@ -42,7 +42,7 @@ from flowscope.client.transport import (
     Rejected,
     Unreachable,
     general_instances,
-    pick_collector,
+    pick_instance,
     read_instances,
 )
 from flowscope.model import identifiers as ids
@@ -138,7 +138,8 @@ class Client:
                 address_file = os.environ.get("FLOWSCOPE_ADDRESS_FILE") or None
             if address_file:
                 self.instances = read_instances(address_file)
-                address, listed_token = pick_collector(address_file)
+                picked = pick_instance(self.instances)
+                address, listed_token = picked.address, picked.token
             elif os.environ.get("FLOWSCOPE_ADDRESS"):
                 address = os.environ["FLOWSCOPE_ADDRESS"]
             else:

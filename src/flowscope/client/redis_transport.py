@@ -48,10 +48,13 @@ class RedisTransport:
     def health(self, timeout: float = 2.0) -> dict:
         import redis
 
+        probe = connect(self._url, timeout)
         try:
-            connect(self._url, timeout).ping()
+            probe.ping()
         except (redis.ConnectionError, redis.TimeoutError) as exc:
             raise Unreachable(f"Redis at {self._url} unreachable: {exc}") from exc
+        finally:
+            probe.close()  # a probe repeated while offline must not leave a connection behind each time
         return {"status": "ok", "stream": self.stream}
 
     def open_run(self, meta: dict) -> dict:

@@ -105,11 +105,15 @@ def general_instances(instances: list[Instance]) -> list[Instance]:
     return [i for i in instances if not i.namespaces] or instances
 
 
+def pick_instance(instances: list[Instance]) -> Instance:
+    """One of ``instances`` that claim no namespace: clients of this process and of others spread round-robin."""
+    collectors = general_instances(instances)
+    return collectors[(os.getpid() + next(_pick)) % len(collectors)]
+
+
 def pick_collector(path: str | Path) -> tuple[str, str | None]:
-    """One of the collectors in the address file that claim no namespace, with its token: clients of this
-    process and of others spread round-robin."""
-    collectors = general_instances(read_instances(path))
-    i = collectors[(os.getpid() + next(_pick)) % len(collectors)]
+    """One of the collectors in the address file that claim no namespace, with its token (see pick_instance)."""
+    i = pick_instance(read_instances(path))
     return i.address, i.token
 
 
