@@ -8,6 +8,7 @@ import math
 import os
 from pathlib import Path
 
+import dask
 import pandas as pd
 import pytest
 from conftest import require_module
@@ -239,7 +240,9 @@ def test_attribution_re_derives_the_dask_runs_own_io_task_keys(tmp_path):
                       worker_dashboard_address=None, heartbeat_interval="1h") as cluster, Client(cluster) as client:
         # level full: every call's own I/O rows (at the default level a call under 1 ms, as a short task may be,
         # has its I/O charged to the next measured call, so the bytes would not name one task)
-        with observe(client, store=tmp_path / "store", name="io-attribution", level="full") as obs:
+        # in Dask's clock (the workers share the scheduler's host, where the records would use the local one)
+        with dask.config.set({"flowscope.clock": "scheduler"}), \
+                observe(client, store=tmp_path / "store", name="io-attribution", level="full") as obs:
             prev = None
             for i in range(3):
                 sizes[f"long-{i}"], sizes[f"short-{i}"] = (2 * i + 1) * kib, (2 * i + 2) * kib

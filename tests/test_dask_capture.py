@@ -576,3 +576,50 @@ def test_scheduler_hooks_after_the_plugin_closed_are_counted_not_failed(cluster,
     assert obs.hook_errors["scheduler"] == 0
     keys = set(obs.run.sql("SELECT DISTINCT task_key FROM transitions WHERE observer = 'scheduler'")["task_key"])
     assert "before-close" in keys and "after-close" not in keys
+
+
+def _set_offset_estimate(seconds: float, dask_worker=None) -> None:
+    """Stop the worker's heartbeats and set its estimate of its offset to the scheduler's clock, as a heartbeat
+    answered late on a loaded host does (0.72 s was seen with two CPU-bound processes beside the suite)."""
+    dask_worker.periodic_callbacks["heartbeat"].stop()
+    dask_worker.scheduler_delay = seconds
+
+
+@pytest.mark.parametrize("level", ["standard", "full"])
+def test_a_wrong_offset_estimate_on_the_schedulers_host_does_not_reorder_tasks(tmp_path, level):
+    """On the scheduler's own host the clocks are one: Dask's estimate of the offset (``scheduler_delay``) is
+    noise, and under load a large one. A task that ran on a worker whose estimate is 0.8 s off must still lie
+    between the task it depends on and the task that depends on it, transfers included."""
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, dashboard_address=":0",
+                      worker_dashboard_address=None) as cl, Client(cl) as client:
+        a, b = sorted(client.scheduler_info()["workers"])
+        client.run(_set_offset_estimate, 0.8, workers=[b])
+        with observe(client, store=tmp_path, name="skewed", level=level) as obs:
+            x = client.submit(inc, 0, key="x", workers=[a])
+            y = client.submit(inc, x, key="y", workers=[b])
+            z = client.submit(inc, y, key="z", workers=[a])
+            assert z.result() == 3
+    spans = obs.run.sql("SELECT task_key, start_ns, end_ns, json_extract_string(attrs, '$.worker') AS worker "
+                        "FROM spans WHERE kind = 'task'").set_index("task_key")
+    assert spans.loc["y", "worker"] == b and spans.loc["x", "worker"] == spans.loc["z", "worker"] == a
+    assert spans.loc["x", "end_ns"] <= spans.loc["y", "start_ns"], spans.to_dict("index")
+    assert spans.loc["y", "end_ns"] <= spans.loc["z", "start_ns"], spans.to_dict("index")
+    # y's input came from a; z's from b: each fetch lies between the task that made the data and the one that used it
+    fetches = obs.run.sql("SELECT keys, start_ns, end_ns FROM transfers")
+    assert len(fetches) == 2, fetches
+    for row in fetches.itertuples():
+        (made,) = list(row.keys)
+        used = {"x": "y", "y": "z"}[made]
+        assert spans.loc[made, "end_ns"] <= row.start_ns <= row.end_ns <= spans.loc[used, "start_ns"], (row, spans)
+
+
+def test_the_clock_setting_is_checked_where_the_plugins_are_made():
+    import dask
+
+    from flowscope.sources.dask import worker_plugin
+
+    with dask.config.set({"flowscope.clock": "scheduler"}):
+        assert worker_plugin("http://127.0.0.1:1", "r").clock == "scheduler"
+    assert worker_plugin("http://127.0.0.1:1", "r").clock == "auto"
+    with dask.config.set({"flowscope.clock": "utc"}), pytest.raises(ValueError, match="flowscope.clock.*'utc'"):
+        worker_plugin("http://127.0.0.1:1", "r")

@@ -506,6 +506,38 @@ class MeasuringThreadPoolExecutor(Executor):
         return getattr(self.inner, name)
 
 
+CLOCKS = ("auto", "local", "scheduler")
+
+
+def check_clock(clock: str | None) -> str:
+    """The clock worker records are written in: ``clock``, or Dask's setting ``flowscope.clock`` when None
+    (default ``auto``). ``scheduler``: Dask's times as Dask reports them, moved to the scheduler's clock by the
+    worker's estimate of the offset; ``local``: the worker's own clock; ``auto``: ``local`` on the scheduler's host
+    (one clock: the estimate is only noise there), ``scheduler`` elsewhere."""
+    if clock is None:
+        import dask
+
+        clock = dask.config.get("flowscope.clock", "auto")
+    if clock not in CLOCKS:
+        raise ValueError(f"flowscope.clock must be one of {', '.join(CLOCKS)}, not {clock!r}")
+    return clock
+
+
+_LOOPBACK = ("127.", "localhost", "::1", "[::1]")
+
+
+def _on_schedulers_host(worker) -> bool:
+    """Whether ``worker`` runs on its scheduler's host: the scheduler's address is a loopback one, the worker's
+    own, or in-process."""
+    address = str(worker.scheduler.address)
+    scheme, _, rest = address.rpartition("://")
+    if scheme == "inproc":
+        return True
+    host = rest.rsplit(":", 1)[0] if rest.count(":") == 1 or rest.startswith("[") else rest
+    own = worker.address.split("://")[-1].rsplit(":", 1)[0]
+    return host.startswith(_LOOPBACK) or host == own
+
+
 class _WorkerCapture(WorkerPlugin):
     """What both capture levels record on a worker: its resource and threads, warnings (Dask's logs, long GC
     pauses), opened files, and, in one worker process per host, the host's hardware every ``hardware_period``
@@ -514,10 +546,11 @@ class _WorkerCapture(WorkerPlugin):
     name = "flowscope-worker"
     level = "?"
 
-    def __init__(self, address: str, run_id: str, hardware_period: float = 1.0):
+    def __init__(self, address: str, run_id: str, hardware_period: float = 1.0, clock: str | None = None):
         self.address = address
         self.run_id = run_id
         self.hardware_period = hardware_period
+        self.clock = check_clock(clock)
         self.errors = 0
         self.fs = None
 
@@ -530,6 +563,7 @@ class _WorkerCapture(WorkerPlugin):
                     pid=os.getpid(), address=worker.address,
                     attrs={"nthreads": worker.state.nthreads, "memory_limit": worker.memory_manager.memory_limit})
         self._host = worker.address.split("://")[-1].rsplit(":", 1)[0]
+        self._local_clock = self.clock == "local" or (self.clock == "auto" and _on_schedulers_host(worker))
         self._threads: dict[int, str] = {}  # pthread ident -> thread resource id
         # a task's thread may record before its first task span is written (a GC pause logged from inside the
         # task): declared by that record, it is still the worker's
@@ -651,6 +685,14 @@ class _WorkerCapture(WorkerPlugin):
             self._threads[ident] = rid
         return rid
 
+    def _recorded(self, start: float, stop: float) -> tuple[int, int]:
+        """Dask's times of a transfer or spill, which it moved by the worker's current offset estimate, in the
+        clock the records use."""
+        if self._local_clock:
+            shift = self.worker.scheduler_delay
+            start, stop = start - shift, stop - shift
+        return int(start * 1e9), int(stop * 1e9)
+
     def _drain_transfers(self) -> None:
         """Record the worker's incoming transfers logged since the last call (one row per fetch message).
 
@@ -669,7 +711,7 @@ class _WorkerCapture(WorkerPlugin):
             who = e.get("who")
             src_host = who.split("://")[-1].rsplit(":", 1)[0] if who else None
             self._emit_transfer(None, "dask-fetch", ids.worker_id(who) if who else "unknown", self.rid,
-                                int(e.get("total") or 0), int(e["start"] * 1e9), int(e["stop"] * 1e9),
+                                int(e.get("total") or 0), *self._recorded(e["start"], e["stop"]),
                                 [key_str(k) for k in e.get("keys", ())],
                                 {"inter_host": src_host != self._host, "bandwidth_bytes_per_s": e.get("bandwidth"),
                                  "nbytes_per_key": {key_str(k): v for k, v in e.get("keys", {}).items()}})
@@ -795,12 +837,14 @@ class FlowscopeWorkerPlugin(_WorkerCapture):
         self._startstops_done[key] = len(ts.startstops)
         for ss in new:
             action = ss.get("action")
-            t0, t1 = int(ss["start"] * 1e9), int(ss["stop"] * 1e9)
             if action == "compute":
+                t0, t1 = int(ss["start"] * 1e9), int(ss["stop"] * 1e9)
                 ident = self.worker.state.threads.get(key)
                 nbytes = ts.nbytes
                 offset, delta = self._task_call(ident, ts.start_time, ss["start"], ss["stop"])
                 off = round(offset * 1e9)
+                if self._local_clock:
+                    t0, t1, off = t0 - off, t1 - off, 0
                 # the attempt: Dask's run id, new each time the scheduler sends the task to a worker (a retry, a
                 # recomputation after a lost worker); a failed attempt says why, by the exception's type only
                 failed = f', "exception_type": {json.dumps(exception_type(ts.exception_text))}' \
@@ -815,8 +859,10 @@ class FlowscopeWorkerPlugin(_WorkerCapture):
                     if tid is not None:
                         self._record_task_io(k, ident, tid, t0 - off, t1 - off, delta)
             elif action == "transfer":  # Dask books a fetch on the task that needed the data
+                t0, t1 = self._recorded(ss["start"], ss["stop"])
                 self._emit_span(None, None, self.rid, "transfer", ts.prefix, t0, t1, k, {"source": ss.get("source")})
             else:  # disk-read, disk-write (spilling) and whatever Dask adds later
+                t0, t1 = self._recorded(ss["start"], ss["stop"])
                 self._emit_span(None, None, self.rid, str(action), ts.prefix, t0, t1, k, {"nbytes": ts.nbytes})
 
 
@@ -976,14 +1022,17 @@ class FlowscopeStandardWorkerPlugin(_WorkerCapture):
             if lo <= hi:
                 shift = min(max(shift, lo), hi)
         off = round(shift * 1e9)
+        t0, t1 = int(start * 1e9), int(stop * 1e9)  # on this process's clock: t0 - off, t1 - off
         failed = ev.__class__ is self._failure
         nbytes = None if failed else ev.nbytes
         prefix = ts.prefix if ts is not None else key_split_group(key)
         if ts is not None and len(ts.startstops) >= 1 + (not failed):
             ss = ts.startstops[-1 - (not failed)]  # Dask's read of spilled inputs, just before the compute
             if ss.get("action") == "disk-read":
-                self._emit_span(None, None, self.rid, "disk-read", prefix, int(ss["start"] * 1e9),
-                                int(ss["stop"] * 1e9), k, {"nbytes": ts.nbytes})
+                d0, d1 = self._recorded(ss["start"], ss["stop"])
+                self._emit_span(None, None, self.rid, "disk-read", prefix, d0, d1, k, {"nbytes": ts.nbytes})
+        if self._local_clock:
+            t0, t1, off = t0 - off, t1 - off, 0
         extra = f', "exception_type": {json.dumps(exception_type(ev.exception_text))}' if failed else ""
         run_id = ev.run_id
         attrs = (f'{{"nbytes": {nbytes if nbytes.__class__ is int else json.dumps(nbytes)}, '
@@ -991,10 +1040,8 @@ class FlowscopeStandardWorkerPlugin(_WorkerCapture):
                  f'"worker": {self._worker_json}, "state": "{"error" if failed else "memory"}", '
                  f'"clock_offset_ns": {off}, "attempt_id": {run_id if run_id.__class__ is int else "null"}, '
                  f'"io": "{"own" if reading is not None else "next"}"{extra}}}')
-        self._emit_span(None, None, self._thread_resource(ident), "task", prefix, int(start * 1e9), int(stop * 1e9),
-                        k, attrs)
+        self._emit_span(None, None, self._thread_resource(ident), "task", prefix, t0, t1, k, attrs)
         if reading is not None:  # over the task's compute interval on this process's clock, as at level full
-            t0, t1 = int(start * 1e9), int(stop * 1e9)
             tid, before, now, calls = reading[2:]
             self._record_task_io(k, ident, tid, t0 - off, t1 - off, now - before - _own_read(before), calls)
 
