@@ -32,8 +32,13 @@ def other(i):
 
 @pytest.fixture(scope="module")
 def cluster():
+    """Two workers, one of them with an estimate of its offset to the scheduler's clock 0.8 s off (as a heartbeat
+    answered late on a loaded host leaves it): the detector's times must still be the spans' times."""
+    from test_dask_capture import _set_offset_estimate
+
     with LocalCluster(n_workers=2, threads_per_worker=1, dashboard_address=":0",
                       worker_dashboard_address=None) as cl, Client(cl) as client:
+        client.run(_set_offset_estimate, 0.8, workers=[sorted(client.scheduler_info()["workers"])[1]])
         yield client
 
 

@@ -82,6 +82,7 @@ class AnomalyWorkerPlugin(WorkerPlugin):
         self.period = float(period)
         self.errors = 0
         self.fs = None
+        self._capture = None  # the worker's capture plugin of this run, which tells each task span it records
 
     # ---- lifecycle ------------------------------------------------------------------------------
     def setup(self, worker) -> None:
@@ -109,6 +110,14 @@ class AnomalyWorkerPlugin(WorkerPlugin):
                                   ["start_ns"])
         except Exception:
             self._run_start = None  # steps then count from the worker's first call
+        from flowscope.sources.dask.plugins import FlowscopeWorkerPlugin
+
+        # judge the spans the capture records, on its clock (Dask's own times are the scheduler's, which the capture
+        # may take back to the worker's: docs/dask.md); without it, Dask's times from the transition hook
+        cap = worker.plugins.get(FlowscopeWorkerPlugin.name)
+        if getattr(cap, "run_id", None) == self.run_id and hasattr(cap, "span_listeners"):
+            self._capture = cap
+            cap.span_listeners.append(self._on_span)
         self._stop = threading.Event()
         self._lock = threading.Lock()  # one batch or sync at a time (the loop, finish and prune)
         self._thread = threading.Thread(target=self._loop, name="flowscope-anomalies", daemon=True)
@@ -117,6 +126,8 @@ class AnomalyWorkerPlugin(WorkerPlugin):
     def teardown(self, worker) -> None:
         if self.fs is None:
             return
+        if self._capture is not None and self._on_span in self._capture.span_listeners:
+            self._capture.span_listeners.remove(self._on_span)
         try:
             if not self._finished:
                 self.finish()
@@ -136,7 +147,13 @@ class AnomalyWorkerPlugin(WorkerPlugin):
             log.exception("flowscope anomaly plugin failed")
 
     # ---- the hook: queue, nothing else ----------------------------------------------------------
+    def _on_span(self, prefix: str, key: str, start_ns: int, end_ns: int, ident: int | None) -> None:
+        """A task span as the worker's capture plugin recorded it: judged as recorded (the same clock)."""
+        self._queue.append((prefix, key, start_ns, end_ns, ident))
+
     def transition(self, key, start, finish, **kwargs) -> None:
+        if self._capture is not None:  # the capture plugin tells each span (_on_span)
+            return
         if finish not in _DONE_TO or start not in _DONE_FROM:
             return
         try:

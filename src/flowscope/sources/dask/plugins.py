@@ -564,6 +564,9 @@ class _WorkerCapture(WorkerPlugin):
                     attrs={"nthreads": worker.state.nthreads, "memory_limit": worker.memory_manager.memory_limit})
         self._host = worker.address.split("://")[-1].rsplit(":", 1)[0]
         self._local_clock = self.clock == "local" or (self.clock == "auto" and _on_schedulers_host(worker))
+        # called with (prefix, key, start_ns, end_ns, thread ident) of each task span as it is recorded: the
+        # anomaly detector judges the spans this plugin records, on the same clock (anomaly_plugin.py)
+        self.span_listeners: list[Callable[[str, str, int, int, int | None], None]] = []
         self._threads: dict[int, str] = {}  # pthread ident -> thread resource id
         # a task's thread may record before its first task span is written (a GC pause logged from inside the
         # task): declared by that record, it is still the worker's
@@ -854,6 +857,8 @@ class FlowscopeWorkerPlugin(_WorkerCapture):
                          f'"worker": {self._worker_json}, "state": "{finish}", "clock_offset_ns": {off}, '
                          f'"attempt_id": {ts.run_id if ts.run_id.__class__ is int else "null"}{failed}}}')
                 self._emit_span(None, None, self._thread_resource(ident), "task", ts.prefix, t0, t1, k, attrs)
+                for listener in self.span_listeners:
+                    listener(ts.prefix, k, t0, t1, ident)
                 if delta is not None:
                     tid = self._native_tid(ident)
                     if tid is not None:
@@ -1041,6 +1046,8 @@ class FlowscopeStandardWorkerPlugin(_WorkerCapture):
                  f'"clock_offset_ns": {off}, "attempt_id": {run_id if run_id.__class__ is int else "null"}, '
                  f'"io": "{"own" if reading is not None else "next"}"{extra}}}')
         self._emit_span(None, None, self._thread_resource(ident), "task", prefix, t0, t1, k, attrs)
+        for listener in self.span_listeners:
+            listener(prefix, k, t0, t1, ident)
         if reading is not None:  # over the task's compute interval on this process's clock, as at level full
             tid, before, now, calls = reading[2:]
             self._record_task_io(k, ident, tid, t0 - off, t1 - off, now - before - _own_read(before), calls)
