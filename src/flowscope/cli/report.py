@@ -17,7 +17,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "host, I/O per thread, communication time vs size, task groups and warnings.")
     p.add_argument("run", help="run directory, run id in the store, or 'latest'")
     p.add_argument("-o", "--output", default=None,
-                   help="file to write, or a directory to write report.html in (default <run directory>/report.html)")
+                   help="file to write, or a directory to write report.html (dashboard.html with --dashboard) in "
+                        "(default: in the run directory)")
+    p.add_argument("--dashboard", action="store_true",
+                   help="write the dashboard's pages instead (the overview and every analysis page, as `flowscope "
+                        "ui` shows them now), drawn offline by the dashboard's own scripts; open FILE#PAGE for a page")
     p.add_argument("--store", default=None, help=LOOKUP_STORE_HELP)
     add_semantics_option(p)
     p.set_defaults(func=cmd_report)
@@ -46,18 +50,25 @@ class _LateProgress:
             self.bar.stop()
 
 
-def cmd_report(args: argparse.Namespace) -> int:
-    from flowscope.report import write_report
+#: the file ``--dashboard`` writes in the run directory (or in the directory ``-o`` names)
+DASHBOARD_FILE = "dashboard.html"
 
-    from flowscope.report import REPORT_FILE
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from flowscope.report import REPORT_FILE, write_report
+    from flowscope.report.run_pages import write_run_pages
 
     run = open_for(args)
+    name = DASHBOARD_FILE if args.dashboard else REPORT_FILE
     out = Path(args.output) if args.output else None
     if out is not None and out.is_dir():
-        out = out / REPORT_FILE
+        out = out / name
     bar = _LateProgress()
     try:
-        path = write_report(run, out, progress=bar)
+        if args.dashboard:
+            path = write_run_pages(run, out if out is not None else run.path / name, progress=bar)
+        else:
+            path = write_report(run, out, progress=bar)
     finally:
         bar.close()
     print(path)

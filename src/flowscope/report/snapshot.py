@@ -15,7 +15,7 @@ DOC_ID = "flowscope-doc"
 _ASSET = re.compile(r'<link rel="stylesheet" href="/ui/static/([\w.-]+)">|<script src="/ui/static/([\w.-]+)"></script>')
 
 
-def _asset(name: str) -> str:
+def asset_text(name: str) -> str:
     if name == "plotly.min.js":
         from plotly.offline import get_plotlyjs
 
@@ -23,7 +23,7 @@ def _asset(name: str) -> str:
     return (static_dir() / name).read_text(encoding="utf-8")
 
 
-def _inline_script(code: str) -> str:
+def inline_script(code: str) -> str:
     # an inline script ends at the first "</script": one inside the code must not end it
     return "<script>" + re.sub(r"</(script)", r"<\\/\1", code, flags=re.IGNORECASE) + "</script>"
 
@@ -40,7 +40,7 @@ def snapshot_page(page: str, doc: dict) -> str:
 
     def inline(m: re.Match) -> str:
         css, js = m.group(1), m.group(2)
-        return "<style>" + _asset(css) + "</style>" if css else _inline_script(_asset(js))
+        return "<style>" + asset_text(css) + "</style>" if css else inline_script(asset_text(js))
 
     data = f'<script type="application/json" id="{DOC_ID}">{embed_json(doc)}</script>\n'
     first = html.index("<script")

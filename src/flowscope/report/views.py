@@ -13,15 +13,23 @@ one source's names, so the same pages serve a Dask run, an imported Paje trace a
 
 from __future__ import annotations
 
+import logging
 import math
+import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
+from flowscope.store.layout import RUN_JSON, read_json, segment_files
 from flowscope.store.run import Run
 
+log = logging.getLogger("flowscope.dashboard")
+
+#: the analysis pages of a run on the dashboard (its overview is the page "")
+PAGES = ("advisor", "critical-path", "profile", "anomalies", "logs")
 #: steps of a path listed (the attribution covers all of them)
 STEP_LIMIT = 500
 #: up to this many data states each state is drawn; above, each group (origin) is one mark
@@ -382,3 +390,33 @@ VIEWS: dict[str, tuple[Callable[[Run], dict], tuple[str, ...]]] = {
     "advisor": (advisor_view, ("spans", "transitions", "transfers", "dependencies", "logs", "io", "metrics",
                                "resources")),
 }
+
+
+def view_signature(run_dir: Path, view: str) -> tuple:
+    """What ``view`` of the run depends on: the run's status, then the number of segments of each table it reads."""
+    try:
+        status = read_json(run_dir / RUN_JSON).get("status")
+    except (OSError, ValueError):
+        status = None
+    return (status, *(len(segment_files(run_dir, t)) for t in VIEWS[view][1]))
+
+
+def view_document(run_dir: Path, view: str, signature: tuple) -> dict:
+    """``view`` of the run as a dashboard page receives it: the view's JSON (or ``failed``: why it could not be
+    computed), with ``view``, ``compute_s``, ``status`` and ``segments`` (per table read, from ``signature``, taken
+    by :func:`view_signature` before computing)."""
+    fn, tables = VIEWS[view]
+    run = Run(run_dir)
+    t0 = time.perf_counter()
+    try:
+        doc = json_safe(fn(run))
+    except Exception as exc:  # a run the analysis cannot read says why, on its page
+        log.exception("the %s view of %s failed", view, run_dir.name)
+        doc = {"failed": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
+    finally:
+        run.close()
+    doc["view"] = view
+    doc["compute_s"] = time.perf_counter() - t0
+    doc["status"] = signature[0]
+    doc["segments"] = dict(zip(tables, signature[1:]))
+    return doc

@@ -28,6 +28,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from flowscope.model.provenance import check_run_id
+from flowscope.report.views import PAGES
 from flowscope.model.semantics import phase_sql
 from flowscope.service.json_text import PageJSON, encode
 from flowscope.service.live_hub import LiveHub
@@ -52,7 +53,7 @@ VIEW_CPU_SHARE = 0.2
 #: dashboard's cost to the collector under a tenth of a core (bench/dashboard.py)
 PANEL_CPU_SHARE = 0.02
 #: the run's analysis pages (``/ui/runs/RUN_ID/PAGE``), each served by ``view.html`` with the view of that name
-VIEW_PAGES = ("advisor", "critical-path", "profile", "anomalies", "logs")
+VIEW_PAGES = PAGES
 #: views drawn as panels of the run overview (cheap: one query each), computed on a thread of their own so that
 #: a long analysis of a page does not hold them back, nor they it
 PANEL_VIEWS = ("memory",)
@@ -148,33 +149,15 @@ class _Views:
 
     @staticmethod
     def signature(run_dir: Path, view: str) -> tuple:
-        """What the view depends on: the number of segments of each table it reads, and the run's status."""
-        from flowscope.report.views import VIEWS
+        """What the view depends on: the run's status, then the number of segments of each table it reads."""
+        from flowscope.report.views import view_signature
 
-        try:
-            status = read_json(run_dir / RUN_JSON).get("status")
-        except (OSError, ValueError):
-            status = None
-        return (status, *(len(segment_files(run_dir, t)) for t in VIEWS[view][1]))
+        return view_signature(run_dir, view)
 
     def _compute(self, run_dir: Path, view: str, sig: tuple) -> dict:
-        from flowscope.report.views import VIEWS, json_safe
+        from flowscope.report.views import view_document
 
-        fn, tables = VIEWS[view]
-        run = Run(run_dir)
-        t0 = time.perf_counter()
-        try:
-            doc = json_safe(fn(run))
-        except Exception as exc:  # a run the analysis cannot read says why, on its page
-            log.exception("the %s view of %s failed", view, run_dir.name)
-            doc = {"failed": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
-        finally:
-            run.close()
-        doc["view"] = view
-        doc["compute_s"] = time.perf_counter() - t0
-        doc["status"] = sig[0]
-        doc["segments"] = dict(zip(tables, sig[1:]))
-        return doc
+        return view_document(run_dir, view, sig)
 
     async def get(self, run_dir: Path, view: str, share: float | None = None) -> tuple[dict, float | None]:
         """The view of the run, and None when it is as the tables are now; or, with ``share``, the view kept
@@ -217,6 +200,30 @@ def dashboard_routes(hub: LiveHub) -> list:
         except ValueError as exc:
             return PageJSON({"error": str(exc)}, status_code=400)
         return FileResponse(pages / "run.html", headers={"cache-control": "no-store"})
+
+    async def offline_file(request) -> Response:
+        """The run's pages as one offline file (``flowscope report --dashboard``), to save."""
+        from flowscope.report.run_pages import run_pages_doc, run_pages_html
+
+        try:
+            run_id = check_run_id(request.path_params["run_id"])
+        except ValueError as exc:
+            return PageJSON({"error": str(exc)}, status_code=400)
+        run_dir = hub.store / run_id
+        if not (run_dir / RUN_JSON).is_file():
+            return PageJSON({"error": f"run: unknown run {run_id!r}"}, status_code=404)
+
+        def build() -> str:
+            run = Run(run_dir)
+            try:
+                return run_pages_html(run_pages_doc(run))
+            finally:
+                run.close()
+
+        text = await asyncio.to_thread(build)
+        return Response(text, media_type="text/html; charset=utf-8",
+                        headers={"content-disposition": f'attachment; filename="flowscope-{run_id}.html"',
+                                 "cache-control": "no-store"})
 
     async def view_page(request) -> Response:
         try:
@@ -431,6 +438,7 @@ def dashboard_routes(hub: LiveHub) -> list:
         Route("/ui/compare", compare_page, methods=["GET"]),
         Route("/v1/ui/compare", compare_json, methods=["GET"]),
         Route("/ui/runs/{run_id}", run_page, methods=["GET"]),
+        Route("/ui/runs/{run_id}/offline", offline_file, methods=["GET"]),
         Route("/ui/runs/{run_id}/{page}", view_page, methods=["GET"]),
         Route("/ui/static/plotly.min.js", plotly_js, methods=["GET"]),
         Mount("/ui/static", app=StaticFiles(directory=pages), name="ui-static"),

@@ -145,7 +145,32 @@
     setInterval(refresh, period || 2000);
   }
 
-  global.flowscopeUI = {el: el, fmtSeconds: fmtSeconds, fmtWhen: fmtWhen, fmtInt: fmtInt, statusBadge: statusBadge,
+  /** The run and page this document shows: from its path (/ui/runs/RUN_ID[/PAGE]), or, in the offline file of a
+   * run's pages (report/run_pages.py), from that file. */
+  function route() {
+    var off = global.flowscopeOffline;
+    if (off) return {runId: off.runId, page: off.page};
+    var parts = location.pathname.split("/").filter(Boolean);  // ui, runs, RUN_ID, PAGE
+    return {runId: decodeURIComponent(parts[2] || ""), page: parts[3] || ""};
+  }
+  /** The link to ``page`` of the run ("": its overview). */
+  function pageHref(runId, page) {
+    if (global.flowscopeOffline) return "#" + (page || "");
+    return "/ui/runs/" + encodeURIComponent(runId) + (page ? "/" + page : "");
+  }
+  /** The link that saves the run's pages as one offline file (none inside that file). */
+  function offlineLink(runId) {
+    var a = document.getElementById("save-offline");
+    if (!a) return;
+    if (global.flowscopeOffline) a.remove();
+    else a.setAttribute("href", "/ui/runs/" + encodeURIComponent(runId) + "/offline");
+  }
+  /** The document's address with ``query`` (a URLSearchParams' text) in place of its own, its fragment kept. */
+  function withQuery(query) {
+    return location.pathname + (query ? "?" + query : "") + location.hash;
+  }
+
+  global.flowscopeUI = {route: route, pageHref: pageHref, offlineLink: offlineLink, withQuery: withQuery, el: el, fmtSeconds: fmtSeconds, fmtWhen: fmtWhen, fmtInt: fmtInt, statusBadge: statusBadge,
                         getJSON: getJSON, runsPage: runsPage, fmtDur: fmtDur, pct: pct, fmtBytes: fmtBytes,
                         numCell: numCell, pt: pt, table: table, section: section};
 })(window);

@@ -5,7 +5,7 @@
 (function (global) {
   "use strict";
   var UI = global.flowscopeUI, el = UI.el;
-  var runId = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop());
+  var runId = UI.route().runId;
 
   var S = {  // what the page holds of the run
     epoch: null, seq: null, name: "", status: null, lastS: 0, endS: null,
@@ -351,8 +351,9 @@
   };
   document.querySelectorAll("#run-nav a").forEach(function (a) {
     var page = a.getAttribute("data-page");
-    a.setAttribute("href", "/ui/runs/" + encodeURIComponent(runId) + (page ? "/" + page : ""));
+    a.setAttribute("href", UI.pageHref(runId, page));
     if (!page) a.setAttribute("aria-current", "page");
   });
+  UI.offlineLink(runId);
   connect();
 })(window);

@@ -10,7 +10,7 @@
 (function (global) {
   "use strict";
   var UI = global.flowscopeUI, el = UI.el;
-  var runId = decodeURIComponent(location.pathname.split("/").filter(Boolean).pop());
+  var runId = UI.route().runId;
   var P = global.flowscopePanels = {
     memory: {doc: null, updates: 0, renders: 0, socket: null},
     advisor: {doc: null, updates: 0, renders: 0, socket: null},
@@ -20,7 +20,7 @@
   var params = new URLSearchParams(location.search);
   function setParam(k, v) {
     params.set(k, String(v));
-    history.replaceState(null, "", location.pathname + "?" + params.toString());
+    history.replaceState(null, "", UI.withQuery(params.toString()));
   }
   var pt = UI.pt, pct = UI.pct, fmtDur = UI.fmtDur;
   // plotly.js arrives after the page's first paint (live.js loads it): a chart asked for before then is drawn
@@ -210,7 +210,7 @@
   fractionIn.addEventListener("change", onQuery);
   P.refreshForecast = fetchForecast;
   setInterval(tick, 250);
-  document.getElementById("to-advisor").setAttribute("href", "/ui/runs/" + encodeURIComponent(runId) + "/advisor");
+  document.getElementById("to-advisor").setAttribute("href", UI.pageHref(runId, "advisor"));
   // every open overview follows the advisor: a smaller share of a core than a page the user opened for it
   connectView("advisor", renderAdvisor, "panel");
   connectView("memory", renderMemory, "panel");

@@ -6,8 +6,7 @@
 (function (global) {
   "use strict";
   var UI = global.flowscopeUI, el = UI.el;
-  var parts = location.pathname.split("/").filter(Boolean);  // ui, runs, RUN_ID, PAGE
-  var runId = decodeURIComponent(parts[2]), view = parts[3];
+  var here = UI.route(), runId = here.runId, view = here.page;
   var V = global.flowscopeView = {runId: runId, view: view, doc: null, updates: 0, connects: 0, renders: 0,
                                   errors: [], socket: null, paused: false};
   var params = new URLSearchParams(location.search);
@@ -20,7 +19,7 @@
   function setParam(k, v) {
     if (v === null || v === undefined || v === "") params.delete(k); else params.set(k, String(v));
     var q = params.toString();
-    history.replaceState(null, "", location.pathname + (q ? "?" + q : ""));
+    history.replaceState(null, "", UI.withQuery(q));
   }
   var fmtDur = UI.fmtDur, pct = UI.pct, fmtBytes = UI.fmtBytes, numCell = UI.numCell, pt = UI.pt, table = UI.table,
       section = UI.section;
@@ -454,7 +453,7 @@
       tr.appendChild(el("td", r.message, {"class": "key message"}));
       var td = el("td", null, {"class": "key task"});
       if (r.task_key) {
-        var a = el("a", r.task_key, {href: "?task=" + encodeURIComponent(r.task_key)});
+        var a = el("a", r.task_key, {href: "?task=" + encodeURIComponent(r.task_key) + location.hash});
         a.addEventListener("click", function (e) { e.preventDefault(); setParam("task", r.task_key); render(); });
         td.appendChild(a);
       }
@@ -541,9 +540,10 @@
 
   document.querySelectorAll("#run-nav a").forEach(function (a) {
     var page = a.getAttribute("data-page");
-    a.setAttribute("href", "/ui/runs/" + encodeURIComponent(runId) + (page ? "/" + page : ""));
+    a.setAttribute("href", UI.pageHref(runId, page));
     if (page === view) a.setAttribute("aria-current", "page");
   });
+  UI.offlineLink(runId);
 
   var backoff = 250;
   function connect() {

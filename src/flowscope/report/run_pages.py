@@ -1,0 +1,123 @@
+"""A run's dashboard pages as one self-contained HTML file: the overview and every analysis page, drawn offline by
+the dashboard's own scripts from what the server would send them now (the live view's snapshot, each analysis
+view, the forecast of each state), embedded in the file. The file opens without a server; ``#PAGE`` picks the
+page. What it shows is the dashboard's, not a second implementation of it.
+
+    from flowscope.report.run_pages import write_run_pages
+    write_run_pages(run, "run.html")
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pyarrow.parquet as pq
+
+from flowscope.model.schemas import schema
+from flowscope.report.snapshot import DOC_ID, asset_text, embed_json, inline_script
+from flowscope.report.views import PAGES, VIEWS, view_document, view_signature
+from flowscope.store.run import Run
+from flowscope.ui import static_dir
+
+#: the forecast panel's default share of the resources; the file holds each state's forecast at it
+FORECAST_FRACTION = 0.25
+#: the page files whose bodies the file carries: overview, analysis page
+_PAGE_FILES = {"overview": "run.html", "view": "view.html"}
+_SCRIPT = re.compile(r'<script src="/ui/static/([\w.-]+)"></script>')
+_BODY = re.compile(r"<body>(.*)</body>", re.DOTALL)
+
+Progress = Callable[[str, int, int], None]
+
+
+def live_snapshot(run: Run) -> dict:
+    """The overview's live view of ``run`` as its socket's first message: the view built from the run's segments,
+    with the run's status and end."""
+    from flowscope.analysis.live import LiveRun, pending_segments
+
+    live = LiveRun(run.meta, run.mappings())
+    try:
+        for table, sid, path in pending_segments(run.path, live):
+            live.apply(table, sid, pq.read_table(path, schema=schema(table)))
+        snap = live.snapshot()
+    finally:
+        live.close()
+    end = run.meta.get("end_ns")
+    return {"type": "snapshot", **snap, "epoch": "offline", "status": run.meta.get("status"),
+            "end_s": (end - live.t0_ns) / 1e9 if end else None}
+
+
+def forecasts(run: Run, fraction: float = FORECAST_FRACTION) -> dict:
+    """The forecast panel's answers for each state at ``fraction``, as the forecast route gives them (status, body)."""
+    from flowscope.analysis.forecast import predict
+    from flowscope.analysis.forecast.signal import EVENTS
+
+    by_event = {}
+    for event in EVENTS:
+        try:
+            by_event[event] = {"status": 200, "body": predict(run, event, fraction, None).as_dict()}
+        except ValueError as exc:  # nothing to sample: what the route answers
+            by_event[event] = {"status": 409, "body": {"error": str(exc)}}
+    return {"fraction": fraction, "by_event": by_event}
+
+
+def run_pages_doc(run: Run, progress: Progress | None = None) -> dict:
+    """Everything the file's pages draw: the live view, every analysis and panel view, the forecasts."""
+    steps = ["live view", *VIEWS, "forecast"]
+
+    def step(i: int) -> None:
+        if progress is not None:
+            progress(steps[i], i, len(steps))
+
+    step(0)
+    doc = {"run_id": run.run_id, "written_ns": time.time_ns(), "pages": ["", *PAGES], "live": live_snapshot(run),
+           "views": {}, "scripts": {}}
+    for i, view in enumerate(VIEWS, 1):
+        step(i)
+        doc["views"][view] = view_document(run.path, view, view_signature(run.path, view))
+    step(len(steps) - 1)
+    doc["forecast"] = forecasts(run)
+    return doc
+
+
+def run_pages_html(doc: dict) -> str:
+    """The file: the pages' bodies as templates, their scripts (each once) as inert blocks, ``doc`` embedded, and
+    ui/static/offline.js, which shows the page the address names."""
+    bodies, assets = [], []
+    doc = dict(doc, scripts={})
+    for name, file in _PAGE_FILES.items():
+        html = (static_dir() / file).read_text(encoding="utf-8")
+        body = _BODY.search(html).group(1)
+        doc["scripts"][name] = scripts = _SCRIPT.findall(body)
+        if name == "overview" and "plotly.min.js" not in scripts:  # the served page loads it once painted
+            scripts.insert(1, "plotly.min.js")
+        for s in scripts:
+            if s not in assets:
+                assets.append(s)
+        bodies.append(f'<template id="page-{name}">{_SCRIPT.sub("", body)}</template>')
+    blocks = [inline_script(asset_text(a)).replace("<script>", f'<script type="text/x-flowscope-asset" '
+                                                               f'data-asset="{a}">', 1) for a in assets]
+    title = "flowscope run (snapshot)"
+    return "\n".join([
+        '<!doctype html>\n<html lang="en">\n<head>\n<meta charset="utf-8">', f"<title>{title}</title>",
+        "<style>" + asset_text("dashboard.css") + "</style>", "</head>\n<body>",
+        f'<script type="application/json" id="{DOC_ID}">{embed_json(doc)}</script>',
+        *bodies, *blocks, inline_script(asset_text("offline.js")), "</body>\n</html>\n"])
+
+
+def write_run_pages(run: Run, out: str | Path, progress: Progress | None = None) -> Path:
+    """Write the offline file of ``run``'s pages to ``out`` (replaced atomically); returns its path."""
+    out = Path(out)
+    text = run_pages_html(run_pages_doc(run, progress))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, out)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    return out

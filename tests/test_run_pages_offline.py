@@ -1,0 +1,164 @@
+"""A run's dashboard pages as one offline file (`flowscope report --dashboard`), in Debian's chromium.
+
+The file is written from real traces of other tools (StarPU's Paje trace, Score-P's OTF2 ping-pong) and opened
+from disk, with no server: every page (the overview and the analysis pages) must show what the same checks as the
+served dashboard's read from its cells, drawn by the dashboard's own scripts; links move between the pages of the
+file, nothing is requested from anywhere, and markup in names stays text."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from test_dashboard import WAIT_MS, browser  # noqa: F401  (fixture)
+from test_dashboard_pages import (  # noqa: F401  (fixture)
+    check_anomalies_ranking,
+    check_critical_path_page,
+    check_logs_page,
+    check_profile_page,
+    imported_store,
+    ui_server,
+)
+
+from flowscope.cli.main import main
+
+PAGES = ("advisor", "critical-path", "profile", "anomalies", "logs")
+
+
+def _no_markup_ran(pg) -> None:
+    """As the served pages' check, except that the file's embedded document (a JSON block, never run) holds the
+    names' markup as data."""
+    assert pg.evaluate("() => window.pwned") is None
+    assert pg.dialogs == []
+    assert pg.evaluate("() => document.querySelectorAll('img').length") == 0
+    assert pg.evaluate("() => Array.from(document.querySelectorAll('b')).filter(b => b.textContent === 'bold').length") == 0
+    assert pg.evaluate("() => Array.from(document.scripts).filter(s => !s.type || s.type === 'text/javascript')"
+                       ".every(s => !s.textContent.includes('pwned'))")
+
+
+def _open(context, url: str):
+    pg = context.new_page()
+    pg.dialogs, pg.errors, pg.outside = [], [], []
+    pg.on("dialog", lambda d: (pg.dialogs.append(d.message), d.dismiss()))
+    pg.on("pageerror", lambda e: pg.errors.append(str(e)))
+    pg.on("request", lambda r: None if r.url.startswith(("file://", "data:", "blob:")) else pg.outside.append(r.url))
+    pg.goto(url, wait_until="load")
+    return pg
+
+
+@pytest.fixture(scope="module")
+def written(imported_store, tmp_path_factory) -> dict:
+    store, runs = imported_store
+    out = tmp_path_factory.mktemp("offline")
+    files = {}
+    for source, run_id in runs.items():
+        files[source] = out / f"{source}.html"
+        assert main(["report", run_id, "--store", str(store), "--dashboard", "-o", str(files[source])]) == 0
+    return files
+
+
+@pytest.mark.parametrize("source", ["starpu", "otf2"])
+def test_the_analysis_pages_of_the_offline_file_show_the_figures_of_the_analyses(source, imported_store, written,
+                                                                                 browser):  # noqa: F811
+    store, runs = imported_store
+    run_dir = store / runs[source]
+    uri = written[source].as_uri()
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    pages = {}
+    for page in ("critical-path", "profile", "anomalies", "logs"):
+        pages[page] = pg = _open(context, f"{uri}#{page}")
+        pg.wait_for_function("() => window.flowscopeView && flowscopeView.doc", timeout=WAIT_MS)
+        assert pg.evaluate("() => flowscopeView.view") == page
+    check_critical_path_page(pages["critical-path"], run_dir)
+    check_profile_page(pages["profile"], run_dir)
+    check_anomalies_ranking(pages["anomalies"], run_dir)
+    check_logs_page(pages["logs"], run_dir)
+    cp = pages["critical-path"]
+    # the pages link to each other inside the file, and a link opens its page
+    hrefs = cp.evaluate("() => Array.from(document.querySelectorAll('#run-nav a')).map(a => a.getAttribute('href'))")
+    assert hrefs == ["#"] + [f"#{p}" for p in PAGES]
+    cp.locator("#run-nav a", has_text="profile").click()
+    cp.wait_for_function("() => window.flowscopeView && flowscopeView.view === 'profile' && flowscopeView.renders > 0",
+                         timeout=WAIT_MS)
+    check_profile_page(cp, run_dir)
+    assert "snapshot" in cp.locator("#conn").inner_text()
+    for pg in pages.values():
+        _no_markup_ran(pg)
+        assert pg.errors == [] and pg.outside == [] and pg.evaluate("() => flowscopeView.errors") == []
+    context.close()
+
+
+@pytest.mark.parametrize("source", ["starpu", "otf2"])
+def test_the_overview_of_the_offline_file_shows_the_finished_run(source, imported_store, written, browser):  # noqa: F811
+    """The overview: every task in the stream, the run's final status, the advisor's first findings and the forecast
+    panel with what the analyses compute (the forecast for every state at the default fraction is in the file; another
+    fraction says it is not)."""
+    from flowscope.analysis.advisor import explain
+    from flowscope.analysis.forecast import predict
+    from flowscope.store.run import open_run
+
+    store, runs = imported_store
+    run = open_run(store / runs[source])
+    # the stream draws tasks and calls (an MPI trace's are calls): every one of them
+    tasks = int(run.sql("SELECT count(*) AS n FROM activity WHERE role IN ('task', 'call')")["n"].iloc[0])
+    assert tasks > 0
+    findings = explain(run).to_dict()["findings"]
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    pg = _open(context, written[source].as_uri())
+    status = run.meta["status"]  # an imported trace's run is "imported": over, as a finished one
+    pg.wait_for_function(f"() => {{ const s = window.flowscopeLive && flowscopeLive.summary(); return s && "
+                         f"s.status === '{status}' && s.stream >= {tasks}; }}", timeout=WAIT_MS)
+    assert pg.evaluate("() => flowscopeLive.summary().stream") == tasks
+    pg.wait_for_function("() => window.flowscopePanels && flowscopePanels.advisor.renders > 0", timeout=WAIT_MS)
+    got = pg.evaluate("() => Array.from(document.querySelectorAll('#advisor-panel .finding .title')).map(t => t.textContent)")
+    assert got == [f["title"] for f in findings[:3]]
+    assert pg.locator("#advisor-panel a.to-advisor").get_attribute("href") == "#advisor"
+    for event in ("idle", "compute"):
+        pg.select_option("#fc-event", event)
+        pg.wait_for_function("e => flowscopePanels.forecast.doc && flowscopePanels.forecast.doc.event === e", arg=event,
+                             timeout=WAIT_MS)
+        want = predict(run, event, 0.25, None).as_dict()
+        shown = pg.evaluate("() => flowscopePanels.forecast.doc")
+        assert shown["frames"] == want["frames"] and shown["hit_rate"] == want["hit_rate"]
+    pg.fill("#fc-fraction", "0.5")
+    pg.dispatch_event("#fc-fraction", "change")
+    pg.wait_for_function("() => flowscopePanels.forecast.error", timeout=WAIT_MS)
+    assert "not in this file" in pg.locator("#fc-facts").inner_text()
+    assert "snapshot" in pg.locator("#conn").inner_text()
+    _no_markup_ran(pg)
+    assert pg.errors == [] and pg.outside == [] and pg.evaluate("() => flowscopePanels.errors") == []
+    context.close()
+    run.close()
+
+
+def test_the_served_pages_link_to_the_file_and_it_is_the_same_file(imported_store, ui_server, browser, tmp_path):  # noqa: F811
+    """The dashboard's pages offer the file: the link of a page saves the run's pages, which then open offline."""
+    import httpx
+
+    store, runs = imported_store
+    context = browser.new_context(viewport={"width": 1300, "height": 1000}, accept_downloads=True)
+    pg = context.new_page()
+    pg.goto(f"{ui_server}/ui/runs/{runs['otf2']}/logs", wait_until="load")
+    pg.wait_for_function("() => window.flowscopeView && flowscopeView.renders > 0", timeout=WAIT_MS)
+    link = pg.locator("#save-offline")
+    assert link.get_attribute("href") == f"/ui/runs/{runs['otf2']}/offline"
+    with pg.expect_download(timeout=WAIT_MS) as got:
+        link.click()
+    saved = tmp_path / got.value.suggested_filename
+    got.value.save_as(saved)
+    assert saved.name == f"flowscope-{runs['otf2']}.html"
+    off = _open(context, saved.as_uri() + "#logs")
+    off.wait_for_function("() => window.flowscopeView && flowscopeView.renders > 0", timeout=WAIT_MS)
+    check_logs_page(off, store / runs["otf2"])
+    assert off.locator("#save-offline").count() == 0  # no link to save the file inside the file
+    assert off.errors == [] and off.outside == []
+    r = httpx.get(f"{ui_server}/ui/runs/20000101-000000-000000/offline", timeout=30)
+    assert r.status_code == 404 and "20000101-000000-000000" in r.json()["error"]
+    context.close()
+
+
+def test_a_run_that_cannot_be_read_is_refused_naming_it(tmp_path, capsys):
+    missing = tmp_path / "nothing-here"
+    assert main(["report", str(missing), "--dashboard"]) != 0
+    assert "nothing-here" in capsys.readouterr().err
+    assert not Path(missing / "dashboard.html").exists()
