@@ -162,3 +162,65 @@ def test_a_run_that_cannot_be_read_is_refused_naming_it(tmp_path, capsys):
     assert main(["report", str(missing), "--dashboard"]) != 0
     assert "nothing-here" in capsys.readouterr().err
     assert not Path(missing / "dashboard.html").exists()
+
+
+def test_the_task_stream_keeps_its_time_range_and_a_task_in_the_address(imported_store, written, browser):  # noqa: F811
+    """Deep links into the overview's task stream: ``?from=S&to=S`` (seconds since the run started) opens it on
+    that range, zooming and panning keep the range in the address (which reopens the same view), and
+    ``?task=KEY`` opens it on that task, named beside the stream."""
+    from urllib.parse import parse_qs, urlsplit
+
+    from flowscope.store.run import open_run
+
+    store, runs = imported_store
+    run = open_run(store / runs["starpu"])
+    t0 = int(run.meta["start_ns"])
+    task = run.sql("SELECT task_key, start_ns, end_ns FROM activity WHERE role = 'task' ORDER BY end_ns - start_ns "
+                   "DESC, task_key LIMIT 1").iloc[0]
+    run.close()
+    uri = written["starpu"].as_uri()
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+
+    def stream_view(pg) -> list[float]:
+        pg.wait_for_function("() => window.flowscopeLive && flowscopeLive.timeline && flowscopeLive.timeline.count > 0",
+                             timeout=WAIT_MS)
+        return pg.evaluate("() => flowscopeLive.timeline.view")
+
+    pg = _open(context, f"{uri}?from=0.1&to=0.2")
+    assert stream_view(pg) == [0.1, 0.2]
+    pg.locator("#stream").focus()  # the stream takes the keys: + - arrows 0
+    pg.keyboard.press("+")  # zoom in around the middle
+    pg.wait_for_function("() => new URLSearchParams(location.search).get('from') !== '0.1'", timeout=WAIT_MS)
+    zoomed = stream_view(pg)
+    q = parse_qs(urlsplit(pg.url).query)
+    assert [float(q["from"][0]), float(q["to"][0])] == pytest.approx(zoomed, abs=1e-6)
+    assert 0.1 < zoomed[0] < zoomed[1] < 0.2
+    again = _open(context, pg.url)
+    assert stream_view(again) == pytest.approx(zoomed, abs=1e-6)
+    pg.keyboard.press("0")  # the whole run: the range leaves the address
+    pg.wait_for_function("() => !new URLSearchParams(location.search).has('from')", timeout=WAIT_MS)
+
+    from urllib.parse import quote
+
+    tp = _open(context, f"{uri}?task={quote(task.task_key)}")
+    view = stream_view(tp)
+    start, end = (task.start_ns - t0) / 1e9, (task.end_ns - t0) / 1e9
+    assert view[0] < start and end < view[1] and view[1] - view[0] < 4 * (end - start)
+    tp.wait_for_function("() => document.getElementById('stream-task').dataset.key", timeout=WAIT_MS)
+    assert tp.locator("#stream-task").get_attribute("data-key") == task.task_key
+    assert task.task_key in tp.locator("#stream-task").inner_text()
+    # a task step of the critical path links to the task in the overview's stream
+    cp = _open(context, f"{uri}#critical-path")
+    first = cp.locator("table.steps td.id a").first
+    first.wait_for(timeout=WAIT_MS)
+    key = first.inner_text()
+    first.click()
+    cp.wait_for_function("k => { const e = document.getElementById('stream-task'); return e && e.dataset.key === k; }",
+                         arg=key, timeout=WAIT_MS)
+    for p in (pg, again, tp, cp):
+        assert p.errors == [] and p.outside == []
+    missing = _open(context, f"{uri}?task=no-such-task")
+    stream_view(missing)
+    missing.wait_for_function("() => document.getElementById('stream-task').textContent", timeout=WAIT_MS)
+    assert "no-such-task" in missing.locator("#stream-task").inner_text()
+    context.close()

@@ -153,10 +153,11 @@
     var parts = location.pathname.split("/").filter(Boolean);  // ui, runs, RUN_ID, PAGE
     return {runId: decodeURIComponent(parts[2] || ""), page: parts[3] || ""};
   }
-  /** The link to ``page`` of the run ("": its overview). */
-  function pageHref(runId, page) {
-    if (global.flowscopeOffline) return "#" + (page || "");
-    return "/ui/runs/" + encodeURIComponent(runId) + (page ? "/" + page : "");
+  /** The link to ``page`` of the run ("": its overview), with ``query`` (text after "?") when given. */
+  function pageHref(runId, page, query) {
+    var q = query ? "?" + query : "";
+    if (global.flowscopeOffline) return q + "#" + (page || "");
+    return "/ui/runs/" + encodeURIComponent(runId) + (page ? "/" + page : "") + q;
   }
   /** The link that saves the run's pages as one offline file (none inside that file). */
   function offlineLink(runId) {

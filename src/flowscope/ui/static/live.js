@@ -25,9 +25,43 @@
     if (live.timeline || !S.rows.length || !S.groups.length) return;
     var div = document.getElementById("stream");
     live.timeline = new FlowscopeTimeline(div, {rows: S.rows.slice(), groups: S.groups.slice(), maxHeight: 480,
-                                                labelWidth: 240});
+                                                labelWidth: 240, onView: keepView});
     S.pendingTasks.concat(S.pendingTransfers).forEach(function (p) { live.timeline.append(p[0], p[1]); });
     S.pendingTasks = []; S.pendingTransfers = [];
+    var from = Number(params.get("from")), to = Number(params.get("to"));
+    if (params.has("from") && params.has("to") && isFinite(from) && isFinite(to) && to > from) {
+      live.timeline.setView(from, to);
+    }
+  }
+
+  // ---- deep links into the stream: ?from=S&to=S (seconds since the run started), ?task=KEY ----------------
+  var params = new URLSearchParams(location.search);
+  var keepTimer = 0;
+  /** Keep the stream's range in the address (replaceState, a quarter of a second after the last change). */
+  function keepView(v) {
+    if (v) { params.set("from", String(+v[0].toFixed(6))); params.set("to", String(+v[1].toFixed(6))); }
+    else { params.delete("from"); params.delete("to"); }
+    clearTimeout(keepTimer);
+    keepTimer = setTimeout(function () { history.replaceState(null, "", UI.withQuery(params.toString())); }, 250);
+  }
+  var wantedTask = params.get("task");
+  /** Open the stream on ``?task=KEY`` once the task is in it (a live run may not have run it yet), and name it. */
+  function showWantedTask() {
+    if (wantedTask === null || !live.timeline) return;
+    var out = document.getElementById("stream-task"), t = live.timeline.find(wantedTask);
+    if (!t) {
+      if (S.endS !== null && S.endS !== undefined) {
+        out.textContent = "no task " + wantedTask + " in this run's stream";
+        wantedTask = null;
+      }
+      return;
+    }
+    var d = t.end - t.start, pad = Math.max(d, 1e-6);
+    live.timeline.setView(t.start - pad, t.end + pad);
+    out.textContent = "task " + wantedTask + " (" + t.group + ", row " + S.rows[t.row] + "): from " +
+      UI.fmtSeconds(t.start) + ", " + UI.fmtDur(d);
+    out.dataset.key = wantedTask;
+    wantedTask = null;
   }
 
   function addTasks(tasks, transfers) {
@@ -192,6 +226,7 @@
       wl.appendChild(el("li", text));
     });
     renderCharts();
+    showWantedTask();
     needPlotly();  // loaded once the page is painted, charts or not yet: not later, in the middle of a live run
     live.renders = (live.renders || 0) + 1;
   }

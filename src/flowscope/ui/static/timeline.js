@@ -19,6 +19,7 @@
  *   tl.addRows(["host/thread", ...]);  // a worker that joined late
  *   tl.addGroups([{name, color}]);  tl.setRowLabel(i, "label");  // a group first seen later; a row named later
  *   tl.setView(t0, t1);  tl.view;  tl.count;  tl.draw();  tl.inspect()  // (inspect needs {record: true})
+ *   tl.find("key")  // {start, end, row, group} of the task with that key (its last), or null
  */
 (function (global) {
   "use strict";
@@ -41,6 +42,7 @@
     follow: true,          // a view that shows the end of the run extends as deltas arrive
     drawShare: 0.1,        // redraws for new data keep to this share of the page's time (a user's zoom is at once)
     wheelZoom: 0.0015,     // zoom factor per wheel delta unit: exp(-deltaY * wheelZoom)
+    onView: null,          // called with [t0, t1] when the view is set (zoom, pan), null for the whole run
   };
 
   function GrowRow() {
@@ -296,10 +298,28 @@
 
   /** Show [t0, t1] seconds; with no argument, the whole run (and follow it). */
   P.setView = function (t0, t1) {
-    if (t0 === undefined) { this._view = null; this.requestDraw(); return; }
-    if (!(isFinite(t0) && isFinite(t1) && t1 > t0)) throw new Error("setView: need t0 < t1, got " + t0 + ", " + t1);
-    this._view = [t0, t1];
+    if (t0 === undefined) {
+      this._view = null;
+    } else {
+      if (!(isFinite(t0) && isFinite(t1) && t1 > t0)) throw new Error("setView: need t0 < t1, got " + t0 + ", " + t1);
+      this._view = [t0, t1];
+    }
     this.requestDraw();
+    if (this.options.onView) this.options.onView(this._view ? [t0, t1] : null);
+  };
+
+  /** The task whose key is ``key`` (the last appended, when several attempts share it): {start, end, row, group},
+   *  or null. A scan of every row: for a link, not for a frame. */
+  P.find = function (key) {
+    var id = this.keys.lastIndexOf(String(key));
+    if (id < 0) return null;
+    for (var r = 0; r < this.rows.length; r++) {
+      var row = this.rows[r];
+      for (var i = 0; i < row.n; i++) {
+        if (row.id[i] === id) return {start: row.start[i], end: row.end[i], row: r, group: this.groups[row.group[i]].name};
+      }
+    }
+    return null;
   };
 
   /** Draw at the next animation frame; for new data (``data``), no sooner than drawing keeps to

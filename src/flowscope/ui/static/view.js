@@ -68,7 +68,11 @@
                             ["starts", 1], ["time", 1], ["share", 1]]), b = t.tBodies[0];
     p.steps.forEach(function (s) {
       var tr = el("tr", null, {"data-id": s.id === null ? "" : s.id});
-      tr.appendChild(el("td", s.id, {"class": "key id"}));
+      var idCell = el("td", s.kind === "task" ? null : s.id, {"class": "key id"});
+      if (s.kind === "task") {  // the task in the overview's stream
+        idCell.appendChild(el("a", s.id, {href: UI.pageHref(runId, "", "task=" + encodeURIComponent(s.id))}));
+      }
+      tr.appendChild(idCell);
       tr.appendChild(el("td", s.kind));
       tr.appendChild(el("td", s.component, {"class": "component"}));
       tr.appendChild(el("td", s.application, {"class": "key"}));
