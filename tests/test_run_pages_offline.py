@@ -224,3 +224,53 @@ def test_the_task_stream_keeps_its_time_range_and_a_task_in_the_address(imported
     missing.wait_for_function("() => document.getElementById('stream-task').textContent", timeout=WAIT_MS)
     assert "no-such-task" in missing.locator("#stream-task").inner_text()
     context.close()
+
+
+def _sleepy(i):
+    import time
+
+    time.sleep(0.01)
+    return i
+
+
+@pytest.fixture(scope="module")
+def dask_run(tmp_path_factory) -> Path:
+    """A real Dask run (a LocalCluster of one worker process, two threads) with the hardware sampled."""
+    from distributed import Client, LocalCluster
+
+    from flowscope import observe
+
+    store = tmp_path_factory.mktemp("dask-store")
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0",
+                      worker_dashboard_address=None) as cl, Client(cl) as client:
+        with observe(client, store=store, name="offline-dask", hardware_period=0.2) as obs:
+            assert sum(client.gather(client.map(_sleepy, range(120)))) == sum(range(120))
+    return obs.run_dir
+
+
+def test_the_host_charts_mark_the_task_starts(dask_run, browser, tmp_path):  # noqa: F811
+    """Under the CPU, memory, network and disk per host: the tasks (and calls) started per second, as the run's
+    activity has them, on the same time axis."""
+    from flowscope.store.run import open_run
+
+    run = open_run(dask_run)
+    t0 = int(run.meta["start_ns"])
+    per = run.sql("SELECT (start_ns - ?) // 1000000000 AS s, count(*) AS n FROM activity WHERE role IN ('task', 'call') "
+                  "GROUP BY s ORDER BY s", [t0])
+    run.close()
+    assert per["n"].sum() == 120
+    out = tmp_path / "dask.html"
+    assert main(["report", str(dask_run), "--dashboard", "-o", str(out)]) == 0
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    pg = _open(context, out.as_uri())
+    pg.wait_for_function("() => { const d = document.getElementById('hosts'); return d && d.data && "
+                         "d.data.some(t => t.name === 'task starts'); }", timeout=WAIT_MS)
+    starts = pg.evaluate("() => { const d = document.getElementById('hosts'); const t = d.data.find(t => t.name === "
+                         "'task starts'); return [t.x, t.y, t.yaxis, d.layout.xaxis.anchor]; }")
+    assert starts[0] == [int(s) + 0.5 for s in per["s"]] and starts[1] == [int(n) for n in per["n"]]
+    layout = pg.evaluate("() => document.getElementById('hosts').layout")
+    # the bottom panel, under the host panels, on their time axis
+    axes = sorted(k for k in layout if k.startswith("yaxis"))
+    assert starts[2] == "y" + str(len(axes)) and layout[f"yaxis{len(axes)}"]["title"]["text"] == "task starts / s"
+    assert pg.errors == [] and pg.outside == []
+    context.close()

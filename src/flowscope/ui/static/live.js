@@ -13,6 +13,7 @@
     metrics: {names: {}, series: {}},          // panel -> resource -> {label, t, v}
     diagnostics: {},                           // "namespace:name" -> resource -> {label, t, v}
     throughput: {},                            // second since the start -> task spans that ended in it
+    starts: {},                                // second since the start -> tasks and calls of the stream started in it
     pendingTasks: [], pendingTransfers: []     // before the stream exists (no rows or groups yet)
   };
   var live = global.flowscopeLive = {
@@ -67,6 +68,13 @@
   function addTasks(tasks, transfers) {
     var empty = {start: [], end: [], row: [], group: [], key: []};
     var t = tasks || empty, x = transfers || null;
+    if (tasks && tasks.start.length) {  // marked under the host charts
+      for (var i = 0; i < tasks.start.length; i++) {
+        var sec = Math.floor(tasks.start[i]);
+        S.starts[sec] = (S.starts[sec] || 0) + 1;
+      }
+      charts.hosts = true;
+    }
     if (live.timeline) live.timeline.append(t, x);
     else (tasks ? S.pendingTasks : S.pendingTransfers).push([t, x]);
   }
@@ -90,6 +98,7 @@
     S.progress = m.progress; S.states = m.states; S.rows = m.rows.slice(); S.groups = m.groups.slice();
     S.warnings = m.warnings.slice(); S.warningCount = m.warning_count;
     S.throughput = Object.assign({}, m.throughput || {});
+    S.starts = {};
     S.metrics = {names: m.metrics.names, series: {}};
     S.pendingTasks = []; S.pendingTransfers = [];
     addSeries(m.metrics.series);
@@ -268,13 +277,15 @@
     if (!panels.length) return true;
     if (!needPlotly()) return false;
     if (!live.hostsPlotted) div.replaceChildren();
-    var traces = [], layout = {height: 150 * panels.length + 60, margin: {l: 50, r: 10, t: 24, b: 36},
+    var starts = Object.keys(S.starts).map(Number).sort(function (a, b) { return a - b; });
+    var n = panels.length + (starts.length ? 1 : 0);
+    var traces = [], layout = {height: 150 * n + 60, margin: {l: 50, r: 10, t: 24, b: 36},
                                legend: {orientation: "h"}, showlegend: true, annotations: []};
     var seen = {}, hostColour = {};
     panels.forEach(function (p, i) {
       var name = S.metrics.names[p], spec = PANELS[p][name] || [name, 1];
       var axis = i ? "y" + (i + 1) : "y";
-      var dom = [1 - (i + 1) / panels.length + 0.08, 1 - i / panels.length];
+      var dom = [1 - (i + 1) / n + 0.08, 1 - i / n];
       layout[i ? "yaxis" + (i + 1) : "yaxis"] = {domain: dom, rangemode: "tozero", title: {text: spec[0], font: {size: 11}}};
       Object.keys(S.metrics.series[p]).sort().forEach(function (rid) {
         var s = S.metrics.series[p][rid];
@@ -286,7 +297,13 @@
         seen[rid] = true;
       });
     });
-    layout.xaxis = {title: {text: "seconds since the run started"}, anchor: panels.length > 1 ? "y" + panels.length : "y"};
+    if (starts.length) {  // the tasks started per second, under the hosts: busy hosts while tasks start, or not
+      traces.push({type: "bar", name: "task starts", x: starts.map(function (s) { return s + 0.5; }),
+                   y: starts.map(function (s) { return S.starts[s]; }), width: 1, yaxis: "y" + n,
+                   marker: {color: "#555"}, hovertemplate: "%{x:.0f} s: %{y} started<extra></extra>"});
+      layout["yaxis" + n] = {domain: [0, 1 / n - 0.08], rangemode: "tozero", title: {text: "task starts / s", font: {size: 11}}};
+    }
+    layout.xaxis = {title: {text: "seconds since the run started"}, anchor: n > 1 ? "y" + n : "y"};
     Plotly.react(div, traces, layout, {displaylogo: false, responsive: true});
     live.hostsPlotted = true;
     return true;
