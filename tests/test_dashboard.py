@@ -383,6 +383,52 @@ def test_flowscope_ui_serves_a_store_read_only_and_follows_a_run_written_by_anot
         proc.stderr.close()
 
 
+def test_the_runs_list_gives_a_running_run_its_findings_and_follows_them(tmp_path):
+    """A run still running has its findings in the list too, recomputed as it grows (kept a few seconds between
+    computations, so that a growing run does not keep the list's thread busy)."""
+    import flowscope
+
+    store = tmp_path / "store"
+    fs = flowscope.Client(store=store, name="growing")
+    t0 = flowscope.now_ns()
+    _spans(fs, ["load", "load", "load"], t0)
+    proc = subprocess.Popen([sys.executable, "-m", "flowscope", "ui", str(store), "--port", "0", "--no-open"],
+                            stderr=subprocess.PIPE, text=True)
+
+    def findings_when(pred) -> list[str]:
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while True:
+            row = next(r for r in httpx.get(f"{address}/v1/ui/runs", timeout=60).json()["runs"]
+                       if r["run_id"] == fs.run_id)
+            assert row["status"] == "running"
+            if row.get("findings") and pred(row["findings"]):
+                return row["findings"]
+            assert time.monotonic() < deadline, f"the list never gave the running run such findings: {row}"
+            time.sleep(0.2)
+
+    try:
+        for line in proc.stderr:
+            found = re.search(r"dashboard \(read-only\) over .*: (http://\S+)/ui/", line)
+            if found:
+                break
+        else:
+            pytest.fail("flowscope ui printed no URL")
+        address = found.group(1)
+        first = findings_when(lambda f: any(m.startswith("load (") for m in f))
+        # the run grows: a new group takes most of the time, and the findings say so
+        for i in range(3):
+            fs.span("longer", t0 + (10 + i) * 1_000_000_000, t0 + (11 + i) * 1_000_000_000, kind="task",
+                    task_key=f"longer-{i}")
+        fs.flush()
+        later = findings_when(lambda f: any(m.startswith("longer (") for m in f))
+        assert later != first
+    finally:
+        fs.close()
+        proc.terminate()
+        proc.wait(30)
+        proc.stderr.close()
+
+
 def test_flowscope_run_serves_the_dashboard_of_its_run_while_the_command_runs(tmp_path):
     """The command itself reads the page and the run's live view from the URL `flowscope run` prints."""
     child = ("import json, os, urllib.request\n"

@@ -54,6 +54,10 @@ VIEW_CPU_SHARE = 0.2
 PANEL_CPU_SHARE = 0.02
 #: the run's analysis pages (``/ui/runs/RUN_ID/PAGE``), each served by ``view.html`` with the view of that name
 VIEW_PAGES = PAGES
+#: a running run's findings in the runs list are recomputed at most every this many seconds...
+RUNNING_FINDINGS_S = 2.0
+#: ... and at most this share of the time (their last computation's time / share)
+RUNNING_FINDINGS_SHARE = 0.05
 #: views drawn as panels of the run overview (cheap: one query each), computed on a thread of their own so that
 #: a long analysis of a page does not hold them back, nor they it
 PANEL_VIEWS = ("memory",)
@@ -95,32 +99,40 @@ def _cold_counts(run_dir: Path, cache: dict) -> dict:
 
 
 class _Findings:
-    """The summary's findings (``analysis.summary.findings``) of runs that are no longer running, computed once per
-    run in one background thread (a list of runs never waits for them) and kept until a segment is added."""
+    """The summary's findings (``analysis.summary.findings``) of each run, computed in one background thread (a list
+    of runs never waits for them) and kept until a segment is added. A running run's, which change with every
+    batch, are kept at least RUNNING_FINDINGS_S, or RUNNING_FINDINGS_SHARE of the time since they took to compute,
+    and shown meanwhile: the list follows the run without its thread computing all the time."""
 
-    def __init__(self) -> None:
-        self._done: dict[Path, tuple] = {}
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._done: dict[Path, tuple] = {}  # run dir -> (signature, messages, when computed, seconds it took)
         self._queued: set[Path] = set()
         self._lock = threading.Lock()
         self._pool: ThreadPoolExecutor | None = None
+        self._clock = clock
 
-    def get(self, run_dir: Path) -> list[str] | None:
-        """The findings' messages, or None while they are being computed."""
+    def get(self, run_dir: Path, running: bool = False) -> list[str] | None:
+        """The findings' messages (a running run's: maybe a few seconds old), or None while the first are computed."""
         sig = tuple(len(segment_files(run_dir, t)) for t in ("spans", "transitions", "transfers", "dependencies"))
         with self._lock:
             hit = self._done.get(run_dir)
             if hit and hit[0] == sig:
                 return hit[1]
+            if hit and running:
+                fresh_for = max(RUNNING_FINDINGS_S, hit[3] / RUNNING_FINDINGS_SHARE)
+                if self._clock() - hit[2] < fresh_for:
+                    return hit[1]
             if run_dir not in self._queued:
                 self._queued.add(run_dir)
                 if self._pool is None:
                     self._pool = ThreadPoolExecutor(1, thread_name_prefix="flowscope-findings")
                 self._pool.submit(self._compute, run_dir, sig)
-        return None
+        return hit[1] if hit and running else None
 
     def _compute(self, run_dir: Path, sig: tuple) -> None:
         from flowscope.analysis.summary import summarize
 
+        t0 = self._clock()
         try:
             run = Run(run_dir)
             try:
@@ -129,8 +141,9 @@ class _Findings:
                 run.close()
         except Exception as exc:  # noqa: BLE001  (a run the analyses cannot read says why, in its row)
             out = [f"no findings: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"]
+        now = self._clock()
         with self._lock:
-            self._done[run_dir] = (sig, out)
+            self._done[run_dir] = (sig, out, now, now - t0)
             self._queued.discard(run_dir)
 
 
@@ -369,8 +382,8 @@ def dashboard_routes(hub: LiveHub) -> list:
                 except Exception as exc:  # noqa: BLE001  (a damaged run, whatever the error, must not hide the others)
                     row["error"] = str(exc).splitlines()[0]
             row["duration_s"] = ((end if end else now) - start) / 1e9 if start else None
-            if "error" not in m and row["status"] not in ("running", "importing"):
-                row["findings"] = findings.get(Path(m["path"]))
+            if "error" not in m and row["status"] != "importing":
+                row["findings"] = findings.get(Path(m["path"]), running=row["status"] == "running")
             out.append(row)
         out.reverse()  # newest first
         return {"store": str(hub.store), "runs": out}
