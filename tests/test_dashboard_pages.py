@@ -635,7 +635,7 @@ def test_analysis_pages_of_imported_traces_show_the_figures_of_the_analyses(sour
     # the pages link to each other, the overview included
     hrefs = cp.evaluate("() => Array.from(document.querySelectorAll('#run-nav a')).map(a => a.getAttribute('href'))")
     assert hrefs == [f"/ui/runs/{runs[source]}"] + [f"/ui/runs/{runs[source]}/{p}" for p in
-                                                     ("advisor", "critical-path", "profile", "anomalies", "logs")]
+                                                     ("advisor", "critical-path", "profile", "charts", "anomalies", "logs")]
     for pg in (cp, pf, an, lg):
         _no_markup_ran(pg)
         assert pg.errors == [] and pg.outside == []

@@ -22,7 +22,7 @@ from test_dashboard_pages import (  # noqa: F401  (fixture)
 
 from flowscope.cli.main import main
 
-PAGES = ("advisor", "critical-path", "profile", "anomalies", "logs")
+PAGES = ("advisor", "critical-path", "profile", "charts", "anomalies", "logs")
 
 
 def _no_markup_ran(pg) -> None:
@@ -273,4 +273,76 @@ def test_the_host_charts_mark_the_task_starts(dask_run, browser, tmp_path):  # n
     axes = sorted(k for k in layout if k.startswith("yaxis"))
     assert starts[2] == "y" + str(len(axes)) and layout[f"yaxis{len(axes)}"]["title"]["text"] == "task starts / s"
     assert pg.errors == [] and pg.outside == []
+    context.close()
+
+
+CHART_SECTIONS = ("task-states", "io", "communication", "warnings")
+
+
+def _report_figures(run_dir: Path) -> dict:
+    """The report's own figures of the run (report/charts.py), as plotly's JSON: what the charts page must draw."""
+    import json
+
+    from flowscope.report import charts
+    from flowscope.report.context import Context
+    from flowscope.store.run import open_run
+
+    run = open_run(run_dir)
+    try:
+        ctx = Context.of(run)
+        figs = {"task-states": charts.task_phases(ctx), "io": charts.io_over_time(ctx),
+                "communication": charts.communication(ctx), "warnings": charts.warnings(ctx)}
+        return {k: (json.loads(f.to_json()) if f is not None else None) for k, f in figs.items()}
+    finally:
+        run.close()
+
+
+def _points(trace: dict) -> int:
+    """How many points plotly draws of ``trace`` (its x, a base64 typed array or a list)."""
+    import base64
+
+    import numpy as np
+
+    x = trace.get("x")
+    if isinstance(x, dict):
+        return len(np.frombuffer(base64.b64decode(x["bdata"]), dtype=np.dtype(x["dtype"])))
+    return len(x) if x is not None else len(trace.get("y") or [])
+
+
+@pytest.mark.parametrize("source", ["starpu", "otf2", "dask"])
+def test_the_charts_page_draws_the_reports_figures(source, imported_store, written, dask_run, browser, tmp_path):  # noqa: F811
+    """The charts page (task states, I/O over time, communication, warnings): the report's own figures, trace by
+    trace, and for a section without one the reason the report gives."""
+    store, runs = imported_store
+    run_dir = dask_run if source == "dask" else store / runs[source]
+    if source == "dask":
+        out = tmp_path / "dask.html"
+        assert main(["report", str(run_dir), "--dashboard", "-o", str(out)]) == 0
+    else:
+        out = written[source]
+    want = _report_figures(run_dir)
+    # what each run has: a Dask run its tasks' I/O counters and its scheduler's task states; MPI messages with
+    # sizes (OTF2) are communication; StarPU's Paje links record no size, so its page gives every reason instead
+    has = {"dask": {"io", "task-states"}, "otf2": {"communication"}, "starpu": set()}[source]
+    assert {k for k, f in want.items() if f is not None} >= has
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    pg = _open(context, f"{out.as_uri()}#charts")
+    pg.wait_for_function("() => window.flowscopeView && flowscopeView.renders > 0", timeout=WAIT_MS)
+    for sid in CHART_SECTIONS:
+        section = pg.locator(f"#ch-{sid}")
+        assert section.count() == 1, sid
+        if want[sid] is None:
+            assert section.locator(".nodata").count() == 1 and pg.locator(f"#ch-{sid}-chart").count() == 0, sid
+            continue
+        pg.wait_for_function("id => { const d = document.getElementById(id); return d && d.data; }",
+                             arg=f"ch-{sid}-chart", timeout=WAIT_MS)
+        # the report's traces as they are (plotly's JSON: numbers as base64 typed arrays), every point drawn
+        drawn = pg.evaluate("id => { const d = document.getElementById(id); const a = v => v && v.bdata ? "
+                            "{dtype: v.dtype, bdata: v.bdata} : (v || null); return d.data.map((t, i) => "
+                            "[t.type || 'scatter', t.name || null, a(t.x), a(t.y), d.calcdata[i].length]); }",
+                            f"ch-{sid}-chart")
+        assert drawn == [[t.get("type", "scatter"), t.get("name"), t.get("x"), t.get("y"), _points(t)]
+                         for t in want[sid]["data"]], sid
+    assert pg.errors == [] and pg.outside == [] and pg.evaluate("() => flowscopeView.errors") == []
+    _no_markup_ran(pg)
     context.close()

@@ -15,12 +15,13 @@ from plotly.offline import get_plotlyjs
 
 import flowscope
 from flowscope.analysis.breakdown import IO_TIME_UNKNOWN, Breakdown, breakdown, task_groups
-from flowscope.analysis.io_summary import IO_ABSENT
 from flowscope.analysis.nothing_observed import why_nothing_observed
 from flowscope.analysis.summary import TASK_STEP, Utilisation, utilisation
 from flowscope.report import charts
 from flowscope.report.anomalies import anomaly_section
+from flowscope.report.chart_sections import CHART_SECTIONS
 from flowscope.report.context import Context
+from flowscope.report.formats import fmt_bytes, fmt_duration, fmt_s  # noqa: F401  (also imported from here)
 from flowscope.report.profile import flame_graph, hot_paths
 from flowscope.report.io_summary import io_summary_section
 from flowscope.report.stream import JS as STREAM_JS
@@ -82,37 +83,6 @@ footer { padding: 14px 28px; color: var(--muted); font-size: 12px; }
 """
 
 Progress = Callable[[str, int, int], None]
-
-
-# ---- formatting -------------------------------------------------------------------------------------------
-
-def fmt_s(seconds: float | None) -> str:
-    """Seconds as the report prints them in tables (fixed 3 decimals, so they can be found as text)."""
-    if seconds is None or pd.isna(seconds):
-        return "-"
-    return f"{seconds:,.3f} s"
-
-
-def fmt_duration(seconds: float | None) -> str:
-    """A duration in the unit a person reads best."""
-    if seconds is None or pd.isna(seconds):
-        return "-"
-    s = float(seconds)
-    if abs(s) >= 1:
-        return f"{s:,.3f} s"
-    if abs(s) >= 1e-3:
-        return f"{s * 1e3:.3f} ms"
-    return f"{s * 1e6:.1f} µs"
-
-
-def fmt_bytes(n: float | None) -> str:
-    if n is None or pd.isna(n):
-        return "-"
-    n = float(n)
-    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:,.2f} {unit}"
-    return f"{n:,.0f} B"
 
 
 def _e(x) -> str:
@@ -299,26 +269,13 @@ def figure_section(sid: str, fig: go.Figure | StreamFigure | None, figs: _Figure
     return _section(sid, figs.html(fig, sid) + extra, help_text)
 
 
-def io_extra(ctx: Context) -> str:
-    df = ctx.sql("""SELECT source, op, count(*) AS n, sum(nbytes) AS bytes, count(DISTINCT path) AS paths
-                        FROM io GROUP BY source, op ORDER BY source, op""")
-    rows = [[r.source, r.op, f"{int(r.n):,}", fmt_bytes(r.bytes) if pd.notna(r.bytes) else "-",
-             f"{int(r.paths):,}" if r.paths else "-"] for r in df.itertuples()]
-    return _table(["source", "operation", "records", "bytes", "distinct paths"], rows, left=2)
-
-
-def communication_extra(ctx: Context) -> str:
-    df = charts.transfers_frame(ctx, False)
-    if df.empty:
-        return ""
-    g = df.groupby("locality").agg(n=("ms", "size"), bytes=("nbytes", "sum"), ms=("ms", "sum"),
-                                   median_ms=("ms", "median"))
-    rows = []
-    for loc, r in g.iterrows():
-        bw = r["bytes"] / (r["ms"] / 1e3) if r["ms"] > 0 and r["bytes"] > 0 else None
-        rows.append([loc, f"{int(r['n']):,}", fmt_bytes(r["bytes"]), fmt_s(r["ms"] / 1e3),
-                     fmt_duration(r["median_ms"] / 1e3), f"{fmt_bytes(bw)}/s" if bw else "-"])
-    return _table(["transfers", "count", "bytes", "total time", "median time", "bytes / time"], rows)
+def chart_section(sid: str, ctx: Context, figs: _Figures) -> str:
+    """One of the charts the dashboard's charts page shows too (report/chart_sections.py), with its table."""
+    c = CHART_SECTIONS[sid]
+    t = c.table(ctx)
+    extra = _table(t[0], t[2], left=t[1]) if t is not None else ""
+    return figure_section(sid, c.figure(ctx), figs, _code(c.help), _code(c.nodata), extra=extra,
+                          no_chart=_code(c.no_chart))
 
 
 def _path_table(path, limit: int = 200) -> str:
@@ -518,19 +475,6 @@ def profile_section(ctx: Context, figs: _Figures) -> str:
     return _section("profile", figs.html(fig, "profile") + note + table, help_text)
 
 
-def warnings_extra(ctx: Context) -> str:
-    df = ctx.sql("""SELECT category, level, count(*) AS n, min(ts_ns) AS first, arg_min(message, ts_ns) AS msg
-                        FROM logs WHERE level IN ('warning', 'error') GROUP BY category, level
-                        ORDER BY n DESC""")
-    if df.empty:  # logs, but none a warning or an error
-        return ""
-    rows = [[r.category, r.level, f"{int(r.n):,}",
-             fmt_duration((int(r.first) - ctx.t0) / 1e9) if pd.notna(r.first) else "-",
-             (r.msg[:160] + "…") if isinstance(r.msg, str) and len(r.msg) > 160 else (r.msg or "")]
-            for r in df.itertuples()]
-    return _table(["category", "level", "count", "first at", "first message"], rows, left={0, 1, 4})
-
-
 # ---- the page ---------------------------------------------------------------------------------------------
 
 def build_html(ctx: Context, progress: Progress | None = None) -> str:
@@ -561,17 +505,7 @@ def build_html(ctx: Context, progress: Progress | None = None) -> str:
         "<code>@flowscope.trace</code>, <code>Client.span</code>) or an imported trace (Paje states, OTF2 regions, "
         "Chrome / Perfetto slices, WfCommons tasks); transfers from data moved between Dask workers, MPI messages "
         "(OTF2), Paje links and Chrome / Perfetto flows."))
-    parts.append(figure_section(
-        "task-states", charts.task_phases(ctx), figs,
-        "How many tasks were waiting for their inputs, queued (ready, waiting for a worker) and running at each "
-        "moment, stacked, from the workflow system's own task states; the blue line is the slots of the executing "
-        "resources busy, the dashed one all of them (the SOMA dissertation's resource-utilisation view): "
-        "queued tasks above idle slots mean the scheduler, not the capacity, held the work back. Running is as the "
-        "scheduler reports it: Dask's processing means assigned to a worker, which may hold more tasks than it has "
-        "threads, so it can exceed the slots; the blue line is what the slots ran.",
-        "no task states in this run. They come from the workflow system's scheduler: Dask's (recorded by "
-        "<code>flowscope run</code> and <code>observe()</code> on a distributed cluster) and Parsl's "
-        "DataFlowKernel (<code>flowscope import monitoring.db</code>); traces of other tools carry none."))
+    parts.append(chart_section("task-states", ctx, figs))
     step(2, "hardware")
     parts.append(figure_section(
         "hardware", charts.hardware(ctx), figs,
@@ -583,27 +517,10 @@ def build_html(ctx: Context, progress: Progress | None = None) -> str:
         "<code>flowscope run</code> or <code>observe()</code> watches a run; a trace imported from another tool "
         "carries none."))
     step(3, "I/O")
-    parts.append(figure_section(
-        "io", charts.io_over_time(ctx), figs,
-        "File-system reads (▼) and writes (▲) of each thread over time, one mark per I/O record placed at the "
-        "middle of its interval (for per-task counters: of the task), darker for more bytes (log scale). "
-        "Grey dots are files opened. Rows are the threads of the task stream. With more than 10,000 records, "
-        "one mark per thread, operation and time bin (600 over the run) carries the bin's count and bytes.",
-        _code(IO_ABSENT), extra=io_extra(ctx) if ctx.counts.get("io") else "",
-        no_chart="None of the I/O records is a read, a write or a file open: the table below counts them."))
+    parts.append(chart_section("io", ctx, figs))
     parts.append(io_summary_section(ctx, figs, _section, _table, _nodata))
     step(4, "communication")
-    parts.append(figure_section(
-        "communication", charts.communication(ctx), figs,
-        "Each transfer between workers: its duration against its size, on log axes. Points on one diagonal move "
-        "data at the same bandwidth; points high above the others at small sizes are latency-bound. Red: the two "
-        "workers were on different hosts; blue: the same host.",
-        "no transfers in this run. They come from data moved between Dask workers, MPI messages in an OTF2 "
-        "trace, Paje links (StarPU's data transfers, SimGrid's communications) and Chrome / Perfetto flows.",
-        extra=communication_extra(ctx) if ctx.counts.get("transfers") else "",
-        no_chart="No transfer has both a size and a duration, so none can be placed on the chart: Chrome / Perfetto "
-                 "flows and Paje links record that one piece of work led to another, not the bytes moved; "
-                 "MPI messages (OTF2) and Dask's transfers carry both."))
+    parts.append(chart_section("communication", ctx, figs))
     step(5, "task groups")
     parts.append(groups_section(ctx, groups))
     step(6, "call profile")
@@ -611,13 +528,7 @@ def build_html(ctx: Context, progress: Progress | None = None) -> str:
     step(7, "critical path")
     parts.append(critical_path_section(ctx, figs))
     step(8, "warnings")
-    parts.append(figure_section(
-        "warnings", charts.warnings(ctx), figs,
-        "Warnings and errors the run logged (event loop unresponsive, long garbage collections, memory pauses, "
-        "task errors...), one row per category, at the time they happened.",
-        "no warnings or errors in this run. They come from what a Dask run logs (event loop unresponsive, "
-        "garbage collection, memory pauses, task errors) and from <code>Client.log(..., level=\"warning\")</code>.",
-        extra=warnings_extra(ctx) if ctx.counts.get("logs") else ""))
+    parts.append(chart_section("warnings", ctx, figs))
     anomalies = anomaly_section(ctx.run)
     if anomalies:
         parts.append(anomalies)

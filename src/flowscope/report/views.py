@@ -29,7 +29,7 @@ from flowscope.store.run import Run
 log = logging.getLogger("flowscope.dashboard")
 
 #: the analysis pages of a run on the dashboard (its overview is the page "")
-PAGES = ("advisor", "critical-path", "profile", "anomalies", "logs")
+PAGES = ("advisor", "critical-path", "profile", "charts", "anomalies", "logs")
 #: steps of a path listed (the attribution covers all of them)
 STEP_LIMIT = 500
 #: up to this many data states each state is drawn; above, each group (origin) is one mark
@@ -379,6 +379,27 @@ def advisor_view(run: Run) -> dict:
     return doc
 
 
+def charts_view(run: Run) -> dict:
+    """The report's charts over time and size (report/chart_sections.py: tasks by state, I/O per thread,
+    communication, warnings): per chart its title, help, plotly figure (None: the run has none, and ``nodata`` or
+    ``no_chart`` says why) and table."""
+    import json
+
+    from flowscope.report.chart_sections import CHART_SECTIONS
+    from flowscope.report.context import Context
+
+    ctx = Context.of(run)
+    out = []
+    for sid, c in CHART_SECTIONS.items():
+        fig, table = c.figure(ctx), c.table(ctx)
+        out.append({"id": sid, "title": c.title, "help": c.help, "nodata": c.nodata, "no_chart": c.no_chart,
+                    "figure": json.loads(fig.to_json()) if fig is not None else None,
+                    "table": None if table is None else {
+                        "columns": table[0], "text": sorted(range(table[1]) if isinstance(table[1], int) else table[1]),
+                        "rows": [[_text(v) for v in r] for r in table[2]]}})
+    return {"sections": out}
+
+
 #: view name -> (the function computing it, the tables whose new segments change it)
 VIEWS: dict[str, tuple[Callable[[Run], dict], tuple[str, ...]]] = {
     "critical-path": (critical_path_view, ("spans", "dependencies", "transfers", "data_states", "mutations",
@@ -387,6 +408,7 @@ VIEWS: dict[str, tuple[Callable[[Run], dict], tuple[str, ...]]] = {
     "anomalies": (anomalies_view, ("spans", "anomalies", "transfers", "logs", "resources")),
     "logs": (logs_view, ("logs", "spans")),
     "memory": (memory_view, ("metrics", "resources")),
+    "charts": (charts_view, ("spans", "transitions", "io", "transfers", "logs", "metrics", "resources")),
     "advisor": (advisor_view, ("spans", "transitions", "transfers", "dependencies", "logs", "io", "metrics",
                                "resources")),
 }

@@ -11,7 +11,7 @@
                                   errors: [], socket: null, paused: false};
   var params = new URLSearchParams(location.search);
   var TITLES = {"advisor": "Advisor: where the time went, and what to change", "critical-path": "Critical path", "profile": "Profile and breakdown", "anomalies": "Anomalies",
-                "logs": "Logs and warnings"};
+                "logs": "Logs and warnings", "charts": "Charts: task states, I/O, communication and warnings over time"};
 
   // ---- small helpers -----------------------------------------------------------------------------
   function param(k, dflt) { var v = params.get(k); return v === null ? dflt : v; }
@@ -432,6 +432,43 @@
   function selectCall(c) { setParam("call", c); render(); }
 
   // ---- logs ------------------------------------------------------------------------------------
+  // ---- charts: the report's own figures (report/chart_sections.py) -------------------------------------------
+  /** Plain text with `backquoted` code, as elements (never markup). */
+  function codeText(text) {
+    var p = el("p");
+    String(text).split("`").forEach(function (part, i) {
+      if (part) p.appendChild(i % 2 ? el("code", part) : document.createTextNode(part));
+    });
+    return p;
+  }
+  function renderCharts(d, root) {
+    d.sections.forEach(function (c) {
+      var s = section(root, "ch-" + c.id, c.title);
+      var help = codeText(c.help); help.className = "muted"; s.appendChild(help);
+      if (c.figure) {
+        var chart = el("div", null, {"class": "plot", id: "ch-" + c.id + "-chart"});
+        s.appendChild(chart);
+        // the report's figure: its labels were escaped for plotly.js where they were made (report/charts.py)
+        plot(chart, c.figure.data, c.figure.layout);
+      } else if (c.table) {
+        var why = codeText(c.no_chart); why.className = "muted"; s.appendChild(why);
+      } else {
+        var none = codeText("No data: " + c.nodata); none.className = "nodata muted"; s.appendChild(none);
+      }
+      if (c.table) {
+        var text = {};
+        c.table.text.forEach(function (i) { text[i] = true; });
+        var t = table("chart-table", c.table.columns.map(function (h, i) { return [h, !text[i]]; })), b = t.tBodies[0];
+        c.table.rows.forEach(function (r) {
+          var tr = el("tr");
+          r.forEach(function (v, i) { tr.appendChild(el("td", v === null ? "-" : v, text[i] ? null : {"class": "num"})); });
+          b.appendChild(tr);
+        });
+        s.appendChild(t);
+      }
+    });
+  }
+
   function renderLogs(d, root) {
     var s = section(root, "lg-logs", "Log records, latest first",
       "Every record the run logged (warnings and errors of the program, of the runtime, of flowscope), each with the task " +
@@ -523,7 +560,8 @@
     (d.notes || []).forEach(function (n) { root.appendChild(el("p", n, {"class": "muted"})); });
   }
 
-  var RENDER = {"advisor": renderAdvisor, "critical-path": renderCriticalPath, "profile": renderProfile, "anomalies": renderAnomalies, "logs": renderLogs};
+  var RENDER = {"advisor": renderAdvisor, "critical-path": renderCriticalPath, "profile": renderProfile,
+                "charts": renderCharts, "anomalies": renderAnomalies, "logs": renderLogs};
 
   function render() {
     var d = V.doc, root = document.getElementById("view");
