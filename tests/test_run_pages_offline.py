@@ -47,13 +47,19 @@ def _open(context, url: str):
 
 
 @pytest.fixture(scope="module")
-def written(imported_store, tmp_path_factory) -> dict:
+def run_dirs(imported_store, dask_run) -> dict[str, Path]:
+    """The runs the files are written of: two imported traces and a real Dask run."""
     store, runs = imported_store
+    return {**{source: store / run_id for source, run_id in runs.items()}, "dask": dask_run}
+
+
+@pytest.fixture(scope="module")
+def written(run_dirs, tmp_path_factory) -> dict:
     out = tmp_path_factory.mktemp("offline")
     files = {}
-    for source, run_id in runs.items():
+    for source, run_dir in run_dirs.items():
         files[source] = out / f"{source}.html"
-        assert main(["report", run_id, "--store", str(store), "--dashboard", "-o", str(files[source])]) == 0
+        assert main(["report", str(run_dir), "--dashboard", "-o", str(files[source])]) == 0
     return files
 
 
@@ -310,16 +316,10 @@ def _points(trace: dict) -> int:
 
 
 @pytest.mark.parametrize("source", ["starpu", "otf2", "dask"])
-def test_the_charts_page_draws_the_reports_figures(source, imported_store, written, dask_run, browser, tmp_path):  # noqa: F811
+def test_the_charts_page_draws_the_reports_figures(source, run_dirs, written, browser):  # noqa: F811
     """The charts page (task states, I/O over time, communication, warnings): the report's own figures, trace by
     trace, and for a section without one the reason the report gives."""
-    store, runs = imported_store
-    run_dir = dask_run if source == "dask" else store / runs[source]
-    if source == "dask":
-        out = tmp_path / "dask.html"
-        assert main(["report", str(run_dir), "--dashboard", "-o", str(out)]) == 0
-    else:
-        out = written[source]
+    run_dir, out = run_dirs[source], written[source]
     want = _report_figures(run_dir)
     # what each run has: a Dask run its tasks' I/O counters and its scheduler's task states; MPI messages with
     # sizes (OTF2) are communication; StarPU's Paje links record no size, so its page gives every reason instead
@@ -343,6 +343,66 @@ def test_the_charts_page_draws_the_reports_figures(source, imported_store, writt
                             f"ch-{sid}-chart")
         assert drawn == [[t.get("type", "scatter"), t.get("name"), t.get("x"), t.get("y"), _points(t)]
                          for t in want[sid]["data"]], sid
+    # the I/O summary: the report's facts, tables and figures, or why the run has none
+    from flowscope.report.context import Context
+    from flowscope.report.io_summary import io_summary_blocks
+    from flowscope.store.run import open_run
+
+    run = open_run(run_dir)
+    absent, blocks = io_summary_blocks(Context.of(run))
+    run.close()
+    assert (absent is None) == (source == "dask")  # its tasks' own I/O counters; the traces have no io rows
+    summary = pg.locator("#ch-io-summary")
+    if absent:
+        assert summary.locator(".nodata").inner_text() == "No data: " + absent.replace("`", "")
+    else:
+        facts = pg.evaluate("() => Array.from(document.querySelectorAll('#ch-io-summary dl.facts > div')).map(d => "
+                            "[d.querySelector('dt').textContent, d.querySelector('dd').textContent])")
+        assert facts == [list(f) for b in blocks if b["kind"] == "facts" for f in b["facts"]]
+        tables = pg.evaluate("() => Array.from(document.querySelectorAll('#ch-io-summary table')).map(t => "
+                             "Array.from(t.tBodies[0].rows).map(tr => Array.from(tr.cells).map(td => td.textContent)))")
+        assert tables == [b["rows"] for b in blocks if b["kind"] == "table"]
+        ids = [i for b in blocks if b["kind"] == "figures" for i, _ in b["figures"]]
+        assert ids
+        for i in ids:
+            pg.wait_for_function("id => { const d = document.getElementById(id); return d && d.calcdata; }",
+                                 arg=f"ch-{i}", timeout=WAIT_MS)
     assert pg.errors == [] and pg.outside == [] and pg.evaluate("() => flowscopeView.errors") == []
+    _no_markup_ran(pg)
+    context.close()
+
+
+@pytest.mark.parametrize("source", ["otf2", "dask"])
+def test_the_profile_page_has_the_reports_flame_graph_and_utilisation_table(source, run_dirs, written,
+                                                                         browser):  # noqa: F811
+    """The profile page draws the report's flame graph of the call tree (every box) and lists the utilisation of
+    each executing resource as the report's table does."""
+    import json
+
+    from flowscope.analysis.call_tree import run_call_tree
+    from flowscope.report.chart_sections import utilisation_table
+    from flowscope.report.context import Context
+    from flowscope.report.profile import flame_graph
+    from flowscope.store.run import open_run
+
+    run_dir, out = run_dirs[source], written[source]
+    run = open_run(run_dir)
+    ctx = Context.of(run)
+    tree = run_call_tree(run)
+    lab = ctx.rows(tree.resources)
+    flame = json.loads(flame_graph(tree, dict(zip(lab["resource_id"], lab["label"]))).to_json())
+    util = utilisation_table(ctx)
+    run.close()
+    assert util is not None and util[2]
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    pg = _open(context, f"{out.as_uri()}#profile")
+    pg.wait_for_function("() => { const d = document.getElementById('pf-flame-chart'); return d && d.calcdata; }",
+                         timeout=WAIT_MS)
+    drawn = pg.evaluate("() => document.getElementById('pf-flame-chart').data.map(t => [t.type, t.ids, t.parents])")
+    assert drawn == [[t["type"], t.get("ids"), t.get("parents")] for t in flame["data"]]
+    rows = pg.evaluate("() => Array.from(document.querySelectorAll('table.utilisation tbody tr')).map(tr => "
+                       "Array.from(tr.cells).map(td => td.textContent))")
+    assert rows == [[str(v) for v in r] for r in util[2]]
+    assert pg.errors == [] and pg.outside == []
     _no_markup_ran(pg)
     context.close()

@@ -63,6 +63,25 @@ def warnings_table(ctx: Context) -> Table | None:
     return ["category", "level", "count", "first at", "first message"], {0, 1, 4}, rows
 
 
+def utilisation_table(ctx: Context, limit: int = 50) -> tuple[list[str], int, list[list], int] | None:
+    """Per executing resource, busiest first (the first ``limit``): its label, slots, utilisation and the share of
+    its slot-time in each category; and how many more resources there are."""
+    from flowscope.analysis.timeline import BUSY_CATEGORIES, utilisation_by_resource
+
+    u = utilisation_by_resource(ctx.tables)
+    if u.empty:
+        return None
+    u = u.sort_values("busy_ns", ascending=False)
+    cats = [c for c in (*BUSY_CATEGORIES, "idle") if u[f"{c}_ns"].sum() > 0]
+    rows = []
+    for r in u.head(limit).to_dict("records"):
+        cap = (r["slots"] or 0) * r["window_ns"]
+        shares = [f"{100 * r[f'{c}_ns'] / cap:.1f} %" if cap else fmt_s(r[f"{c}_ns"] / 1e9) for c in cats]
+        rows.append([ctx.rid_label(r["resource_id"]), r["slots"] if r["slots"] is not None else "?",
+                     f"{100 * r['utilisation']:.1f} %" if r["utilisation"] is not None else "unknown", *shares])
+    return ["resource", "slots", "utilisation", *cats], 1, rows, max(0, len(u) - limit)
+
+
 @dataclass(frozen=True)
 class ChartSection:
     """One chart: its title, help, the reason given when the run has no data for it (``nodata``), the one given

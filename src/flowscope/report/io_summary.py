@@ -85,11 +85,14 @@ def _timeline_figure(run, interface: str, t0_ns: int) -> go.Figure | None:
     return fig
 
 
-def io_summary_section(ctx, figs, section, table, nodata) -> str:
-    """The section's HTML (``section``, ``table``, ``nodata``: the page's own helpers)."""
+def io_summary_blocks(ctx) -> tuple[str | None, list[dict]]:
+    """The section's content, for the report and the dashboard's charts page alike: why the run has none (plain
+    text, `backquoted` code), or its blocks in order, each ``{"kind": "facts", "facts": [(label, text)]}``,
+    ``{"kind": "table", "title", "columns", "rows"}``, ``{"kind": "figures", "figures": [(id, figure)]}`` (side by
+    side) or ``{"kind": "note", "text"}``."""
     s = io_summary(ctx.tables)
     if s.absent:
-        return section("io-summary", nodata(re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(s.absent))), HELP)
+        return s.absent, []
     t, im = s.totals, s.imbalance
     facts = [("records", f"{s.rows:,} ({', '.join(s.sources)})"),
              ("read", f"{_fmt_bytes(t['read_bytes'])} in {t['reads']:,} operations"),
@@ -104,32 +107,59 @@ def io_summary_section(ctx, figs, section, table, nodata) -> str:
         facts.append(("not tied to a rank", (f"{_fmt_bytes(im['unattributed_bytes'])} (rows that name no rank: "
                                              "a file Darshan shared over all ranks with no DXT trace to split "
                                              "it, or a source that has no ranks)")))
-    body = ['<dl class="facts io-totals">' + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>"
-                                                     for k, v in facts) + "</dl>"]
+    blocks: list[dict] = [{"kind": "facts", "facts": facts}]
     rows = [[i["interface"], f"{int(i['files']):,}", _fmt_bytes(i["read_bytes"]), _fmt_bytes(i["write_bytes"]),
              f"{int(i['reads']):,}", f"{int(i['writes']):,}", _fmt_s(i["read_s"]), _fmt_s(i["write_s"]),
              _fmt_s(i["meta_s"]),
              f"{int(i['read_only_files'])} / {int(i['write_only_files'])} / {int(i['read_write_files'])}",
              "yes" if i["in_totals"] else "no"]
             for i in s.by_interface.to_dict("records")]
-    body.append(table(["interface", "files", "read", "written", "reads", "writes", "read time", "write time",
-                       "metadata time", "read-only / write-only / both", "in totals"], rows))
-    charts = [figs.html(_cost_figure(s), "io-cost")]
+    blocks.append({"kind": "table", "title": None, "rows": rows,
+                   "columns": ["interface", "files", "read", "written", "reads", "writes", "read time", "write time",
+                               "metadata time", "read-only / write-only / both", "in totals"]})
+    figures = [("io-cost", _cost_figure(s))]
     if len(s.sizes):
-        charts.append(figs.html(_sizes_figure(s), "io-sizes"))
-    body.append('<div class="cols">' + "".join(f'<div class="grow">{c}</div>' for c in charts) + "</div>")
+        figures.append(("io-sizes", _sizes_figure(s)))
+    blocks.append({"kind": "figures", "figures": figures, "side_by_side": True})
     if len(s.top_files):
-        body.append("<h3>Largest files</h3>" + table(
-            ["file", "bytes", "read", "written", "data time", "metadata time", "interfaces"],
-            [[f["path"], _fmt_bytes(f["bytes"]), _fmt_bytes(f["read_bytes"]), _fmt_bytes(f["write_bytes"]),
-              _fmt_s(f["data_s"]), _fmt_s(f["meta_s"]), f["interfaces"]] for f in s.top_files.to_dict("records")]))
+        blocks.append({"kind": "table", "title": "Largest files",
+                       "columns": ["file", "bytes", "read", "written", "data time", "metadata time", "interfaces"],
+                       "rows": [[f["path"], _fmt_bytes(f["bytes"]), _fmt_bytes(f["read_bytes"]),
+                                 _fmt_bytes(f["write_bytes"]), _fmt_s(f["data_s"]), _fmt_s(f["meta_s"]),
+                                 f["interfaces"]] for f in s.top_files.to_dict("records")]})
     if len(s.ranks):
-        body.append(figs.html(_ranks_figure(s), "io-ranks"))
+        blocks.append({"kind": "figures", "figures": [("io-ranks", _ranks_figure(s))]})
     for iface in s.timeline_interfaces:
         fig = _timeline_figure(ctx.tables, iface, ctx.t0)
         if fig is not None:
-            body.append(figs.html(fig, f"io-timeline-{iface.lower().replace('/', '-')}"))
+            blocks.append({"kind": "figures", "figures": [(f"io-timeline-{iface.lower().replace('/', '-')}", fig)]})
     if not s.timeline_interfaces:
-        body.append('<p class="note">No per-operation timeline: no record times each operation (Darshan\'s DXT '
-                    'module does: <code>DXT_ENABLE_IO_TRACE=1</code> when the job runs).</p>')
+        blocks.append({"kind": "note", "text": "No per-operation timeline: no record times each operation (Darshan's "
+                                               "DXT module does: `DXT_ENABLE_IO_TRACE=1` when the job runs)."})
+    return None, blocks
+
+
+def io_summary_section(ctx, figs, section, table, nodata) -> str:
+    """The section's HTML (``section``, ``table``, ``nodata``: the page's own helpers)."""
+    absent, blocks = io_summary_blocks(ctx)
+    if absent:
+        return section("io-summary", nodata(_code(absent)), HELP)
+    body = []
+    for b in blocks:
+        if b["kind"] == "facts":
+            body.append('<dl class="facts io-totals">' + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>"
+                                                                 for k, v in b["facts"]) + "</dl>")
+        elif b["kind"] == "table":
+            body.append((f"<h3>{html.escape(b['title'])}</h3>" if b["title"] else "") + table(b["columns"], b["rows"]))
+        elif b["kind"] == "figures" and b.get("side_by_side"):
+            body.append('<div class="cols">' + "".join(f'<div class="grow">{figs.html(f, i)}</div>'
+                                                       for i, f in b["figures"]) + "</div>")
+        elif b["kind"] == "figures":
+            body.extend(figs.html(f, i) for i, f in b["figures"])
+        else:
+            body.append(f'<p class="note">{_code(b["text"])}</p>')
     return section("io-summary", "\n".join(body), HELP)
+
+
+def _code(text: str) -> str:
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text, quote=False))

@@ -19,7 +19,7 @@ from flowscope.analysis.nothing_observed import why_nothing_observed
 from flowscope.analysis.summary import TASK_STEP, Utilisation, utilisation
 from flowscope.report import charts
 from flowscope.report.anomalies import anomaly_section
-from flowscope.report.chart_sections import CHART_SECTIONS
+from flowscope.report.chart_sections import CHART_SECTIONS, utilisation_table
 from flowscope.report.context import Context
 from flowscope.report.formats import fmt_bytes, fmt_duration, fmt_s  # noqa: F401  (also imported from here)
 from flowscope.report.profile import flame_graph, hot_paths
@@ -231,22 +231,13 @@ def breakdown_section(ctx: Context, b: Breakdown, figs: _Figures) -> str:
 
 def _utilisation_table(ctx: Context, limit: int = 50) -> str:
     """Per executing resource: its slots, utilisation and the share of its slot-time in each category."""
-    from flowscope.analysis.timeline import BUSY_CATEGORIES, utilisation_by_resource
-
-    u = utilisation_by_resource(ctx.tables)
-    if u.empty:
+    t = utilisation_table(ctx, limit)
+    if t is None:
         return ""
-    u = u.sort_values("busy_ns", ascending=False)
-    cats = [c for c in (*BUSY_CATEGORIES, "idle") if u[f"{c}_ns"].sum() > 0]
-    rows = []
-    for r in u.head(limit).to_dict("records"):
-        cap = (r["slots"] or 0) * r["window_ns"]
-        shares = [f"{100 * r[f'{c}_ns'] / cap:.1f} %" if cap else fmt_s(r[f"{c}_ns"] / 1e9) for c in cats]
-        rows.append([ctx.rid_label(r["resource_id"]), r["slots"] if r["slots"] is not None else "?",
-                     f"{100 * r['utilisation']:.1f} %" if r["utilisation"] is not None else "unknown", *shares])
-    note = f'<p class="note">{len(u) - limit:,} more resources not shown.</p>' if len(u) > limit else ""
+    columns, left, rows, more = t
+    note = f'<p class="note">{more:,} more resources not shown.</p>' if more else ""
     return ('<h3 id="utilisation-per-resource">Utilisation per executing resource</h3>'
-            + _table(["resource", "slots", "utilisation", *cats], rows, left=1) + note)
+            + _table(columns, rows, left=left) + note)
 
 
 def _utilisation_facts(u: Utilisation) -> list[tuple[str, str]]:

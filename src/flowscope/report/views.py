@@ -203,8 +203,15 @@ def profile_view(run: Run) -> dict:
                     "count": int(r["count"]), "total_s": _num(r["total_s"]), "mean_s": _num(r["mean_s"]),
                     "std_s": _num(r["std_s"]), "cv": _num(r["cv"]), "max_s": _num(r["max_s"])}
                    for r in groups.to_dict("records")],
-        "hot_paths": [], "errors": [],
+        "hot_paths": [], "errors": [], "flame": None, "utilisation": None,
     }
+    from flowscope.report.chart_sections import utilisation_table
+    from flowscope.report.context import Context
+
+    ctx = Context.of(run)
+    u = utilisation_table(ctx)
+    if u is not None:
+        out["utilisation"] = {"columns": u[0], "rows": [[_text(v) for v in r] for r in u[2]], "more": u[3]}
     if run.counts().get("spans"):
         from flowscope.analysis.call_tree import run_call_tree
         from flowscope.report.profile import hot_paths
@@ -214,6 +221,12 @@ def profile_view(run: Run) -> dict:
         except ValueError as exc:
             out["errors"].append(f"the call tree: {exc}")
         else:
+            import json
+
+            from flowscope.report.profile import flame_graph
+
+            lab = ctx.rows(tree.resources)
+            out["flame"] = json.loads(flame_graph(tree, dict(zip(lab["resource_id"], lab["label"]))).to_json())
             out["hot_paths"] = [{"call_path": [str(n) for n in r["call_path"]], "calls": int(r["calls"]),
                                  "exclusive_s": r["exclusive_ns"] / 1e9, "inclusive_s": r["inclusive_ns"] / 1e9,
                                  "exclusive_mean_s": r["exclusive_mean_ns"] / 1e9,
@@ -397,7 +410,16 @@ def charts_view(run: Run) -> dict:
                     "table": None if table is None else {
                         "columns": table[0], "text": sorted(range(table[1]) if isinstance(table[1], int) else table[1]),
                         "rows": [[_text(v) for v in r] for r in table[2]]}})
-    return {"sections": out}
+    from flowscope.report.io_summary import HELP, io_summary_blocks
+
+    absent, blocks = io_summary_blocks(ctx)
+    for b in blocks:
+        if b["kind"] == "figures":
+            b["figures"] = [{"id": i, "figure": json.loads(f.to_json())} for i, f in b["figures"]]
+        elif b["kind"] == "table":
+            b["rows"] = [[_text(v) for v in r] for r in b["rows"]]
+    return {"sections": out, "io_summary": {"title": "I/O summary", "help": HELP, "absent": absent,
+                                            "blocks": blocks}}
 
 
 #: view name -> (the function computing it, the tables whose new segments change it)

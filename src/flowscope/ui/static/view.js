@@ -253,6 +253,27 @@
       ht.tBodies[0].appendChild(tr);
     });
     h.appendChild(d.hot_paths.length ? ht : nodata("No spans in this run (yet)."));
+
+    if (d.flame) {  // the report's flame graph (report/profile.py); its labels were escaped for plotly.js there
+      var f = section(root, "pf-flame", "Call tree as a flame graph",
+        "Each box is a call path, as wide as its inclusive time, its callers below it; merged across resources " +
+        "(hover for calls, exclusive time and the imbalance over resources; the menu shows one resource). Click a box to zoom into it.");
+      var fc = el("div", null, {"class": "plot", id: "pf-flame-chart"});
+      f.appendChild(fc);
+      plot(fc, d.flame.data, d.flame.layout);
+    }
+    if (d.utilisation) {
+      var u = section(root, "pf-utilisation", "Utilisation per executing resource",
+        "Busiest first: its slots (threads, cores), the share of its slot-time busy, and the share in each category.");
+      var ut = table("utilisation", d.utilisation.columns.map(function (c, i) { return [c, i > 0]; }));
+      d.utilisation.rows.forEach(function (r) {
+        var tr = el("tr");
+        r.forEach(function (v, i) { tr.appendChild(el("td", v === null ? "-" : v, i ? {"class": "num"} : {"class": "key"})); });
+        ut.tBodies[0].appendChild(tr);
+      });
+      u.appendChild(ut);
+      if (d.utilisation.more) u.appendChild(el("p", UI.fmtInt(d.utilisation.more) + " more resources not shown.", {"class": "muted"}));
+    }
   }
 
   // ---- anomalies (Chimbuko's views) ------------------------------------------------------------
@@ -465,6 +486,39 @@
           b.appendChild(tr);
         });
         s.appendChild(t);
+      }
+    });
+    var io = d.io_summary, is = section(root, "ch-io-summary", io.title, io.help);
+    if (io.absent) {
+      var none = codeText("No data: " + io.absent); none.className = "nodata muted"; is.appendChild(none);
+      return;
+    }
+    io.blocks.forEach(function (b) {
+      if (b.kind === "facts") {
+        var dl = el("dl", null, {"class": "facts"});
+        b.facts.forEach(function (f) {
+          var div = el("div"); div.appendChild(el("dt", f[0])); div.appendChild(el("dd", f[1])); dl.appendChild(div);
+        });
+        is.appendChild(dl);
+      } else if (b.kind === "table") {
+        if (b.title) is.appendChild(el("h3", b.title));
+        var t = table("io-table", b.columns.map(function (c, i) { return [c, i > 0]; }));
+        b.rows.forEach(function (r) {
+          var tr = el("tr");
+          r.forEach(function (v, i) { tr.appendChild(el("td", v === null ? "-" : v, i ? {"class": "num"} : {"class": "key"})); });
+          t.tBodies[0].appendChild(tr);
+        });
+        is.appendChild(t);
+      } else if (b.kind === "figures") {
+        var holder = el("div", null, b.side_by_side ? {"class": "grid"} : null);
+        is.appendChild(holder);
+        b.figures.forEach(function (f) {
+          var c = el("div", null, {"class": "plot", id: "ch-" + f.id});
+          holder.appendChild(c);
+          plot(c, f.figure.data, f.figure.layout);
+        });
+      } else {
+        var note = codeText(b.text); note.className = "muted"; is.appendChild(note);
       }
     });
   }
