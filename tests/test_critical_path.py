@@ -798,3 +798,19 @@ def test_what_if_with_any_placement_keeps_dependencies_and_transfers(tmp_path):
         deps=[("b", "a"), ("c", "a"), ("d", "b"), ("d", "c")],
         transfers=[("a", "w1", "w2", 10, 12), ("c", "w2", "w1", 60, 64)])
     assert what_if(spans, deps, transfers, scale_tasks={"c": 0.5}, placement="any") == 54 * MS
+
+
+def test_the_worker_of_each_task_is_read_from_its_attrs_whatever_they_hold():
+    """The worker named in a span's attrs (JSON text), prefixed as a resource id, for every kind of value a source
+    may leave there: none, invalid or non-object JSON, no worker, a worker already prefixed, a number."""
+    import pandas as pd
+
+    from flowscope.analysis.critical_path.task_graph import _worker_of
+
+    attrs = pd.Series(['{"worker": "tcp://10.0.0.1:4000", "nbytes": 8}', None, "not json", "[1, 2]", '{"nbytes": 3}',
+                       '{"worker": "worker:tcp://a:1"}', '{"worker": 7}', '{"worker": ""}', float("nan"),
+                       '{"worker": "tcp://10.0.0.2:4000"}'], index=[5, 3, 9, 1, 0, 2, 4, 6, 7, 8])
+    got = _worker_of(attrs)
+    assert list(got.index) == list(attrs.index)
+    assert got.tolist() == ["worker:tcp://10.0.0.1:4000", None, None, None, None, "worker:tcp://a:1", "worker:7", "",
+                            None, "worker:tcp://10.0.0.2:4000"]

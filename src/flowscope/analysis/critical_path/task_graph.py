@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from flowscope.analysis.critical_path.tables import _attrs, _frame
+from flowscope.analysis.critical_path.tables import _frame
 from flowscope.analysis.timeline import (
     BUSY_SPAN_SQL,
     IO_UNIT,
@@ -48,10 +48,25 @@ class _TaskGraph:
 
 
 def _worker_of(attrs: pd.Series) -> pd.Series:
-    def one(text):
-        w = _attrs(text).get("worker")
-        return f"worker:{w}" if w and not str(w).startswith("worker:") else w
-    return attrs.map(one)
+    """The worker each row's attrs (JSON text) name, as a resource id (``worker:ADDRESS``); None where they name
+    none or are not a JSON object. One DuckDB pass: parsing each row's JSON in Python took 5 s a build at 100,000
+    tasks, and the advisor builds the graph ten times."""
+    import duckdb
+
+    text = np.array([v if isinstance(v, str) else None for v in attrs.to_numpy(dtype=object)], dtype=object)
+    frame = pd.DataFrame({"i": np.arange(len(text)), "a": text})
+    con = duckdb.connect()
+    try:
+        con.register("frame", frame)
+        w = con.sql("""SELECT CASE WHEN json_valid(a) AND json_type(a) = 'OBJECT'
+                                   THEN json_extract_string(a, '$.worker') END AS w
+                       FROM frame ORDER BY i""").df()["w"]
+    finally:
+        con.close()
+    w = w.astype(object).where(w.notna(), None)
+    bare = w.notna() & (w != "") & ~w.fillna("").str.startswith("worker:")
+    w[bare] = "worker:" + w[bare]
+    return pd.Series(w.to_numpy(dtype=object), index=attrs.index)
 
 
 def _task_graph(spans, dependencies, transfers=None) -> _TaskGraph:
