@@ -177,8 +177,12 @@ def test_a_worker_slowed_in_one_group(planted):
 
 def test_tasks_of_one_millisecond(planted):
     e = _explained(planted, "millisecond-tasks")
-    top = e.findings[0]
-    assert top.rule == "small_tasks", [f.title for f in e.findings]
+    rules = [f.rule for f in e.findings]
+    # its 1,289 tasks are a large graph too: where building and submitting it took long (a loaded machine: 1.4 s
+    # once, 38 % of the run), that finding may come first; no other cause may outrank the tiny tasks
+    assert "small_tasks" in rules and set(rules[:rules.index("small_tasks")]) <= {"large_graph"}, \
+        [f.title for f in e.findings]
+    top = e.findings[rules.index("small_tasks")]
     row = top.evidence.iloc[0]
     assert row["tasks"] >= 600 and row["median_task_s"] < 0.01 and row["tasks_if_fused"] < 100
     assert top.recoverable_s > 0
