@@ -77,15 +77,22 @@ class RunFacts:
         its thread in the observed order, started when its inputs have arrived and its thread is free, plus
         the lag it was observed to wait beyond that; ``placement="any"``: on whichever thread is free first);
         None when the run has no measured task times."""
-        from flowscope.analysis.critical_path import what_if
+        from flowscope.analysis.critical_path.task_paths import replay
 
         if self.paths is None or self.paths.measured is None:
             return None
         memo = (tuple(sorted((scale or {}).items())), tuple(sorted((scale_tasks or {}).items())), placement)
         if memo not in self._replays:
-            self._replays[memo] = what_if(self.units, self.dependencies, self.transfers, scale=dict(scale or {}),
-                                          scale_tasks=scale_tasks, placement=placement) / 1e9
+            self._replays[memo] = replay(self.task_graph, scale=dict(scale or {}), scale_tasks=scale_tasks,
+                                         placement=placement) / 1e9
         return self._replays[memo]
+
+    @cached_property
+    def task_graph(self):
+        """The task graph every replay of this run starts from (built once: a build reads every unit's attrs)."""
+        from flowscope.analysis.critical_path.task_graph import _task_graph
+
+        return _task_graph(self.units, self.dependencies, self.transfers)
 
     def gain_s(self, scale: Mapping[str, float] | None = None,
                scale_tasks: Mapping[str, float] | None = None, placement: str = "observed") -> float | None:

@@ -274,10 +274,16 @@ def what_if(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame | pa.Tabl
     each task, in the observed start order, runs on whichever thread is free first, once its inputs (and their
     transfers, scaled by "transfer") have arrived; the observed lags are not replayed, so compare two such
     replays (a gain) rather than one with the measured makespan."""
+    return replay(_task_graph(spans, dependencies, transfers), scale, scale_tasks, placement)
+
+
+def replay(g: _TaskGraph, scale: dict[str, float] | None = None, scale_tasks: Mapping[str, float] | None = None,
+           placement: str = "observed") -> int:
+    """:func:`what_if` of a task graph already built (``_task_graph``): for callers that replay one run many
+    times (the advisor), so that the graph is built once."""
     if placement not in ("observed", "any"):
         raise ValueError(f"what_if: placement must be 'observed' or 'any', not {placement!r}")
     scale = dict(scale or {})
-    g = _task_graph(spans, dependencies, transfers)
     if g.n == 0:
         return 0
     groups = g.tasks["group"].to_numpy()
