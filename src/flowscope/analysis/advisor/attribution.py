@@ -126,12 +126,13 @@ def _slot_waits(steps: pd.DataFrame, facts: RunFacts, span_of: dict, t0: int) ->
     the path reaches through this one's resource rather than through its data, was already ready (its inputs
     done): that task was queued behind this one."""
     deps = facts.dependencies
+    tasks = steps[(steps["kind"] == UNIT_STEP) & (steps["duration_ns"] > 0)]
     needs: dict[str, list[str]] = {}
-    if len(deps):
-        d = deps[["task_key", "depends_on"]].drop_duplicates()
+    if len(deps):  # the inputs of the path's tasks only: grouping every task's took seconds at 100,000 tasks
+        d = deps[["task_key", "depends_on"]]
+        d = d[d["task_key"].astype(str).isin(set(tasks["id"].astype(str)))].drop_duplicates()
         for k, g in d.groupby("task_key", sort=False):
             needs[str(k)] = [str(x) for x in g["depends_on"]]
-    tasks = steps[(steps["kind"] == UNIT_STEP) & (steps["duration_ns"] > 0)]
     out = {}
     rows = list(tasks.itertuples(index=False))
     for p, v in itertools.pairwise(rows):
