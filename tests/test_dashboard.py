@@ -5,6 +5,7 @@ catching up, task keys with markup shown as text, the token, and `flowscope ui` 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -333,6 +334,25 @@ def test_the_overview_paints_before_plotly_loads_and_a_watched_run_is_sent_soone
     fs.close()
 
 
+@contextlib.contextmanager
+def flowscope_ui(store):
+    """A real `flowscope ui STORE` process on a free port: its base address (http://HOST:PORT) while it runs."""
+    proc = subprocess.Popen([sys.executable, "-m", "flowscope", "ui", str(store), "--port", "0", "--no-open"],
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        for line in proc.stderr:  # the URL it prints
+            found = re.search(r"dashboard \(read-only\) over .*: (http://\S+)/ui/", line)
+            if found:
+                break
+        else:
+            pytest.fail("flowscope ui printed no URL")
+        yield found.group(1)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+        proc.stderr.close()
+
+
 def test_flowscope_ui_serves_a_store_read_only_and_follows_a_run_written_by_another_process(tmp_path, browser):
     import flowscope
 
@@ -340,17 +360,8 @@ def test_flowscope_ui_serves_a_store_read_only_and_follows_a_run_written_by_anot
     fs = flowscope.Client(store=store, name="written " + IMG)
     t0 = flowscope.now_ns()
     _spans(fs, ["load", SCRIPT, "load"], t0)
-    proc = subprocess.Popen([sys.executable, "-m", "flowscope", "ui", str(store), "--port", "0", "--no-open"],
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stderr:  # the URL it prints
-            found = re.search(r"dashboard \(read-only\) over .*: (http://\S+/ui/)", line)
-            if found:
-                break
-        else:
-            pytest.fail("flowscope ui printed no URL")
-        url = found.group(1)
-        address = url.rsplit("/ui/", 1)[0]
+    with flowscope_ui(store) as address:
+        url = f"{address}/ui/"
         assert httpx.post(f"{address}/v1/runs", json={"name": "x"}, timeout=30).status_code in (404, 405)
         context = browser.new_context()
         pg = _page(context)
@@ -377,10 +388,6 @@ def test_flowscope_ui_serves_a_store_read_only_and_follows_a_run_written_by_anot
         _no_markup_ran(pg)
         assert pg.errors == [] and pg.outside == []
         context.close()
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        proc.stderr.close()
 
 
 def test_the_runs_list_gives_a_running_run_its_findings_and_follows_them(tmp_path):
@@ -392,8 +399,6 @@ def test_the_runs_list_gives_a_running_run_its_findings_and_follows_them(tmp_pat
     fs = flowscope.Client(store=store, name="growing")
     t0 = flowscope.now_ns()
     _spans(fs, ["load", "load", "load"], t0)
-    proc = subprocess.Popen([sys.executable, "-m", "flowscope", "ui", str(store), "--port", "0", "--no-open"],
-                            stderr=subprocess.PIPE, text=True)
 
     def findings_when(pred) -> list[str]:
         deadline = time.monotonic() + WAIT_MS / 1000
@@ -407,26 +412,17 @@ def test_the_runs_list_gives_a_running_run_its_findings_and_follows_them(tmp_pat
             time.sleep(0.2)
 
     try:
-        for line in proc.stderr:
-            found = re.search(r"dashboard \(read-only\) over .*: (http://\S+)/ui/", line)
-            if found:
-                break
-        else:
-            pytest.fail("flowscope ui printed no URL")
-        address = found.group(1)
-        first = findings_when(lambda f: any(m.startswith("load (") for m in f))
-        # the run grows: a new group takes most of the time, and the findings say so
-        for i in range(3):
-            fs.span("longer", t0 + (10 + i) * 1_000_000_000, t0 + (11 + i) * 1_000_000_000, kind="task",
-                    task_key=f"longer-{i}")
-        fs.flush()
-        later = findings_when(lambda f: any(m.startswith("longer (") for m in f))
-        assert later != first
+        with flowscope_ui(store) as address:
+            first = findings_when(lambda f: any(m.startswith("load (") for m in f))
+            # the run grows: a new group takes most of the time, and the findings say so
+            for i in range(3):
+                fs.span("longer", t0 + (10 + i) * 1_000_000_000, t0 + (11 + i) * 1_000_000_000, kind="task",
+                        task_key=f"longer-{i}")
+            fs.flush()
+            later = findings_when(lambda f: any(m.startswith("longer (") for m in f))
+            assert later != first
     finally:
         fs.close()
-        proc.terminate()
-        proc.wait(30)
-        proc.stderr.close()
 
 
 def test_flowscope_run_serves_the_dashboard_of_its_run_while_the_command_runs(tmp_path):

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 import time
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
@@ -25,6 +23,7 @@ from test_dashboard import (  # noqa: F401  (fixture)
     _no_markup_ran,
     _page,
     browser,
+    flowscope_ui,
 )
 
 WAIT_S = WAIT_MS / 1000
@@ -596,20 +595,8 @@ def imported_store(tmp_path_factory, shared_data) -> tuple[Path, dict]:
 @pytest.fixture(scope="module")
 def ui_server(imported_store):
     store, _ = imported_store
-    proc = subprocess.Popen([sys.executable, "-m", "flowscope", "ui", str(store), "--port", "0", "--no-open"],
-                            stderr=subprocess.PIPE, text=True)
-    try:
-        for line in proc.stderr:
-            found = re.search(r"dashboard \(read-only\) over .*: (http://\S+)/ui/", line)
-            if found:
-                break
-        else:
-            pytest.fail("flowscope ui printed no URL")
-        yield found.group(1)
-    finally:
-        proc.terminate()
-        proc.wait(30)
-        proc.stderr.close()
+    with flowscope_ui(store) as address:
+        yield address
 
 
 @pytest.mark.parametrize("source", ["starpu", "otf2"])
