@@ -47,45 +47,33 @@ IO_TIME_NOTE = ("I/O time is measured only where records time each operation (Da
 
 
 def _merge(iv: np.ndarray) -> np.ndarray:
-    """Union of intervals (n x 2), sorted, disjoint."""
+    """Union of intervals (n x 2), sorted, disjoint; intervals that touch are joined."""
     if not len(iv):
-        return iv.reshape(0, 2)
+        return np.asarray(iv, dtype=np.int64).reshape(0, 2)
     iv = iv[np.argsort(iv[:, 0], kind="stable")]
-    out = [list(iv[0])]
-    for s, e in iv[1:]:
-        if s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return np.array(out, dtype=np.int64)
+    s, e = iv[:, 0], iv[:, 1]
+    first = np.ones(len(iv), dtype=bool)
+    first[1:] = s[1:] > np.maximum.accumulate(e)[:-1]
+    at = np.flatnonzero(first)
+    return np.column_stack([s[at], np.maximum.reduceat(e, at)]).astype(np.int64)
 
 
-def _overlap(iv: np.ndarray, s: int, e: int) -> int:
-    """Length of [s, e) covered by the disjoint sorted intervals ``iv``."""
-    if not len(iv) or e <= s:
-        return 0
-    lo = np.clip(iv[:, 0], s, e)
-    hi = np.clip(iv[:, 1], s, e)
-    return int(np.maximum(hi - lo, 0).sum())
+def _covered(iv: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """For each point of ``x``: the length of the disjoint sorted intervals ``iv`` that lies before it."""
+    x = np.asarray(x, dtype=np.int64)
+    if not len(iv):
+        return np.zeros(x.shape, dtype=np.int64)
+    lens = iv[:, 1] - iv[:, 0]
+    before = np.concatenate([[0], np.cumsum(lens)])
+    i = np.searchsorted(iv[:, 0], x, side="right")  # intervals starting at or before x
+    last = np.maximum(i - 1, 0)
+    part = np.where(i > 0, np.clip(x - iv[last, 0], 0, lens[last]), 0)
+    return before[last] + part
 
 
-def _carve(s: int, e: int, labelled: list[tuple[str, np.ndarray]]) -> dict[str, int]:
-    """How much of [s, e) each label's intervals cover, earlier labels taking precedence."""
-    out: dict[str, int] = {}
-    taken = np.zeros((0, 2), dtype=np.int64)
-    for label, iv in labelled:
-        if not len(iv):
-            continue
-        mine = iv[(iv[:, 1] > s) & (iv[:, 0] < e)]
-        if not len(mine):
-            continue
-        mine = np.clip(mine, s, e)
-        both = _merge(np.vstack([taken, mine]))
-        got = _overlap(both, s, e) - _overlap(taken, s, e)
-        if got > 0:
-            out[label] = got
-        taken = both
-    return out
+def _overlaps(iv: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """Per pair: the length of [s, e) covered by the disjoint sorted intervals ``iv`` (0 where e <= s)."""
+    return np.where(e > s, _covered(iv, e) - _covered(iv, s), 0)
 
 
 def _stalls(facts: RunFacts) -> pd.DataFrame:
@@ -143,7 +131,7 @@ def _slot_waits(steps: pd.DataFrame, facts: RunFacts, span_of: dict, t0: int) ->
         ready = max(ends) if ends else t0
         a, b = max(int(ready), int(p.start_ns)), int(p.end_ns)
         if b > a:
-            out[(p.id, int(p.start_ns))] = np.array([[a, b]], dtype=np.int64)
+            out[(p.id, int(p.start_ns))] = (a, b)
     return out
 
 
@@ -184,12 +172,11 @@ def attribute(facts: RunFacts) -> pd.DataFrame:
     steps = paths.measured.steps
     # stretches where no task ran anywhere, and the submission inside each: the client was building the next graph
     busy = _merge(tasks[["start_ns", "end_ns"]].to_numpy(np.int64))
-    client_iv = []
-    for a, b in zip(busy[:-1, 1], busy[1:, 0]):
-        inside = subs[(subs > a) & (subs <= b)]
-        if len(inside):
-            client_iv.append((a, int(inside[-1])))
-    client_iv = np.array(client_iv, dtype=np.int64).reshape(-1, 2)
+    gap_a, gap_b = busy[:-1, 1], busy[1:, 0]
+    last = np.searchsorted(subs, gap_b, side="right") - 1  # the last submission at or before each gap's end
+    inside = last >= 0
+    inside[inside] = subs[last[inside]] > gap_a[inside]
+    client_iv = np.column_stack([gap_a[inside], subs[last[inside]]]).astype(np.int64).reshape(-1, 2)
     res_of = dict(zip(tasks["key"], tasks["resource_id"]))
     worker_of = dict(zip(tasks["key"], tasks["worker"]))
     span_of = dict(zip(tasks["key"], zip(tasks["start_ns"].astype(int), tasks["end_ns"].astype(int))))
@@ -199,47 +186,87 @@ def attribute(facts: RunFacts) -> pd.DataFrame:
     global_stalls = _merge(stalls[~stalls["resource_id"].isin(task_places)][["start_ns", "end_ns"]]
                            .to_numpy(np.int64))
     stall_at, spill_at, io_at = _by_resource(stalls), _by_resource(spills), _by_resource(timed)
-    empty = np.zeros((0, 2), dtype=np.int64)
     waited = _slot_waits(steps, facts, span_of, t0)
-    for st in steps.itertuples(index=False):
-        s, e = int(st.start_ns), int(st.end_ns)
-        if e <= s:
-            continue
-        cat = _OF_COMPONENT.get(st.component, "compute")
-        key = st.id
-        res, wrk = res_of.get(key), worker_of.get(key)
-        if cat == "queue":
-            client = _overlap(client_iv, s, e)
-            own = by_res.get(res, empty)
-            # the task's own resource running other tasks (this one excluded)
-            own_busy = _overlap(own, s, e)
-            if key in span_of:
-                a, b = span_of[key]
-                own_busy -= max(min(b, e) - max(a, s), 0)
-            queued = max(min(own_busy, e - s - client), 0)
-            ns["client_submission"] += client
-            ns["queueing"] += queued
-            rest = e - s - client - queued
-            stall = _carve(s, e, [("gc_event_loop", global_stalls)]).get("gc_event_loop", 0)
-            stall = min(stall, rest)
-            ns["gc_event_loop"] += stall
-            ns["scheduler_overhead"] += rest - stall
-            continue
-        if cat == "compute":
-            here = [r for r in (res, wrk) if r is not None]
-            labelled = [("gc_event_loop", _merge(np.vstack([global_stalls, *[stall_at.get(r, empty) for r in here]]))),
-                        ("spilling", _merge(np.vstack([empty, *[spill_at.get(r, empty) for r in here]]))),
-                        ("io", _merge(np.vstack([empty, *[io_at.get(r, empty) for r in here]]))),
-                        ("queueing", waited.get((key, s), empty))]
-            carved = _carve(s, e, labelled)
-            for c, v in carved.items():
-                ns[c] += v
-            ns["compute"] += (e - s) - sum(carved.values())
-            continue
-        ns[cat] += e - s
+    s_all = steps["start_ns"].to_numpy(np.int64)
+    e_all = steps["end_ns"].to_numpy(np.int64)
+    cats = np.array([_OF_COMPONENT.get(c, "compute") for c in steps["component"]], dtype=object)
+    keys = steps["id"].to_numpy(dtype=object)
+    timed_step = e_all > s_all
+    for cat in set(cats[timed_step]) - {"queue", "compute"}:
+        on = timed_step & (cats == cat)
+        ns[cat] += int((e_all[on] - s_all[on]).sum())
+    _queue_steps(np.flatnonzero(timed_step & (cats == "queue")), s_all, e_all, keys, ns, client_iv, by_res,
+                 res_of, span_of, global_stalls)
+    _compute_steps(np.flatnonzero(timed_step & (cats == "compute")), s_all, e_all, keys, ns, res_of, worker_of,
+                   waited, (global_stalls, stall_at, spill_at, io_at))
     # the path starts at the first task's start and ends at the last task's end: the sum is the wall time
     _notes(facts, ns, status, note, stalls, spills, timed)
     return _frame(ns, status, note, w1 - w0)
+
+
+def _by_place(idx: np.ndarray, places: list) -> dict:
+    """Step indices grouped by their place (a resource, or a pair of them)."""
+    out: dict = {}
+    for i, place in zip(idx, places):
+        out.setdefault(place, []).append(i)
+    return {k: np.array(v, dtype=np.int64) for k, v in out.items()}
+
+
+def _queue_steps(idx: np.ndarray, s_all: np.ndarray, e_all: np.ndarray, keys: np.ndarray, ns: dict,
+                 client_iv: np.ndarray, by_res: dict, res_of: dict, span_of: dict, global_stalls: np.ndarray) -> None:
+    """Split the path's queue steps ``idx`` into client submission, queueing, stalls and scheduler overhead."""
+    if not len(idx):
+        return
+    s, e = s_all[idx], e_all[idx]
+    client = _overlaps(client_iv, s, e)
+    own_busy = np.zeros(len(idx), dtype=np.int64)
+    empty = np.zeros((0, 2), dtype=np.int64)
+    for res, at in _by_place(np.arange(len(idx)), [res_of.get(k) for k in keys[idx]]).items():
+        own_busy[at] = _overlaps(by_res.get(res, empty), s[at], e[at])
+    # the task's own resource running other tasks (this one excluded)
+    known = np.array([k in span_of for k in keys[idx]], dtype=bool)
+    own = np.array([span_of[k] for k in keys[idx][known]], dtype=np.int64).reshape(-1, 2)
+    own_busy[known] -= np.maximum(np.minimum(own[:, 1], e[known]) - np.maximum(own[:, 0], s[known]), 0)
+    queued = np.maximum(np.minimum(own_busy, e - s - client), 0)
+    rest = e - s - client - queued
+    stall = np.minimum(_overlaps(global_stalls, s, e), rest)
+    ns["client_submission"] += int(client.sum())
+    ns["queueing"] += int(queued.sum())
+    ns["gc_event_loop"] += int(stall.sum())
+    ns["scheduler_overhead"] += int((rest - stall).sum())
+
+
+def _compute_steps(idx: np.ndarray, s_all: np.ndarray, e_all: np.ndarray, keys: np.ndarray, ns: dict, res_of: dict,
+                   worker_of: dict, waited: dict, carved_by: tuple) -> None:
+    """Carve the path's compute steps ``idx``: stalls, spilling, I/O and slot queueing on the step's resource and
+    worker, each stretch counted once, in that order of precedence; the rest is compute."""
+    if not len(idx):
+        return
+    global_stalls, stall_at, spill_at, io_at = carved_by
+    empty = np.zeros((0, 2), dtype=np.int64)
+    s, e = s_all[idx], e_all[idx]
+    got = np.zeros((4, len(idx)), dtype=np.int64)  # covered by the first 1, 2, 3, 4 labels together
+    places = [(res_of.get(k), worker_of.get(k)) for k in keys[idx]]
+    for place, at in _by_place(np.arange(len(idx)), places).items():
+        here = [r for r in place if r is not None]
+        union = global_stalls
+        for j, labelled in enumerate((stall_at, spill_at, io_at)):
+            union = _merge(np.vstack([union, *[labelled.get(r, empty) for r in here]]))
+            got[j, at] = _overlaps(union, s[at], e[at])
+        got[3, at] = got[2, at]
+        # the slot wait of each step: one interval, its part not yet covered
+        for i in at:
+            w = waited.get((keys[idx[i]], int(s[i])))
+            if w is None:
+                continue
+            a, b = max(int(w[0]), int(s[i])), min(int(w[1]), int(e[i]))
+            if b > a:
+                got[3, i] += (b - a) - int(_overlaps(union, np.array([a]), np.array([b]))[0])
+    ns["gc_event_loop"] += int(got[0].sum())
+    ns["spilling"] += int((got[1] - got[0]).sum())
+    ns["io"] += int((got[2] - got[1]).sum())
+    ns["queueing"] += int((got[3] - got[2]).sum())
+    ns["compute"] += int((e - s).sum() - got[3].sum())
 
 
 def _notes(facts: RunFacts, ns: dict, status: dict, note: dict, stalls: pd.DataFrame, spills: pd.DataFrame,
