@@ -319,12 +319,12 @@ def io_over_time(ctx: Context) -> go.Figure | None:
         df = ctx.sql(attributed + f"""
             SELECT rid, op, count(*) AS n, coalesce(sum(nbytes), 0) AS nbytes,
                    (mid_ns // {width_ns}) * {width_ns // 1000} + {width_ns // 2000} AS t
-            FROM x GROUP BY rid, op, mid_ns // {width_ns}""")
+            FROM x GROUP BY rid, op, mid_ns // {width_ns} ORDER BY rid, op, t""")
     else:
         df = ctx.sql(attributed + f"""
             SELECT rid, op, 1 AS n, coalesce(nbytes, 0) AS nbytes, mid_ns // 1000 AS t
                    {", task_key, path" if small else ""}
-            FROM x""")
+            FROM x ORDER BY rid, t, op, nbytes{", task_key, path" if small else ""}""")
     rows = ctx.rows(df["rid"])
     index = pd.Index(rows["resource_id"])
     row = index.get_indexer(df["rid"]).astype(np.float32)
@@ -392,7 +392,8 @@ def transfers_frame(ctx: Context, with_text: bool) -> pd.DataFrame:
                     WHEN true THEN 'inter-host' WHEN false THEN 'intra-host' ELSE 'unknown' END AS locality{extra}
         FROM transfers t
         LEFT JOIN resources s ON s.resource_id = t.src_resource_id
-        LEFT JOIN resources d ON d.resource_id = t.dst_resource_id""")
+        LEFT JOIN resources d ON d.resource_id = t.dst_resource_id
+        ORDER BY t.start_ns, t.end_ns, t.src_resource_id, t.dst_resource_id, t.nbytes""")
 
 
 def _ticks_125(lo: float, hi: float) -> list[float]:
