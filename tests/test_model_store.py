@@ -225,3 +225,32 @@ def test_one_run_object_sees_a_table_gain_its_first_segments_and_lose_its_last(r
     io = conform("io", pa.table({"source": ["x"], "op": ["read"], "start_ns": [5], "end_ns": [6]}))
     write_segment(run_dir, "io", "one", io)
     assert n("io") == 1 and n("spans") == 0
+
+
+def test_a_runs_memo_is_computed_once_per_state_of_its_segments_and_mappings(run_dir):
+    from flowscope.analysis.timeline import resource_states
+
+    run = flowscope.open_run(run_dir)
+    calls = []
+
+    def spans_now():
+        calls.append(1)
+        return run.counts()["spans"]
+
+    assert run.memo("spans now", spans_now) == 0 and run.memo("spans now", spans_now) == 0 and len(calls) == 1
+    spans = conform("spans", pa.table({"resource_id": ["r"] * 3, "kind": ["call"] * 3, "name": ["a", "b", "c"],
+                                       "start_ns": [1, 2, 3], "end_ns": [5, 6, 7]}))
+    write_segment(run_dir, "spans", "batch-1", spans)  # a new segment: computed again
+    assert run.memo("spans now", spans_now) == 3 and len(calls) == 2
+    logs = conform("logs", pa.table({"resource_id": ["r"], "ts_ns": [4], "level": ["info"], "category": ["note"],
+                                     "message": ["m"]}))
+    write_segment(run_dir, "logs", "batch-1", logs)  # any table's: analyses read several
+    assert run.memo("spans now", spans_now) == 3 and len(calls) == 3
+    assert run.memo("spans now", spans_now) == 3 and len(calls) == 3
+    flowscope.open_run(run_dir).memo("spans now", spans_now)  # another Run object: its own memo
+    assert len(calls) == 4
+
+    # a memoised analysis hands each caller its own frame
+    first = resource_states(run)
+    first["state"] = "spoiled"
+    assert "spoiled" not in set(resource_states(run)["state"])

@@ -236,6 +236,12 @@ def resource_states(run: Run) -> pd.DataFrame:
     there, or ``idle`` (gaps included). A run whose units of work are timed I/O operations (:func:`work_unit_kind`)
     has them as its activity, in state ``io``. Columns :data:`STATE_COLUMNS`; the rows of one (resource, slot) do
     not overlap and cover the span exactly."""
+    memo = getattr(run, "memo", None)
+    states = memo("resource_states", lambda: _resource_states(run)) if memo else _resource_states(run)
+    return states.copy()
+
+
+def _resource_states(run: Run) -> pd.DataFrame:
     acts = _timed_work(run)
     if not len(acts):
         return pd.DataFrame({c: pd.Series(dtype="int64" if c in ("slot", "start_ns", "end_ns") else object)

@@ -79,7 +79,7 @@ def run_pages_doc(run: Run, progress: Progress | None = None) -> dict:
            "views": {}, "scripts": {}}
     for i, view in enumerate(VIEWS, 1):
         step(i)
-        doc["views"][view] = view_document(run.path, view, view_signature(run.path, view))
+        doc["views"][view] = view_document(run.path, view, view_signature(run.path, view), run)
     step(len(steps) - 1)
     doc["forecast"] = forecasts(run)
     return doc

@@ -127,21 +127,18 @@ def critical_path_view(run: Run) -> dict:
     """The task graph's critical path (measured, else structural), the path through messages with its wait states
     (runs whose transfers link calls), and the data-state graph with its path (recorded data states, else those
     derived from the tasks), as the report's critical-path section computes them."""
-    from flowscope.analysis.critical_path import (
-        data_state_path,
-        task_graph_paths,
-        work_units,
-    )
+    from flowscope.analysis.critical_path import data_state_path
+    from flowscope.analysis.critical_path.task_paths import run_task_paths, run_units
     from flowscope.analysis.dataflow import data_states_from_tasks
     from flowscope.analysis.message_path import LATE_RECEIVER, LATE_SENDER, message_path
 
     t0 = _t0(run)
     out: dict[str, Any] = {"task_path": None, "message_path": None, "data_states": None, "errors": []}
-    units = work_units(run)
+    units = run_units(run)
     tasks = int(units["task_key"].notna().sum())
     if tasks:
         try:
-            tp = task_graph_paths(units, run.table("dependencies"), run.table("transfers"))
+            tp = run_task_paths(run)
         except ValueError as exc:
             out["errors"].append(f"the task graph's critical path: {exc}")
         else:
@@ -445,12 +442,14 @@ def view_signature(run_dir: Path, view: str) -> tuple:
     return (status, *(len(segment_files(run_dir, t)) for t in VIEWS[view][1]))
 
 
-def view_document(run_dir: Path, view: str, signature: tuple) -> dict:
+def view_document(run_dir: Path, view: str, signature: tuple, run: Run | None = None) -> dict:
     """``view`` of the run as a dashboard page receives it: the view's JSON (or ``failed``: why it could not be
     computed), with ``view``, ``compute_s``, ``status`` and ``segments`` (per table read, from ``signature``, taken
-    by :func:`view_signature` before computing)."""
+    by :func:`view_signature` before computing). ``run``: the run opened already, for a caller computing several
+    views (what one view memoises, the next reuses); it is left open."""
     fn, tables = VIEWS[view]
-    run = Run(run_dir)
+    own = run is None
+    run = Run(run_dir) if own else run
     t0 = time.perf_counter()
     try:
         doc = json_safe(fn(run))
@@ -458,7 +457,8 @@ def view_document(run_dir: Path, view: str, signature: tuple) -> dict:
         log.exception("the %s view of %s failed", view, run_dir.name)
         doc = {"failed": f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"}
     finally:
-        run.close()
+        if own:
+            run.close()
     doc["view"] = view
     doc["compute_s"] = time.perf_counter() - t0
     doc["status"] = signature[0]

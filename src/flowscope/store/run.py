@@ -6,7 +6,8 @@ import json
 import re
 import threading
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import duckdb
 import pyarrow as pa
@@ -19,6 +20,8 @@ from flowscope.store.layout import RUN_JSON, read_json, segment_files
 
 if TYPE_CHECKING:
     import pandas as pd
+
+T = TypeVar("T")
 
 
 _DUCK_TYPES = {"int": "BIGINT", "float": "DOUBLE", "str": "VARCHAR"}
@@ -86,6 +89,8 @@ class Run:
         #: what the connection's views were made for: which tables had segments, and the mappings (as JSON)
         self._views_state: tuple | None = None
         self._lock = threading.Lock()
+        #: name -> (the run's state it was computed for, value): see :meth:`memo`
+        self._memo: dict[str, tuple[tuple, Any]] = {}
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r})"
@@ -204,7 +209,27 @@ class Run:
             _reraise_damage(exc, self.path)
             raise
 
+    def state(self) -> tuple:
+        """What every read of the run depends on: each table's segment files, and the semantic mappings."""
+        tables = {**TABLES, **DERIVED_TABLES}
+        return (tuple(tuple(p.name for p in segment_files(self.path, t)) for t in tables),
+                json.dumps(self.mappings(), sort_keys=True, default=str))
+
+    def memo(self, name: str, compute: Callable[[], T]) -> T:
+        """``compute()``, computed once per :meth:`state` of the run and kept on this object: several analyses
+        of one run that need the same intermediate (the resources' timeline, the task graph) compute it once,
+        and a segment written since, in any table, makes the next call compute it again. The value is shared:
+        callers must not change it."""
+        state = self.state()
+        hit = self._memo.get(name)
+        if hit is not None and hit[0] == state:
+            return hit[1]
+        value = compute()
+        self._memo[name] = (state, value)
+        return value
+
     def close(self) -> None:
+        self._memo.clear()
         with self._lock:
             if self._con is not None:
                 self._con.close()

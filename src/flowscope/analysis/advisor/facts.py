@@ -40,6 +40,9 @@ class RunFacts:
     wall_start_ns: int
     wall_end_ns: int
     submissions: pd.DataFrame
+    #: the run's state (``Run.state``) when these facts were read: while it holds, the run's memoised task graph
+    #: and paths are these facts' own
+    state: tuple | None = None
     _replays: dict = field(default_factory=dict)
 
     @property
@@ -63,13 +66,20 @@ class RunFacts:
         """The task graph's critical paths (:class:`~flowscope.analysis.critical_path.TaskPaths`), None without
         units of work or when the tables break the analysis' rules."""
         from flowscope.analysis.critical_path import task_graph_paths
+        from flowscope.analysis.critical_path.task_paths import run_task_paths
 
         if not len(self.units):
             return None
         try:
+            if self._unchanged():
+                return run_task_paths(self.run)
             return task_graph_paths(self.units, self.dependencies, self.transfers)
         except ValueError:
             return None
+
+    def _unchanged(self) -> bool:
+        """Whether the run is as it was when these facts were read (then what it memoised is theirs)."""
+        return self.state is not None and self.run.state() == self.state
 
     def replay_s(self, scale: Mapping[str, float] | None = None,
                  scale_tasks: Mapping[str, float] | None = None, placement: str = "observed") -> float | None:
@@ -91,7 +101,10 @@ class RunFacts:
     def task_graph(self):
         """The task graph every replay of this run starts from (built once: a build reads every unit's attrs)."""
         from flowscope.analysis.critical_path.task_graph import _task_graph
+        from flowscope.analysis.critical_path.task_paths import run_task_graph
 
+        if self._unchanged():
+            return run_task_graph(self.run)
         return _task_graph(self.units, self.dependencies, self.transfers)
 
     def gain_s(self, scale: Mapping[str, float] | None = None,
@@ -142,9 +155,10 @@ def _wall(run: Run, tasks: pd.DataFrame) -> tuple[int, int]:
 
 def run_facts(run: Run) -> RunFacts:
     """Gather what the advisor reads from ``run`` (:class:`RunFacts`)."""
-    from flowscope.analysis.critical_path import work_units
+    from flowscope.analysis.critical_path.task_paths import run_units
 
-    units = work_units(run)
+    state = run.state()
+    units = run_units(run)
     # the units of work (tasks; else a resource's outermost spans or timed I/O operations), the last execution of
     # each key (a retried task, a lost worker's: the one that counted), with where they ran
     u = units.sort_values("end_ns", kind="stable").drop_duplicates("task_key", keep="last")
@@ -169,4 +183,4 @@ def run_facts(run: Run) -> RunFacts:
     w0, w1 = _wall(run, tasks)
     return RunFacts(run=run, tasks=tasks, units=units, dependencies=run.table("dependencies"),
                     transfers=run.table("transfers"), slots=n_slots, wall_start_ns=w0, wall_end_ns=w1,
-                    submissions=subs)
+                    submissions=subs, state=state if run.state() == state else None)

@@ -28,6 +28,7 @@ from flowscope.analysis.critical_path.task_graph import (
     TASK_UNIT,
     _task_graph,
     _TaskGraph,
+    work_units,
 )
 from flowscope.analysis.timeline import MEASURED, task_timeline
 
@@ -204,9 +205,31 @@ def task_graph_paths(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame 
     times as weights: the makespan with unlimited workers). Times in ``steps`` of the structural path are
     offsets from 0. When any task span's times were derived rather than measured (its attrs' ``time_source``),
     there is no measured path (None): a derived timeline has no observed waits to trace through."""
-    timeline = task_timeline(spans) or MEASURED
-    g = _task_graph(spans, dependencies, transfers)
+    return _paths(_task_graph(spans, dependencies, transfers), task_timeline(spans) or MEASURED)
+
+
+def _paths(g: _TaskGraph, timeline: str) -> TaskPaths:
     return TaskPaths(_measured_path(g) if timeline == MEASURED else None, _structural_path(g), timeline)
+
+
+def run_units(run) -> pd.DataFrame:
+    """:func:`work_units` of ``run``, read once per state of the run (``Run.memo``): the frame is shared, callers
+    must not change it."""
+    return run.memo("work_units", lambda: work_units(run))
+
+
+def run_task_graph(run) -> _TaskGraph:
+    """The task graph of ``run``'s units of work, dependencies and transfers, built once per state of the run
+    (``Run.memo``; a build reads every unit's attrs): what :func:`run_task_paths` and every replay of the run
+    start from."""
+    return run.memo("task_graph", lambda: _task_graph(run_units(run), run.table("dependencies"),
+                                                      run.table("transfers")))
+
+
+def run_task_paths(run) -> TaskPaths:
+    """:func:`task_graph_paths` of ``run``'s units of work, dependencies and transfers, computed once per state of
+    the run (``Run.memo``): the critical-path page and the advisor share it."""
+    return run.memo("task_paths", lambda: _paths(run_task_graph(run), task_timeline(run_units(run)) or MEASURED))
 
 
 def slack(spans: pd.DataFrame | pa.Table, dependencies: pd.DataFrame | pa.Table,
