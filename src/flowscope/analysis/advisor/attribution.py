@@ -16,7 +16,6 @@ note saying how it was measured or what would supply it; the rows sum to the wal
 
 from __future__ import annotations
 
-import itertools
 import json
 
 import numpy as np
@@ -113,26 +112,34 @@ def _slot_waits(steps: pd.DataFrame, facts: RunFacts, span_of: dict, t0: int) ->
     """Per compute step of the path (key, start): the stretch of it during which the next task on the path, which
     the path reaches through this one's resource rather than through its data, was already ready (its inputs
     done): that task was queued behind this one."""
-    deps = facts.dependencies
     tasks = steps[(steps["kind"] == UNIT_STEP) & (steps["duration_ns"] > 0)]
-    needs: dict[str, list[str]] = {}
+    if len(tasks) < 2:
+        return {}
+    ids = tasks["id"].to_numpy(dtype=object)
+    starts, ends = tasks["start_ns"].to_numpy(np.int64), tasks["end_ns"].to_numpy(np.int64)
+    n = len(tasks) - 1  # pairs (p, v) of consecutive tasks on the path
+    follows_data = np.zeros(n, dtype=bool)
+    never = np.iinfo(np.int64).min
+    ready = np.full(n, never, dtype=np.int64)
+    deps = facts.dependencies
     if len(deps):  # the inputs of the path's tasks only: grouping every task's took seconds at 100,000 tasks
         d = deps[["task_key", "depends_on"]]
-        d = d[d["task_key"].astype(str).isin(set(tasks["id"].astype(str)))].drop_duplicates()
-        for k, g in d.groupby("task_key", sort=False):
-            needs[str(k)] = [str(x) for x in g["depends_on"]]
-    out = {}
-    rows = list(tasks.itertuples(index=False))
-    for p, v in itertools.pairwise(rows):
-        inputs = needs.get(str(v.id), [])
-        if str(p.id) in inputs:
-            continue  # the path went through v's data: v waited for p's output, not for a slot
-        ends = [span_of[k][1] for k in inputs if k in span_of]
-        ready = max(ends) if ends else t0
-        a, b = max(int(ready), int(p.start_ns)), int(p.end_ns)
-        if b > a:
-            out[(p.id, int(p.start_ns))] = (a, b)
-    return out
+        d = d[d["task_key"].astype(str).isin(set(tasks["id"].astype(str)))].drop_duplicates().astype(str)
+        pairs = pd.DataFrame({"i": np.arange(n), "p": ids[:-1].astype(str), "v": ids[1:].astype(str)})
+        m = pairs.merge(d, left_on="v", right_on="task_key", how="inner")
+        i = m["i"].to_numpy(np.int64)
+        # the path went through v's data: v waited for p's output, not for a slot
+        np.logical_or.at(follows_data, i, (m["depends_on"] == m["p"]).to_numpy(bool))
+        known = pd.Index(list(span_of))
+        at = known.get_indexer(m["depends_on"])
+        input_end = np.array([e for _, e in span_of.values()], dtype=np.int64)
+        has = at >= 0
+        np.maximum.at(ready, i[has], input_end[at[has]])
+    ready = np.where(ready == never, t0, ready)
+    a = np.maximum(ready, starts[:-1])
+    b = ends[:-1]
+    keep = np.flatnonzero(~follows_data & (b > a))
+    return {(ids[k], int(starts[k])): (int(a[k]), int(b[k])) for k in keep}
 
 
 def attribute(facts: RunFacts) -> pd.DataFrame:
@@ -255,13 +262,12 @@ def _compute_steps(idx: np.ndarray, s_all: np.ndarray, e_all: np.ndarray, keys: 
             got[j, at] = _overlaps(union, s[at], e[at])
         got[3, at] = got[2, at]
         # the slot wait of each step: one interval, its part not yet covered
-        for i in at:
-            w = waited.get((keys[idx[i]], int(s[i])))
-            if w is None:
-                continue
-            a, b = max(int(w[0]), int(s[i])), min(int(w[1]), int(e[i]))
-            if b > a:
-                got[3, i] += (b - a) - int(_overlaps(union, np.array([a]), np.array([b]))[0])
+        w = np.array([waited.get((k, int(t)), (0, 0)) for k, t in zip(keys[idx[at]], s[at])],
+                     dtype=np.int64).reshape(-1, 2)
+        has = np.array([(k, int(t)) in waited for k, t in zip(keys[idx[at]], s[at])], dtype=bool)
+        wa, wb = np.maximum(w[:, 0], s[at]), np.minimum(w[:, 1], e[at])
+        has &= wb > wa
+        got[3, at[has]] += (wb - wa)[has] - _overlaps(union, wa[has], wb[has])
     ns["gc_event_loop"] += int(got[0].sum())
     ns["spilling"] += int((got[1] - got[0]).sum())
     ns["io"] += int((got[2] - got[1]).sum())
