@@ -487,3 +487,25 @@ def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded
         asyncio.run(pages())
     finally:
         collector.shutdown()
+
+
+def test_pending_segments_are_read_ahead_in_their_order_and_a_damaged_one_is_reported_in_its_place(recorded, tmp_path):
+    import shutil
+
+    from flowscope.analysis.live import read_pending
+
+    run_dir = tmp_path / recorded.name
+    shutil.copytree(recorded, run_dir)
+    run = Run(run_dir)
+    expected = _segments(run_dir)
+    assert len(expected) > 8  # more than the read-ahead below, so that reads overlap
+    damaged = next(p for t, sid, p in pending_segments(run_dir, LiveRun(run.meta, run.mappings()))
+                   if t == "spans")
+    damaged.write_bytes(damaged.read_bytes()[:40])  # a truncated segment
+    got = list(read_pending(run_dir, LiveRun(run.meta, run.mappings()), ahead=4))
+    assert [(t, sid) for t, sid, _, _ in got] == [(t, sid) for t, sid, _ in expected]
+    for (t, sid, path, data), (_, _, want) in zip(got, expected):
+        if path == damaged:
+            assert isinstance(data, Exception) and not isinstance(data, pa.Table)
+        else:
+            assert data.equals(want)

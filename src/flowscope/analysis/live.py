@@ -15,8 +15,12 @@ snapshot (or delta) numbered ``seq``.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import threading
 from collections import Counter
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -652,3 +656,33 @@ def pending_segments(run_dir: Path, live: LiveRun) -> list[tuple[str, str, Path]
             if not live.applied(table, sid):
                 out.append((table, sid, path))
     return out
+
+
+#: how many segments :func:`read_pending` reads ahead of the one being applied
+READ_AHEAD = 8
+
+
+def read_pending(run_dir: Path, live: LiveRun, ahead: int = READ_AHEAD) -> Iterator[tuple[str, str, Path, Any]]:
+    """:func:`pending_segments`, each with its rows read (an Arrow table with the table's schema), in that order;
+    up to ``ahead`` are read in parallel while the caller applies the one before (pyarrow reads without holding
+    the GIL: a finished run's thousand segments are read in about half the time). A segment that cannot be read
+    comes with the exception instead of rows, in its place; the rest are still read."""
+    import pyarrow.parquet as pq
+
+    from flowscope.model.schemas import schema
+
+    def read(item: tuple[str, str, Path]) -> Any:
+        try:
+            return pq.read_table(item[2], schema=schema(item[0]))
+        except (OSError, pa.ArrowInvalid) as exc:
+            return exc
+
+    pending = iter(pending_segments(run_dir, live))
+    with ThreadPoolExecutor(max_workers=min(4, max(1, ahead)), thread_name_prefix="flowscope-read") as pool:
+        queued = collections.deque((item, pool.submit(read, item)) for item in itertools.islice(pending, ahead))
+        while queued:
+            item, future = queued.popleft()
+            nxt = next(pending, None)
+            if nxt is not None:
+                queued.append((nxt, pool.submit(read, nxt)))
+            yield (*item, future.result())

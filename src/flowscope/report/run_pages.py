@@ -15,12 +15,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow.parquet as pq
-
-from flowscope.model.schemas import schema
 from flowscope.report.snapshot import DOC_ID, asset_text, embed_json, inline_script
 from flowscope.report.views import PAGES, VIEWS, view_document, view_signature
-from flowscope.store.run import Run
+from flowscope.store.run import DamagedSegment, Run
 from flowscope.ui import static_dir
 
 #: the forecast panel's default share of the resources; the file holds each state's forecast at it
@@ -36,12 +33,14 @@ Progress = Callable[[str, int, int], None]
 def live_snapshot(run: Run) -> dict:
     """The overview's live view of ``run`` as its socket's first message: the view built from the run's segments,
     with the run's status and end."""
-    from flowscope.analysis.live import LiveRun, pending_segments
+    from flowscope.analysis.live import LiveRun, read_pending
 
     live = LiveRun(run.meta, run.mappings())
     try:
-        for table, sid, path in pending_segments(run.path, live):
-            live.apply(table, sid, pq.read_table(path, schema=schema(table)))
+        for table, sid, path, data in read_pending(run.path, live):
+            if isinstance(data, Exception):
+                raise DamagedSegment(path, str(data))
+            live.apply(table, sid, data)
         snap = live.snapshot()
     finally:
         live.close()

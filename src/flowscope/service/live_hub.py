@@ -22,11 +22,8 @@ import weakref
 from collections import deque
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 
-from flowscope.analysis.live import LiveRun, pending_segments
-from flowscope.model.schemas import schema
+from flowscope.analysis.live import LiveRun, read_pending
 from flowscope.service.json_text import encode
 from flowscope.store.layout import RUN_JSON, read_json
 from flowscope.store.run import Run
@@ -121,11 +118,9 @@ class Watched:
                 meta = None
             if meta is not None and self._closed is not None:
                 self.status(meta.get("status"), meta.get("end_ns"))
-        for table, sid, path in pending_segments(self.run_dir, self.live):
-            try:
-                data = pq.read_table(path, schema=schema(table))
-            except (OSError, pa.ArrowInvalid) as exc:  # a damaged segment must not stop the view: left out, logged
-                log.warning("the dashboard skips %s: %s", path, exc)
+        for table, sid, path, data in read_pending(self.run_dir, self.live):
+            if isinstance(data, Exception):  # a damaged segment must not stop the view: left out, logged
+                log.warning("the dashboard skips %s: %s", path, data)
                 continue
             with self.lock:
                 self._apply(table, sid, data)
