@@ -74,9 +74,10 @@ def data_states_from_tasks(run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
     states: list[dict] = [{"state_id": "start", "label": "start", "size_bytes": None, "ts_ns": t0, "origin": None,
                            "location": None, "attrs": None}]
     muts: list[dict] = []
-    for r in tasks.itertuples(index=False):
-        states.append({"state_id": r.key, "label": r.key, "size_bytes": r.nbytes, "ts_ns": int(r.end),
-                       "origin": r.group, "location": f"{r.worker}:memory" if r.worker else None, "attrs": None})
+    states += [{"state_id": k, "label": k, "size_bytes": n, "ts_ns": e, "origin": g,
+                "location": f"{w}:memory" if w else None, "attrs": None}
+               for k, n, e, g, w in zip(tasks["key"], tasks["nbytes"], tasks["end"].tolist(), tasks["group"],
+                                        tasks["worker"])]
     # transferred copies: the first arrival of a key on a worker
     copies: dict[tuple[str, str], str] = {}
     transfers = run.table("transfers")
@@ -97,28 +98,12 @@ def data_states_from_tasks(run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
                          "application": group_of[key],
                          "attrs": json.dumps({"start_ns": max(int(r.start_ns), end_of[key]),
                                               "nbytes": None if pd.isna(r.nbytes) else int(r.nbytes)})})
-    copy_ts = {sid: s["ts_ns"] for s in states for sid in [s["state_id"]]}
     deps = run.table("dependencies")[["task_key", "depends_on"]].astype(str).drop_duplicates()
     deps = deps[deps["task_key"].isin(by_key.index) & deps["depends_on"].isin(by_key.index)]
-    inputs: dict[str, list[str]] = {}
-    for k, u in zip(deps["task_key"], deps["depends_on"]):  # in the table's order, as a groupby would list them
-        inputs.setdefault(k, []).append(u)
-    for r in tasks.itertuples(index=False):
-        ins = inputs.get(r.key, [])
-        start_attr = f'{{"start_ns": {int(r.start)}}}'  # json.dumps's text, without its per-call cost
-        if not ins:
-            muts.append({"src_state_id": "start", "dst_state_id": r.key, "kind": "CONVERT", "application": r.group,
-                         "attrs": start_attr})
-            continue
-        kind = "MERGE" if len(ins) > 1 else "CONVERT"
-        for u in ins:
-            src = copies.get((u, r.worker)) if r.worker else None
-            if src is None or copy_ts[src] > int(r.end):
-                src = u
-            muts.append({"src_state_id": src, "dst_state_id": r.key, "kind": kind, "application": r.group,
-                         "attrs": start_attr})
+    consumed = _consumptions(tasks, deps, copies, states)
+    transferred = len(muts)
     _files(run, tasks, by_key, states, muts)
-    return _monotone(_states(states), _mutations(muts))
+    return _monotone(_states(states), _mutations(muts[:transferred], consumed, muts[transferred:]))
 
 
 def _monotone(states: pd.DataFrame, muts: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -214,7 +199,45 @@ def _states(rows: list[dict]) -> pd.DataFrame:
     return df
 
 
-def _mutations(rows: list[dict]) -> pd.DataFrame:
-    df = pd.DataFrame(rows, columns=["src_state_id", "dst_state_id", "kind", "application", "attrs"])
+_MUTATION_COLUMNS = ["src_state_id", "dst_state_id", "kind", "application", "attrs"]
+
+
+def _consumptions(tasks: pd.DataFrame, deps: pd.DataFrame, copies: dict[tuple[str, str], str],
+                  states: list[dict]) -> pd.DataFrame:
+    """The mutations that make each task's output, in the tasks' order: a CONVERT from ``start`` for a task
+    without inputs; else one per input (a MERGE when there are several), from the copy of the input on the
+    task's worker when it had arrived by the task's end, from the input itself otherwise."""
+    pos = pd.Series(np.arange(len(tasks)), index=tasks["key"].to_numpy())
+    d = deps.reset_index(drop=True)
+    at = pos.reindex(d["task_key"].to_numpy()).to_numpy(np.int64)
+    worker = tasks["worker"].to_numpy(object)[at]
+    ends = tasks["end"].to_numpy(np.int64)[at]
+    copy_ts = {s["state_id"]: s["ts_ns"] for s in states}
+    src = d["depends_on"].to_numpy(object).copy()
+    for i, (u, w) in enumerate(zip(src, worker)):
+        if w:
+            sid = copies.get((u, w))
+            if sid is not None and copy_ts[sid] <= ends[i]:
+                src[i] = sid
+    n_inputs = np.bincount(at, minlength=len(tasks))
+    alone = np.flatnonzero(n_inputs == 0)
+    # the tasks' order, each task's inputs in the table's order
+    task_at = np.concatenate([at, alone])
+    order = np.lexsort((np.arange(len(task_at)), task_at))
+    task_at = task_at[order]
+    src = np.concatenate([src, np.full(len(alone), "start", dtype=object)])[order]
+    kind = np.where(n_inputs[task_at] > 1, "MERGE", "CONVERT").astype(object)
+    starts = tasks["start"].to_numpy(np.int64)[task_at]
+    return pd.DataFrame({"src_state_id": src, "dst_state_id": tasks["key"].to_numpy(object)[task_at],
+                         "kind": kind, "application": tasks["group"].to_numpy(object)[task_at],
+                         # json.dumps({"start_ns": ...})'s text, without its per-row cost
+                         "attrs": np.array([f'{{"start_ns": {v}}}' for v in starts.tolist()], dtype=object)},
+                        columns=_MUTATION_COLUMNS)
+
+
+def _mutations(*parts: list[dict] | pd.DataFrame) -> pd.DataFrame:
+    frames = [p if isinstance(p, pd.DataFrame) else pd.DataFrame(p, columns=_MUTATION_COLUMNS) for p in parts]
+    frames = [f for f in frames if len(f)] or frames[:1]
+    df = pd.concat(frames, ignore_index=True) if len(frames) > 1 else frames[0].reset_index(drop=True)
     df.insert(0, "mutation_id", [f"m{i}" for i in range(len(df))])
     return df
