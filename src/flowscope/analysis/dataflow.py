@@ -56,7 +56,9 @@ def _opens_for_writing(op: str, attrs: dict) -> bool | None:
 
 def data_states_from_tasks(run: Run) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(data_states, mutations) of a Dask run, in the canonical columns (see the module docstring)."""
-    t = run.sql("SELECT * EXCLUDE (name), \"group\" AS name FROM activity WHERE role = 'task' AND task_key IS NOT NULL")
+    # in a fixed order, so that tasks ending at the same nanosecond keep theirs from one call to the next
+    t = run.sql("""SELECT * EXCLUDE (name), "group" AS name FROM activity WHERE role = 'task' AND task_key IS NOT NULL
+                   ORDER BY end_ns, task_key, start_ns, span_id""")
     # a key computed twice (recomputed after a worker left, or run again by a later graph): its dependents
     # read the first result
     t = t.sort_values("end_ns", kind="stable").drop_duplicates("task_key", keep="first")
