@@ -378,8 +378,13 @@ class LiveRun:
             if cur is None:
                 g = gnames[gidx[first_row[key_i]]]
                 cur = self._state[key] = [0, None, g]
-                self._groups.setdefault(g, Counter())["total"] += 1
-            counts = self._groups.setdefault(cur[2], Counter())
+                counts = self._groups.get(g)
+                if counts is None:
+                    counts = self._groups[g] = Counter()
+                counts["total"] += 1
+            counts = self._groups.get(cur[2])
+            if counts is None:  # (not setdefault: it would build a Counter per task to throw away)
+                counts = self._groups[cur[2]] = Counter()
             old, state = cur[1], states[sidx[row_i]]
             if old is not None:
                 self._by_state[old] -= 1

@@ -53,13 +53,10 @@ def forecasts(run: Run, fraction: float = FORECAST_FRACTION) -> dict:
     """The forecast panel's answers for each state at ``fraction``, as the forecast route gives them (status, body)."""
     from flowscope.analysis.forecast import predict
     from flowscope.analysis.forecast.signal import EVENTS
-    from flowscope.analysis.timeline import resource_states
-
-    states = resource_states(run)  # every state's signal is drawn from the same timeline
     by_event = {}
-    for event in EVENTS:
+    for event in EVENTS:  # (each state's signal is drawn from one timeline of the run: Run.memo)
         try:
-            by_event[event] = {"status": 200, "body": predict(run, event, fraction, None, states=states).as_dict()}
+            by_event[event] = {"status": 200, "body": predict(run, event, fraction, None).as_dict()}
         except ValueError as exc:  # nothing to sample: what the route answers
             by_event[event] = {"status": 409, "body": {"error": str(exc)}}
     return {"fraction": fraction, "by_event": by_event}

@@ -133,17 +133,16 @@ def predict_signal(sig: EventSignal, fraction: float, window: int, alpha: float 
 
 
 def predict(run: Run, event: str = "idle", fraction: float = 0.25, model: WindowModel | None = None, *,
-            window: int | None = None, alpha: float = ALPHA, states: pd.DataFrame | None = None) -> Prediction:
+            window: int | None = None, alpha: float = ALPHA) -> Prediction:
     """The prediction phase over ``run`` (finished, or live: what it holds so far): frame by frame, the
     likelihood that at least ``fraction`` of its resources are in state ``event`` in the next frame, what
     happened, and the KS hit rate. The frame size is ``window`` if given, else ``model``'s window for the
-    run's size, else the documented default (the result's ``note`` says which and why). ``states``: the run's
-    :func:`~flowscope.analysis.timeline.resource_states`, when the caller has them already."""
+    run's size, else the documented default (the result's ``note`` says which and why)."""
     check_event(event)
     f = check_fraction(fraction)
     if model is not None and model.event != event:
         raise ValueError(f"model: built for event {model.event!r}, asked for {event!r}")
-    sig = run_signal(run, event, states=states)
+    sig = run_signal(run, event)
     tasks = run_tasks(run)
     w, source, note = choose_window(model, sig.resources, tasks, len(sig.counts), window)
     k, frames, nxt = predict_signal(sig, f, w, alpha)

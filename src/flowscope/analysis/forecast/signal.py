@@ -217,10 +217,23 @@ def run_signal(run: Run, event: str, *, max_rate_hz: float = MAX_RATE_HZ, max_sa
     """The occurrence signal of ``event`` over ``run``'s executing resources (see :func:`event_signal`), each
     counted at most as many times as it has slots (:func:`fold_extra_lanes`)."""
     check_event(event)
-    st = resource_states(run) if states is None else states
-    st = fold_extra_lanes(st, declared_slots(run)) if len(st) else st
+    if states is None:
+        st = _held_states(run)
+    else:
+        st = fold_extra_lanes(states, declared_slots(run)) if len(states) else states
     return event_signal(st, event, always_idle=unused_slots(run, st), max_rate_hz=max_rate_hz,
                         max_samples=max_samples, period_ns=period_ns)
+
+
+def _held_states(run: Run) -> pd.DataFrame:
+    """The run's :func:`resource_states` held to each resource's declared slots (:func:`fold_extra_lanes`), once per
+    state of the run (``Run.memo``): the signals of every state are drawn from it. Shared: not to be changed."""
+    def held() -> pd.DataFrame:
+        st = resource_states(run)
+        return fold_extra_lanes(st, declared_slots(run)) if len(st) else st
+
+    memo = getattr(run, "memo", None)
+    return memo("held_resource_states", held) if memo else held()
 
 
 def run_tasks(run: Run) -> int:
