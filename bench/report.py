@@ -1,5 +1,5 @@
-"""The HTML report at scale: time to build and size of the report of a real 100,000-task Dask run, beside
-Dask's own ``distributed.performance_report`` of the same computation.
+"""The HTML report at scale: time to build and size of the report (the run's dashboard pages as one offline file)
+of a real 100,000-task Dask run, beside Dask's own ``distributed.performance_report`` of the same computation.
 
 One real run: a DAG of tiny tasks (``load`` leaves, one ``inc`` each, then a binary tree of ``add`` down
 to one key; about ``--tasks`` tasks in all) on ``LocalCluster(n_workers=2, threads_per_worker=2)``, recorded
@@ -14,7 +14,8 @@ with ``flowscope.sources.dask.observe`` and flowscope's hardware sampler (1 s), 
 Measured (the run itself happens once; the cluster stays up after it):
 
 * flowscope -- ``flowscope.report.write_report(open_run(run_dir), path)``: the run read from its Parquet
-  files through DuckDB, every chart and table built, the file written. A fresh ``Run`` every time. This is
+  files through DuckDB, the live view's snapshot, every analysis page's view (the advisor, the critical path,
+  the profile, the charts, the anomalies, the logs) and the forecasts computed, the file written. A fresh ``Run`` every time. This is
   the in-process figure (``value``), what ``flowscope run`` / ``observe`` do at the end of a run, and the one
   timed the same way as the peer (both inside a running Python process).
 * ``flowscope report RUN -o OUT`` -- the same, as a user runs it afterwards: a new Python process, start-up
@@ -26,11 +27,12 @@ Measured (the run itself happens once; the cluster stays up after it):
   scheduler's state (the cluster is idle by then).
 
 Checked before any time is printed: the graph's result, one task span per task in the run, and that every report
-built covers the run's tasks (flowscope's breakdown table and performance_report's summary both give the number of
-tasks; each must equal the graph's). flowscope and the peers alternate (the order rotates every repetition); the
+built covers the run's tasks (flowscope's breakdown, in the file's embedded document, and performance_report's
+summary both give the number of tasks; each must equal the graph's). flowscope and the peers alternate (the order rotates every repetition); the
 figures are medians. Sizes
 are the files' sizes on disk. With ``--render`` (default when Chromium and Playwright are there) the
-time headless Chromium takes to load flowscope's report and draw every chart is measured too (once).
+time headless Chromium takes to open flowscope's report and draw its overview with every task in the stream, then
+its critical-path page, is measured too (once).
 Writes ``bench/results/report.json`` (format: DESIGN.md, "Benchmarks") and prints one summary line last.
 
     python bench/report.py                   # 100,000 tasks, 5 repetitions (a few minutes)
@@ -42,6 +44,7 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import json
 import re
 import shutil
 import statistics
@@ -145,22 +148,33 @@ def exit_peer(report, filename: Path) -> dict:
     return {"seconds": took, "bytes": filename.stat().st_size, "path": filename}
 
 
-# what each report says it covers: flowscope's breakdown table ("computation ... 1,018 tasks"), the summary of
-# Dask's performance_report ("number of tasks: 1018")
-_TASKS_SHOWN = {"flowscope": re.compile(r'<td class="l">computation</td>.*?<td class="">([\d,]+) tasks</td>'),
-                "dask": re.compile(r"number of tasks: (\d+)")}
+# what each report says it covers: the compute row of flowscope's breakdown (the profile page's view, in the file's
+# embedded document), the summary of Dask's performance_report ("number of tasks: 1018")
+_DOC = re.compile(r'<script type="application/json" id="flowscope-doc">(.*?)</script>', re.DOTALL)
+_DASK_TASKS = re.compile(r"number of tasks: (\d+)")
 
 
 def tasks_shown(path: Path, kind: str) -> int:
     """The number of tasks the report at ``path`` (``kind``: flowscope or dask) says it covers."""
-    m = _TASKS_SHOWN[kind].search(path.read_text(encoding="utf-8", errors="replace"))
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if kind == "dask":
+        m = _DASK_TASKS.search(text)
+        if m is None:
+            raise BenchError(f"{path}: no task count found in the dask report")
+        return int(m.group(1))
+    m = _DOC.search(text)
     if m is None:
-        raise BenchError(f"{path}: no task count found in the {kind} report")
-    return int(m.group(1).replace(",", ""))
+        raise BenchError(f"{path}: no embedded document in flowscope's report")
+    rows = json.loads(m.group(1))["views"]["profile"].get("breakdown") or []
+    counts = [r["count"] for r in rows if r["category"] == "compute" and r["count"] is not None]
+    if not counts:
+        raise BenchError(f"{path}: no compute row in flowscope's breakdown")
+    return int(counts[0])
 
 
-def render_seconds(path: Path) -> dict | None:
-    """Headless Chromium: from navigation to every chart drawn, offline; None without a browser."""
+def render_seconds(path: Path, tasks: int) -> dict | None:
+    """Headless Chromium, offline: from navigation to the report's first page (the overview) drawn with every
+    task in its stream, and to its critical-path page drawn; None without a browser."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
@@ -177,11 +191,15 @@ def render_seconds(path: Path) -> dict | None:
             page.route("http*://**", lambda route: route.abort())
             t0 = time.perf_counter()
             page.goto(path.resolve().as_uri(), wait_until="load", timeout=180_000)
-            page.wait_for_function("() => document.querySelectorAll('.plot').length === "
-                                   "document.querySelectorAll('.js-plotly-plot').length", timeout=180_000)
+            page.wait_for_function(f"() => window.flowscopeLive && flowscopeLive.summary().stream >= {tasks}",
+                                   timeout=180_000)
             took = time.perf_counter() - t0
-            traces = page.evaluate("() => document.getElementById('fig-task-stream').data.length")
-            return {"seconds": round(took, 2), "console_errors": errors[:5], "task_stream_traces": traces}
+            t0 = time.perf_counter()
+            page.goto(path.resolve().as_uri() + "#critical-path", wait_until="load", timeout=180_000)
+            page.wait_for_function("() => window.flowscopeView && flowscopeView.renders > 0", timeout=180_000)
+            cp = time.perf_counter() - t0
+            return {"seconds": round(took, 2), "critical_path_page_seconds": round(cp, 2),
+                    "console_errors": errors[:5]}
         finally:
             browser.close()
 
@@ -333,7 +351,7 @@ def main(argv: list[str] | None = None) -> int:
                     progress.advance(step)
             if args.render != "no":
                 progress.update(step, description="headless Chromium: drawing flowscope's report")
-                render = render_seconds(workdir / "flowscope-r0.html")
+                render = render_seconds(workdir / "flowscope-r0.html", state["tasks"])
                 if render is None and args.render == "yes":
                     raise BenchError(f"--render yes: Playwright or {CHROMIUM} is missing")
                 if render is not None:

@@ -9,7 +9,7 @@ import pandas as pd
 import flowscope
 from flowscope.analysis.anomalies import AnomalyConfig, detect
 from flowscope.analysis.anomalies.reduce import write_reduced
-from flowscope.report import write_report
+from flowscope.report import write_single_page
 from flowscope.report.anomalies import anomaly_section, resource_ranking
 from test_anomalies import synthetic
 from test_report import _errors, open_page, render
@@ -37,7 +37,7 @@ def test_resource_ranking_statistics_per_step():
 def test_anomaly_section_renders_without_console_errors(tmp_path):
     full, reduced, det = _runs(tmp_path)
     assert anomaly_section(full) is None  # a run without an anomalies table gets no section
-    out = write_report(reduced, tmp_path / "report.html")
+    out = write_single_page(reduced, tmp_path / "report.html")
     text = out.read_text()
     assert '<section id="anomalies">' in text and 'href="#anomalies"' in text
     r = render(out)

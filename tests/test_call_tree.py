@@ -360,12 +360,12 @@ def test_the_report_draws_the_flame_graph_and_the_hottest_paths_in_chromium(shar
         require_module("otf2", "the otf2 Python package reads OTF2 archives: pip install -e '.[test]'")
     from test_report import _errors, render
 
-    from flowscope.report import write_report
+    from flowscope.report import write_single_page
     from flowscope.report.page import fmt_duration
 
     run = open_run(import_paths([shared_data / source], tmp_path / "store").run_dir)
     tree = run_call_tree(run)
-    report = write_report(run, tmp_path / "report.html")
+    report = write_single_page(run, tmp_path / "report.html")
     res = render(report)
     assert not _errors(res), _errors(res)
     assert "profile" in res["sections"]
@@ -385,11 +385,11 @@ def test_the_report_draws_the_flame_graph_and_the_hottest_paths_in_chromium(shar
 def test_the_report_draws_every_call_path_as_a_box(pingpong, tmp_path):
     from test_report import open_page
 
-    from flowscope.report import write_report
+    from flowscope.report import write_single_page
 
     _, run = pingpong
     tree = run_call_tree(run)
-    with open_page(write_report(run, tmp_path / "report.html")) as (page, _console, _errors):
+    with open_page(write_single_page(run, tmp_path / "report.html")) as (page, _console, _errors):
         page.wait_for_function("() => document.querySelector('#fig-profile .slice') !== null", timeout=30_000)
         labels = page.evaluate("() => Array.from(document.querySelectorAll('#fig-profile .slice text'))"
                                ".map(t => t.textContent)")
@@ -399,12 +399,12 @@ def test_the_report_draws_every_call_path_as_a_box(pingpong, tmp_path):
 
 
 def test_the_report_of_a_run_without_spans_says_what_gives_a_profile(tmp_path):
-    from flowscope.report import build_report
+    from flowscope.report import build_single_page
 
     with Client("embedded", store=tmp_path / "store", name="empty") as c:
         c.metric("x", 1.0)
         run_dir = c.run_dir
-    html = build_report(run_dir)
+    html = build_single_page(run_dir)
     section = html[html.index('<section id="profile">'):]
     section = section[:section.index("</section>")]
     assert "No data: no spans in this run." in section and "@flowscope.trace" in section

@@ -15,7 +15,7 @@ from test_report import open_page
 
 import flowscope
 from flowscope.analysis.critical_path import data_state_path
-from flowscope.report import write_report
+from flowscope.report import write_single_page
 from flowscope.report.critical_path import GraphLayout, graph_view, to_graphml, to_json
 from flowscope.sim.dag import layered_dag
 
@@ -48,9 +48,9 @@ def test_a_100k_state_graph_opens_collapsed_and_expands_a_group(big_run, tmp_pat
     assert (len(states), len(muts)) == (N_STATES, N_MUTATIONS)
     path = data_state_path(states, muts)
     t0 = time.perf_counter()
-    report = write_report(big_run, tmp_path / "report.html")
+    report = write_single_page(big_run, tmp_path / "report.html")
     took = time.perf_counter() - t0
-    print(f"write_report of {N_STATES:,} states: {took:.1f} s")
+    print(f"write_single_page of {N_STATES:,} states: {took:.1f} s")
     sizes = states.groupby("origin").size()
 
     t0 = time.perf_counter()

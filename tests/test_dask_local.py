@@ -16,11 +16,11 @@ import pytest
 import flowscope
 from flowscope.analysis.critical_path import task_graph_paths
 from flowscope.report import write_report
-from flowscope.report.page import fmt_s
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 import dask_local_workload as workload  # noqa: E402  (the script the runs execute, importable for observe())
+from test_dashboard import WAIT_MS, browser  # noqa: E402,F401  (fixture)
 
 SCHEDULERS = ("threads", "processes", "sync")
 
@@ -193,25 +193,33 @@ def test_a_failing_task_is_recorded_as_an_error_span_and_the_exception_reaches_t
     assert "secret" not in obs.run.sql("SELECT string_agg(message, ' ') AS m FROM logs")["m"][0]
 
 
-def test_the_report_of_a_local_run_draws_the_task_stream_and_the_critical_path(tmp_path):
-    from test_report import _errors, render
+def test_the_report_of_a_local_run_draws_the_task_stream_and_the_critical_path(tmp_path, browser):  # noqa: F811
+    """`flowscope run` writes the run's report (its dashboard pages, opened from disk): the overview's stream has
+    every task, and the critical-path page shows what the analysis computes."""
+    from test_dashboard_pages import check_critical_path_page
+    from test_run_pages_offline import _open
 
     _, seen, run_dir = flowscope_run(tmp_path, "threads", "--sample-period", "0.2")
     run = flowscope.open_run(run_dir)
     path = run_dir / "report.html"
     assert path.is_file(), "flowscope run writes the report"
-    res = render(path)
-    assert not _errors(res), _errors(res)
-    assert res["drawn"].get("fig-task-stream", 0) > 0 and res["drawn"].get("fig-hardware", 0) > 0
-    stream = res["text"]["task-stream"]
+    tasks = int(run.sql("SELECT count(*) AS n FROM activity WHERE role = 'task'")["n"].iloc[0])
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    pg = _open(context, path.as_uri())
+    pg.wait_for_function(f"() => {{ const s = window.flowscopeLive && flowscopeLive.summary(); return s && "
+                         f"s.status === 'finished' && s.stream >= {tasks}; }}", timeout=WAIT_MS)
+    assert pg.evaluate("() => flowscopeLive.summary().stream") == tasks
+    text = pg.locator("body").inner_text()
     for group in ("load", "combine", "write"):
-        assert group in stream, group
+        assert group in text, group
+    cp = _open(context, f"{path.as_uri()}#critical-path")
+    cp.wait_for_function("() => window.flowscopeView && flowscopeView.doc", timeout=WAIT_MS)
+    exp = check_critical_path_page(cp, run_dir)
+    assert exp["task"] is not None, "a measured critical path"
+    assert pg.errors == [] and cp.errors == [] and pg.outside == [] and cp.outside == []
+    context.close()
     spans = run.table("spans")
     tp = task_graph_paths(spans[spans["kind"] == "task"], run.table("dependencies"), run.table("transfers"))
-    cp = res["text"]["critical-path"]
-    assert f"Measured critical path: {fmt_s(tp.measured.length_ns / 1e9)}" in cp
-    assert f"structural (unlimited workers): {fmt_s(tp.structural.length_ns / 1e9)}" in cp
-    assert res["drawn"].get("fig-critical-path-attribution", 0) > 0
     # the structural path is a chain of the graph's own edges
     edges = {(norm(a), norm(b)) for g in seen["graphs"] for a, b in g["edges"]}
     chain = [norm(k) for k in tp.structural.steps["id"] if k in set(spans["task_key"])]

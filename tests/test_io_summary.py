@@ -402,11 +402,11 @@ def test_the_report_draws_the_io_summary_in_chromium(imported, shared_data, tmp_
     with no I/O says what would supply it."""
     from test_report import open_page
 
-    from flowscope.report import write_report
+    from flowscope.report import write_single_page
 
     log = next((shared_data / "darshan" / "mpi_io_test_with_dxt").glob("*.darshan"))
     ref = reference(log)
-    out = write_report(imported[log], tmp_path / "mpi.html")
+    out = write_single_page(imported[log], tmp_path / "mpi.html")
     with open_page(out) as (page, console, errors):
         page.wait_for_function("() => document.querySelectorAll('#io-summary .js-plotly-plot').length >= 4",
                                timeout=60_000)
@@ -424,7 +424,7 @@ def test_the_report_draws_the_io_summary_in_chromium(imported, shared_data, tmp_
     assert "POSIX: bytes per rank over time" in titles and "MPI-IO: bytes per rank over time" in titles
     assert all(d["traces"] > 0 for d in drawn)
 
-    empty = write_report(imported[shared_data / "darshan" / "empty_log" / "empty_log.darshan"], tmp_path / "e.html")
+    empty = write_single_page(imported[shared_data / "darshan" / "empty_log" / "empty_log.darshan"], tmp_path / "e.html")
     with open_page(empty) as (page, console, errors):
         text = page.inner_text("#io-summary")
     assert "no I/O records" in text and "flowscope import job.darshan" in text

@@ -263,11 +263,11 @@ def test_report_draws_the_message_path_and_the_wait_states_in_chromium(planted, 
     attribution chart is drawn, its steps and the waits per rank are listed with the planted amounts."""
     from test_report import _errors, render
 
-    from flowscope.report import write_report
+    from flowscope.report import write_single_page
     from flowscope.report.page import fmt_duration, fmt_s
 
     _, run = planted
-    out = render(write_report(run, tmp_path / "report.html"))
+    out = render(write_single_page(run, tmp_path / "report.html"))
     assert not _errors(out)
     assert out["drawn"].get("fig-message-path-attribution", 0) > 0
     text = out["text"]["critical-path"]

@@ -201,9 +201,9 @@ def test_tasks_by_phase_over_time_are_the_transitions_integrated_per_bin(parsl_r
 def test_the_report_of_a_parsl_run_draws_its_tasks_by_state(parsl_run, tmp_path):
     from conftest import shared_browser
 
-    from flowscope.report import write_report
+    from flowscope.report import write_single_page
 
-    html = write_report(parsl_run, tmp_path / "report.html")
+    html = write_single_page(parsl_run, tmp_path / "report.html")
     page = shared_browser().new_page()
     try:
         page.goto(html.resolve().as_uri(), wait_until="load")

@@ -24,7 +24,7 @@ from flowscope.analysis.breakdown import breakdown
 from flowscope.cli.main import main as cli_main
 from flowscope.model import identifiers as ids
 from flowscope.analysis.critical_path import task_graph_paths
-from flowscope.report import write_report
+from flowscope.report import write_single_page
 from flowscope.report.page import SECTIONS, fmt_s
 from flowscope.sources.dask import observe
 
@@ -146,7 +146,7 @@ def dask_run(tmp_path_factory):
                 time.sleep(0.3)  # a few more hardware samples
         assert np.isfinite(total)
     run = obs.run
-    path = write_report(run)
+    path = write_single_page(run)
     return run, path
 
 
@@ -160,7 +160,7 @@ def sparse_run(tmp_path_factory):
             time.sleep(0.002)
     fs.close()
     run = flowscope.open_run(fs.run_dir)
-    return run, write_report(run, tmp / "sparse.html")
+    return run, write_single_page(run, tmp / "sparse.html")
 
 
 # ---- the browser ----------------------------------------------------------------------------------------------
@@ -227,7 +227,7 @@ def _errors(result: dict) -> list:
 
 def test_the_report_is_one_self_contained_file_with_every_section(dask_run):
     run, path = dask_run
-    assert path == run.path / "report.html" and path.is_file()
+    assert path == run.path / "report-single-page.html" and path.is_file()
     text = path.read_text()
     assert not EXTERNAL.findall(text), "the report must load nothing from the network"
     assert text.count("Plotly.newPlot") >= 5
@@ -305,7 +305,7 @@ def test_a_run_with_only_spans_says_no_data_and_renders_cleanly(sparse_run):
 def test_an_empty_run_renders_with_no_data_everywhere(tmp_path):
     fs = flowscope.Client("embedded", store=tmp_path / "store", name="empty")
     fs.close()
-    path = write_report(fs.run_dir)
+    path = write_single_page(fs.run_dir)
     text = path.read_text()
     assert "Plotly.newPlot" not in text and text.count("No data") >= 7
     res = render(path)
@@ -350,7 +350,7 @@ def test_a_large_run_is_drawn_at_the_detail_of_the_zoom_and_stays_small(tmp_path
     n = 30_000
     run_dir = _large_run(tmp_path, n, 8, 20_000)
     t0 = time.perf_counter()
-    path = write_report(run_dir)
+    path = write_single_page(run_dir)
     took = time.perf_counter() - t0
     text = path.read_text()
     print(f"report of {n:,} task spans written in {took:.1f} s")
@@ -387,20 +387,33 @@ def test_a_large_run_is_drawn_at_the_detail_of_the_zoom_and_stays_small(tmp_path
 
 
 def test_flowscope_report_command(dask_run, tmp_path, capsys):
+    """`flowscope report` writes the run's dashboard pages (the report is a snapshot of the dashboard's views);
+    `--single-page` the one-page report."""
+    from flowscope.report.snapshot import DOC_ID
+
     run, _ = dask_run
     out = tmp_path / "r.html"
     assert cli_main(["report", str(run.path), "-o", str(out)]) == 0
     assert capsys.readouterr().out.strip() == str(out)
-    assert out.stat().st_size > 1_000_000
-    # a directory as the output: report.html in it
+    pages = out.read_text()
+    assert f'id="{DOC_ID}"' in pages and '<template id="page-view">' in pages
+    assert not any(f'<section id="{sid}">' in pages for sid, _ in SECTIONS)  # not the one page
+    one = tmp_path / "one.html"
+    assert cli_main(["report", str(run.path), "--single-page", "-o", str(one)]) == 0
+    assert capsys.readouterr().out.strip() == str(one)
+    single = one.read_text()
+    assert all(f'<section id="{sid}">' in single for sid, _ in SECTIONS) and DOC_ID not in single
+    # a directory as the output: report.html in it (report-single-page.html for the one page)
     outdir = tmp_path / "out"
     outdir.mkdir()
     assert cli_main(["report", str(run.path), "-o", str(outdir)]) == 0
     assert capsys.readouterr().out.strip() == str(outdir / "report.html")
+    assert cli_main(["report", str(run.path), "--single-page", "-o", str(outdir)]) == 0
+    assert capsys.readouterr().out.strip() == str(outdir / "report-single-page.html")
     # by run id in a store, to the default place
     shutil.copytree(run.path, tmp_path / "store" / run.run_id)
     assert cli_main(["report", run.run_id, "--store", str(tmp_path / "store")]) == 0
-    assert (tmp_path / "store" / run.run_id / "report.html").is_file()
+    assert DOC_ID in (tmp_path / "store" / run.run_id / "report.html").read_text()
     capsys.readouterr()  # a slow report shows a progress bar, whose end leaves a newline on stderr
     assert cli_main(["report", "nosuch", "--store", str(tmp_path / "store")]) == 1
     err = capsys.readouterr().err
@@ -413,7 +426,7 @@ def test_write_report_accepts_a_path_and_replaces_the_file_atomically(sparse_run
     target.parent.mkdir()
     target.write_text("old")
     seen = []
-    p = write_report(str(run.path), target, progress=lambda what, done, total: seen.append((what, done, total)))
+    p = write_single_page(str(run.path), target, progress=lambda what, done, total: seen.append((what, done, total)))
     assert p == target and target.read_text().startswith("<!DOCTYPE html>")
     assert [s[0] for s in seen][:2] == ["breakdown", "task stream"] and seen[-1][0] == "done"
     assert not [f for f in target.parent.iterdir() if f.name.startswith(".")], "no temp file left"

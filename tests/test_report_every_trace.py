@@ -122,14 +122,14 @@ def browser():
 @pytest.fixture(scope="module")
 def pages(runs, browser, tmp_path_factory):
     """``pages(rel)``: what the report of the trace ``rel`` draws (:func:`page_sections`), opened on first use."""
-    from flowscope.report import write_report
+    from flowscope.report import write_single_page
 
     out = tmp_path_factory.mktemp("reports")
     cache: dict[str, dict] = {}
 
     def get(rel: str) -> dict[str, dict]:
         if rel not in cache:
-            cache[rel] = page_sections(browser, write_report(runs(rel), out / f"{len(cache)}.html"))
+            cache[rel] = page_sections(browser, write_single_page(runs(rel), out / f"{len(cache)}.html"))
         return cache[rel]
 
     return get

@@ -17,7 +17,7 @@ from conftest import require_module
 
 import flowscope
 from flowscope.analysis.breakdown import breakdown
-from flowscope.report import write_report
+from flowscope.report import write_single_page
 
 HERE = Path(__file__).resolve().parent
 
@@ -49,7 +49,7 @@ def show(run) -> tuple[str, dict]:
 def report_text(run) -> str:
     from test_report import render
 
-    res = render(write_report(run))
+    res = render(write_single_page(run))
     assert not res["errors"], res["errors"]
     return res["text"]["summary"] + res["text"]["breakdown"]
 

@@ -1,4 +1,4 @@
-"""A run's dashboard pages as one offline file (`flowscope report --dashboard`), in Debian's chromium.
+"""A run's dashboard pages as one offline file (`flowscope report`), in Debian's chromium.
 
 The file is written from real traces of other tools (StarPU's Paje trace, Score-P's OTF2 ping-pong) and opened
 from disk, with no server: every page (the overview and the analysis pages) must show what the same checks as the
@@ -59,7 +59,7 @@ def written(run_dirs, tmp_path_factory) -> dict:
     files = {}
     for source, run_dir in run_dirs.items():
         files[source] = out / f"{source}.html"
-        assert main(["report", str(run_dir), "--dashboard", "-o", str(files[source])]) == 0
+        assert main(["report", str(run_dir), "-o", str(files[source])]) == 0
     return files
 
 
@@ -165,9 +165,9 @@ def test_the_served_pages_link_to_the_file_and_it_is_the_same_file(imported_stor
 
 def test_a_run_that_cannot_be_read_is_refused_naming_it(tmp_path, capsys):
     missing = tmp_path / "nothing-here"
-    assert main(["report", str(missing), "--dashboard"]) != 0
+    assert main(["report", str(missing)]) != 0
     assert "nothing-here" in capsys.readouterr().err
-    assert not Path(missing / "dashboard.html").exists()
+    assert not Path(missing / "report.html").exists()
 
 
 def test_the_task_stream_keeps_its_time_range_and_a_task_in_the_address(imported_store, written, browser):  # noqa: F811
@@ -266,7 +266,7 @@ def test_the_host_charts_mark_the_task_starts(dask_run, browser, tmp_path):  # n
     run.close()
     assert per["n"].sum() == 120
     out = tmp_path / "dask.html"
-    assert main(["report", str(dask_run), "--dashboard", "-o", str(out)]) == 0
+    assert main(["report", str(dask_run), "-o", str(out)]) == 0
     context = browser.new_context(viewport={"width": 1300, "height": 1000})
     pg = _open(context, out.as_uri())
     pg.wait_for_function("() => { const d = document.getElementById('hosts'); return d && d.data && "

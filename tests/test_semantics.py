@@ -270,10 +270,10 @@ def test_the_report_of_a_starpu_trace_draws_breakdown_utilisation_and_groups(sha
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from test_report import render
 
-    from flowscope.report import write_report
+    from flowscope.report import write_single_page
 
     run = _import(shared_data, "paje/starpu-demo/paje.trace", tmp_path)
-    res = render(write_report(run))
+    res = render(write_single_page(run))
     assert not res["errors"], res["errors"]
     text = res["text"]
     assert "Utilisation per executing resource" in text["breakdown"]

@@ -177,13 +177,13 @@ def test_report_draws_the_critical_path_through_starpus_dag(starpu_run, runtimes
     structural one over the DAG, with its attribution chart drawn."""
     from test_report import _errors, render
 
-    from flowscope.report import write_report
+    from flowscope.report import write_single_page
     from flowscope.report.page import fmt_s
 
     _, run = starpu_run
     spans = run.table("spans")
     tp = task_graph_paths(spans[spans["kind"] == "task"], run.table("dependencies"), run.table("transfers"))
-    out = render(write_report(run, tmp_path / "report.html"))
+    out = render(write_single_page(run, tmp_path / "report.html"))
     assert not _errors(out)
     text = out["text"]["critical-path"]
     assert f"Measured critical path: {fmt_s(tp.measured.length_ns / 1e9)}" in text

@@ -215,9 +215,9 @@ def _nx_longest(ref: dict) -> float:
 @pytest.fixture(scope="module")
 def reports(imported) -> dict[Path, str]:
     """The HTML report of each imported instance."""
-    from flowscope.report import build_report
+    from flowscope.report import build_single_page
 
-    return {p: build_report(run) for p, (run, _) in imported.items()}
+    return {p: build_single_page(run) for p, (run, _) in imported.items()}
 
 
 def _show(run) -> dict:
@@ -290,7 +290,7 @@ def test_utilisation_is_task_time_over_cores_times_the_recorded_makespan(importe
 
 def test_utilisation_without_core_counts_says_unknown(shared_data, tmp_path):
     """A copy of a real instance whose machines do not give their cores: no number, the reason instead."""
-    from flowscope.report import build_report
+    from flowscope.report import build_single_page
 
     doc = json.loads((shared_data / "wfinstances" / "seismology-chameleon-1000p-001.json").read_text())
     for m in doc["workflow"]["execution"]["machines"][:2]:
@@ -301,7 +301,7 @@ def test_utilisation_without_core_counts_says_unknown(shared_data, tmp_path):
     run = flowscope.open_run(res.run_dir)
     u = _show(run)["utilisation"]
     assert u["value"] is None and "core count" in u["reason"] and "host:" in u["reason"], u
-    section = build_report(run).split('<section id="breakdown">', 1)[1].split("</section>", 1)[0]
+    section = build_single_page(run).split('<section id="breakdown">', 1)[1].split("</section>", 1)[0]
     facts = section.split('<dl class="facts">', 1)[1].split("</dl>", 1)[0]
     assert "utilisation" in facts and "unknown" in facts and "core count" in facts, facts
     assert not re.search(r"\d %", facts), facts

@@ -1,4 +1,4 @@
-"""``flowscope report``: write the self-contained HTML report of a run."""
+"""``flowscope report``: write the self-contained HTML report of a run (its dashboard pages, or one page)."""
 
 from __future__ import annotations
 
@@ -12,16 +12,17 @@ from flowscope.cli.semantics import add_semantics_option, open_for
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("report", help="write the HTML report of a run",
-                       description="Write one self-contained HTML file (it opens offline) with the run's task "
-                                   "stream, the computation / communication / I/O breakdown, CPU and memory per "
-                                   "host, I/O per thread, communication time vs size, task groups and warnings.")
+                       description="Write the run's report: one self-contained HTML file (it opens offline) with the "
+                                   "dashboard's pages as `flowscope ui` shows them now: the overview (progress, task "
+                                   "stream, hosts, the advisor's findings, the forecast) and the advisor, critical-path, "
+                                   "profile, charts, anomalies and logs pages (FILE#PAGE opens one). --single-page "
+                                   "writes the same sections on one scrolling page instead.")
     p.add_argument("run", help="run directory, run id in the store, or 'latest'")
     p.add_argument("-o", "--output", default=None,
-                   help="file to write, or a directory to write report.html (dashboard.html with --dashboard) in "
-                        "(default: in the run directory)")
-    p.add_argument("--dashboard", action="store_true",
-                   help="write the dashboard's pages instead (the overview and every analysis page, as `flowscope "
-                        "ui` shows them now), drawn offline by the dashboard's own scripts; open FILE#PAGE for a page")
+                   help="file to write, or a directory to write report.html (report-single-page.html with "
+                        "--single-page) in (default: in the run directory)")
+    p.add_argument("--single-page", action="store_true",
+                   help="write the one-page report (every section on one scrolling page, for printing)")
     p.add_argument("--store", default=None, help=LOOKUP_STORE_HELP)
     add_semantics_option(p)
     p.set_defaults(func=cmd_report)
@@ -50,25 +51,18 @@ class _LateProgress:
             self.bar.stop()
 
 
-#: the file ``--dashboard`` writes in the run directory (or in the directory ``-o`` names)
-DASHBOARD_FILE = "dashboard.html"
-
-
 def cmd_report(args: argparse.Namespace) -> int:
-    from flowscope.report import REPORT_FILE, write_report
-    from flowscope.report.run_pages import write_run_pages
+    from flowscope.report import REPORT_FILE, SINGLE_PAGE_FILE, write_report, write_single_page
 
     run = open_for(args)
-    name = DASHBOARD_FILE if args.dashboard else REPORT_FILE
+    name = SINGLE_PAGE_FILE if args.single_page else REPORT_FILE
     out = Path(args.output) if args.output else None
     if out is not None and out.is_dir():
         out = out / name
+    write = write_single_page if args.single_page else write_report
     bar = _LateProgress()
     try:
-        if args.dashboard:
-            path = write_run_pages(run, out if out is not None else run.path / name, progress=bar)
-        else:
-            path = write_report(run, out, progress=bar)
+        path = write(run, out, progress=bar)
     finally:
         bar.close()
     print(path)

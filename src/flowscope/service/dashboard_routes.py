@@ -215,7 +215,7 @@ def dashboard_routes(hub: LiveHub) -> list:
         return FileResponse(pages / "run.html", headers={"cache-control": "no-store"})
 
     async def offline_file(request) -> Response:
-        """The run's pages as one offline file (``flowscope report --dashboard``), to save."""
+        """The run's pages as one offline file (``flowscope report``), to save."""
         from flowscope.report.run_pages import run_pages_doc, run_pages_html
 
         try:
