@@ -363,8 +363,9 @@ def check_forecast_panel(pg, address: str, run_id: str, event: str = "idle", fra
 
 def check_memory_panel(pg, run_dir: Path):
     """Wait until the overview's memory panel shows the ``memory`` view of the run's segments as they are on disk,
-    then check it against :func:`flowscope.analysis.memory.process_memory` over them; returns that frame."""
-    from flowscope.analysis.memory import process_memory
+    then check it against :func:`flowscope.analysis.memory.process_memory_parts` over them (resident bytes, and
+    Dask's managed and spilled bytes where recorded); returns that frame."""
+    from flowscope.analysis.memory import MEMORY_PARTS, process_memory_parts
     from flowscope.store.run import Run
 
     deadline = time.monotonic() + WAIT_S
@@ -374,7 +375,7 @@ def check_memory_panel(pg, run_dir: Path):
         if shown == disk:
             run = Run(run_dir)
             try:
-                want = process_memory(run)
+                want = process_memory_parts(run)
             finally:
                 run.close()
             if _segments(run_dir, "memory") == disk:
@@ -385,13 +386,21 @@ def check_memory_panel(pg, run_dir: Path):
 
     t0 = int(read_json(run_dir / RUN_JSON)["start_ns"])
     doc = pg.evaluate("() => flowscopePanels.memory.doc.processes")
-    expect = [{"resource_id": rid, "label": part["label"].iloc[0], "t": ((part["ts_ns"] - t0) / 1e9).tolist(),
-               "bytes": part["bytes"].tolist()} for rid, part in want.groupby("resource_id", sort=True)]
+    expect = []
+    for rid, part in want.groupby("resource_id", sort=True):
+        p = {"resource_id": rid, "label": part["label"].iloc[0], "t": ((part["ts_ns"] - t0) / 1e9).tolist(),
+             "bytes": part["bytes"].tolist()}
+        p.update({c: [None if v != v else v for v in part[c].tolist()] for c in MEMORY_PARTS if part[c].notna().any()})
+        expect.append(p)
     assert doc == expect
     if expect:
         pg.wait_for_function("() => flowscopePanels.memory.renders >= 1", timeout=WAIT_MS)
         drawn = pg.evaluate("() => document.getElementById('memory').data.map(t => [t.name, t.x, t.y])")
-        assert drawn == [[p["label"], p["t"], [b / 2 ** 20 for b in p["bytes"]]] for p in expect]
+        detailed = any(c in p for p in expect for c in MEMORY_PARTS)
+        names = {"bytes": "resident", "managed": "managed", "spilled": "spilled to disk"}
+        assert drawn == [[p["label"] + (f" {names[c]}" if detailed else ""), p["t"],
+                          [None if b is None else b / 2 ** 20 for b in p[c]]]
+                         for p in expect for c in ("bytes", *MEMORY_PARTS) if c in p]
     return want
 
 

@@ -7,6 +7,7 @@ rank) or when such a resource sits under it in the resource tree (a Dask worker 
 A process that only schedules or submits (a Dask scheduler, a client) is left out.
 
     df = process_memory(run)      # resource_id, label, ts_ns, bytes; one row per sample
+    df = process_memory_parts(run)  # the same, with the runtime's managed and spilled bytes of each sample
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import pandas as pd
 
-from flowscope.model.semantics import PROCESS_MEMORY
+from flowscope.model.semantics import PROCESS_MEMORY, PROCESS_MEMORY_MANAGED, PROCESS_MEMORY_SPILLED
 
 if TYPE_CHECKING:
     from flowscope.store.run import Run
@@ -65,3 +66,24 @@ def process_memory(run: Run, metric: str = PROCESS_MEMORY) -> pd.DataFrame:
     labels = {rid: _label(*first.loc[rid, ["kind", "name", "address"]], rid) for rid in samples["resource_id"].unique()}
     samples.insert(1, "label", samples["resource_id"].map(labels))
     return samples[COLUMNS]
+
+
+#: the parts of a process's memory a runtime may sample with its resident size: column -> metric
+MEMORY_PARTS = {"managed": PROCESS_MEMORY_MANAGED, "spilled": PROCESS_MEMORY_SPILLED}
+
+
+def process_memory_parts(run: Run) -> pd.DataFrame:
+    """:func:`process_memory` with, per sample, the bytes of the runtime's data the process held in memory
+    (``managed``) and had spilled to disk (``spilled``), sampled at the same moment on the same resource (Dask's
+    workers record them); NaN where the source sampled no such part."""
+    df = process_memory(run)
+    if df.empty:
+        return df.assign(**{c: pd.Series(dtype="float64") for c in MEMORY_PARTS})
+    names = ", ".join(f"'{m}'" for m in MEMORY_PARTS.values())
+    parts = run.sql(f"SELECT resource_id, ts_ns, name, value FROM metrics WHERE name IN ({names}) AND isfinite(value)")
+    for col, metric in MEMORY_PARTS.items():
+        part = parts[parts["name"] == metric].drop_duplicates(["resource_id", "ts_ns"], keep="last")
+        df = df.merge(part[["resource_id", "ts_ns", "value"]].rename(columns={"value": col}),
+                      on=["resource_id", "ts_ns"], how="left")
+        df[col] = df[col].astype("float64")
+    return df

@@ -55,6 +55,11 @@ IDLE = "idle"
 #: the metric every source that samples a process's resident memory writes it as (``metrics.name``, on the
 #: process's resource); the analyses read per-process memory by this name only
 PROCESS_MEMORY = "process.memory.rss_bytes"
+#: of it, the bytes of the runtime's own data that the process holds in memory (Dask's "managed" memory: the
+#: results and inputs a worker keeps), sampled with it
+PROCESS_MEMORY_MANAGED = "process.memory.managed_bytes"
+#: the bytes of the runtime's data the process has spilled to disk (not in its resident memory), sampled with it
+PROCESS_MEMORY_SPILLED = "process.memory.spilled_bytes"
 
 SPAN_COLUMNS = ("span_id", "parent_id", "resource_id", "kind", "name", "start_ns", "end_ns", "task_key",
                 "attrs", "resource_kind")

@@ -360,15 +360,22 @@ def logs_view(run: Run) -> dict:
 
 
 def memory_view(run: Run) -> dict:
-    """Memory over time per executing process (:func:`flowscope.analysis.memory.process_memory`): per process its
-    label and its samples, seconds since the run's start and bytes."""
-    from flowscope.analysis.memory import PROCESS_MEMORY, process_memory
+    """Memory over time per executing process (:func:`flowscope.analysis.memory.process_memory_parts`): per process
+    its label and its samples, seconds since the run's start and resident bytes, with ``managed`` and ``spilled``
+    (the runtime's data in memory and on disk, sampled with them; None for a sample without) where the source
+    records them."""
+    from flowscope.analysis.memory import MEMORY_PARTS, PROCESS_MEMORY, process_memory_parts
 
     t0 = _t0(run)
-    df = process_memory(run)
-    procs = [{"resource_id": rid, "label": str(part["label"].iloc[0]),
-              "t": ((part["ts_ns"].to_numpy() - t0) / 1e9).tolist(), "bytes": part["bytes"].astype(float).tolist()}
-             for rid, part in df.groupby("resource_id", sort=True)]
+    df = process_memory_parts(run)
+    procs = []
+    for rid, part in df.groupby("resource_id", sort=True):
+        doc = {"resource_id": rid, "label": str(part["label"].iloc[0]),
+               "t": ((part["ts_ns"].to_numpy() - t0) / 1e9).tolist(), "bytes": part["bytes"].astype(float).tolist()}
+        for col in MEMORY_PARTS:
+            if part[col].notna().any():
+                doc[col] = [None if v != v else v for v in part[col].tolist()]
+        procs.append(doc)
     return {"metric": PROCESS_MEMORY, "processes": procs}
 
 

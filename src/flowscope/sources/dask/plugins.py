@@ -37,7 +37,7 @@ from flowscope.model import arrow_values
 from flowscope.model import identifiers as ids
 from flowscope.model import schemas as _schemas
 from flowscope.model.conform import conform
-from flowscope.model.semantics import PROCESS_MEMORY
+from flowscope.model.semantics import PROCESS_MEMORY, PROCESS_MEMORY_MANAGED, PROCESS_MEMORY_SPILLED
 from flowscope.sources import semantics as _semantics
 from flowscope.sources.thread_io import AGGREGATE_JSON as AGG
 from flowscope.sources.thread_io import OpenAudit, ThreadIO, ThreadIOReader, thread_ids
@@ -612,10 +612,21 @@ class _WorkerCapture(WorkerPlugin):
             self._memory_sampling.start()
 
     def _sample_memory(self) -> None:
-        """One sample of this worker process's resident memory, on the worker's resource."""
+        """One sample of this worker process's memory, on the worker's resource: its resident size, and of the
+        data Dask holds the part in memory (managed) and the part spilled to disk, as Dask's dashboard counts
+        them (its worker metrics: managed = nbytes less what was spilled, spilled = the bytes on disk)."""
         try:
+            ts = time.time_ns()
             self.fs.metric(PROCESS_MEMORY, float(self._process.memory_info().rss), namespace="performance",
-                           resource_id=self.rid)
+                           resource_id=self.rid, ts_ns=ts)
+            try:
+                spilled_memory, spilled_disk = self.worker.data.spilled_total
+            except AttributeError:  # spilling is disabled: a plain dict
+                spilled_memory, spilled_disk = 0, 0
+            self.fs.metric(PROCESS_MEMORY_MANAGED, float(max(0, self.worker.state.nbytes - spilled_memory)),
+                           namespace="performance", resource_id=self.rid, ts_ns=ts)
+            self.fs.metric(PROCESS_MEMORY_SPILLED, float(spilled_disk), namespace="performance",
+                           resource_id=self.rid, ts_ns=ts)
         except Exception:
             self._failed()
 

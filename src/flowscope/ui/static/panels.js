@@ -38,6 +38,8 @@
 
   // ---- memory per worker process -----------------------------------------------------------------
   var MIB = 1048576;
+  var MEMORY_COLORS = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
+                       "#bcbd22", "#17becf"];
   function renderMemory() {
     var doc = P.memory.doc, div = document.getElementById("memory");
     if (!doc) return;
@@ -47,13 +49,27 @@
                               {"class": "muted nodata"}));
       return;
     }
-    var drawn = plot(div, doc.processes.map(function (p) {
-      return {type: "scatter", mode: "lines", x: p.t, y: p.bytes.map(function (b) { return b / MIB; }),
-              name: pt(p.label), line: {width: 1.6},
-              hovertemplate: pt(p.label) + " %{x:.1f} s: %{y:.1f} MiB<extra></extra>"};
-    }), {height: 260, margin: {l: 60, r: 10, t: 10, b: 40}, legend: {orientation: "h"}, showlegend: true,
-         xaxis: {title: {text: "seconds since the run started"}, rangemode: "tozero"},
-         yaxis: {title: {text: "resident memory, MiB"}, rangemode: "tozero"}}, renderMemory);
+    // per process: its resident size, and where the runtime samples them (Dask's workers) the data it holds in
+    // memory ("managed", dashed: resident less managed is what Dask calls unmanaged) and what it spilled to disk
+    // (dotted), in the process's colour
+    var traces = [], parts = [["bytes", "resident", "solid"], ["managed", "managed", "dash"],
+                              ["spilled", "spilled to disk", "dot"]];
+    var detailed = doc.processes.some(function (p) { return p.managed || p.spilled; });
+    doc.processes.forEach(function (p, i) {
+      var color = MEMORY_COLORS[i % MEMORY_COLORS.length];
+      parts.forEach(function (part) {
+        var ys = p[part[0]];
+        if (!ys) return;
+        var name = pt(p.label) + (detailed ? " " + part[1] : "");
+        traces.push({type: "scatter", mode: "lines", x: p.t, name: name, legendgroup: pt(p.label),
+                     y: ys.map(function (b) { return b === null ? null : b / MIB; }),
+                     line: {width: 1.6, color: color, dash: part[2]},
+                     hovertemplate: name + " %{x:.1f} s: %{y:.1f} MiB<extra></extra>"});
+      });
+    });
+    var drawn = plot(div, traces, {height: 260, margin: {l: 60, r: 10, t: 10, b: 40}, legend: {orientation: "h"},
+         showlegend: true, xaxis: {title: {text: "seconds since the run started"}, rangemode: "tozero"},
+         yaxis: {title: {text: detailed ? "memory, MiB" : "resident memory, MiB"}, rangemode: "tozero"}}, renderMemory);
     if (drawn) P.memory.renders++;
   }
 
