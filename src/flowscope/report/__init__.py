@@ -13,10 +13,13 @@ communication time vs size, task groups, the call profile, the critical path, wa
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
-from flowscope.report.page import Progress, build_html
 from flowscope.store.run import Run, open_run
+
+#: ``progress(step, done, total)``, called before each step of a report's build
+Progress = Callable[[str, int, int], None]
 
 __all__ = ["REPORT_FILE", "SINGLE_PAGE_FILE", "build_single_page", "write_report", "write_single_page"]
 
@@ -48,6 +51,7 @@ def build_single_page(run: Run | str | Path, *, progress: Progress | None = None
     """The one-page report of ``run`` (a Run or a run directory) as an HTML string. ``progress(step, done,
     total)`` is called before each step."""
     from flowscope.report.context import Context
+    from flowscope.report.page import build_html  # (plotly's figures: imported only for the one page)
 
     return build_html(Context.of(_as_run(run)), progress)
 
