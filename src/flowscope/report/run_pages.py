@@ -75,20 +75,18 @@ def run_pages_doc(run: Run, progress: Progress | None = None) -> dict:
     doc = {"run_id": run.run_id, "written_ns": time.time_ns(), "pages": ["", *PAGES], "views": {}, "scripts": {}}
     # the overview's live view shares nothing with the analyses: built beside them, on its own Run (its segment
     # reads and DuckDB's queries let the analyses run meanwhile: 0.5-0.8 s of a 100,000-task run's 9 s)
-    with ThreadPoolExecutor(1, thread_name_prefix="flowscope-live-view") as pool:
-        own = Run(run.path, run.semantics or None)
-        live = pool.submit(live_snapshot, own)
-        try:
+    own = Run(run.path, run.semantics or None)
+    try:
+        with ThreadPoolExecutor(1, thread_name_prefix="flowscope-live-view") as pool:
+            live = pool.submit(live_snapshot, own)
             for i, view in enumerate(VIEWS, 1):
                 step(i)
                 doc["views"][view] = view_document(run.path, view, view_signature(run.path, view), run)
             step(len(steps) - 1)
             doc["forecast"] = forecasts(run)
             doc["live"] = live.result()
-        finally:
-            live.cancel()
-            pool.shutdown(wait=True)
-            own.close()
+    finally:
+        own.close()
     return doc
 
 

@@ -194,32 +194,10 @@ def large_outputs(f: RunFacts) -> list[Finding]:
         ev.reset_index(drop=True), about={"groups": groups, "keys": list(producers["key"])})]
 
 
-def _slower_somewhere(t: pd.DataFrame) -> bool:
-    """Whether some worker's median duration in some group is at least SLOW_RATIO times the other workers' (with
-    SLOW_MIN_TASKS on each side): the condition every slow-worker finding meets whatever its test says."""
-    for _, g in t.groupby("group", sort=False):
-        if g["worker"].nunique() < 2:
-            continue
-        for w, mine in g.groupby("worker", sort=False):
-            rest = g["duration_ns"][g["worker"] != w]
-            if len(mine) < SLOW_MIN_TASKS or len(rest) < SLOW_MIN_TASKS:
-                continue
-            my = float(np.median(rest.to_numpy(np.float64)))
-            if my > 0 and float(np.median(mine["duration_ns"].to_numpy(np.float64))) >= SLOW_RATIO * my:
-                return True
-    return False
-
-
 def slow_workers(f: RunFacts) -> list[Finding]:
     """A worker whose tasks of one group run significantly slower than the same group's elsewhere."""
     t = f.tasks
-    if not _slower_somewhere(t):
-        return []  # no finding is possible: the tests (and importing scipy.stats, 0.8 s) would change nothing
-    from scipy.stats import mannwhitneyu
-
-    from flowscope.analysis.compare import holm
-
-    tests = []
+    pairs = []  # (group, worker, its durations, the others' durations, their medians)
     for group, g in t.groupby("group", sort=True):
         if g["worker"].nunique() < 2:
             continue
@@ -228,10 +206,15 @@ def slow_workers(f: RunFacts) -> list[Finding]:
             if len(mine) < SLOW_MIN_TASKS or len(rest) < SLOW_MIN_TASKS:
                 continue
             x, y = mine["duration_ns"].to_numpy(np.float64), rest["duration_ns"].to_numpy(np.float64)
-            p = float(mannwhitneyu(x, y, alternative="greater", method="asymptotic").pvalue)
-            tests.append((group, w, p, float(np.median(x)), float(np.median(y))))
-    if not tests:
-        return []
+            pairs.append((group, w, x, y, float(np.median(x)), float(np.median(y))))
+    if not any(my > 0 and mx >= SLOW_RATIO * my for *_, mx, my in pairs):
+        return []  # every finding needs that: the tests (and importing scipy.stats, 0.8 s) would change nothing
+    from scipy.stats import mannwhitneyu
+
+    from flowscope.analysis.compare import holm
+
+    tests = [(group, w, float(mannwhitneyu(x, y, alternative="greater", method="asymptotic").pvalue), mx, my)
+             for group, w, x, y, mx, my in pairs]
     padj = holm(np.array([x[2] for x in tests]))
     flagged = f.flagged
     out = []
