@@ -346,3 +346,108 @@ def test_a_followed_run_draws_only_what_a_delta_changed_and_the_pixels_equal_a_f
         assert got["view"][0] == got["extent"][0] and got["view"][1] >= got["extent"][1]
     finally:
         pg.close()
+
+
+def test_a_young_run_that_outgrows_its_headroom_at_every_draw_gets_more_then_a_tenth_again(server, chromium):
+    """A run followed live from its first second grows by a large share of its own length between draws: with a
+    fixed tenth of headroom almost every draw would rescale the view and redraw all of it. A run that outgrows its
+    headroom within a few draws of the last rescale gets twice as much (never more than its own length); one that
+    stayed inside it for many draws gets half, down to a tenth again."""
+    pg = chromium.new_page(viewport={"width": 1200, "height": 400}, device_scale_factor=1)
+    try:
+        pg.goto(server, wait_until="load")
+        got = pg.evaluate("""() => {
+            const tl = new FlowscopeTimeline(document.getElementById("tl"),
+                {rows: ["a", "b"], groups: [{name: "g", color: "#1f77b4"}], rowHeight: 12});
+            let t = 1, k = 0, widest = 0;
+            const step = (grow) => {
+                tl.append({start: [t - grow, t - grow / 2], end: [t, t], row: [0, 1], group: [0, 0], key: ["k" + k++, "k" + k++]});
+                tl.draw(true);  // as the page's next frame draws it
+                t += grow;
+                const v = tl.view, len = tl.extent[1] - tl.extent[0];
+                widest = Math.max(widest, (v[1] - v[0]) / len);
+                return tl.lastDrawKind;
+            };
+            tl.append({start: [0], end: [1], row: [0], group: [0], key: ["first"]});
+            tl.draw();
+            const young = {full: 0, incremental: 0}, old = {full: 0, incremental: 0};
+            for (let i = 0; i < 70; i++) young[step(0.1)]++;   // 1 s -> 8 s of run
+            for (let i = 0; i < 400; i++) old[step(0.1)]++;    // 8 s -> 48 s
+            const v = tl.view, len = tl.extent[1] - tl.extent[0];
+            return {young, old, widest, last: (v[1] - v[0]) / len};
+        }""")
+        # a tenth of headroom would rescale at every tenth of growth: about 22 full draws from 1 s to 8 s
+        assert got["young"]["full"] <= 8, got  # one full draw in about RESCALE_DRAWS (10)
+        assert got["widest"] <= 2.0 + 1e-9, got  # never more headroom than the run's own length
+        assert got["last"] <= 1.1 + 1e-9, got    # back to a tenth once the run grows slowly against its length
+    finally:
+        pg.close()
+
+
+def test_rows_added_later_are_fitted_into_the_streams_height_as_the_first_ones_were(server, chromium):
+    """With no row height given, the rows share options.maxHeight (4 to 24 px each): a stream that began with
+    four threads and grew to eighty keeps to that height instead of growing twenty times taller."""
+    pg = chromium.new_page(viewport={"width": 1200, "height": 400}, device_scale_factor=1)
+    try:
+        pg.goto(server, wait_until="load")
+        got = pg.evaluate("""() => {
+            const tl = new FlowscopeTimeline(document.getElementById("tl"),
+                {rows: ["t0", "t1", "t2", "t3"], groups: [{name: "g", color: "#1f77b4"}], maxHeight: 480, record: true});
+            const before = tl.options.rowHeight;
+            tl.addRows(Array.from({length: 76}, (_, i) => "t" + (i + 4)));
+            tl.append({start: [0, 0], end: [10, 10], row: [0, 79], group: [0, 0], key: ["top", "bottom"]});
+            tl.draw();
+            const exact = tl.inspect().exact;
+            return {before, after: tl.options.rowHeight, height: tl.canvas.clientHeight, axis: tl.options.axisHeight,
+                    bottom: exact.find(r => r.key === "bottom")};
+        }""")
+        assert got["before"] == 24
+        assert got["after"] == 6  # 480 px / 80 rows
+        assert got["height"] <= 480 + got["axis"] + 2
+        assert got["bottom"]["y0"] >= got["axis"] + 79 * 6 and got["bottom"]["y1"] <= got["axis"] + 80 * 6
+        # a row height given by the caller is kept
+        kept = pg.evaluate("""() => {
+            const tl = new FlowscopeTimeline(document.getElementById("tl"),
+                {rows: ["t0"], groups: [{name: "g", color: "#1f77b4"}], rowHeight: 20});
+            tl.addRows(Array.from({length: 79}, (_, i) => "t" + (i + 1)));
+            return tl.options.rowHeight;
+        }""")
+        assert kept == 20
+    finally:
+        pg.close()
+
+
+def test_a_group_first_seen_in_a_delta_keeps_the_next_draw_partial_and_its_pixels_right(server, chromium):
+    """A live run's groups arrive as its stages start: a new group adds a colour without changing the others', so
+    the draw after it still redraws only what the delta reached, and the canvas equals a full draw's."""
+    pg = chromium.new_page(viewport={"width": 1200, "height": 400}, device_scale_factor=1)
+    try:
+        pg.goto(server, wait_until="load")
+        got = pg.evaluate("""() => {
+            const tl = new FlowscopeTimeline(document.getElementById("tl"),
+                {rows: ["a", "b", "c"], groups: [{name: "g0", color: "#1f77b4"}], rowHeight: 12});
+            tl.append({start: [0, 0.5, 1], end: [9, 10, 9.5], row: [0, 1, 2], group: [0, 0, 0], key: ["x", "y", "z"]});
+            tl.draw();
+            tl.append({start: [9.5], end: [10.5], row: [0], group: [0], key: ["w"]});  // the view gets its headroom
+            tl.draw(true);
+            const kinds = [];
+            for (let g = 1; g <= 5; g++) {
+                tl.addGroups([{name: "g" + g, color: ["#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b"][g - 1]}]);
+                const s = 10 + g * 0.1;
+                tl.append({start: [s, s], end: [s + 0.05, s + 0.002], row: [g % 3, (g + 1) % 3], group: [g, g],
+                           key: ["n" + g, "m" + g]});
+                tl.draw(true);
+                kinds.push(tl.lastDrawKind);
+            }
+            const ctx = tl.canvas.getContext("2d");
+            const seen = ctx.getImageData(0, 0, tl.canvas.width, tl.canvas.height).data.slice();
+            tl.draw();
+            const full = ctx.getImageData(0, 0, tl.canvas.width, tl.canvas.height).data;
+            let diff = 0;
+            for (let i = 0; i < full.length; i++) if (full[i] !== seen[i]) diff++;
+            return {kinds, diff};
+        }""")
+        assert got["kinds"] == ["incremental"] * 5, got
+        assert got["diff"] == 0
+    finally:
+        pg.close()

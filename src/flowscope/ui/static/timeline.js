@@ -28,6 +28,9 @@
   // following a live run, the whole-run view ends this share of the run's length past its end, so that its scale
   // stays put while deltas fill the headroom and a draw redraws only the columns they changed
   var HEADROOM = 0.1;
+  // a run that grows by a large share of its own length between draws (a young one) gets more: the headroom its
+  // growth per draw since the last rescale would fill in RESCALE_DRAWS draws, at most MAX_HEADROOM
+  var RESCALE_DRAWS = 10, MAX_HEADROOM = 1.0;
   var OPACITIES = [0.3, 0.6, 1.0];
   var DEFAULTS = {
     rowHeight: 0,          // px per row; 0: fit the rows into maxHeight (between 4 and 24 px)
@@ -118,11 +121,12 @@
     this.options = o;
     this.rowLabels = o.rows.map(String);
     this.groups = o.groups.map(function (g) { return {name: String(g.name), color: parseColor(g.color)}; });
-    this._packed = this._packColours();
+    this._packed = this._packColours(this.groups);
     var tc = parseColor(o.transferColor);
     this._transferWord = ((255 << 24) | (parseInt(tc.slice(5, 7), 16) << 16) | (parseInt(tc.slice(3, 5), 16) << 8) |
                           parseInt(tc.slice(1, 3), 16)) >>> 0;
-    if (!o.rowHeight) o.rowHeight = Math.max(4, Math.min(24, Math.floor(o.maxHeight / this.rowLabels.length)));
+    this._fitRows = !o.rowHeight;  // no height given: the rows share maxHeight, as many as there are
+    if (this._fitRows) o.rowHeight = this._fittedRowHeight();
     this.container = container;
     this.rows = this.rowLabels.map(function () { return new GrowRow(); });
     this.keys = [];
@@ -131,6 +135,7 @@
     this._dirtyFrom = Infinity;  // the earliest start appended since the last draw
     this._drawnState = null;     // what the pixel buffer holds: view, sizes, rows, groups (null: nothing reusable)
     this._followEnd = -Infinity; // the whole-run view's end while a live run is followed (HEADROOM)
+    this._rescaled = null;       // {draws, end}: drawCount and the run's end at the last rescale
     this._view = null;          // [t0, t1] seconds; null: the whole run
     this.xfer = {n: 0, start: new Float64Array(16), end: new Float64Array(16),
                  src: new Int32Array(16), dst: new Int32Array(16)};
@@ -176,6 +181,10 @@
     }
     if (this.extent[0] === this.extent[1]) return [this.extent[0] - 0.5, this.extent[0] + 0.5];
     return [0, 1];
+  };
+
+  P._fittedRowHeight = function () {
+    return Math.max(4, Math.min(24, Math.floor(this.options.maxHeight / this.rowLabels.length)));
   };
 
   P.resize = function () {
@@ -259,7 +268,13 @@
     // the whole-run view of a run that grows past what was drawn gets headroom (a run shown whole for the first
     // time, or that did not grow, is shown exactly)
     if (this.drawCount && (lo < this.extent[0] || hi > Math.max(this.extent[1], this._followEnd))) {
-      this._followEnd = lo + (hi - lo) * (1 + HEADROOM);
+      var last = this._rescaled, len = hi - lo, share = HEADROOM;
+      if (last && len > 0 && hi > last.end) {  // the run's growth per draw since then, as a share of its length
+        var perDraw = (hi - last.end) / len / Math.max(1, this.drawCount - last.draws);
+        share = Math.min(MAX_HEADROOM, Math.max(HEADROOM, perDraw * RESCALE_DRAWS));
+      }
+      this._rescaled = {draws: this.drawCount, end: hi};
+      this._followEnd = lo + len * (1 + share);
     }
     this.extent = [lo, hi];
     if (first < this._dirtyFrom) this._dirtyFrom = first;
@@ -272,6 +287,7 @@
   P.addRows = function (labels) {
     if (!Array.isArray(labels)) throw new Error("addRows: a list of row labels");
     for (var i = 0; i < labels.length; i++) { this.rowLabels.push(String(labels[i])); this.rows.push(new GrowRow()); }
+    if (this._fitRows) this.options.rowHeight = this._fittedRowHeight();
     this.resize();
     return this.rows.length;
   };
@@ -282,7 +298,8 @@
     var add = groups.map(function (g) { return {name: String(g.name), color: parseColor(g.color)}; });
     if (this.groups.length + add.length > 65535) throw new Error("addGroups: at most 65,535 groups");
     this.groups = this.groups.concat(add);
-    this._packed = this._packColours();
+    // the colours of the groups before are unchanged: what the last draw drew with them can be kept
+    Array.prototype.push.apply(this._packed, this._packColours(add));
     this.requestDraw();
     return this.groups.length;
   };
@@ -340,9 +357,9 @@
 
   // one opaque word per group and level (RGBA bytes read as a little-endian Uint32, as on every browser's CPU): the group's colour at that opacity over white (merged columns are
   // the bottom layer), and the full colour last (exact bars)
-  P._packColours = function () {
+  P._packColours = function (groups) {
     var out = [], NL = LEVELS.length;
-    this.groups.forEach(function (g) {
+    groups.forEach(function (g) {
       var rgb = [1, 3, 5].map(function (i) { return parseInt(g.color.slice(i, i + 2), 16); });
       for (var l = 0; l <= NL; l++) {
         var a = l < NL ? OPACITIES[l] : 1;
