@@ -732,3 +732,61 @@ def test_flowscope_ui_serves_the_forecast_and_the_memory_view_of_its_runs(ui_ser
     # a trace with no per-process memory samples: the view says so with an empty list
     r = httpx.get(f"{ui_server}/v1/ui/runs/{runs['otf2']}/views/memory", timeout=60)
     assert r.status_code == 200 and r.json()["processes"] == [] and r.json()["metric"] == PROCESS_MEMORY
+
+
+def test_the_overview_draws_its_charts_again_only_when_what_they_show_changed(imported_store, ui_server, browser):  # noqa: F811
+    """The forecast is fetched again whenever the run moved on, but a prediction the same as the one drawn is not
+    drawn again (a plotly redraw costs a watching page more than anything else it does); another state or fraction
+    is."""
+    store, runs = imported_store
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    pg = _page(context)
+    pg.goto(f"{ui_server}/ui/runs/{runs['starpu']}?event=compute&fraction=0.5", wait_until="load")
+    pg.wait_for_function("() => flowscopePanels.forecast.renders >= 1 && !flowscopePanels.forecast.pending",
+                         timeout=WAIT_MS)
+    before = pg.evaluate("() => [flowscopePanels.forecast.fetches, flowscopePanels.forecast.renders]")
+    pg.evaluate("() => flowscopePanels.refreshForecast().then(() => flowscopePanels.refreshForecast())")
+    after = pg.evaluate("() => [flowscopePanels.forecast.fetches, flowscopePanels.forecast.renders]")
+    assert after == [before[0] + 2, before[1]]
+    pg.locator("#fc-fraction").fill("0.25")
+    pg.locator("#fc-fraction").dispatch_event("change")
+    pg.wait_for_function(f"() => flowscopePanels.forecast.renders > {before[1]} && !flowscopePanels.forecast.pending",
+                         timeout=WAIT_MS)
+    assert pg.evaluate("() => flowscopePanels.forecast.url").endswith("fraction=0.25")
+    assert pg.errors == [] and pg.outside == [] and pg.evaluate("() => flowscopePanels.errors") == []
+    context.close()
+
+
+def test_the_overviews_charts_keep_to_a_share_of_the_pages_time(imported_store, ui_server, browser):  # noqa: F811
+    """A plotly chart costs a watching page far more than the task stream's partial redraws: once the charts took
+    d ms to draw, they are drawn again for new data no sooner than d / share ms later (and never more than once
+    a second). The page's clock, frames and timers are replaced by counting ones: nothing here waits."""
+    store, runs = imported_store
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    pg = _page(context)
+    pg.goto(f"{ui_server}/ui/runs/{runs['starpu']}", wait_until="load")
+    pg.wait_for_function("() => window.Plotly && document.getElementById('throughput').data", timeout=WAIT_MS)
+    got = pg.evaluate("""() => {
+        const L = flowscopeLive, C = L.charts;
+        let now = 100000;
+        performance.now = () => now;
+        const timers = [];
+        window.setTimeout = (f, ms) => { timers.push(ms); return 1; };
+        window.requestAnimationFrame = (f) => { f(); return 1; };
+        const out = {share: C.share, minMs: C.minMs};
+        // the last drawing of the charts took 200 ms and ended just now; the throughput chart has new data
+        C.cost = 200; C.last = now; C.timer = 0; C.throughput = true;
+        now += 300;
+        L.requestRender();
+        out.wait = timers.slice(-1)[0];
+        // a cheap drawing: the floor of a second
+        C.cost = 5; C.last = now; C.timer = 0; timers.length = 0;
+        now += 300;
+        L.requestRender();
+        out.cheapWait = timers.slice(-1)[0];
+        return out;
+    }""")
+    assert 0 < got["share"] < 1 and got["minMs"] == 1000
+    assert got["wait"] == pytest.approx(200 / got["share"] - 300)
+    assert got["cheapWait"] == pytest.approx(1000 - 300)
+    context.close()

@@ -198,9 +198,12 @@
     // max_age=auto: the collector may answer with a prediction a little older than the run, so that however
     // many pages watch, recomputing it keeps to a small share of a core (service/forecast_routes.py)
     return fetch(url + "&max_age=auto", {credentials: "same-origin", cache: "no-store"}).then(function (r) {
-      return r.json().then(function (body) {
+      return r.text().then(function (text) {
         if (url !== forecastUrl()) return;  // the query changed meanwhile: its own fetch follows
-        f.url = url;
+        // the same answer as the one drawn (the run moved on, the prediction did not): nothing to draw again
+        if (r.ok && url === f.url && text === f.text && !f.error) return;
+        var body = JSON.parse(text);
+        f.url = url; f.text = r.ok ? text : null;
         if (r.ok) { f.doc = body; f.error = null; } else { f.doc = null; f.error = body.error || ("HTTP " + r.status); }
         renderForecast();
       });
