@@ -25,7 +25,8 @@
     return new Date(ns / 1e6).toISOString().replace("T", " ").slice(0, 19) + " UTC";
   }
 
-  function fmtInt(n) { return (n === null || n === undefined) ? "-" : Number(n).toLocaleString("en-US"); }
+  var INT = new Intl.NumberFormat("en-US");  // one formatter: toLocaleString builds one per call
+  function fmtInt(n) { return (n === null || n === undefined) ? "-" : INT.format(Number(n)); }
 
   /** A duration in seconds, with the unit that suits it (µs, ms, s, then minutes). */
   function fmtDur(s) {
