@@ -398,9 +398,9 @@
   /** Close the connection and stay away until resume() (tests use it to miss deltas). */
   live.pause = function () { live.paused = true; if (live.socket) live.socket.close(); };
   live.resume = function () { live.paused = false; if (!live.socket) connect(); };
-  /** What the page shows, for tests: totals of the progress table, tasks in the stream, states, seq. */
   /** Render at the next frame the counters, tables and charts allow (their own paces). */
   live.requestRender = function () { requestRender(); };
+  /** What the page shows, for tests: totals of the progress table, tasks in the stream, states, seq. */
   live.summary = function () {
     var t = totals();
     return {seq: S.seq, epoch: S.epoch, total: t.total, done: t.done, running: t.running,
