@@ -6,7 +6,6 @@ import datetime as dt
 import html
 import json
 import re
-from collections.abc import Callable
 
 import pandas as pd
 import plotly.graph_objects as go
@@ -17,7 +16,7 @@ import flowscope
 from flowscope.analysis.breakdown import IO_TIME_UNKNOWN, Breakdown, breakdown, task_groups
 from flowscope.analysis.nothing_observed import why_nothing_observed
 from flowscope.analysis.summary import TASK_STEP, Utilisation, utilisation
-from flowscope.report import charts
+from flowscope.report import Progress, charts
 from flowscope.report.anomalies import anomaly_section
 from flowscope.report.chart_sections import CHART_SECTIONS, utilisation_table
 from flowscope.report.context import Context
@@ -82,7 +81,6 @@ code { background: var(--bg-soft); padding: 0 3px; border-radius: 3px; }
 footer { padding: 14px 28px; color: var(--muted); font-size: 12px; }
 """
 
-Progress = Callable[[str, int, int], None]
 
 
 def _e(x) -> str:

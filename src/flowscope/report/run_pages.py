@@ -12,10 +12,10 @@ from __future__ import annotations
 import os
 import re
 import time
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from flowscope.report import Progress
 from flowscope.report.snapshot import DOC_ID, asset_text, embed_json, inline_script
 from flowscope.report.views import PAGES, VIEWS, view_document, view_signature
 from flowscope.store.run import DamagedSegment, Run
@@ -28,7 +28,6 @@ _PAGE_FILES = {"overview": "run.html", "view": "view.html"}
 _SCRIPT = re.compile(r'<script src="/ui/static/([\w.-]+)"></script>')
 _BODY = re.compile(r"<body>(.*)</body>", re.DOTALL)
 
-Progress = Callable[[str, int, int], None]
 
 
 def live_snapshot(run: Run) -> dict:

@@ -22,7 +22,6 @@ import weakref
 from collections import deque
 from pathlib import Path
 
-
 from flowscope.analysis.live import LiveRun, read_pending
 from flowscope.service.json_text import encode
 from flowscope.store.layout import RUN_JSON, read_json
