@@ -12,8 +12,9 @@ worker's tasks of the last second back to back on its threads, 20 task groups (D
 unique task key per span. The batches are POSTed as Arrow IPC, as the client does, by one thread that keeps to the
 schedule (its achieved rate is reported; a run that could not keep it says so). The first span of every batch has
 the key ``mark-<batch>``. Latency of a batch = the time its ``mark`` key is drawn on a page's canvas (a wrapper the
-bench installs around the page's ``FlowscopeTimeline.prototype.draw`` from outside: the page has no test hook)
-minus the time the bench received the collector's acknowledgement of that batch (both on this machine's wall clock,
+bench installs around the page's ``FlowscopeTimeline.prototype.draw`` from outside, the page has no test hook: it
+notes when each draw ended and how many tasks the stream held; which keys each draw showed is read after the
+measurement, so the instrument adds no per-key work to the page while it is measured) minus the time the bench received the collector's acknowledgement of that batch (both on this machine's wall clock,
 ``performance.timeOrigin + performance.now()`` in the page). The collector acknowledges a batch before its live view
 takes it (one thread of the dashboard applies the batches in order, issue 15); the same figure measured from the
 POST being sent is kept beside it. Collector CPU: its process's CPU seconds from the first batch until every page drew every
@@ -98,23 +99,37 @@ class BenchError(RuntimeError):
 
 
 # ---- the pages' instruments (installed from outside; the product has no hook for them) ----------------------------
-DRAW_HOOK = """(prefix) => {
-  window.__drawn = {};
+# each draw of the stream is noted as [when, tasks held]; which keys a draw showed is resolved after the
+# measurement (DRAWN), so that the instrument adds no per-key work to the pages while they are measured
+DRAW_HOOK = """() => {
+  window.__draws2 = [];
   const P = FlowscopeTimeline.prototype;
   if (P.__benchHooked) return;
   P.__benchHooked = true;
   const draw = P.draw;
   P.draw = function () {
     const out = draw.apply(this, arguments);
-    const now = performance.timeOrigin + performance.now(), keys = this.keys;
-    for (let i = this.__benchSeen || 0; i < keys.length; i++) {
-      const k = keys[i];
-      if (k.startsWith(prefix) && !(k in window.__drawn)) window.__drawn[k] = now;
-    }
-    this.__benchSeen = keys.length;
+    window.__draws2.push([performance.timeOrigin + performance.now(), this.count]);
     return out;
   };
 }"""
+
+# every task of the stream whose key starts with the prefix -> when the first draw that held it ended
+DRAWN = """(prefix) => {
+  const tl = flowscopeLive.timeline, d = window.__draws2, out = {};
+  const keyAt = tl.keyAt ? (i) => tl.keyAt(i) : (i) => tl.keys[i];
+  for (let i = 0, j = 0; i < tl.count; i++) {
+    while (j < d.length && d[j][1] <= i) j++;
+    if (j >= d.length) break;
+    const k = keyAt(i);
+    if (k.startsWith(prefix) && !(k in out)) out[k] = d[j][0];
+  }
+  return out;
+}"""
+
+# the stream drew at least n tasks
+DRAWN_AT_LEAST = ("(n) => window.__draws2 && window.__draws2.length > 0 && "
+                  "window.__draws2[window.__draws2.length - 1][1] >= n")
 
 # a run page is ready once it applied its snapshot and loaded plotly.js (which it loads after its first paint; a
 # page that loaded it synchronously was ready at its load event): latency is measured on a page that is ready
@@ -290,7 +305,7 @@ def measure_ingest(browser, rate: int, pages: int, seconds: float, workers: int,
             opened.append(context)
             page.goto(f"{col.address}/ui/runs/{run_id}", wait_until="load")
             page.wait_for_function(PAGE_READY, timeout=WAIT_MS)
-            page.evaluate(DRAW_HOOK, "mark-")
+            page.evaluate(DRAW_HOOK)
         from flowscope.client.transport import ipc_bytes
 
         # the batches carry the times they are sent at: built (twice) so that the first is due after building
@@ -319,13 +334,14 @@ def measure_ingest(browser, rate: int, pages: int, seconds: float, workers: int,
         for context in opened:
             page = context.pages[0]
             try:
-                page.wait_for_function(f"() => Object.keys(window.__drawn).length >= {len(bodies)}", timeout=WAIT_MS,
-                                       polling=50)
+                page.wait_for_function(DRAWN_AT_LEAST, arg=records, timeout=WAIT_MS, polling=50)
             except Exception as exc:
-                got = page.evaluate("() => Object.keys(window.__drawn).length")
-                raise BenchError(f"a page drew {got} of {len(bodies)} batches at {rate}/s with {pages} pages "
+                got = page.evaluate("() => flowscopeLive.timeline ? flowscopeLive.timeline.count : 0")
+                raise BenchError(f"a page drew {got} of {records} records at {rate}/s with {pages} pages "
                                  f"(errors: {page.errors[:3]})") from exc
-            drawn.append((page.evaluate("() => window.__drawn"), page.evaluate("() => flowscopeLive.timeline.count")))
+        for context in opened:  # after every page drew everything: resolving keys adds nothing to the measurement
+            page = context.pages[0]
+            drawn.append((page.evaluate(DRAWN, "mark-"), page.evaluate("() => flowscopeLive.timeline.count")))
         cpu = _cpu(col.proc.pid) - cpu0
         for marks, count in drawn:  # every page holds every record: the same output on every page
             if count != records or len(marks) != len(bodies):
@@ -568,7 +584,7 @@ def measure_peer(browser, mode: str, tasks: int, rep: int, workdir: Path, store:
             elif mode == "flowscope":
                 page.goto(obs.dashboard_url, wait_until="load")
                 page.wait_for_function(PAGE_READY, timeout=WAIT_MS)
-                page.evaluate(DRAW_HOOK, prefix)
+                page.evaluate(DRAW_HOOK)
             cs0, cc0, w0 = _cpu(sched.pid), _cpu(obs.collector_pid), time.perf_counter()
             futures = [client.submit(work, i, key=f"{prefix}{i}", pure=False) for i in range(tasks)]
             wait(futures)
@@ -576,15 +592,21 @@ def measure_peer(browser, mode: str, tasks: int, rep: int, workdir: Path, store:
             wall = time.perf_counter() - w0
             cs, cc = _cpu(sched.pid) - cs0, _cpu(obs.collector_pid) - cc0
             shown = {}
-            if mode != "closed":
-                var = "__shown" if mode == "dask" else "__drawn"
+            if mode == "dask":
                 try:
-                    page.wait_for_function(f"() => Object.keys(window.{var}).length >= {tasks}", timeout=WAIT_MS,
+                    page.wait_for_function(f"() => Object.keys(window.__shown).length >= {tasks}", timeout=WAIT_MS,
                                            polling=100)
                 except Exception as exc:
-                    got = page.evaluate(f"() => Object.keys(window.{var}).length")
-                    raise BenchError(f"{mode}'s page showed {got} of {tasks} tasks") from exc
-                shown = page.evaluate(f"() => window.{var}")
+                    got = page.evaluate("() => Object.keys(window.__shown).length")
+                    raise BenchError(f"dask's page showed {got} of {tasks} tasks") from exc
+                shown = page.evaluate("() => window.__shown")
+            elif mode == "flowscope":
+                try:
+                    page.wait_for_function(DRAWN_AT_LEAST, arg=tasks, timeout=WAIT_MS, polling=100)
+                except Exception as exc:
+                    got = page.evaluate("() => flowscopeLive.timeline ? flowscopeLive.timeline.count : 0")
+                    raise BenchError(f"flowscope's page drew {got} of {tasks} tasks") from exc
+                shown = page.evaluate(DRAWN, prefix)
             del futures
         run = obs.run
         ends = {k: e / 1e6 for k, e in run.sql(
