@@ -18,6 +18,8 @@ import httpx
 import pytest
 from conftest import require_module
 
+from flowscope.service.frames import read_message
+
 #: a bound on waits for the workflow's records to reach the page (a busy machine is slow; this is no timing test)
 WAIT_MS = 180_000
 
@@ -175,11 +177,81 @@ def test_overview_follows_a_live_dask_workflow_and_a_reconnecting_page_catches_u
         assert page.evaluate("() => flowscopeLive.snapshots") == 1
         assert page.locator(f"#progress tr[data-group='{SCRIPT}'] td").first.inner_text() == SCRIPT
         _shows_name(page, RUN_NAME)
+        # every task's key as the run recorded it, markup and all: from a snapshot (page, reloaded) and from deltas
+        # that came as one catch-up message (other); both binary messages (service/frames.py)
+        keys = sorted(run.sql("SELECT task_key FROM activity WHERE role = 'task'")["task_key"])
         for pg in (page, other):
+            assert sorted(pg.evaluate(STREAM_KEYS)) == keys
             _no_markup_ran(pg)
             assert pg.errors == [] and pg.outside == []
             assert pg.evaluate("() => flowscopeLive.errors") == []
         context.close()
+
+
+STREAM_KEYS = "() => { const t = flowscopeLive.timeline; return Array.from({length: t.count}, (_, i) => t.keyAt(i)); }"
+
+# a message the collector wrote, handed to the page's reader: every delta's columns as the page will use them
+READ_FRAME = """(b64) => {
+  const bin = atob(b64), buf = new Uint8Array(bin.length);
+  for (let i = 0; i < bin.length; i++) buf[i] = bin.charCodeAt(i);
+  const m = flowscopeLive.readMessage(buf.buffer), col = (c) => c && Array.from({length: c.length},
+    (_, i) => typeof c.get === "function" ? c.get(i) : c[i]);
+  return m.deltas.map(d => ({seq: d.seq, binary: d.binary === undefined,
+    tasks: d.tasks ? Object.fromEntries(Object.entries(d.tasks).map(([k, c]) => [k, col(c)])) : null,
+    transfers: d.transfers ? Object.fromEntries(Object.entries(d.transfers).map(([k, c]) => [k, col(c)])) : null}));
+}"""
+
+
+def test_a_page_reads_the_collectors_binary_messages_exactly(collector, browser):
+    """The page's reader (live.js) and the collector's writer (service/frames.py) agree: float64 times to the
+    bit, int32 rows, keys in any script with markup, empty for a null, several deltas in one message; the stream
+    finds a task by a key that came so; a cut message is refused, not half applied."""
+    import base64
+
+    import numpy as np
+    import pyarrow as pa
+
+    from flowscope.service.frames import encode_item, message
+
+    run_id = _open_run(collector.address, {}, "frames")
+    keys = [IMG, "ключ-λ-🙂", None, "", SCRIPT + "-0"]
+    tasks = {"start": np.array([0.1, 1 / 3, 2.5, 1e-9, 7.0]), "end": np.array([0.2, 0.5, 3.0, 1e-6, 9.25]),
+             "row": np.array([0, 1, 1, 0, 1], np.int32), "group": np.array([0, 0, 1, 1, 0], np.int32),
+             "key": pa.array(keys, pa.string())}
+    transfers = {"start": np.array([0.15]), "end": np.array([0.3]), "src": np.array([0], np.int32),
+                 "dst": np.array([1], np.int32)}
+    frame = message('"type":"deltas","epoch":"e"', [encode_item({"seq": 1, "tasks": tasks}), encode_item({"seq": 2}),
+                                                    encode_item({"seq": 3, "transfers": transfers, "tasks": tasks})],
+                    "deltas")
+    assert isinstance(frame, bytes)
+    context = browser.new_context()
+    pg = _page(context)
+    pg.goto(f"{collector.address}/ui/runs/{run_id}", wait_until="load")
+    _wait(pg, "s.seq !== null")
+    got = pg.evaluate(READ_FRAME, base64.b64encode(frame).decode())
+    want = {k: (v.to_pylist() if k == "key" else v.tolist()) for k, v in tasks.items()}
+    want["key"] = [k or "" for k in want["key"]]
+    assert [d["seq"] for d in got] == [1, 2, 3] and all(d["binary"] for d in got)
+    assert got[0]["tasks"] == want and got[1]["tasks"] is None and got[2]["tasks"] == want
+    assert got[2]["transfers"] == {k: v.tolist() for k, v in transfers.items()}
+    found = pg.evaluate("""(b64) => {
+      const bin = atob(b64), buf = new Uint8Array(bin.length);
+      for (let i = 0; i < bin.length; i++) buf[i] = bin.charCodeAt(i);
+      const d = flowscopeLive.readMessage(buf.buffer).deltas[0], div = document.createElement("div");
+      document.body.appendChild(div);
+      const tl = new FlowscopeTimeline(div, {rows: ["a", "b"], groups: [{name: "g", color: "#112233"},
+                                                                       {name: "h", color: "#445566"}]});
+      tl.append(d.tasks);
+      return [tl.find("ключ-λ-🙂"), tl.keyAt(0), tl.keyAt(2)];
+    }""", base64.b64encode(frame).decode())
+    assert found[0] == {"start": 1 / 3, "end": 0.5, "row": 1, "group": "g"} and found[1:] == [IMG, ""]
+    cut = base64.b64encode(frame[:len(frame) - 16]).decode()
+    err = pg.evaluate("(b64) => { try { flowscopeLive.readMessage(Uint8Array.from(atob(b64), c => c.charCodeAt(0))"
+                      ".buffer); return null; } catch (e) { return String(e.message); } }", cut)
+    assert err is not None and re.search(r"ends at byte \d+, the message at \d+", err), err
+    _no_markup_ran(pg)
+    assert pg.errors == [] and pg.outside == []
+    context.close()
 
 
 def _open_run(address: str, headers: dict, name: str) -> str:
@@ -211,7 +283,7 @@ def test_with_a_token_pages_and_websocket_need_it(collector_factory, browser):
         websockets_sync.connect(ws_url, additional_headers=auth, origin="http://evil.example", open_timeout=30,
                                 proxy=None)
     with websockets_sync.connect(ws_url, additional_headers=auth, open_timeout=30, proxy=None) as ws:
-        first = json.loads(ws.recv(timeout=60))
+        first = read_message(ws.recv(timeout=60))
         assert first["type"] == "snapshot" and first["name"] == IMG
 
     context = browser.new_context()
@@ -242,7 +314,7 @@ def test_pages_messages_are_compressed_beyond_loopback_only(collector_factory):
         run_id = _open_run(c.address, auth, "compression")
         ws_url = c.address.replace("http://", "ws://") + f"/v1/ui/runs/{run_id}/live"
         with websockets_sync.connect(ws_url, additional_headers=auth, open_timeout=30, proxy=None) as ws:
-            assert json.loads(ws.recv(timeout=60))["type"] == "snapshot"
+            assert read_message(ws.recv(timeout=60))["type"] == "snapshot"
             offered = ws.request.headers.get("Sec-WebSocket-Extensions") or ""
             agreed = ws.response.headers.get("Sec-WebSocket-Extensions") or ""
         assert "permessage-deflate" in offered

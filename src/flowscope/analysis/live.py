@@ -70,16 +70,17 @@ def _segment_cummax(values: np.ndarray, first: np.ndarray) -> np.ndarray:
 
 
 class _Columns:
-    """Growable columns of the task stream (start, end seconds since the run's start; row; group; key)."""
+    """Growable columns of the task stream (start, end seconds since the run's start; row; group; key, Arrow
+    strings)."""
 
     def __init__(self) -> None:
         self.start: list[np.ndarray] = []
         self.end: list[np.ndarray] = []
         self.row: list[np.ndarray] = []
         self.group: list[np.ndarray] = []
-        self.key: list[list] = []
+        self.key: list[pa.Array] = []
 
-    def add(self, start, end, row, group, key) -> None:
+    def add(self, start, end, row, group, key: pa.Array) -> None:
         self.start.append(start)
         self.end.append(end)
         self.row.append(row)
@@ -89,11 +90,16 @@ class _Columns:
     def __len__(self) -> int:
         return sum(len(a) for a in self.start)
 
-    def as_json(self) -> dict:
+    def arrays(self) -> dict:
+        """The columns whole: numpy start, end (float64), row, group (int32); key (an Arrow string array)."""
         cat = (lambda parts, dt: np.concatenate(parts).astype(dt) if parts else np.zeros(0, dt))
-        return {"start": cat(self.start, np.float64).tolist(), "end": cat(self.end, np.float64).tolist(),
-                "row": cat(self.row, np.int32).tolist(), "group": cat(self.group, np.int32).tolist(),
-                "key": [k for part in self.key for k in part]}
+        return {"start": cat(self.start, np.float64), "end": cat(self.end, np.float64),
+                "row": cat(self.row, np.int32), "group": cat(self.group, np.int32),
+                "key": pa.concat_arrays(self.key) if self.key else pa.array([], pa.string())}
+
+    def as_json(self) -> dict:
+        a = self.arrays()
+        return {k: v.to_pylist() if k == "key" else v.tolist() for k, v in a.items()}
 
 
 def _reads_attrs(when: dict) -> bool:
@@ -455,7 +461,9 @@ class LiveRun:
         group = self._indices(pc.fill_null(a["group"], "?"), lambda g: self._group(g, new_groups))
         start = (a["start_ns"].to_numpy() - self.t0_ns) / 1e9
         end = (a["end_ns"].to_numpy() - self.t0_ns) / 1e9
-        keys = a["task_key"].to_pylist()
+        keys = a["task_key"].combine_chunks()
+        if not pa.types.is_string(keys.type):
+            keys = keys.cast(pa.string())
         self._tasks.add(start, end, row, group, keys)
         self.last_ns = max(self.last_ns, int(pc.max(a["end_ns"]).as_py()))
         tasks = a.filter(pc.equal(a["role"], "task"))
@@ -474,8 +482,8 @@ class LiveRun:
             delta["rows"] = new_rows
         if new_groups:
             delta["groups"] = new_groups
-        delta["tasks"] = {"start": start.tolist(), "end": end.tolist(), "row": row.tolist(), "group": group.tolist(),
-                          "key": keys}
+        # columns as they are: the live channel sends them as binary buffers (service/frames.py)
+        delta["tasks"] = {"start": start, "end": end, "row": row, "group": group, "key": keys}
         if changed and not self._state:
             delta["progress"] = self._progress(changed)
             delta["states"] = self._states()
@@ -509,7 +517,7 @@ class LiveRun:
         self._xfers.append((start, end, src, dst))
         if new_rows:
             delta["rows"] = new_rows
-        delta["transfers"] = {"start": start.tolist(), "end": end.tolist(), "src": src.tolist(), "dst": dst.tolist()}
+        delta["transfers"] = {"start": start, "end": end, "src": src, "dst": dst}
 
     def _apply_metrics(self, batch: pa.Table, delta: dict) -> None:
         self._apply_app_metrics(batch, delta)
@@ -624,14 +632,18 @@ class LiveRun:
         step = max(1, -(-len(xs) // SNAPSHOT_POINTS))
         return {"label": self._label(rid), "t": xs[::step], "v": ys[::step]}
 
-    def snapshot(self) -> dict:
-        """The whole view at sequence number ``seq``."""
+    def snapshot(self, columns: bool = False) -> dict:
+        """The whole view at sequence number ``seq``; with ``columns``, the stream's tasks and transfers as arrays
+        (numpy; the keys an Arrow string array) rather than lists."""
         with self._lock:
             series: dict[str, dict] = {}
             for (panel, rid), (xs, ys) in self._series.items():
                 series.setdefault(panel, {})[rid] = self._thinned(rid, xs, ys)
             xf = self._xfers
-            cat = (lambda i: np.concatenate([x[i] for x in xf]).tolist() if xf else [])
+
+            def cat(i: int, dtype) -> Any:
+                a = np.concatenate([x[i] for x in xf]).astype(dtype) if xf else np.zeros(0, dtype)
+                return a if columns else a.tolist()
             return {
                 "seq": self.seq, "run_id": self.run_id, "name": self.name, "t0_ns": self.t0_ns,
                 "last_s": (self.last_ns - self.t0_ns) / 1e9,
@@ -639,8 +651,9 @@ class LiveRun:
                 "states": self._states(),
                 "rows": list(self._labels),
                 "groups": [{"name": g, "color": self._color(i)} for i, g in enumerate(self._stream_groups)],
-                "tasks": self._tasks.as_json(),
-                "transfers": {"start": cat(0), "end": cat(1), "src": cat(2), "dst": cat(3)},
+                "tasks": self._tasks.arrays() if columns else self._tasks.as_json(),
+                "transfers": {"start": cat(0, np.float64), "end": cat(1, np.float64), "src": cat(2, np.int32),
+                              "dst": cat(3, np.int32)},
                 "metrics": {"names": dict(self._metric_names), "series": series},
                 "diagnostics": {panel: {rid: self._thinned(rid, xs, ys) for rid, (xs, ys) in by_rid.items()}
                                 for panel, by_rid in self._app.items()},

@@ -5,7 +5,8 @@ Protocol of ``/v1/ui/runs/{run_id}/live?epoch=E&since=N``: the server sends ``{"
 whole view, with its ``seq`` and ``epoch``) unless the page says it has applied ``N`` of epoch ``E`` and the
 deltas after ``N`` are still kept, in which case it sends ``{"type": "deltas", "deltas": [...]}``; then one
 ``deltas`` message per change (or a new snapshot when the page fell too far behind). Each delta has
-``seq``; a page applies them in order and reconnects with the last ``seq`` it applied.
+``seq``; a page applies them in order and reconnects with the last ``seq`` it applied. A message that carries the
+task stream's columns is a binary frame (``service/frames.py``), any other is JSON text.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from flowscope.model.provenance import check_run_id
 from flowscope.report.views import PAGES
 from flowscope.model.semantics import phase_sql
 from flowscope.service.json_text import PageJSON, encode
-from flowscope.service.live_hub import LiveHub
+from flowscope.service.live_hub import LiveHub, snapshot_message
 from flowscope.store.catalog import list_runs, run_state
 from flowscope.store.layout import RUN_JSON, read_json, segment_files
 from flowscope.store.run import Run
@@ -424,20 +425,25 @@ def dashboard_routes(hub: LiveHub) -> list:
         w.waiters.add((loop, wake))
         gone = asyncio.ensure_future(ws.receive())  # a closed page ends the wait at once
         try:
-            kind, body = await asyncio.to_thread(w.since, ws.query_params.get("epoch"), since)
+            kind, body = await asyncio.to_thread(w.since, ws.query_params.get("epoch"), since, True)
             while True:
                 if kind == "snapshot":
-                    await ws.send_text(encode({"type": "snapshot", **body}))
+                    message = await asyncio.to_thread(snapshot_message, body)
                     since = body["seq"]
                 elif body is not None:
-                    message, since = body
-                    await ws.send_text(message)  # encoded once for every page (live_hub.Encoded)
+                    message, since = body  # encoded once for every page (live_hub.Encoded)
+                else:
+                    message = None
+                if isinstance(message, bytes):  # with the stream's columns (service/frames.py)
+                    await ws.send_bytes(message)
+                elif message is not None:
+                    await ws.send_text(message)
                 if not await changed(wake, gone):
                     return
                 wake.clear()
                 if hub.collector is None:
                     await asyncio.to_thread(w.catch_up, True)
-                kind, body = w.since(w.epoch, since)
+                kind, body = w.since(w.epoch, since, True)
         except (WebSocketDisconnect, OSError):  # the page went away while a message was being sent
             return
         finally:

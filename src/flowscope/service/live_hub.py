@@ -23,6 +23,7 @@ from collections import deque
 from pathlib import Path
 
 from flowscope.analysis.live import LiveRun, read_pending
+from flowscope.service.frames import encode_item, message
 from flowscope.service.json_text import encode
 from flowscope.store.layout import RUN_JSON, read_json
 from flowscope.store.run import Run
@@ -37,22 +38,29 @@ FEED_BYTES = 64 * 1024 * 1024
 
 
 class Encoded:
-    """One delta, JSON-encoded once for every page: its text, and the whole ``deltas`` message that carries it
-    alone (what a page that is up to date receives: the same string object for every page)."""
+    """One delta, encoded once for every page (service/frames.py: its columns as binary buffers): the encoded item,
+    and the whole ``deltas`` message that carries it alone (what a page that is up to date receives: the same object
+    for every page)."""
 
-    __slots__ = ("message", "seq", "text")
+    __slots__ = ("item", "message", "seq")
 
     def __init__(self, epoch: str, delta: dict):
         self.seq = delta["seq"]
-        self.text = encode(delta)
+        self.item = encode_item(delta)
         self.message = deltas_message(epoch, [self])
 
 
-def deltas_message(epoch: str, deltas: list[Encoded]) -> str:
-    """The ``{"type": "deltas", "epoch": E, "deltas": [...]}`` message of already encoded ``deltas``."""
+def deltas_message(epoch: str, deltas: list[Encoded]) -> str | bytes:
+    """The ``{"type": "deltas", "epoch": E, "deltas": [...]}`` message of already encoded ``deltas``: text, or a
+    binary frame when they carry columns."""
     if len(deltas) == 1 and hasattr(deltas[0], "message"):  # Encoded.__init__ builds its own message here
         return deltas[0].message
-    return f'{{"type":"deltas","epoch":{encode(epoch)},"deltas":[{",".join(d.text for d in deltas)}]}}'
+    return message(f'"type":"deltas","epoch":{encode(epoch)}', [d.item for d in deltas], "deltas")
+
+
+def snapshot_message(snap: dict) -> str | bytes:
+    """The ``{"type": "snapshot", ...}`` message of a snapshot taken with its columns as arrays."""
+    return message('"type":"snapshot"', [encode_item(snap)], None)
 
 
 class Watched:
@@ -124,9 +132,10 @@ class Watched:
             with self.lock:
                 self._apply(table, sid, data)
 
-    def since(self, epoch: str | None, seq: int | None) -> tuple[str, object]:
-        """What a page that has applied ``seq`` of ``epoch`` needs: ("deltas", (message text, last seq)), None
-        when it has everything, or ("snapshot", {...})."""
+    def since(self, epoch: str | None, seq: int | None, columns: bool = False) -> tuple[str, object]:
+        """What a page that has applied ``seq`` of ``epoch`` needs: ("deltas", (message, last seq)), None when it
+        has everything, or ("snapshot", {...}) (``columns``: its tasks and transfers as arrays, for
+        :func:`snapshot_message`)."""
         with self.lock:
             live = self.live
             if epoch == self.epoch and seq is not None and 0 <= seq <= live.seq:
@@ -138,7 +147,7 @@ class Watched:
                     if missed[0].seq != seq + 1:
                         missed = [d for d in self.deltas if d.seq > seq]
                     return "deltas", (deltas_message(self.epoch, missed), missed[-1].seq)
-            snap = live.snapshot()
+            snap = live.snapshot(columns)
             snap["epoch"] = self.epoch
             meta = read_json(self.run_dir / RUN_JSON)
             if self._closed is None:

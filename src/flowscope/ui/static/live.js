@@ -363,6 +363,45 @@
     return true;
   }
 
+  // ---- the channel's messages: text, or a binary frame with the stream's columns (service/frames.py) ------------
+  var UTF8 = new TextDecoder();
+  /** A message as an object; a binary frame's column sets become typed arrays over the frame (keys: Texts). */
+  function readMessage(data) {
+    if (typeof data === "string") return JSON.parse(data);
+    var h = new DataView(data).getUint32(0, true);
+    var m = JSON.parse(UTF8.decode(new Uint8Array(data, 4, h)));
+    var items = m.type === "deltas" ? m.deltas : [m], base = (4 + h + 7) & ~7;
+    if (!Array.isArray(m.body) || m.body.length !== items.length) {
+      throw new Error("a binary message without one body length per item");
+    }
+    items.forEach(function (it, i) {
+      if (base + m.body[i] > data.byteLength) {
+        throw new Error("a part of the message ends at byte " + (base + m.body[i]) + ", the message at " + data.byteLength);
+      }
+      (it.binary || []).forEach(function (k) { it[k] = columnsOf(k, it[k], data, base, base + m.body[i]); });
+      delete it.binary;
+      base += m.body[i];
+    });
+    return m;
+  }
+  function columnsOf(what, v, buf, base, end) {
+    if (!v || typeof v.n !== "number" || !v.columns) throw new Error(what + ": no column set in the message");
+    var out = {}, n = v.n;
+    for (var name in v.columns) {
+      var c = v.columns[name], size = c[0] === "f64" ? 8 : 4;
+      if (base + c[1] + size * (c[0] === "utf8" ? n + 1 : n) > end || (c[0] === "utf8" && base + c[2] + c[3] > end)) {
+        throw new Error(what + "." + name + " lies outside its part of the message");
+      }
+      if (c[0] === "f64") out[name] = new Float64Array(buf, base + c[1], n);
+      else if (c[0] === "i32") out[name] = new Int32Array(buf, base + c[1], n);
+      else if (c[0] === "utf8") {
+        out[name] = new FlowscopeTimeline.Texts(new Int32Array(buf, base + c[1], n + 1), new Uint8Array(buf, base + c[2], c[3]));
+      } else throw new Error(what + "." + name + ": unknown column type " + c[0]);
+    }
+    return out;
+  }
+  live.readMessage = readMessage;
+
   // ---- the connection ---------------------------------------------------------------------------
   var backoff = 250;
   function connect() {
@@ -370,13 +409,15 @@
     var proto = location.protocol === "https:" ? "wss:" : "ws:";
     var q = S.epoch !== null ? "?epoch=" + encodeURIComponent(S.epoch) + "&since=" + S.seq : "";
     var ws = live.socket = new WebSocket(proto + "//" + location.host + "/v1/ui/runs/" + encodeURIComponent(runId) + "/live" + q);
+    ws.binaryType = "arraybuffer";
     var conn = document.getElementById("conn");
     var first = true;
     live.connects++;
     ws.onopen = function () { conn.textContent = "live"; backoff = 250; };
     ws.onmessage = function (ev) {
-      var m = JSON.parse(ev.data);
+      var m;
       try {
+        m = readMessage(ev.data);
         if (m.type === "snapshot") applySnapshot(m);
         else if (m.epoch !== S.epoch) throw new Error("deltas of another epoch");
         else m.deltas.forEach(applyDelta);

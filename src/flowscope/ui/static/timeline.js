@@ -15,11 +15,13 @@
  * group names, row labels) reaches the page as text only: canvas fillText, or textContent in the tooltip.
  *
  *   const tl = new FlowscopeTimeline(div, {rows: ["host/thread", ...], groups: [{name, color: "#rrggbb"}, ...]});
- *   tl.append({start, end, row, group, key}, {start, end, src, dst});  // seconds; arrays or typed arrays
+ *   tl.append({start, end, row, group, key}, {start, end, src, dst});  // seconds; arrays or typed arrays;
+ *                                                  // key: a list of strings or FlowscopeTimeline.Texts (UTF-8)
  *   tl.addRows(["host/thread", ...]);  // a worker that joined late
  *   tl.addGroups([{name, color}]);  tl.setRowLabel(i, "label");  // a group first seen later; a row named later
  *   tl.setView(t0, t1);  tl.view;  tl.count;  tl.draw();  tl.inspect()  // (inspect needs {record: true})
  *   tl.find("key")  // {start, end, row, group} of the task with that key (its last), or null
+ *   tl.keyAt(id)    // the key of the task appended as number id (ids of inspect() and hits)
  */
 (function (global) {
   "use strict";
@@ -88,6 +90,68 @@
     if (e - s > this.maxDur) this.maxDur = e - s;
   };
 
+  var UTF8 = typeof TextDecoder !== "undefined" ? new TextDecoder() : null;
+  var UTF8_OUT = typeof TextEncoder !== "undefined" ? new TextEncoder() : null;
+
+  /** A column of strings as Arrow keeps them: UTF-8 ``bytes`` and ``length + 1`` offsets into them (the live
+   *  channel's binary messages carry task keys so). A string is decoded only when asked for. */
+  function Texts(offsets, bytes) {
+    if (!(offsets instanceof Int32Array) || !(bytes instanceof Uint8Array) || offsets.length < 1) {
+      throw new Error("Texts: Int32Array offsets (length + 1) and Uint8Array bytes");
+    }
+    var n = offsets.length - 1;
+    if (offsets[0] < 0 || offsets[n] > bytes.length) {
+      throw new Error("Texts: offsets run from " + offsets[0] + " to " + offsets[n] + ", there are " + bytes.length + " bytes");
+    }
+    this.offsets = offsets; this.bytes = bytes; this.length = n;
+  }
+  Texts.prototype.get = function (i) {
+    return UTF8.decode(this.bytes.subarray(this.offsets[i], this.offsets[i + 1]));
+  };
+  /** The same strings in buffers of their own (a view into a whole message would keep the message alive). */
+  Texts.prototype.own = function () {
+    var o = this.offsets, lo = o[0];
+    return new Texts(lo ? o.map(function (v) { return v - lo; }) : o.slice(), this.bytes.slice(lo, o[this.length]));
+  };
+  /** The last index holding ``text``, or -1. */
+  Texts.prototype.lastIndexOf = function (text) {
+    var want = UTF8_OUT.encode(text), o = this.offsets, b = this.bytes, m = want.length;
+    for (var i = this.length - 1; i >= 0; i--) {
+      if (o[i + 1] - o[i] !== m) continue;
+      var j = 0, at = o[i];
+      while (j < m && b[at + j] === want[j]) j++;
+      if (j === m) return i;
+    }
+    return -1;
+  };
+
+  /** The keys of the tasks appended, by task id: the parts as they came (lists of strings, or Texts). */
+  function Keys() { this.parts = []; this.firsts = []; this.n = 0; }
+  Keys.prototype.add = function (part, n) {
+    this.parts.push(part instanceof Texts ? part.own() : (part ? Array.prototype.slice.call(part) : null));
+    this.firsts.push(this.n);
+    this.n += n;
+  };
+  Keys.prototype.get = function (id) {
+    var f = this.firsts, lo = 0, hi = f.length - 1;
+    if (!(id >= 0 && id < this.n)) return "";
+    while (lo < hi) { var mid = (lo + hi + 1) >>> 1; if (f[mid] <= id) lo = mid; else hi = mid - 1; }
+    var part = this.parts[lo], i = id - f[lo];
+    if (part === null) return "";
+    if (part instanceof Texts) return part.get(i);
+    var v = part[i];
+    return v == null ? "" : String(v);
+  };
+  Keys.prototype.lastIndexOf = function (key) {
+    for (var p = this.parts.length - 1; p >= 0; p--) {
+      var part = this.parts[p], i = -1;
+      if (part instanceof Texts) i = part.lastIndexOf(key);
+      else if (part) for (i = part.length - 1; i >= 0 && String(part[i]) !== key; i--) {}
+      if (i >= 0) return this.firsts[p] + i;
+    }
+    return -1;
+  };
+
   function parseColor(c) {
     var m = /^#([0-9a-f]{6})$/i.exec(String(c));
     if (!m) throw new Error("group colour " + JSON.stringify(c) + " is not of the form #rrggbb");
@@ -129,7 +193,7 @@
     if (this._fitRows) o.rowHeight = this._fittedRowHeight();
     this.container = container;
     this.rows = this.rowLabels.map(function () { return new GrowRow(); });
-    this.keys = [];
+    this.keys = new Keys();
     this.count = 0;
     this.extent = [Infinity, -Infinity];
     this._dirtyFrom = Infinity;  // the earliest start appended since the last draw
@@ -227,6 +291,9 @@
         throw new Error("tasks.group at index " + i + " is " + g + "; groups are 0.." + (G - 1));
       }
     }
+    if (key !== null && !(key instanceof Texts) && !Array.isArray(key)) {
+      throw new Error("tasks.key: a list of strings or FlowscopeTimeline.Texts");
+    }
     var m = 0, x = null;
     if (transfers) {
       m = transfers.start ? transfers.start.length : 0;
@@ -244,11 +311,11 @@
     var v = this._currentView(), following = this._view === null ||
       (this.options.follow && this._view[1] >= this.extent[1] && this.extent[1] > -Infinity);
     var lo = this.extent[0], hi = this.extent[1], first = Infinity;
+    if (n) this.keys.add(key, n);
     for (i = 0; i < n; i++) {
       if (start[i] < first) first = start[i];
       var id = this.count++;
       this.rows[row[i]].insert(start[i], end[i], group[i], id);
-      this.keys.push(key ? String(key[i]) : "");
       if (start[i] < lo) lo = start[i];
       if (end[i] > hi) hi = end[i];
     }
@@ -338,6 +405,9 @@
     }
     return null;
   };
+
+  /** The key of the task with id ``id`` (its place in the order of appending), "" for none. */
+  P.keyAt = function (id) { return this.keys.get(id); };
 
   /** Draw at the next animation frame; for new data (``data``), no sooner than drawing keeps to
    *  options.drawShare of the page's time: a draw that took d ms is followed by the next d / drawShare ms after
@@ -449,7 +519,7 @@
           if (p1 <= p0) continue;
           bars.push(p0, p1, g[i]);
           nExact++;
-          if (rec) rec.exact.push({id: row.id[i], key: this.keys[row.id[i]], row: r, group: g[i],
+          if (rec) rec.exact.push({id: row.id[i], key: this.keys.get(row.id[i]), row: r, group: g[i],
                                    x0: L0 + p0, x1: L0 + p1, y0: y, y1: y + barH});
         } else {
           var c = Math.floor((x0 + x1) / 2);
@@ -617,7 +687,7 @@
       if (acc[g] > top) { top = acc[g]; topG = g; }
     }
     if (best !== null) {
-      return {kind: "task", row: r, id: row.id[best], key: this.keys[row.id[best]], group: row.group[best],
+      return {kind: "task", row: r, id: row.id[best], key: this.keys.get(row.id[best]), group: row.group[best],
               start: row.start[best], end: row.end[best]};
     }
     if (count) return {kind: "merged", row: r, group: topG, tasks: count, busy: Math.min(1, busy * scale), t0: c0, t1: c1};
@@ -692,6 +762,7 @@
   };
 
   FlowscopeTimeline.LEVELS = LEVELS;
+  FlowscopeTimeline.Texts = Texts;
   FlowscopeTimeline.OPACITIES = OPACITIES;
   global.FlowscopeTimeline = FlowscopeTimeline;
 })(typeof window !== "undefined" ? window : this);
