@@ -462,23 +462,25 @@ def test_what_pages_receive_is_json_a_browser_parses_with_numpy_values_and_non_f
 
 
 def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded, tmp_path):
-    """While a run changes, a view is recomputed at most once per max(VIEW_DEBOUNCE_S, its cost / share) for
-    every page together: a page asking sooner gets the kept view and how long until a fresher one may be
-    computed; once that time has passed, the next ask recomputes it with the new segments."""
+    """While a run changes, a view is recomputed at most once per max(VIEW_DEBOUNCE_S, its predicted cost / share)
+    for every page together, the predicted cost being the last computation's scaled by how much the run grew since
+    (its segments of the tables the view reads): a run that grew tenfold waits ten times as long, so that a young
+    run's cheap first computation does not let a costly one follow at once. A page asking sooner gets the kept view
+    and how long until a fresher one may be computed; once that time has passed, the next ask recomputes it."""
     import asyncio
 
     from flowscope.service.collector import Collector
     from flowscope.service.dashboard_routes import VIEW_DEBOUNCE_S, _Views
 
     segs = [s for s in _segments(recorded) if s[0] in ("metrics", "resources")]
-    assert sum(t == "metrics" for t, _, _ in segs) >= 2, "the recorded run has too few metrics segments"
+    metrics = [s for s in segs if s[0] == "metrics"]
+    assert metrics, "the recorded run has no metrics segment"
     now = [1000.0]
     collector = Collector(tmp_path / "store")
     try:
         doc = collector.open_run({"name": "cadence", "start_ns": Run(recorded).meta["start_ns"]})
         run_dir = collector.store / doc["run_id"]
-        last = max(i for i, s in enumerate(segs) if s[0] == "metrics")
-        for table, sid, data in segs[:last]:
+        for table, sid, data in segs:
             collector.ingest(doc["run_id"], table, sid, data, timeout=60)
         views = _Views(clock=lambda: now[0])
 
@@ -487,9 +489,11 @@ def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded
             assert wait is None  # computed now: fresh
             again, wait = await views.get(run_dir, "memory", share=0.05)
             assert again is first and wait is None  # nothing changed: the kept view
-            table, sid, data = segs[last]
-            collector.ingest(doc["run_id"], table, sid, data, timeout=60)
-            allowed = max(VIEW_DEBOUNCE_S, first["compute_s"] / 0.05)
+            before = sum(first["segments"].values())
+            for i in range(9 * before):  # the run grows tenfold (the same samples again, as new segments)
+                table, _, data = metrics[i % len(metrics)]
+                collector.ingest(doc["run_id"], table, f"more-{i}", data, timeout=60)
+            allowed = max(VIEW_DEBOUNCE_S, 10 * first["compute_s"] / 0.05)
             now[0] += allowed / 2
             answers = [await views.get(run_dir, "memory", share=0.05) for _ in range(5)]  # five pages
             for got, wait in answers:
@@ -497,7 +501,7 @@ def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded
             now[0] += allowed / 2
             newer, wait = await views.get(run_dir, "memory", share=0.05)
             assert newer is not first and wait is None
-            assert newer["segments"]["metrics"] == first["segments"]["metrics"] + 1
+            assert sum(newer["segments"].values()) == 10 * before
         asyncio.run(pages())
     finally:
         collector.shutdown()

@@ -176,15 +176,18 @@ class _Views:
     async def get(self, run_dir: Path, view: str, share: float | None = None) -> tuple[dict, float | None]:
         """The view of the run, and None when it is as the tables are now; or, with ``share``, the view kept
         from a recent computation and in how many seconds a fresher one may be computed: a view followed live
-        is recomputed at most once per max(VIEW_DEBOUNCE_S, its last computation's time / ``share``), however
-        many pages follow it."""
+        is recomputed at most once per max(VIEW_DEBOUNCE_S, its predicted time / ``share``), however many pages
+        follow it. The prediction is the last computation's time scaled by how much the run grew since (the
+        segments of the tables the view reads): an analysis takes about as long as its tables are large, and a
+        young run's cheap first computation must not let a costly one follow at once."""
         key = (run_dir, view)
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             sig = await asyncio.to_thread(self.signature, run_dir, view)
             hit = self._done.get(key)
             if share is not None and hit is not None and hit[0] != sig:
-                wait = hit[2] + max(VIEW_DEBOUNCE_S, hit[1]["compute_s"] / share) - self._clock()
+                grown = max(1.0, sum(sig[1:]) / max(1, sum(hit[0][1:])))
+                wait = hit[2] + max(VIEW_DEBOUNCE_S, hit[1]["compute_s"] * grown / share) - self._clock()
                 if wait > 0:
                     return hit[1], wait
             if hit is None or hit[0] != sig:
