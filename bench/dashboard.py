@@ -19,7 +19,10 @@ measurement, so the instrument adds no per-key work to the page while it is meas
 takes it (one thread of the dashboard applies the batches in order, issue 15); the same figure measured from the
 POST being sent is kept beside it. Collector CPU: its process's CPU seconds from the first batch until every page drew every
 batch (0 pages: until the last acknowledgement), per second of ingest; the dashboard's extra CPU is that with pages
-minus that with none, at the same rate.
+minus that with none, at the same rate. The pages are as opened (``--view top``): the overview's charts below the
+fold are not drawn and its forecast is not asked for until scrolled to, as for a user who opened the page;
+``--view stream`` scrolls each page to the task stream first, which brings the throughput and host charts under it
+into view.
 
 ``first_render`` -- a finished run of 100,000 tasks (``--tasks``) on 20 hosts x 4 threads, 30 groups in phases,
 log-normal durations of 1 ms and more, written through a collector and closed. Each repetition starts a fresh
@@ -290,7 +293,8 @@ def ingest_batches(rate: int, seconds: float, workers: int, t0_ns: int, flush_s:
     return out
 
 
-def measure_ingest(browser, rate: int, pages: int, seconds: float, workers: int, workdir: Path) -> dict:
+def measure_ingest(browser, rate: int, pages: int, seconds: float, workers: int, workdir: Path,
+                   view: str = "top") -> dict:
     from flowscope.client.transport import HttpTransport
     from flowscope.service.process import CollectorProcess
 
@@ -305,6 +309,8 @@ def measure_ingest(browser, rate: int, pages: int, seconds: float, workers: int,
             opened.append(context)
             page.goto(f"{col.address}/ui/runs/{run_id}", wait_until="load")
             page.wait_for_function(PAGE_READY, timeout=WAIT_MS)
+            if view == "stream":
+                page.evaluate("() => document.getElementById('stream').scrollIntoView()")
             page.evaluate(DRAW_HOOK)
         from flowscope.client.transport import ipc_bytes
 
@@ -367,7 +373,7 @@ def part_ingest(browser, args, workdir: Path) -> dict:
     runs: dict = {f"{r}/s, {p} pages": [] for r, p in configs}
     for rep in range(args.repeat):
         for r, p in _rotated(configs, rep):
-            m = measure_ingest(browser, r, p, args.seconds, args.workers, workdir)
+            m = measure_ingest(browser, r, p, args.seconds, args.workers, workdir, args.view)
             runs[f"{r}/s, {p} pages"].append(m)
             print(f"  ingest rep {rep + 1}: {r:>7}/s {p} pages: p50 {m['p50_ms']:8.1f} ms p95 {m['p95_ms']:8.1f} ms "
                   f"collector {m['collector_cpu_per_s']:.3f} CPU s/s (achieved {m['achieved_rate']:.0f}/s, "
@@ -684,6 +690,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true",
                     help="smoke run: 10,000 and 100,000 records/s for 2 s, 20,000 tasks, 300 Dask tasks, 2 repetitions")
     ap.add_argument("--shared", action="store_true", help="record that the machine was shared (busy) during the run")
+    ap.add_argument("--view", choices=("top", "stream"), default="top",
+                    help="where the ingest part's pages are scrolled: top (as opened, default) or stream (the task "
+                         "stream at the top of the window, the charts under it in view); charts out of view are "
+                         "not drawn")
     ap.add_argument("--output", default="dashboard", help="result name (bench/results/NAME.json)")
     args = ap.parse_args(argv)
     if args.quick:
@@ -721,6 +731,7 @@ def main(argv: list[str] | None = None) -> int:
     doc = {"benchmark": "dashboard", "metric": "p95_ack_to_drawn", "unit": "ms", "target": 1000,
            **result,
            "params": {"parts": parts, "rates": args.rates, "pages": args.browsers, "seconds": args.seconds,
+                      "view": args.view,
                       "workers": args.workers, "threads_per_worker": THREADS_PER_WORKER, "tasks": args.tasks,
                       "hosts": args.hosts, "peer_tasks": args.peer_tasks, "repeat": args.repeat, "quick": args.quick,
                       "machine_state": "shared (busy)" if args.shared else "not declared shared",

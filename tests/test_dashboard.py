@@ -22,6 +22,8 @@ from flowscope.service.frames import read_message
 
 #: a bound on waits for the workflow's records to reach the page (a busy machine is slow; this is no timing test)
 WAIT_MS = 180_000
+#: a viewport tall enough for every chart of the overview: a chart out of view is drawn only once scrolled to
+WHOLE_PAGE = {"width": 1300, "height": 3200}
 
 #: set to a PNG path to take the screenshot of the overview in docs/ (docs/img/dashboard-overview.png)
 SCREENSHOT_ENV = "FLOWSCOPE_DASHBOARD_SCREENSHOT"
@@ -104,7 +106,7 @@ def test_overview_follows_a_live_dask_workflow_and_a_reconnecting_page_catches_u
         fs = flowscope.Client(collector.address, name=RUN_NAME,
                               meta={"capture_level": "standard", "semantics": [semantics.DASK_DISTRIBUTED]})
         register(client, fs.address, fs.run_id)
-        context = browser.new_context(viewport={"width": 1300, "height": 1100})
+        context = browser.new_context(viewport=WHOLE_PAGE)
         try:
             # phase 1: quick tasks whose keys carry markup
             futures = client.compute([delayed(quick, pure=True)(i, dask_key_name=f"{IMG}-{i}") for i in range(n_quick)])
@@ -141,7 +143,9 @@ def test_overview_follows_a_live_dask_workflow_and_a_reconnecting_page_catches_u
             if os.environ.get(SCREENSHOT_ENV):  # the docs' picture of a run while it runs
                 page.wait_for_function("() => { const d = document.getElementById('hosts'); return d.data && "
                                        "d.data.length >= 2; }", timeout=WAIT_MS)
+                page.set_viewport_size({"width": 1300, "height": 1100})  # the page's own height, not the viewport's
                 page.screenshot(path=os.environ[SCREENSHOT_ENV], full_page=True)
+                page.set_viewport_size(WHOLE_PAGE)
 
             Path(gate).touch()
             assert client.gather(held) == list(range(n_gated))
@@ -362,7 +366,7 @@ def test_the_overview_paints_before_plotly_loads_and_a_watched_run_is_sent_soone
     _spans(fs, ["load", "work", "work", "save"], t0)
     assert fs.watched is False  # nobody watches yet: the acknowledgements said so
 
-    context = browser.new_context()
+    context = browser.new_context(viewport=WHOLE_PAGE)
 
     def plotly_after_the_page(route):
         resp = route.fetch()
@@ -435,7 +439,7 @@ def test_flowscope_ui_serves_a_store_read_only_and_follows_a_run_written_by_anot
     with flowscope_ui(store) as address:
         url = f"{address}/ui/"
         assert httpx.post(f"{address}/v1/runs", json={"name": "x"}, timeout=30).status_code in (404, 405)
-        context = browser.new_context()
+        context = browser.new_context(viewport=WHOLE_PAGE)
         pg = _page(context)
         pg.goto(url, wait_until="load")
         pg.wait_for_function(f"() => flowscopeRuns.runs.some(r => r.run_id === {fs.run_id!r} && r.tasks === 3)",
@@ -521,7 +525,7 @@ def test_a_programs_diagnostics_are_drawn_live_and_its_instability_is_flagged_be
     from flowscope.workflows.stencil import run_stencil
 
     fs = flowscope.Client(collector.address, name="stencil live", live_flush_interval=0.1)
-    context = browser.new_context()
+    context = browser.new_context(viewport=WHOLE_PAGE)
     pg = _page(context)
     pg.goto(f"{collector.address}/ui/runs/{fs.run_id}", wait_until="load")
     seen: list[float] = []

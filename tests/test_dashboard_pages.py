@@ -31,6 +31,9 @@ PROCESS_MEMORY = "process.memory.rss_bytes"
 #: set to a folder to take the docs' screenshots of the pages (docs/img)
 SCREENSHOTS_ENV = "FLOWSCOPE_DASHBOARD_SCREENSHOTS"
 
+#: a viewport tall enough for every chart of the overview: a chart out of view is drawn only once scrolled to
+WHOLE_PAGE = {"width": 1300, "height": 3200}
+
 
 #: calls of one function in the first part of the Dask run, and the one slowed down (an anomaly)
 N_PARTS, SLOW = 40, 5
@@ -414,7 +417,10 @@ def _open(context, url: str):
 def _shot(pg, name: str) -> None:
     folder = os.environ.get(SCREENSHOTS_ENV)
     if folder:
+        size = pg.viewport_size
+        pg.set_viewport_size({"width": 1300, "height": 1000})  # the page's own height, not the viewport's
         pg.screenshot(path=str(Path(folder) / f"dashboard-{name}.png"), full_page=True)
+        pg.set_viewport_size(size)
 
 
 @pytest.mark.timeout(900)  # one cluster start for every page's checks, the overview's panels included
@@ -434,7 +440,7 @@ def test_analysis_pages_follow_a_live_dask_run_with_the_figures_of_the_analyses(
         register(client, fs.address, fs.run_id)
         run_dir = Path(collector.store) / fs.run_id
         base = f"{collector.address}/ui/runs/{fs.run_id}"
-        context = browser.new_context(viewport={"width": 1300, "height": 1000})
+        context = browser.new_context(viewport=WHOLE_PAGE)
         try:
             # phase 1: many calls of one function, one of them far slower (an anomaly), summed by one task
             parts = [delayed(work, pure=True)(i, dask_key_name=f"{IMG}-{i}") for i in range(N_PARTS)]
@@ -613,7 +619,7 @@ def test_analysis_pages_of_imported_traces_show_the_figures_of_the_analyses(sour
                                                                             browser):  # noqa: F811
     store, runs = imported_store
     run_dir = store / runs[source]
-    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    context = browser.new_context(viewport=WHOLE_PAGE)
     base = f"{ui_server}/ui/runs/{runs[source]}"
     cp = _open(context, f"{base}/critical-path")
     exp = check_critical_path_page(cp, run_dir)
@@ -648,7 +654,7 @@ def test_the_advisor_page_shows_where_the_time_went_and_the_findings_of_flowscop
 
     store, runs = imported_store
     want = explain(open_run(store / runs[source])).to_dict()
-    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    context = browser.new_context(viewport=WHOLE_PAGE)
     pg = _open(context, f"{ui_server}/ui/runs/{runs[source]}/advisor")
     rows = pg.evaluate("() => Array.from(document.querySelectorAll('#adv-attribution tbody tr')).map(tr => "
                        "[tr.cells[0].textContent, Number(tr.cells[1].dataset.value)])")
@@ -676,7 +682,7 @@ def test_the_overview_opens_with_the_advisors_top_findings(source, imported_stor
 
     store, runs = imported_store
     want = explain(open_run(store / runs[source])).to_dict()
-    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    context = browser.new_context(viewport=WHOLE_PAGE)
     pg = _page(context)
     pg.goto(f"{ui_server}/ui/runs/{runs[source]}", wait_until="load")
     pg.wait_for_function("() => window.flowscopePanels && flowscopePanels.advisor.renders > 0", timeout=WAIT_MS)
@@ -739,7 +745,7 @@ def test_the_overview_draws_its_charts_again_only_when_what_they_show_changed(im
     drawn again (a plotly redraw costs a watching page more than anything else it does); another state or fraction
     is."""
     store, runs = imported_store
-    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    context = browser.new_context(viewport=WHOLE_PAGE)
     pg = _page(context)
     pg.goto(f"{ui_server}/ui/runs/{runs['starpu']}?event=compute&fraction=0.5", wait_until="load")
     pg.wait_for_function("() => flowscopePanels.forecast.renders >= 1 && !flowscopePanels.forecast.pending",
@@ -762,7 +768,7 @@ def test_the_overviews_charts_keep_to_a_share_of_the_pages_time(imported_store, 
     d ms to draw, they are drawn again for new data no sooner than d / share ms later (and never more than once
     a second). The page's clock, frames and timers are replaced by counting ones: nothing here waits."""
     store, runs = imported_store
-    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    context = browser.new_context(viewport=WHOLE_PAGE)
     pg = _page(context)
     pg.goto(f"{ui_server}/ui/runs/{runs['starpu']}", wait_until="load")
     pg.wait_for_function("() => window.Plotly && document.getElementById('throughput').data", timeout=WAIT_MS)
@@ -789,4 +795,30 @@ def test_the_overviews_charts_keep_to_a_share_of_the_pages_time(imported_store, 
     assert 0 < got["share"] < 1 and got["minMs"] == 1000
     assert got["wait"] == pytest.approx(200 / got["share"] - 300)
     assert got["cheapWait"] == pytest.approx(1000 - 300)
+    context.close()
+
+
+def test_the_overviews_charts_and_forecast_wait_until_they_are_scrolled_into_view(imported_store, ui_server, browser):  # noqa: F811
+    """A chart or panel below the fold costs nothing: the throughput and host charts are not drawn and the forecast
+    is not asked of the server (a prediction it would compute) until the user scrolls to them; then they are, at
+    once. Nothing here waits on time: each check waits for the page's own render passes."""
+    store, runs = imported_store
+    context = browser.new_context(viewport={"width": 1300, "height": 400})
+    pg = _page(context)
+    pg.goto(f"{ui_server}/ui/runs/{runs['starpu']}", wait_until="load")
+    # the stream drawn, plotly loaded, and the forecast's ticks passed over it while it was out of view
+    pg.wait_for_function("() => window.Plotly && flowscopeLive.timeline && flowscopeLive.renders >= 2 && "
+                         "flowscopePanels.forecast.deferred >= 2", timeout=WAIT_MS)
+    hidden = pg.evaluate("""() => ({fetches: flowscopePanels.forecast.fetches,
+        throughput: !!document.getElementById('throughput').data, hosts: !!document.getElementById('hosts').data,
+        pending: flowscopeLive.charts.throughput})""")
+    assert hidden == {"fetches": 0, "throughput": False, "hosts": False, "pending": True}
+    pg.locator("#throughput").scroll_into_view_if_needed()
+    pg.wait_for_function("() => !!document.getElementById('throughput').data", timeout=WAIT_MS)
+    assert pg.evaluate("() => flowscopePanels.forecast.fetches") == 0  # still out of view
+    pg.locator("#fc-chart").scroll_into_view_if_needed()
+    pg.wait_for_function("() => flowscopePanels.forecast.renders >= 1 && flowscopePanels.forecast.fetches >= 1",
+                         timeout=WAIT_MS)
+    assert pg.evaluate("() => document.getElementById('fc-chart').data.length") == 2
+    assert pg.errors == [] and pg.outside == [] and pg.evaluate("() => flowscopePanels.errors") == []
     context.close()

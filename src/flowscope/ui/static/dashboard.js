@@ -167,12 +167,28 @@
     if (global.flowscopeOffline) a.remove();
     else a.setAttribute("href", "/ui/runs/" + encodeURIComponent(runId) + "/offline");
   }
+  /** Whether ``node`` is within ``margin`` px (default 200) of the viewport, as a function to ask; ``onShow`` is
+   *  called each time it comes in. A chart or panel below the fold is not drawn or computed until the user scrolls
+   *  to it. In the offline file every node counts as shown: nothing streams there, and a saved file is printed or
+   *  captured whole. */
+  function shown(node, onShow, margin) {
+    var state = {in: !!global.flowscopeOffline || typeof global.IntersectionObserver === "undefined"};
+    if (!state.in) {
+      new global.IntersectionObserver(function (entries) {
+        var was = state.in;
+        state.in = entries[entries.length - 1].isIntersecting;
+        if (state.in && !was && onShow) onShow();
+      }, {rootMargin: (margin === undefined ? 200 : margin) + "px 0px"}).observe(node);
+    }
+    return function () { return state.in; };
+  }
+
   /** The document's address with ``query`` (a URLSearchParams' text) in place of its own, its fragment kept. */
   function withQuery(query) {
     return location.pathname + (query ? "?" + query : "") + location.hash;
   }
 
-  global.flowscopeUI = {route: route, pageHref: pageHref, offlineLink: offlineLink, withQuery: withQuery, el: el, fmtSeconds: fmtSeconds, fmtWhen: fmtWhen, fmtInt: fmtInt, statusBadge: statusBadge,
+  global.flowscopeUI = {route: route, pageHref: pageHref, shown: shown, offlineLink: offlineLink, withQuery: withQuery, el: el, fmtSeconds: fmtSeconds, fmtWhen: fmtWhen, fmtInt: fmtInt, statusBadge: statusBadge,
                         getJSON: getJSON, runsPage: runsPage, fmtDur: fmtDur, pct: pct, fmtBytes: fmtBytes,
                         numCell: numCell, pt: pt, table: table, section: section};
 })(window);

@@ -147,6 +147,11 @@
   var charts = {hosts: false, throughput: false, diagnostics: false, last: -Infinity, timer: 0, cost: 0,
                 minMs: 1000, share: 0.05};
   live.charts = charts;
+  // a chart out of view keeps its data and is drawn when scrolled to (UI.shown)
+  var inView = {};
+  ["hosts", "throughput", "diagnostics"].forEach(function (id) {
+    inView[id] = UI.shown(document.getElementById(id), function () { requestRender(); });
+  });
   function renderCharts() {
     if (!charts.hosts && !charts.throughput && !charts.diagnostics) return;
     var now = global.performance.now();
@@ -155,8 +160,9 @@
       if (!charts.timer) charts.timer = global.setTimeout(function () { charts.timer = 0; requestRender(); }, wait);
       return;
     }
-    var drewHosts = charts.hosts && renderHosts(), drewThroughput = charts.throughput && renderThroughput();
-    var drewDiagnostics = charts.diagnostics && renderDiagnostics();
+    var drewHosts = charts.hosts && inView.hosts() && renderHosts();
+    var drewThroughput = charts.throughput && inView.throughput() && renderThroughput();
+    var drewDiagnostics = charts.diagnostics && inView.diagnostics() && renderDiagnostics();
     if (drewHosts) charts.hosts = false;
     if (drewThroughput) charts.throughput = false;
     if (drewDiagnostics) charts.diagnostics = false;

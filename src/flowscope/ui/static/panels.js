@@ -6,15 +6,16 @@
  * - Forecast: GET /v1/runs/RUN_ID/forecast?event=E&fraction=F&max_age=auto (analysis.forecast.predict), fetched again when
  *   the live view moved on (a new delta or status; at most once a second) or the event or fraction changed;
  *   both are kept in the URL's query (?event=&fraction=).
+ * - The charts, the forecast and the memory view are drawn, asked for and computed only once scrolled into view.
  * Strings from the observed program are set as text, and escaped for plotly.js's labels. */
 (function (global) {
   "use strict";
   var UI = global.flowscopeUI, el = UI.el;
   var runId = UI.route().runId;
   var P = global.flowscopePanels = {
-    memory: {doc: null, updates: 0, renders: 0, socket: null},
+    memory: {doc: null, updates: 0, renders: 0, socket: null, connected: false},
     advisor: {doc: null, updates: 0, renders: 0, socket: null},
-    forecast: {doc: null, url: null, fetches: 0, renders: 0, error: null, pending: false},
+    forecast: {doc: null, url: null, fetches: 0, renders: 0, error: null, pending: false, deferred: 0},
     errors: []
   };
   var params = new URLSearchParams(location.search);
@@ -24,8 +25,12 @@
   }
   var pt = UI.pt, pct = UI.pct, fmtDur = UI.fmtDur;
   // plotly.js arrives after the page's first paint (live.js loads it): a chart asked for before then is drawn
-  // again once it is there; only a chart actually drawn counts as a render
+  // again once it is there; a chart out of view is drawn when scrolled to (UI.shown); only a chart actually drawn
+  // counts as a render
+  var inView = {}, whenShown = {};
   function plot(div, traces, layout, again) {
+    if (!inView[div.id]) inView[div.id] = UI.shown(div, function () { if (whenShown[div.id]) whenShown[div.id](); });
+    if (!inView[div.id]()) { whenShown[div.id] = again; return false; }
     if (!global.Plotly) {
       if (global.flowscopeLive && global.flowscopeLive.needPlotly) global.flowscopeLive.needPlotly();
       global.setTimeout(again, 200);
@@ -214,8 +219,12 @@
     var L = global.flowscopeLive, s = L && L.state;
     return s ? s.epoch + "/" + s.seq + "/" + s.status : null;
   }
+  // the forecast is asked of the server (which computes it) only while its panel is in view, and at once when
+  // the user scrolls to it
+  var forecastInView = UI.shown(document.getElementById("fc-chart"), function () { tick(); });
   function tick() {
     var now = changed();
+    if (!forecastInView()) { P.forecast.deferred++; return; }
     if (P.forecast.pending || Date.now() - lastFetch < 1000) return;
     if (now !== seen || (P.forecast.url !== forecastUrl())) { seen = now; fetchForecast(); }
   }
@@ -232,5 +241,9 @@
   document.getElementById("to-advisor").setAttribute("href", UI.pageHref(runId, "advisor"));
   // every open overview follows the advisor: a smaller share of a core than a page the user opened for it
   connectView("advisor", renderAdvisor, "panel");
-  connectView("memory", renderMemory, "panel");
+  // the memory view is computed for the pages that show it: its socket opens when the panel first comes in view
+  function connectMemory() {
+    if (!P.memory.connected) { P.memory.connected = true; connectView("memory", renderMemory, "panel"); }
+  }
+  if (UI.shown(document.getElementById("memory"), connectMemory)()) connectMemory();
 })(window);
