@@ -464,13 +464,15 @@ def test_what_pages_receive_is_json_a_browser_parses_with_numpy_values_and_non_f
 def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded, tmp_path):
     """While a run changes, a view is recomputed at most once per max(VIEW_DEBOUNCE_S, its predicted cost / share)
     for every page together, the predicted cost being the last computation's scaled by how much the run grew since
-    (its segments of the tables the view reads): a run that grew tenfold waits ten times as long, so that a young
-    run's cheap first computation does not let a costly one follow at once. A page asking sooner gets the kept view
-    and how long until a fresher one may be computed; once that time has passed, the next ask recomputes it."""
+    (its segments of the tables the view reads), at most VIEW_GROWTH_CAP-fold: a run that grew fivefold waits five
+    times as long, so that a young run's cheap first computation does not let a costly one follow at once, and one
+    that grew twentyfold waits no more than the cap allows (a view is never held back for ever). A page asking
+    sooner gets the kept view and how long until a fresher one may be computed; once that time has passed, the
+    next ask recomputes it."""
     import asyncio
 
     from flowscope.service.collector import Collector
-    from flowscope.service.dashboard_routes import VIEW_DEBOUNCE_S, _Views
+    from flowscope.service.dashboard_routes import VIEW_DEBOUNCE_S, VIEW_GROWTH_CAP, _Views
 
     segs = [s for s in _segments(recorded) if s[0] in ("metrics", "resources")]
     metrics = [s for s in segs if s[0] == "metrics"]
@@ -484,16 +486,19 @@ def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded
             collector.ingest(doc["run_id"], table, sid, data, timeout=60)
         views = _Views(clock=lambda: now[0])
 
+        def grow(times: int, segments: int) -> None:  # the same samples again, as new segments
+            for i in range((times - 1) * segments):
+                table, _, data = metrics[i % len(metrics)]
+                collector.ingest(doc["run_id"], table, f"more-{times}-{i}", data, timeout=60)
+
         async def pages():
             first, wait = await views.get(run_dir, "memory", share=0.05)
             assert wait is None  # computed now: fresh
             again, wait = await views.get(run_dir, "memory", share=0.05)
             assert again is first and wait is None  # nothing changed: the kept view
             before = sum(first["segments"].values())
-            for i in range(9 * before):  # the run grows tenfold (the same samples again, as new segments)
-                table, _, data = metrics[i % len(metrics)]
-                collector.ingest(doc["run_id"], table, f"more-{i}", data, timeout=60)
-            allowed = max(VIEW_DEBOUNCE_S, 10 * first["compute_s"] / 0.05)
+            grow(5, before)  # the run grows fivefold
+            allowed = max(VIEW_DEBOUNCE_S, 5 * first["compute_s"] / 0.05)
             now[0] += allowed / 2
             answers = [await views.get(run_dir, "memory", share=0.05) for _ in range(5)]  # five pages
             for got, wait in answers:
@@ -501,7 +506,15 @@ def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded
             now[0] += allowed / 2
             newer, wait = await views.get(run_dir, "memory", share=0.05)
             assert newer is not first and wait is None
-            assert sum(newer["segments"].values()) == 10 * before
+            assert sum(newer["segments"].values()) == 5 * before
+            grow(20, 5 * before)  # twentyfold more: the wait is the cap's
+            capped = max(VIEW_DEBOUNCE_S, VIEW_GROWTH_CAP * newer["compute_s"] / 0.05)
+            now[0] += capped * 0.9
+            kept, wait = await views.get(run_dir, "memory", share=0.05)
+            assert kept is newer and wait == pytest.approx(capped * 0.1)
+            now[0] += capped * 0.1
+            last, wait = await views.get(run_dir, "memory", share=0.05)
+            assert last is not newer and wait is None and sum(last["segments"].values()) == 100 * before
         asyncio.run(pages())
     finally:
         collector.shutdown()

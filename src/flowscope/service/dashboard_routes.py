@@ -49,6 +49,10 @@ VIEW_DEBOUNCE_S = 1.0
 #: share, so that following a large run keeps each view's recomputation under this share of one core, for every
 #: page that follows it together (a page may ask for less with ``?share=``)
 VIEW_CPU_SHARE = 0.2
+#: the next computation's time is predicted as the last one's times the run's growth since (segments of the tables
+#: the view reads), at most this factor: a prediction without a bound would hold the view back for ever while a
+#: run grows faster than its analysis can follow, and long after it finished
+VIEW_GROWTH_CAP = 10.0
 #: the share the overview's panels (advisor, memory) ask for with ``?share=panel``: they are open whenever a run's
 #: overview is, and with the forecast panel (service/forecast_routes.py, CPU_SHARE) and the live view keep the
 #: dashboard's cost to the collector under a tenth of a core (bench/dashboard.py)
@@ -178,15 +182,15 @@ class _Views:
         from a recent computation and in how many seconds a fresher one may be computed: a view followed live
         is recomputed at most once per max(VIEW_DEBOUNCE_S, its predicted time / ``share``), however many pages
         follow it. The prediction is the last computation's time scaled by how much the run grew since (the
-        segments of the tables the view reads): an analysis takes about as long as its tables are large, and a
-        young run's cheap first computation must not let a costly one follow at once."""
+        segments of the tables the view reads), at most VIEW_GROWTH_CAP-fold: an analysis takes about as long as
+        its tables are large, and a young run's cheap first computation must not let a costly one follow at once."""
         key = (run_dir, view)
         lock = self._locks.setdefault(key, asyncio.Lock())
         async with lock:
             sig = await asyncio.to_thread(self.signature, run_dir, view)
             hit = self._done.get(key)
             if share is not None and hit is not None and hit[0] != sig:
-                grown = max(1.0, sum(sig[1:]) / max(1, sum(hit[0][1:])))
+                grown = min(VIEW_GROWTH_CAP, max(1.0, sum(sig[1:]) / max(1, sum(hit[0][1:]))))
                 wait = hit[2] + max(VIEW_DEBOUNCE_S, hit[1]["compute_s"] * grown / share) - self._clock()
                 if wait > 0:
                     return hit[1], wait
