@@ -462,6 +462,8 @@ def _load_and_time(browser, url: str, tasks: int, server_pid: int) -> dict:
         server_cpu = _cpu(server_pid) - c0
         metrics = {m["name"]: m["value"] for m in cdp.send("Performance.getMetrics")["metrics"]}
         first = page.evaluate(f"() => window.__draws.find(d => d.count === {tasks} && d.painted)")
+        # the throughput chart is below the fold, and a chart out of view is drawn when scrolled to: scrolled now
+        page.evaluate("() => document.getElementById('throughput').scrollIntoView()")
         page.wait_for_function("() => window.__chartsAt !== undefined", timeout=WAIT_MS)
         charts_ms = page.evaluate("() => window.__chartsAt")
         if page.evaluate("() => flowscopeLive.timeline.count") != tasks:
