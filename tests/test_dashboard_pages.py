@@ -799,20 +799,36 @@ def test_the_overviews_charts_keep_to_a_share_of_the_pages_time(imported_store, 
 
 
 def test_the_overviews_charts_and_forecast_wait_until_they_are_scrolled_into_view(imported_store, ui_server, browser):  # noqa: F811
-    """A chart or panel below the fold costs nothing: the throughput and host charts are not drawn and the forecast
-    is not asked of the server (a prediction it would compute) until the user scrolls to them; then they are, at
-    once. Nothing here waits on time: each check waits for the page's own render passes."""
+    """A chart or panel below the fold costs nothing: the throughput and host charts are not drawn, the forecast
+    is not asked of the server (a prediction it would compute) and the memory view not subscribed until the user
+    scrolls to them; then they are, at once. An empty page (its run's view not arrived yet) has every panel in view
+    and still asks for nothing. Nothing here waits on time: each check waits for the page's own passes."""
     store, runs = imported_store
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    # the run's view is held back: the page stays empty, and an empty page has every panel in view
+    held = []
+
+    def live_socket(ws):
+        ws.connect_to_server().on_message(lambda m: held.append(m))
+
+    context.route_web_socket(re.compile(r"/v1/ui/runs/[^/]+/live(\?.*)?$"), live_socket)
+    pg = _page(context)
+    pg.goto(f"{ui_server}/ui/runs/{runs['starpu']}", wait_until="load")
+    pg.wait_for_function("() => flowscopePanels.forecast.deferred >= 3", timeout=WAIT_MS)
+    empty = pg.evaluate("() => [flowscopeLive.snapshots, flowscopePanels.forecast.fetches, "
+                        "flowscopePanels.memory.connected, flowscopeLive.plotly.state]")
+    assert empty == [0, 0, False, "none"]  # nothing asked of the server or loaded for an empty page
+    context.close()
     context = browser.new_context(viewport={"width": 1300, "height": 400})
     pg = _page(context)
     pg.goto(f"{ui_server}/ui/runs/{runs['starpu']}", wait_until="load")
     # the stream drawn, plotly loaded, and the forecast's ticks passed over it while it was out of view
     pg.wait_for_function("() => window.Plotly && flowscopeLive.timeline && flowscopeLive.renders >= 2 && "
                          "flowscopePanels.forecast.deferred >= 2", timeout=WAIT_MS)
-    hidden = pg.evaluate("""() => ({fetches: flowscopePanels.forecast.fetches,
+    hidden = pg.evaluate("""() => ({fetches: flowscopePanels.forecast.fetches, memory: flowscopePanels.memory.connected,
         throughput: !!document.getElementById('throughput').data, hosts: !!document.getElementById('hosts').data,
         pending: flowscopeLive.charts.throughput})""")
-    assert hidden == {"fetches": 0, "throughput": False, "hosts": False, "pending": True}
+    assert hidden == {"fetches": 0, "memory": False, "throughput": False, "hosts": False, "pending": True}
     pg.locator("#throughput").scroll_into_view_if_needed()
     pg.wait_for_function("() => !!document.getElementById('throughput').data", timeout=WAIT_MS)
     assert pg.evaluate("() => flowscopePanels.forecast.fetches") == 0  # still out of view

@@ -147,10 +147,11 @@
   var charts = {hosts: false, throughput: false, diagnostics: false, last: -Infinity, timer: 0, cost: 0,
                 minMs: 1000, share: 0.05};
   live.charts = charts;
-  // a chart out of view keeps its data and is drawn when scrolled to (UI.shown)
+  // a chart out of view keeps its data and is drawn when scrolled to (UI.shown); before the first snapshot the
+  // page is empty and every chart looks in view: nothing is drawn (nor plotly.js loaded) for that
   var inView = {};
   ["hosts", "throughput", "diagnostics"].forEach(function (id) {
-    inView[id] = UI.shown(document.getElementById(id), function () { requestRender(); });
+    inView[id] = UI.shown(document.getElementById(id), function () { if (live.snapshots) requestRender(); });
   });
   function renderCharts() {
     if (!charts.hosts && !charts.throughput && !charts.diagnostics) return;

@@ -223,7 +223,10 @@
   // the user scrolls to it
   var forecastInView = UI.shown(document.getElementById("fc-chart"), function () { tick(); });
   function tick() {
-    var now = changed();
+    var now = changed(), L = global.flowscopeLive;
+    // before the first snapshot the page is empty and every panel looks in view: what is in view is known after it
+    if (!L || !L.snapshots) { P.forecast.deferred++; return; }
+    if (memoryInView()) connectMemory();
     if (!forecastInView()) { P.forecast.deferred++; return; }
     if (P.forecast.pending || Date.now() - lastFetch < 1000) return;
     if (now !== seen || (P.forecast.url !== forecastUrl())) { seen = now; fetchForecast(); }
@@ -245,5 +248,5 @@
   function connectMemory() {
     if (!P.memory.connected) { P.memory.connected = true; connectView("memory", renderMemory, "panel"); }
   }
-  if (UI.shown(document.getElementById("memory"), connectMemory)()) connectMemory();
+  var memoryInView = UI.shown(document.getElementById("memory"), function () { tick(); });
 })(window);
