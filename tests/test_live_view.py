@@ -464,8 +464,8 @@ def test_what_pages_receive_is_json_a_browser_parses_with_numpy_values_and_non_f
 def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded, tmp_path):
     """While a run changes, a view is recomputed at most once per max(VIEW_DEBOUNCE_S, its predicted cost / share)
     for every page together, the predicted cost being the last computation's scaled by how much the run grew since
-    (its segments of the tables the view reads), at most VIEW_GROWTH_CAP-fold: a run that grew fivefold waits five
-    times as long, so that a young run's cheap first computation does not let a costly one follow at once, and one
+    (its segments of the tables the view reads), at most VIEW_GROWTH_CAP-fold: a run that grew by half waits half
+    as long again, so that a young run's cheap first computation does not let a costly one follow at once, and one
     that grew twentyfold waits no more than the cap allows (a view is never held back for ever). A page asking
     sooner gets the kept view and how long until a fresher one may be computed; once that time has passed, the
     next ask recomputes it."""
@@ -486,8 +486,8 @@ def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded
             collector.ingest(doc["run_id"], table, sid, data, timeout=60)
         views = _Views(clock=lambda: now[0])
 
-        def grow(times: int, segments: int) -> None:  # the same samples again, as new segments
-            for i in range((times - 1) * segments):
+        def grow(times: float, segments: int) -> None:  # the same samples again, as new segments
+            for i in range(round((times - 1) * segments)):
                 table, _, data = metrics[i % len(metrics)]
                 collector.ingest(doc["run_id"], table, f"more-{times}-{i}", data, timeout=60)
 
@@ -497,8 +497,10 @@ def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded
             again, wait = await views.get(run_dir, "memory", share=0.05)
             assert again is first and wait is None  # nothing changed: the kept view
             before = sum(first["segments"].values())
-            grow(5, before)  # the run grows fivefold
-            allowed = max(VIEW_DEBOUNCE_S, 5 * first["compute_s"] / 0.05)
+            extra = max(1, before // 2)  # the run grows by about half (less than the cap)
+            assert (before + extra) / before < VIEW_GROWTH_CAP
+            grow(1 + extra / before, before)
+            allowed = max(VIEW_DEBOUNCE_S, (before + extra) / before * first["compute_s"] / 0.05)
             now[0] += allowed / 2
             answers = [await views.get(run_dir, "memory", share=0.05) for _ in range(5)]  # five pages
             for got, wait in answers:
@@ -506,15 +508,15 @@ def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded
             now[0] += allowed / 2
             newer, wait = await views.get(run_dir, "memory", share=0.05)
             assert newer is not first and wait is None
-            assert sum(newer["segments"].values()) == 5 * before
-            grow(20, 5 * before)  # twentyfold more: the wait is the cap's
+            assert sum(newer["segments"].values()) == before + extra
+            grow(20, before + extra)  # twentyfold more: the wait is the cap's
             capped = max(VIEW_DEBOUNCE_S, VIEW_GROWTH_CAP * newer["compute_s"] / 0.05)
             now[0] += capped * 0.9
             kept, wait = await views.get(run_dir, "memory", share=0.05)
             assert kept is newer and wait == pytest.approx(capped * 0.1)
             now[0] += capped * 0.1
             last, wait = await views.get(run_dir, "memory", share=0.05)
-            assert last is not newer and wait is None and sum(last["segments"].values()) == 100 * before
+            assert last is not newer and wait is None and sum(last["segments"].values()) == 20 * (before + extra)
         asyncio.run(pages())
     finally:
         collector.shutdown()

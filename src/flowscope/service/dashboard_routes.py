@@ -51,8 +51,9 @@ VIEW_DEBOUNCE_S = 1.0
 VIEW_CPU_SHARE = 0.2
 #: the next computation's time is predicted as the last one's times the run's growth since (segments of the tables
 #: the view reads), at most this factor: a prediction without a bound would hold the view back for ever while a
-#: run grows faster than its analysis can follow, and long after it finished
-VIEW_GROWTH_CAP = 10.0
+#: run grows faster than its analysis can follow, and long after it finished; at ten, a cheap view of a young run
+#: (the overview's memory panel) waited minutes on a busy machine
+VIEW_GROWTH_CAP = 3.0
 #: the share the overview's panels (advisor, memory) ask for with ``?share=panel``: they are open whenever a run's
 #: overview is, and with the forecast panel (service/forecast_routes.py, CPU_SHARE) and the live view keep the
 #: dashboard's cost to the collector under a tenth of a core (bench/dashboard.py)
