@@ -82,7 +82,6 @@ footer { padding: 14px 28px; color: var(--muted); font-size: 12px; }
 """
 
 
-
 def _e(x) -> str:
     return html.escape("" if x is None else str(x))
 

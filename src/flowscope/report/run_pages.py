@@ -29,7 +29,6 @@ _SCRIPT = re.compile(r'<script src="/ui/static/([\w.-]+)"></script>')
 _BODY = re.compile(r"<body>(.*)</body>", re.DOTALL)
 
 
-
 def live_snapshot(run: Run) -> dict:
     """The overview's live view of ``run`` as its socket's first message: the view built from the run's segments,
     with the run's status and end."""

@@ -71,7 +71,7 @@ def _texts(col) -> tuple[np.ndarray, bytes]:
     _, offs, data = col.buffers()
     offsets = np.frombuffer(offs, np.int32, count=n + 1, offset=4 * col.offset)
     lo, hi = int(offsets[0]), int(offsets[-1])
-    return (offsets - lo).astype(np.int32, copy=False), data.to_pybytes()[lo:hi] if data is not None else b""
+    return (offsets - lo).astype(np.int32, copy=False), data.slice(lo, hi - lo).to_pybytes() if data is not None else b""
 
 
 def _pad(n: int) -> int:
