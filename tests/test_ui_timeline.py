@@ -451,3 +451,97 @@ def test_a_group_first_seen_in_a_delta_keeps_the_next_draw_partial_and_its_pixel
         assert got["diff"] == 0
     finally:
         pg.close()
+
+
+def test_more_rows_than_the_height_holds_are_paged_and_only_the_rows_in_view_are_drawn(server, chromium):
+    """A run of 1,000 threads (an MPI job's ranks, a cluster of 20 hosts) does not make the stream a canvas
+    thousands of pixels tall: the rows keep the smallest height and the stream shows as many as options.maxHeight
+    holds, paged by its scroll bar and the keys (arrow up / down a row, page up / down a page); only the rows in
+    view are drawn, and the pointer names the row it is over."""
+    pg = chromium.new_page(viewport={"width": 1200, "height": 800}, device_scale_factor=1)
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    try:
+        pg.goto(server, wait_until="load")
+        got = pg.evaluate("""() => {
+            const R = 1000, rows = Array.from({length: R}, (_, i) => "rank-" + i);
+            const start = [], end = [], row = [], group = [], key = [];
+            for (let r = 0; r < R; r++) { start.push(r * 0.001); end.push(5 + r * 0.001); row.push(r); group.push(0);
+                                          key.push("task-" + r); }
+            window.tl = new FlowscopeTimeline(document.getElementById("tl"),
+                {rows, groups: [{name: "g", color: "#1f77b4"}], maxHeight: 400, record: true});
+            tl.append({start, end, row, group, key});
+            tl.draw();
+            const first = tl.inspect();
+            return {rh: tl.options.rowHeight, height: tl.canvas.clientHeight, axis: tl.options.axisHeight,
+                    window: tl.rowWindow, drawn: first.exact.map(b => b.row)};
+        }""")
+        assert got["rh"] == 4
+        assert got["height"] <= 400 + got["axis"] + 2
+        assert got["window"] == [0, 100]  # 400 px of 4 px rows
+        assert got["drawn"] == list(range(100))
+        # the keys page the rows
+        pg.locator("#tl").focus()
+        pg.keyboard.press("PageDown")
+        pg.keyboard.press("ArrowDown")
+        pg.keyboard.press("ArrowDown")
+        after = pg.evaluate("() => { tl.draw(); return {window: tl.rowWindow, rows: tl.inspect().exact.map(b => b.row),"
+                            " y: tl.inspect().exact[0].y0}; }")
+        assert after["window"] == [102, 202]
+        assert after["rows"] == list(range(102, 202))
+        assert after["y"] >= got["axis"] and after["y"] < got["axis"] + got["rh"]  # the first row in view on top
+        pg.keyboard.press("PageUp")
+        pg.keyboard.press("PageUp")  # not before the first row
+        assert pg.evaluate("() => tl.rowWindow") == [0, 100]
+        for _ in range(12):  # not past the last row
+            pg.keyboard.press("PageDown")
+        assert pg.evaluate("() => tl.rowWindow") == [900, 1000]
+        # the scroll bar pages them too, and the pointer's tooltip names the row under it
+        pg.evaluate("() => { tl.scroller.scrollTop = 500 * tl.options.rowHeight; }")
+        pg.wait_for_function("() => tl.rowWindow[0] === 500", timeout=5000)
+        box = pg.locator("#tl canvas").bounding_box()
+        pg.mouse.move(box["x"] + 600, box["y"] + got["axis"] + 10 * got["rh"] + 2)
+        tip = pg.locator(".flowscope-tooltip").inner_text()
+        assert "task-510" in tip and "rank-510" in tip
+        # a task asked for by its key brings its row into view
+        pg.evaluate("() => { const t = tl.find('task-7'); tl.showRow(t.row); }")
+        lo, hi = pg.evaluate("() => tl.rowWindow")
+        assert lo <= 7 < hi
+        assert errors == []
+    finally:
+        pg.close()
+
+
+def test_a_marked_task_is_outlined_wherever_its_row_and_time_are_in_view(server, chromium):
+    """``mark(key)`` outlines a task (the one a ``?task=`` link opened): the outline is drawn around its bar while
+    it is in view, follows it when the rows are paged, and goes with ``mark(null)``."""
+    pg = chromium.new_page(viewport={"width": 1200, "height": 800}, device_scale_factor=1)
+    try:
+        pg.goto(server, wait_until="load")
+        got = pg.evaluate("""() => {
+            const R = 300, rows = Array.from({length: R}, (_, i) => "t" + i);
+            const start = [], end = [], row = [], group = [], key = [];
+            for (let r = 0; r < R; r++) { start.push(1); end.push(2); row.push(r); group.push(0); key.push("k" + r); }
+            window.tl = new FlowscopeTimeline(document.getElementById("tl"),
+                {rows, groups: [{name: "g", color: "#1f77b4"}], maxHeight: 400, record: true});
+            tl.append({start, end, row, group, key});
+            const out = {unknown: tl.mark("no-such-key")};
+            out.known = tl.mark("k250");
+            tl.draw();
+            out.hidden = tl.inspect().marked;   // row 250 is not in the first page
+            tl.showRow(250);
+            tl.draw();
+            out.shown = tl.inspect().marked;
+            out.bar = tl.inspect().exact.find(b => b.key === "k250");
+            tl.mark(null);
+            tl.draw();
+            out.cleared = tl.inspect().marked;
+            return out;
+        }""")
+        assert got["unknown"] is False and got["known"] is True
+        assert got["hidden"] is None
+        m, bar = got["shown"], got["bar"]
+        assert m["x0"] <= bar["x0"] and m["x1"] >= bar["x1"] and m["y0"] <= bar["y0"] and m["y1"] >= bar["y1"]
+        assert got["cleared"] is None
+    finally:
+        pg.close()

@@ -22,6 +22,13 @@
  *   tl.setView(t0, t1);  tl.view;  tl.count;  tl.draw();  tl.inspect()  // (inspect needs {record: true})
  *   tl.find("key")  // {start, end, row, group} of the task with that key (its last), or null
  *   tl.keyAt(id)    // the key of the task appended as number id (ids of inspect() and hits)
+ *   tl.rowWindow    // [first, end) of the rows in view; tl.showRow(i) brings row i into view
+ *   tl.mark("key")  // outline that task wherever it is in view (true if it is in the stream); mark(null): none;
+ *                   // tl.marked: {key, row, start, end} of the task outlined, or null
+ *
+ * More rows than options.maxHeight holds at the smallest row height are paged: the stream shows as many as fit,
+ * with a scroll bar beside them and the keys arrow up / down (a row) and page up / down (a page), and a frame
+ * draws only the rows in view, so 1,000 threads cost what the rows on the screen cost.
  */
 (function (global) {
   "use strict";
@@ -36,7 +43,8 @@
   var OPACITIES = [0.3, 0.6, 1.0];
   var DEFAULTS = {
     rowHeight: 0,          // px per row; 0: fit the rows into maxHeight (between 4 and 24 px)
-    maxHeight: 900,
+    maxHeight: 900,        // px of rows at most; more rows than fit at minRowHeight are paged
+    minRowHeight: 4,
     labelWidth: 140,       // px of row labels on the left
     rightPad: 8,
     axisHeight: 22,        // px of time axis on top
@@ -189,7 +197,9 @@
     var tc = parseColor(o.transferColor);
     this._transferWord = ((255 << 24) | (parseInt(tc.slice(5, 7), 16) << 16) | (parseInt(tc.slice(3, 5), 16) << 8) |
                           parseInt(tc.slice(1, 3), 16)) >>> 0;
-    this._fitRows = !o.rowHeight;  // no height given: the rows share maxHeight, as many as there are
+    this._fitRows = !o.rowHeight;
+    this._rowFirst = 0;          // the first row in view (rows are paged when they do not all fit)
+    this._marked = null;         // {id, row, start, end} of the task mark() outlines  // no height given: the rows share maxHeight, as many as there are
     if (this._fitRows) o.rowHeight = this._fittedRowHeight();
     this.container = container;
     this.rows = this.rowLabels.map(function () { return new GrowRow(); });
@@ -217,7 +227,18 @@
     this.canvas.style.width = "100%";
     this.canvas.setAttribute("role", "img");
     this.canvas.setAttribute("aria-label", "task stream: one row per worker thread");
-    container.appendChild(this.canvas);
+    // the canvas keeps to the top of a scroller whose content is as tall as every row: its scroll bar (shown only
+    // when the rows do not all fit) pages the rows, and a draw draws only those in view
+    this.canvas.style.position = "sticky";
+    this.canvas.style.top = "0";
+    this.scroller = document.createElement("div");
+    this.scroller.className = "flowscope-rows";
+    this.scroller.style.overflowX = "hidden";
+    this.scroller.style.overflowY = "auto";
+    this.spacer = document.createElement("div");
+    this.scroller.appendChild(this.canvas);
+    this.scroller.appendChild(this.spacer);
+    container.appendChild(this.scroller);
     this.tooltip = document.createElement("div");
     this.tooltip.className = "flowscope-tooltip";
     this.tooltip.setAttribute("role", "tooltip");
@@ -248,19 +269,54 @@
   };
 
   P._fittedRowHeight = function () {
-    return Math.max(4, Math.min(24, Math.floor(this.options.maxHeight / this.rowLabels.length)));
+    var o = this.options;
+    return Math.max(o.minRowHeight, Math.min(24, Math.floor(o.maxHeight / this.rowLabels.length)));
+  };
+
+  /** How many rows are in view at once: all of them, or as many as options.maxHeight holds. */
+  P._rowsShown = function () {
+    return Math.min(this.rowLabels.length, Math.max(1, Math.floor(this.options.maxHeight / this.options.rowHeight)));
+  };
+
+  Object.defineProperty(P, "rowWindow", {
+    get: function () { return [this._rowFirst, this._rowFirst + this._rowsShown()]; },
+  });
+
+  /** Show the rows from ``first`` on (kept within the rows there are). */
+  P.setRowFirst = function (first) {
+    var last = this.rowLabels.length - this._rowsShown();
+    first = Math.max(0, Math.min(last, Math.round(first) || 0));
+    if (Math.round(this.scroller.scrollTop / this.options.rowHeight) !== first) {
+      this.scroller.scrollTop = first * this.options.rowHeight;
+    }
+    if (first === this._rowFirst) return;
+    this._rowFirst = first;
+    this._showTooltip(null);
+    this.requestDraw();
+  };
+
+  /** Bring row ``i`` into view (in the middle of the rows shown, if it was out of view). */
+  P.showRow = function (i) {
+    var w = this.rowWindow;
+    if (i < w[0] || i >= w[1]) this.setRowFirst(i - Math.floor((w[1] - w[0]) / 2));
   };
 
   P.resize = function () {
-    var o = this.options, dpr = global.devicePixelRatio || 1;
-    var w = Math.max(o.labelWidth + o.rightPad + 50, this.container.clientWidth || 800);
-    var h = o.axisHeight + this.rowLabels.length * o.rowHeight + 2;
+    var o = this.options, dpr = global.devicePixelRatio || 1, shown = this._rowsShown();
+    var h = o.axisHeight + shown * o.rowHeight + 2;
+    this.scroller.style.height = h + "px";
+    this.spacer.style.height = (this.rowLabels.length - shown) * o.rowHeight + "px";
+    // (read after the spacer's height is set: the scroll bar, when the rows are paged, takes its width)
+    var w = Math.max(o.labelWidth + o.rightPad + 50, this.scroller.clientWidth || 800);
     this.cssWidth = w; this.cssHeight = h; this.dpr = dpr;
     this.canvas.width = Math.round(w * dpr);
     this.canvas.height = Math.round(h * dpr);
     this.canvas.style.height = h + "px";
     this.plotLeft = o.labelWidth;
     this.plotWidth = Math.max(1, Math.floor(w - o.labelWidth - o.rightPad));
+    var first = this._rowFirst;
+    this._rowFirst = -1;
+    this.setRowFirst(first);
     this.requestDraw();
   };
 
@@ -406,6 +462,32 @@
     return null;
   };
 
+  /** Outline the task whose key is ``key`` (its last attempt) in every draw that shows it; ``null``: no task.
+   *  Returns whether the stream holds that task. */
+  P.mark = function (key) {
+    var found = null;
+    if (key !== null && key !== undefined) {
+      var id = this.keys.lastIndexOf(String(key));
+      for (var r = 0; id >= 0 && r < this.rows.length && !found; r++) {
+        var row = this.rows[r];
+        for (var i = 0; i < row.n; i++) {
+          if (row.id[i] === id) { found = {id: id, row: r, start: row.start[i], end: row.end[i]}; break; }
+        }
+      }
+    }
+    this._marked = found;
+    this._drawnState = null;  // the outline may leave columns a partial draw would keep
+    this.requestDraw();
+    return found !== null;
+  };
+
+  Object.defineProperty(P, "marked", {
+    get: function () {
+      var m = this._marked;
+      return m && {key: this.keys.get(m.id), row: m.row, start: m.start, end: m.end};
+    },
+  });
+
   /** The key of the task with id ``id`` (its place in the order of appending), "" for none. */
   P.keyAt = function (id) { return this.keys.get(id); };
 
@@ -482,9 +564,11 @@
     // they are recomputed whole, and the exact bars of that suffix are drawn again in order (the same pixels
     // where they reach back before it); transfer marks are drawn again, all of them.
     var Wd = this.canvas.width, Hd = this.canvas.height, R = this.rows.length, prev = this._drawnState;
+    var first = this._rowFirst, past = Math.min(R, first + this._rowsShown());
+    if (rec) rec.rows = [first, past];
     var incremental = partial === true && !rec && prev !== null && this._image && this._image.width === Wd &&
       this._image.height === Hd && prev.v0 === v0 && prev.v1 === v1 && prev.W === W && prev.L0 === L0 &&
-      prev.dpr === dpr && prev.rh === rh && prev.R === R && prev.packed === packed;
+      prev.dpr === dpr && prev.rh === rh && prev.R === R && prev.packed === packed && prev.first === first;
     var ca = incremental ? (this._dirtyFrom === Infinity ? W :
                             Math.max(0, Math.min(W, Math.floor((this._dirtyFrom - v0) * scale)))) : 0;
     var from = v0 + ca * pxDur, clearAt = Math.round((L0 + ca) * dpr);
@@ -496,10 +580,10 @@
       if (da < dirtyDa) dirtyDa = da;
     };
 
-    for (var r = 0; r < this.rows.length; r++) {
+    for (var r = first; r < past; r++) {
       var row = this.rows[r];
       if (!row.n) continue;
-      var y = top + r * rh + barOff, pass = ++S.pass;
+      var y = top + (r - first) * rh + barOff, pass = ++S.pass;
       var yd0 = Math.round(y * dpr), yd1 = Math.min(Hd, Math.max(yd0 + 1, Math.round((y + barH) * dpr)));
       if (yd0 >= Hd) break;
       var line = yd0 * Wd;
@@ -568,10 +652,10 @@
     if (!asLines) {
       var red = this._transferWord, markH = Math.max(1, Math.round(barH / 3));
       for (j = 0; j < X.n; j++) {
-        if (X.end[j] < v0 || X.start[j] > v1) continue;
+        if (X.end[j] < v0 || X.start[j] > v1 || X.dst[j] < first || X.dst[j] >= past) continue;
         var m0 = Math.max(0, Math.round((X.start[j] - v0) * scale)), m1 = Math.min(W, Math.round((X.end[j] - v0) * scale));
         if (m1 <= m0) { m0 = Math.min(m0, W - 1); m1 = m0 + 1; }
-        var my1 = top + X.dst[j] * rh + barOff + barH, my0 = my1 - markH;
+        var my1 = top + (X.dst[j] - first) * rh + barOff + barH, my0 = my1 - markH;
         var md0 = Math.round(my0 * dpr), md1 = Math.min(Hd, Math.max(md0 + 1, Math.round(my1 * dpr)));
         for (var md = md0; md < md1; md++) put(md * Wd, m0, m1, red);
         nMarks++;
@@ -591,8 +675,8 @@
       ctx.beginPath();
       for (j = 0; j < X.n; j++) {
         if (X.end[j] < v0 || X.start[j] > v1) continue;
-        ctx.moveTo(L0 + (X.start[j] - v0) * scale, top + (X.src[j] + 0.5) * rh);
-        ctx.lineTo(L0 + (X.end[j] - v0) * scale, top + (X.dst[j] + 0.5) * rh);
+        ctx.moveTo(L0 + (X.start[j] - v0) * scale, top + (X.src[j] - first + 0.5) * rh);
+        ctx.lineTo(L0 + (X.end[j] - v0) * scale, top + (X.dst[j] - first + 0.5) * rh);
         nx++;
       }
       ctx.globalAlpha = o.transferAlpha;
@@ -601,9 +685,23 @@
       ctx.stroke();
       ctx.restore();
     }
+    var mk = this._marked, outline = null;
+    if (mk && mk.row >= first && mk.row < past && mk.end >= v0 && mk.start <= v1) {
+      var ox0 = Math.max(0, Math.round((mk.start - v0) * scale)), ox1 = Math.min(W, Math.round((mk.end - v0) * scale));
+      if (ox1 <= ox0) ox1 = ox0 + 1;
+      var oy = top + (mk.row - first) * rh + barOff;
+      outline = {x0: L0 + ox0 - 2, x1: L0 + ox1 + 2, y0: oy - 2, y1: oy + barH + 2};
+      ctx.save();
+      ctx.globalAlpha = 1;
+      ctx.strokeStyle = "#000";
+      ctx.lineWidth = 2;
+      ctx.strokeRect(outline.x0 + 1, outline.y0 + 1, outline.x1 - outline.x0 - 2, outline.y1 - outline.y0 - 2);
+      ctx.restore();
+    }
     this._drawAxes(ctx, v0, v1, scale);
-    if (rec) { rec.transfers = nx; rec.transfer_marks = nMarks; this._recorded = rec; }
-    this._drawnState = rec ? null : {v0: v0, v1: v1, W: W, L0: L0, dpr: dpr, rh: rh, R: R, packed: packed};
+    if (rec) { rec.marked = outline; rec.transfers = nx; rec.transfer_marks = nMarks; this._recorded = rec; }
+    this._drawnState = rec || outline ? null :
+      {v0: v0, v1: v1, W: W, L0: L0, dpr: dpr, rh: rh, R: R, packed: packed, first: first};
     this._dirtyFrom = Infinity;
     this.lastDrawKind = incremental ? "incremental" : "full";
     this.drawCount++;
@@ -631,10 +729,10 @@
     }
     ctx.stroke();
     // rows too thin for a label each: label every k-th row (the tooltip names every row)
-    var every = Math.max(1, Math.ceil(12 / rh));
+    var every = Math.max(1, Math.ceil(12 / rh)), w = this.rowWindow;
     ctx.font = Math.max(9, Math.min(12, rh - 2)) + "px system-ui, sans-serif";
-    for (var r = 0; r < this.rowLabels.length; r += every) {
-      ctx.fillText(this._fit(ctx, this.rowLabels[r], L0 - 6), 2, top + (r + 0.5) * rh);
+    for (var r = w[0]; r < w[1]; r += every) {
+      ctx.fillText(this._fit(ctx, this.rowLabels[r], L0 - 6), 2, top + (r - w[0] + 0.5) * rh);
     }
   };
 
@@ -668,8 +766,8 @@
 
   /** The task (or merged pixel column) under CSS pixel (x, y) of the canvas, or null. */
   P.hit = function (x, y) {
-    var o = this.options, r = Math.floor((y - o.axisHeight) / o.rowHeight);
-    if (r < 0 || r >= this.rows.length || x < this.plotLeft || x >= this.plotLeft + this.plotWidth) return null;
+    var o = this.options, w = this.rowWindow, r = w[0] + Math.floor((y - o.axisHeight) / o.rowHeight);
+    if (y < o.axisHeight || r >= w[1] || x < this.plotLeft || x >= this.plotLeft + this.plotWidth) return null;
     var v = this._currentView(), scale = this.plotWidth / (v[1] - v[0]);
     var col = Math.floor(x - this.plotLeft), c0 = v[0] + col / scale, c1 = v[0] + (col + 1) / scale;
     var row = this.rows[r], i = row.lowerBound(c0 - row.maxDur), best = null, count = 0, busy = 0;
@@ -749,15 +847,22 @@
       else if (ev.key === "ArrowLeft") self._pan(-w / 10);
       else if (ev.key === "ArrowRight") self._pan(w / 10);
       else if (ev.key === "0" || ev.key === "Home") self.setView();
-      else return;
+      else if (ev.key === "ArrowUp" || ev.key === "ArrowDown") self.setRowFirst(self._rowFirst + (ev.key === "ArrowUp" ? -1 : 1));
+      else if (ev.key === "PageUp" || ev.key === "PageDown") {
+        var page = self._rowsShown();
+        self.setRowFirst(self._rowFirst + (ev.key === "PageUp" ? -page : page));
+      } else return;
       ev.preventDefault();
+    });
+    this.scroller.addEventListener("scroll", function () {
+      self.setRowFirst(self.scroller.scrollTop / self.options.rowHeight);
     });
     if (global.ResizeObserver) {
       new global.ResizeObserver(function () {
-        if (Math.max(self.options.labelWidth + self.options.rightPad + 50, self.container.clientWidth) !== self.cssWidth) {
+        if (Math.max(self.options.labelWidth + self.options.rightPad + 50, self.scroller.clientWidth) !== self.cssWidth) {
           self.resize();
         }
-      }).observe(this.container);
+      }).observe(this.scroller);
     }
   };
 
