@@ -218,6 +218,10 @@ def test_the_task_stream_keeps_its_time_range_and_a_task_in_the_address(imported
     start, end = (task.start_ns - t0) / 1e9, (task.end_ns - t0) / 1e9
     assert view[0] < start and end < view[1] and view[1] - view[0] < 4 * (end - start)
     assert task.task_key in tp.locator("#stream-task").inner_text()
+    # and outlines it, its row in view
+    marked = tp.evaluate("() => { const tl = flowscopeLive.timeline; return {m: tl.marked, rows: tl.rowWindow}; }")
+    assert marked["m"]["key"] == task.task_key
+    assert marked["rows"][0] <= marked["m"]["row"] < marked["rows"][1]
     # a task step of the critical path links to the task in the overview's stream
     cp = _open(context, f"{uri}#critical-path")
     first = cp.locator("table.steps td.id a").first

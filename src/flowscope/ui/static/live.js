@@ -59,6 +59,8 @@
     }
     var d = t.end - t.start, pad = Math.max(d, 1e-6);
     live.timeline.setView(t.start - pad, t.end + pad);
+    live.timeline.showRow(t.row);
+    live.timeline.mark(wantedTask);
     out.textContent = "task " + wantedTask + " (" + t.group + ", row " + S.rows[t.row] + "): from " +
       UI.fmtSeconds(t.start) + ", " + UI.fmtDur(d);
     out.dataset.key = wantedTask;
