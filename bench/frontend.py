@@ -79,6 +79,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-backg
                  "--disable-component-update", "--disable-sync", "--no-first-run"]
 VIEWPORT = {"width": 1600, "height": 1000}
 ROW_PX = 7
+MAX_ROWS_PX = 900  # the canvas pages rows beyond this (128 rows of 7 px): the default run's 125 rows all fit
 LABEL_PX = 150
 
 GROUP_NAMES = [
@@ -95,13 +96,13 @@ class BenchError(RuntimeError):
 
 # ---- the run --------------------------------------------------------------------------------------------------
 
-def make_run(n_tasks: int, seed: int = 15) -> dict:
+def make_run(n_tasks: int, seed: int = 15, hosts: int = 20) -> dict:
     """Tasks, transfers and a 1,000-task delta of a realistic shape (see the module docstring)."""
     import plotly.colors
 
     rng = np.random.default_rng(seed)
     rows = []
-    for h in range(20):
+    for h in range(hosts):
         for t in range(int(rng.integers(4, 9))):
             rows.append(f"tcp://10.1.{h // 8}.{10 + h}:{40000 + 17 * h}/thread-{139_900 + 31 * h + t}")
     R, G = len(rows), len(GROUP_NAMES)
@@ -431,7 +432,8 @@ var candidate = {{
     var s = take(Float64Array, n), e = take(Float64Array, n), xs = take(Float64Array, m), xe = take(Float64Array, m),
         r = take(Uint16Array, n), g = take(Uint16Array, n), src = take(Uint16Array, m), dst = take(Uint16Array, m);
     tl = new FlowscopeTimeline(document.getElementById("plot"), {{rows: meta.rows, groups: meta.groups,
-                                                                  rowHeight: {ROW_PX}, labelWidth: {LABEL_PX}}});
+                                                                  rowHeight: {ROW_PX}, labelWidth: {LABEL_PX},
+                                                                  maxHeight: {MAX_ROWS_PX}}});
     tl.append({{start: s, end: e, row: r, group: g, key: meta.key}}, {{start: xs, end: xe, src: src, dst: dst}});
   }},
   draws: function () {{ return tl ? tl.drawCount : 0; }},
@@ -529,6 +531,9 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--tasks", type=int, default=100_000)
     ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--hosts", type=int, default=20,
+                    help="hosts of 4-8 threads each (default 20: 125 rows; 160: about 1,000 rows, which the canvas "
+                         "pages: it draws the 128 rows in view, the others every row)")
     ap.add_argument("--quick", action="store_true", help="10,000 tasks, 1 repetition")
     ap.add_argument("--candidates", default=",".join(CANDIDATES))
     ap.add_argument("--screenshots", type=Path, help="save a screenshot of each candidate (whole run, zoomed)")
@@ -544,10 +549,10 @@ def main(argv: list[str] | None = None) -> int:
     from playwright.sync_api import sync_playwright
 
     t0 = time.perf_counter()
-    run = make_run(args.tasks)
+    run = make_run(args.tasks, hosts=args.hosts)
     t_end = float(max(run["end"].max(), run["xfer"]["end"].max(), max(run["delta"]["end"])))
     plan = zoom_plan(t_end)
-    print(f"run: {len(run['start']):,} tasks on {len(run['rows'])} threads of 20 hosts, {len(run['groups'])} groups, "
+    print(f"run: {len(run['start']):,} tasks on {len(run['rows'])} threads of {args.hosts} hosts, {len(run['groups'])} groups, "
           f"{len(run['xfer']['start']):,} transfers, {run['end'].max():.1f} s; built in {time.perf_counter() - t0:.1f} s",
           file=sys.stderr)
     if args.screenshots:
