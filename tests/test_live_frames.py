@@ -89,3 +89,29 @@ def test_a_damaged_message_is_refused_with_where_it_went_wrong():
     bad = struct.pack("<I", len(text)) + text + bytes(-(4 + len(text)) % 8) + data[4 + h + (-(4 + h) % 8):]
     with pytest.raises(FrameError, match="column 'start' \\(f64\\) at byte"):
         read_message(bad)
+
+
+def test_a_delta_kept_for_late_pages_holds_its_bytes_once_and_still_joins_other_deltas():
+    """The collector keeps the last 2,000 deltas for pages that reconnect: each is kept as the message an up-to-date
+    page receives and as the item a late page's message is built from; both must share one copy of its columns
+    (two would double what a run at 100,000 tasks a second keeps), and the item must still make a right message."""
+    import tracemalloc
+
+    from flowscope.service.live_hub import Encoded, deltas_message
+
+    deltas = [{"seq": s, "tasks": _tasks(50_000, s)} for s in (1, 2)]
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        kept = [Encoded("e", d) for d in deltas]
+        held = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    sizes = sum(len(k.message) for k in kept)
+    assert held < 1.2 * sizes, (held, sizes)
+    got = read_message(deltas_message("e", kept))  # a late page's message: both deltas in one
+    assert [d["seq"] for d in got["deltas"]] == [1, 2]
+    for g, w in zip(got["deltas"], deltas):
+        assert np.array_equal(g["tasks"]["end"], w["tasks"]["end"])
+        assert g["tasks"]["key"] == [k or "" for k in w["tasks"]["key"].to_pylist()]
+    assert read_message(kept[1].message)["deltas"][0]["seq"] == 2

@@ -46,8 +46,10 @@ class Encoded:
 
     def __init__(self, epoch: str, delta: dict):
         self.seq = delta["seq"]
-        self.item = encode_item(delta)
-        self.message = deltas_message(epoch, [self])
+        self.item = item = encode_item(delta)
+        self.message = msg = deltas_message(epoch, [self])
+        if item.body:  # the item's columns end the message: kept once, the item's a view of the message's
+            item.body = memoryview(msg)[len(msg) - len(item.body):]
 
 
 def deltas_message(epoch: str, deltas: list[Encoded]) -> str | bytes:
