@@ -546,3 +546,18 @@ def test_fuzz_mutated_instances(shared_data, tmp_path):
     field_level()
     assert counts["examples"] >= FUZZ_EXAMPLES  # hypothesis ran them all; every failure was a TraceError
     print(f"wfcommons fuzz: {counts['examples']} inputs, {counts['errors']} TraceErrors, no other exception")
+
+
+def test_the_import_command_names_the_file_of_a_warning_once(shared_data, tmp_path, capsys):
+    """`flowscope import` prints each warning after its file's path; a warning that already says where (the
+    WfCommons and OTF2 importers name the file) is not prefixed a second time, and a name that looks like the
+    console's markup is printed as it is."""
+    from flowscope.cli.main import main as cli_main
+
+    def change(doc):
+        doc["workflow"]["specification"]["tasks"][2]["parents"].append("NO_SUCH_TASK[/b]")
+
+    bad = _modified(shared_data, tmp_path, "blast-chameleon-small-001.json", change)
+    assert cli_main(["import", str(bad), "--store", str(tmp_path / "store")]) == 0
+    line = next(w for w in capsys.readouterr().err.splitlines() if "NO_SUCH_TASK" in w)  # one line: not wrapped
+    assert line.startswith("warning ") and line.count(str(bad)) == 1 and "'NO_SUCH_TASK[/b]'" in line, line

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from rich.markup import escape
+
 from flowscope.cli.output import STORE_HELP, console, err_console, print_json, print_table, progress
 
 
@@ -65,8 +67,9 @@ def run(args: argparse.Namespace) -> int:
         print_json(out)
         return 1 if res.failed else 0
     for f in res.files:
-        for w in f.warnings:
-            err_console.print(f"[yellow]warning[/yellow] {f.path}: {w}")
+        for w in f.warnings:  # said after its file's path, unless it begins with it (an importer that says where)
+            where = "" if w.startswith(f"{f.path}:") else f"{f.path}: "
+            err_console.print(f"[yellow]warning[/yellow] {escape(where + w)}", highlight=False, soft_wrap=True)
     rows = [[f.path, f.format, ", ".join(f"{t} {n:,}" for t, n in sorted(f.rows.items())) or "nothing"]
             for f in res.files]
     if rows:
