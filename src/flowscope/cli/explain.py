@@ -6,6 +6,8 @@ import argparse
 import math
 from pathlib import Path
 
+from rich.markup import escape
+
 from flowscope.cli.output import LOOKUP_STORE_HELP, console, print_json, print_table
 
 
@@ -59,7 +61,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     if args.json:
         print_json(e.to_dict())
         return 0
-    console.print(f"[bold]run {e.run_id}[/bold] ({e.name or 'unnamed'}): {_s(e.wall_s)} s wall, {e.tasks:,} tasks "
+    console.print(f"[bold]run {escape(e.run_id)}[/bold] ({escape(e.name or 'unnamed')}): {_s(e.wall_s)} s wall, "
+                  f"{e.tasks:,} tasks "
                   f"on {e.slots} slots, task phase {_s(e.task_phase_s)} s", highlight=False)
     print_table("where the makespan went (the chain that bounded it)", ["part", "seconds", "share", "status", "how"],
                 [[r.label, _s(r.seconds), _pct(r.share), r.status, r.note] for r in e.attribution.itertuples()])

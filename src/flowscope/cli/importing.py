@@ -80,7 +80,7 @@ def run(args: argparse.Namespace) -> int:
     if res.skipped:
         console.print(f"skipped {len(res.skipped)} file(s) no importer recognises")
     for path, why in res.failed:
-        err_console.print(f"[red]not imported[/red] {why}")
+        err_console.print(f"[red]not imported[/red] {escape(why)}", highlight=False, soft_wrap=True)
     verb = "finished the import into run" if args.resume else ("created run" if res.created else "added to run")
     added = ", ".join(f"{t} {n:,}" for t, n in sorted(res.rows.items())) or "nothing new"
     console.print(f"{verb} {res.run_id} at {res.run_dir}: {added}"

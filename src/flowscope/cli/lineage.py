@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 import pandas as pd
+from rich.markup import escape
 
 from flowscope.cli.output import (
     LOOKUP_STORE_HELP,
@@ -58,7 +59,8 @@ def cmd_lineage(args: argparse.Namespace) -> int:
         print_json(lin.to_dict())
         return 0
     t0 = run.meta.get("start_ns")
-    console.print(f"[bold]{lin.key}[/bold] (group {lin.group or '-'}) in run {lin.run_id}; times from the run's "
+    console.print(f"[bold]{escape(lin.key)}[/bold] (group {escape(lin.group or '-')}) in run {escape(lin.run_id)}; "
+                  f"times from the run's "
                   f"start", markup=True, highlight=False)
     if len(lin.executions):
         print_table("executions", ["resource", "host", "category", "start", "duration"],

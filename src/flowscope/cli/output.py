@@ -9,6 +9,7 @@ from typing import Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
+from rich.text import Text
 
 from flowscope.store.catalog import DEFAULT_STORE, STORE_ENV
 
@@ -27,11 +28,13 @@ def print_json(obj: Any) -> None:
 
 
 def print_table(title: str | None, columns: list[str], rows: list[list[Any]]) -> None:
-    t = Table(title=title, show_lines=False)
+    """A table of ``rows`` under ``columns``; every cell as plain text (names come from the observed program: the
+    console's markup in them is shown, not applied)."""
+    t = Table(title=Text(title) if title is not None else None, show_lines=False)
     for c in columns:
-        t.add_column(str(c), overflow="fold")
+        t.add_column(Text(str(c)), overflow="fold")
     for r in rows:
-        t.add_row(*("" if v is None else str(v) for v in r))
+        t.add_row(*(Text("" if v is None else str(v)) for v in r))
     console.print(t)
 
 

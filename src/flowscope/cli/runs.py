@@ -9,6 +9,8 @@ import os
 import re
 import sys
 
+from rich.markup import escape
+
 from flowscope.cli.output import LOOKUP_STORE_HELP, STORE_HELP, console, fmt_ns, print_json, print_table
 from flowscope.store.catalog import default_store, interruption, list_runs, run_state
 from flowscope.cli.semantics import add_semantics_option, open_for
@@ -99,8 +101,8 @@ def cmd_show(args: argparse.Namespace) -> int:
     if args.json:
         print_json({**s.to_dict(), "nothing_observed": [asdict(r) for r in reasons]})
         return 0
-    console.print(f"[bold]{s.run_id}[/bold] {s.name or ''} — {s.status}, {fmt_ns(s.duration_ns)} "
-                  f"({_when(s.start_ns)} UTC) at {run.path}")
+    console.print(f"[bold]{escape(s.run_id)}[/bold] {escape(s.name or '')} — {s.status}, {fmt_ns(s.duration_ns)} "
+                  f"({_when(s.start_ns)} UTC) at {escape(str(run.path))}")
     if note := interruption(run.meta):
         console.print(note, markup=False, highlight=False, soft_wrap=True)
     if reasons:

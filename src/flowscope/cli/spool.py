@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from rich.markup import escape
+
 from flowscope.cli.output import console, print_json, progress
 from flowscope.store.catalog import DEFAULT_STORE, STORE_ENV
 
@@ -59,5 +61,5 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"delivered {report.batches} batch(es), {report.rows} row(s) for {report.runs} run(s) to "
                       f"{transport.address}; {report.duplicates} already there; {report.closed} run(s) closed")
         for path, why in report.failed:
-            console.print(f"[red]refused[/red] {path}: {why}")
+            console.print(f"[red]refused[/red] {escape(f'{path}: {why}')}", highlight=False, soft_wrap=True)
     return 1 if report.failed else 0
