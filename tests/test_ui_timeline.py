@@ -296,16 +296,18 @@ def test_new_data_is_drawn_within_the_draw_share_of_the_page_and_a_users_zoom_at
     assert got["later"] == {"frames": 1, "timers": 0}
 
 
-@pytest.mark.parametrize("transfers", [0, 50, 5000], ids=["no-transfers", "transfer-lines", "transfer-marks"])
-def test_a_followed_run_draws_only_what_a_delta_changed_and_the_pixels_equal_a_full_draw(server, chromium, transfers):
+@pytest.mark.parametrize(("transfers", "mark"), [(0, False), (50, False), (5000, False), (50, True)],
+                         ids=["no-transfers", "transfer-lines", "transfer-marks", "a-marked-task"])
+def test_a_followed_run_draws_only_what_a_delta_changed_and_the_pixels_equal_a_full_draw(server, chromium, transfers,
+                                                                                         mark):
     """Following a live run, a delta redraws only the pixel columns from its earliest task on (the view keeps
     headroom, so its scale stays put between rescales): after each of 40 deltas of tasks and transfers, some out
     of order, sub-pixel and wide, over 12 rows, the canvas holds exactly what a full draw of the same view
-    draws."""
+    draws; also with a task outlined (``mark``, a ``?task=`` link)."""
     pg = chromium.new_page(viewport={"width": 1200, "height": 600}, device_scale_factor=1)
     try:
         pg.goto(server, wait_until="load")
-        got = pg.evaluate("""(nx) => {
+        got = pg.evaluate("""([nx, mark]) => {
             let seed = 7;
             const rnd = () => (seed = (seed * 16807) % 2147483647) / 2147483647;
             const rows = Array.from({length: 12}, (_, i) => "row-" + i);
@@ -326,6 +328,7 @@ def test_a_followed_run_draws_only_what_a_delta_changed_and_the_pixels_equal_a_f
                 }
                 t += 0.5;
                 tl.append(task, x);
+                if (mark && d === 0) { tl.mark("k0-7"); tl.draw(); continue; }
                 tl.draw(true);  // as the page's next frame draws it
                 kinds[tl.lastDrawKind] = (kinds[tl.lastDrawKind] || 0) + 1;
                 const ctx = tl.canvas.getContext("2d");
@@ -337,13 +340,14 @@ def test_a_followed_run_draws_only_what_a_delta_changed_and_the_pixels_equal_a_f
                 for (let i = 0; i < full.length; i++) if (full[i] !== seen[i]) diff++;
                 if (diff) mismatches.push([d, diff]);
             }
-            return {kinds, mismatches, count: tl.count, view: tl.view, extent: tl.extent};
-        }""", transfers)
+            return {kinds, mismatches, count: tl.count, view: tl.view, extent: tl.extent, marked: tl.marked};
+        }""", [transfers, mark])
         assert "error" not in got, got
         assert got["count"] == 40 * 400
         assert got["mismatches"] == []
         assert got["kinds"].get("incremental", 0) >= 20, got["kinds"]  # most deltas fell within the headroom
         assert got["view"][0] == got["extent"][0] and got["view"][1] >= got["extent"][1]
+        assert (got["marked"] or {}).get("key") == ("k0-7" if mark else None)
     finally:
         pg.close()
 

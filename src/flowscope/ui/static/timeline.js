@@ -700,7 +700,8 @@
     }
     this._drawAxes(ctx, v0, v1, scale);
     if (rec) { rec.marked = outline; rec.transfers = nx; rec.transfer_marks = nMarks; this._recorded = rec; }
-    this._drawnState = rec || outline ? null :
+    // (an outline is drawn again by every draw, over what the buffer put back: a partial draw keeps it right)
+    this._drawnState = rec ? null :
       {v0: v0, v1: v1, W: W, L0: L0, dpr: dpr, rh: rh, R: R, packed: packed, first: first};
     this._dirtyFrom = Infinity;
     this.lastDrawKind = incremental ? "incremental" : "full";
