@@ -3,7 +3,8 @@
 A user's uninstrumented process imports Dask and nothing of flowscope or the Profiler, and has no audit hook;
 flowscope's open audit hook, once added, stays until the process exits. So each sample is a process of its own
 that imports only what its mode uses: ``none`` Dask, ``profiler`` also dask.diagnostics, ``flowscope*`` also
-flowscope. Each first runs the workload once at a small size in its mode (imports, the collector process's start,
+flowscope. Two modes take the capture apart: ``imports`` only imports what ``observe()`` brings into the process,
+``hooks-only`` also runs the capture's per-task hooks and discards what they took (no rows, no client, no sampler). Each first runs the workload once at a small size in its mode (imports, the collector process's start,
 Dask's first-call costs: not timed), then once at full size, timed: wall (or, for ``micro``, the thread's CPU),
 process CPU, the collector's CPU, the time the garbage collector took during it (``gc.callbacks``, every thread)
 and the objects it tracks after it. Prints one JSON object.
@@ -25,7 +26,8 @@ import time
 from pathlib import Path
 
 WORKLOADS = ("local-tiny", "local-array", "micro")
-MODES = ("none", "profiler", "flowscope", "flowscope-full", "flowscope-no-task-io", "flowscope-reference")
+MODES = ("none", "profiler", "flowscope", "flowscope-full", "flowscope-no-task-io", "flowscope-reference", "imports",
+         "hooks-only")
 # flowscope's modes: (observe() keywords, FLOWSCOPE_COMPILED); the micro-benchmark's hardware sampler is off, so that
 # only the per-task path is measured
 OBSERVE = {"flowscope": ({}, "1"), "flowscope-full": ({"level": "full"}, "1"),
@@ -92,6 +94,46 @@ def make_workload(kind: str, tasks: int, array_size: int):
     return run_sync, tasks
 
 
+class _Discard:
+    """A client that keeps nothing: every call of the capture on it returns at once."""
+
+    def __getattr__(self, name: str):
+        if name == "row_writer":
+            return lambda table: (lambda *values: None)
+        return lambda *args, **kwargs: "discarded"
+
+
+class HooksOnly:
+    """The local capture's per-task path alone: its hooks registered with Dask, every batch of tasks taken from
+    them and discarded (no rows built, no client, no hardware sampler); counts the tasks it took."""
+
+    def __init__(self) -> None:
+        from flowscope.sources.dask.local import LocalSchedulerCapture
+
+        self.tasks = 0
+        self.capture = LocalSchedulerCapture(_Discard())
+        self.capture._flush = self._take
+
+    def _take(self, g, final: bool = False) -> None:
+        out = g.take()
+        self.tasks += out[0] + len(out[-1])
+
+    def __enter__(self):
+        self.capture.register()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.capture.close()
+
+
+def import_what_observe_imports() -> None:
+    """The modules ``observe()`` with no client brings into the user's process (Arrow, numpy, the client, the local
+    capture, the hardware sampler), nothing started."""
+    import flowscope.embedded  # noqa: F401
+    import flowscope.sources.dask.local  # noqa: F401
+    import flowscope.sources.hardware  # noqa: F401
+
+
 class GcClock:
     """Wall time spent in the garbage collector (every thread), from ``gc.callbacks``."""
 
@@ -121,6 +163,11 @@ def sample(kind: str, mode: str, tasks: int, array_size: int, store: Path, tag: 
 
             cm = Profiler()
             cm.__enter__()
+        elif mode in ("imports", "hooks-only"):
+            import_what_observe_imports()
+            if mode == "hooks-only":
+                cm = HooksOnly()
+                cm.__enter__()
         elif mode != "none":
             from flowscope.sources.dask import observe
 
@@ -156,6 +203,10 @@ def sample(kind: str, mode: str, tasks: int, array_size: int, store: Path, tag: 
                    gc_s=gc_s, gc_objects=len(gc.get_objects()))
         if mode == "profiler":
             res["tasks"] = len(cm.results)
+        if mode == "hooks-only":
+            if cm.tasks != n:
+                raise SampleError(f"{kind}: Dask ran {n} tasks, the hooks took {cm.tasks}")
+            res["tasks"] = cm.tasks
         if obs is not None:
             res.update(setup_s=setup_s, teardown_s=teardown_s)
             if obs.hook_errors != {"local": 0}:

@@ -76,6 +76,7 @@ workload runs) and prints one summary line last.
     python bench/overhead.py --profile DIR    # and profile one flowscope run per workload (py-spy into DIR)
     python bench/overhead.py --workloads tiny --modes none,full,full-variant --variant X1
     python bench/overhead.py --workloads local-tiny,local-array   # the local threaded scheduler only
+    python bench/overhead.py --workloads local-tiny --local-decompose   # and observe()'s imports, its hooks alone
 """
 
 from __future__ import annotations
@@ -126,6 +127,8 @@ LEVEL_MODES = {"standard": "standard", "full": "full", "full-variant": "full", "
 WORKLOADS = ("demo", "tiny")
 LOCAL_WORKLOADS = ("local-tiny", "local-array")  # Dask's threaded scheduler, observed through its callbacks
 LOCAL_MODES = ("none", "profiler", "flowscope")
+#: with --local-decompose: what observe() imports alone, and the capture's per-task hooks alone (batches discarded)
+LOCAL_PARTS = ("imports", "hooks-only")
 TARGET_LOCAL = 1.05    # flowscope / none, local threaded scheduler
 RESULTS = Path(__file__).resolve().parent / "results" / f"{BENCH}.json"
 CLUSTER = {"n_workers": 2, "threads_per_worker": 2, "processes": True, "dashboard_address": None}
@@ -861,6 +864,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help=f"comma-separated (default {','.join(WORKLOADS + LOCAL_WORKLOADS)})")
     p.add_argument("--array-size", type=int, default=None,
                    help="side of the local-array workload's matrix (default 2,000; --quick 1,000)")
+    p.add_argument("--local-decompose", action="store_true",
+                   help="also time, on the local workloads, what observe() imports alone (mode imports) and the "
+                        "capture's per-task hooks alone with every batch discarded (mode hooks-only)")
     p.add_argument("--local-micro", type=int, default=None, metavar="N",
                    help="no-op tasks in the per-task cost micro-benchmark of the local capture (default 100,000; "
                         "--quick 20,000; 0 skips it)")
@@ -993,6 +999,9 @@ def _local_parts(local: dict, local_ratio: dict) -> list[str]:
                      f"{lw['ratio_vs_none']['profiler']:.3f}x, garbage collector {lw['gc_s']['none']:.3f} -> "
                      f"{lw['gc_s']['flowscope']:.3f} s, the rest {lw['wall_minus_gc_s']['none']:.3f} -> "
                      f"{lw['wall_minus_gc_s']['flowscope']:.3f} s")
+        if "hooks-only" in lw["ratio_vs_none"]:
+            parts.append(f"{w} taken apart: observe()'s imports alone {lw['ratio_vs_none']['imports']:.3f}x, its "
+                         f"per-task hooks alone {lw['ratio_vs_none']['hooks-only']:.3f}x")
     if "micro" in local:
         added = local["micro"]["added_us_per_task"]
         parts.append(f"local capture +{added['flowscope']:.1f} us/task at standard (+{added['flowscope-full']:.1f} at "
@@ -1043,14 +1052,15 @@ def main(argv: list[str] | None = None) -> int:
     cluster_w = tuple(w for w in args.workloads if w in WORKLOADS)
     local_w = tuple(w for w in args.workloads if w in LOCAL_WORKLOADS)
     samples: dict = {w: {m: [] for m in args.modes} for w in cluster_w}
-    local_samples: dict = {w: {m: [] for m in LOCAL_MODES} for w in local_w}
+    local_modes = LOCAL_MODES + (LOCAL_PARTS if args.local_decompose else ())
+    local_samples: dict = {w: {m: [] for m in local_modes} for w in local_w}
     micro = None
     orders = []
     profiles: dict = {}
     columns = [SpinnerColumn(), TextColumn("[progress.description]{task.description}"), BarColumn(),
                MofNCompleteColumn(), TimeElapsedColumn()]
     n_steps = (1 + args.repeat * len(cluster_w) * len(args.modes) + (2 * len(cluster_w) if args.profile else 0)
-               + args.repeat * len(local_w) * len(LOCAL_MODES) + (1 if local_w and args.local_micro else 0))
+               + args.repeat * len(local_w) * len(local_modes) + (1 if local_w and args.local_micro else 0))
     try:
         with Progress(*columns, console=console, transient=False) as progress:
             steps = progress.add_task("warming up", total=n_steps)
@@ -1096,7 +1106,7 @@ def main(argv: list[str] | None = None) -> int:
                 local_store = base / "local-store"
                 expected = {w: local_expected(w, args) for w in local_w}
                 for rep in range(args.repeat):
-                    order = list(LOCAL_MODES[rep % len(LOCAL_MODES):] + LOCAL_MODES[:rep % len(LOCAL_MODES)])
+                    order = list(local_modes[rep % len(local_modes):] + local_modes[:rep % len(local_modes)])
                     for w in local_w:
                         for mode in order:
                             progress.update(steps, description=f"rep {rep + 1}/{args.repeat}: {w} / {mode}")
