@@ -542,3 +542,53 @@ def test_pending_segments_are_read_ahead_in_their_order_and_a_damaged_one_is_rep
             assert isinstance(data, Exception) and not isinstance(data, pa.Table)
         else:
             assert data.equals(want)
+
+
+def test_the_runs_lists_findings_of_a_running_run_wait_for_their_cost_scaled_by_the_runs_growth(recorded, tmp_path):
+    """The runs list shows a running run's findings kept from their last computation for max(RUNNING_FINDINGS_S,
+    its cost x the run's growth since / RUNNING_FINDINGS_SHARE), the growth (its segments of the tables the findings
+    read) at most VIEW_GROWTH_CAP-fold, as the analysis views do: a young run's cheap computation must not let a
+    costly one follow at once. Computing the findings is made to cost 0.5 s on a fake clock."""
+    import threading
+
+    from flowscope.service.collector import Collector
+    from flowscope.service.dashboard_routes import RUNNING_FINDINGS_SHARE, RUNNING_FINDINGS_S, VIEW_GROWTH_CAP, _Findings
+
+    segs = [s for s in _segments(recorded) if s[0] in ("spans", "resources")]
+    spans = [s for s in segs if s[0] == "spans"]
+    now = [1000.0]
+
+    def clock() -> float:  # each reading on the findings' thread is half a second later: a computation costs 0.5 s
+        if threading.current_thread().name.startswith("flowscope-findings"):
+            now[0] += 0.5
+        return now[0]
+
+    collector = Collector(tmp_path / "store")
+    findings = _Findings(clock=clock)
+    try:
+        doc = collector.open_run({"name": "findings", "start_ns": Run(recorded).meta["start_ns"]})
+        run_dir = collector.store / doc["run_id"]
+        for table, sid, data in segs:
+            collector.ingest(doc["run_id"], table, sid, data, timeout=60)
+
+        def settled() -> list[str] | None:  # what the list shows once the findings' thread has nothing queued
+            findings._pool.submit(lambda: None).result(timeout=120)
+            return findings.get(run_dir, running=True)
+
+        assert findings.get(run_dir, running=True) is None  # the first: computing
+        first = settled()
+        assert first is not None
+        before = len(spans)
+        for i in range(before // 2 or 1):  # the run grows by about half
+            table, _, data = spans[i % len(spans)]
+            collector.ingest(doc["run_id"], table, f"more-{i}", data, timeout=60)
+        grown = min(VIEW_GROWTH_CAP, (before + (before // 2 or 1)) / before)
+        allowed = max(RUNNING_FINDINGS_S, 0.5 * grown / RUNNING_FINDINGS_SHARE)
+        assert allowed > 0.5 / RUNNING_FINDINGS_SHARE  # longer than the cost alone would wait
+        now[0] += 0.5 * (allowed + 0.5 / RUNNING_FINDINGS_SHARE)  # past the cost alone's wait, before the scaled one
+        assert findings.get(run_dir, running=True) is first and settled() is first  # kept, nothing recomputed
+        now[0] += allowed
+        assert findings.get(run_dir, running=True) is first  # shown while the fresher ones are computed
+        assert settled() is not first
+    finally:
+        collector.shutdown()

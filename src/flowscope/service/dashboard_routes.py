@@ -107,8 +107,9 @@ def _cold_counts(run_dir: Path, cache: dict) -> dict:
 class _Findings:
     """The summary's findings (``analysis.summary.findings``) of each run, computed in one background thread (a list
     of runs never waits for them) and kept until a segment is added. A running run's, which change with every
-    batch, are kept at least RUNNING_FINDINGS_S, or RUNNING_FINDINGS_SHARE of the time since they took to compute,
-    and shown meanwhile: the list follows the run without its thread computing all the time."""
+    batch, are kept at least RUNNING_FINDINGS_S, or their cost scaled by the run's growth since (at most
+    VIEW_GROWTH_CAP-fold) over RUNNING_FINDINGS_SHARE, and shown meanwhile: the list follows the run without its
+    thread computing all the time, nor a young run's cheap computation letting a costly one follow at once."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._done: dict[Path, tuple] = {}  # run dir -> (signature, messages, when computed, seconds it took)
@@ -124,8 +125,9 @@ class _Findings:
             hit = self._done.get(run_dir)
             if hit and hit[0] == sig:
                 return hit[1]
-            if hit and running:
-                fresh_for = max(RUNNING_FINDINGS_S, hit[3] / RUNNING_FINDINGS_SHARE)
+            if hit and running:  # their cost scaled by the run's growth since, as the views' (_Views.get)
+                grown = min(VIEW_GROWTH_CAP, max(1.0, sum(sig) / max(1, sum(hit[0]))))
+                fresh_for = max(RUNNING_FINDINGS_S, hit[3] * grown / RUNNING_FINDINGS_SHARE)
                 if self._clock() - hit[2] < fresh_for:
                     return hit[1]
             if run_dir not in self._queued:
