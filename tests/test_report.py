@@ -174,10 +174,10 @@ def _browser():
 
 
 @contextlib.contextmanager
-def open_page(path: Path, blocked: list | None = None):
-    """``path`` opened in headless Chromium: yields ``(page, console, errors)``, the console messages and page
-    errors collected as they come. With ``blocked``, requests that would leave the file are refused and their
-    URLs appended to it."""
+def open_page(path: Path, blocked: list | None = None, fragment: str = ""):
+    """``path`` opened in headless Chromium (at ``#fragment`` when given: a page of the pages file): yields
+    ``(page, console, errors)``, the console messages and page errors collected as they come. With ``blocked``,
+    requests that would leave the file are refused and their URLs appended to it."""
     console: list = []
     errors: list = []
     # the module's browser (tests/conftest.py); the page has a context of its own, closed with it
@@ -191,10 +191,30 @@ def open_page(path: Path, blocked: list | None = None):
                 route.abort()
 
             page.route(re.compile(r"^(?!file:|data:|blob:|about:).*"), block)
-        page.goto(path.resolve().as_uri(), wait_until="load")
+        page.goto(path.resolve().as_uri() + (f"#{fragment}" if fragment else ""), wait_until="load")
         yield page, console, errors
     finally:
         page.close()
+
+
+@contextlib.contextmanager
+def open_view(path: Path, view: str, blocked: list | None = None):
+    """The analysis page ``view`` of the pages file ``path`` (``FILE#view``) in headless Chromium, once the
+    dashboard's script has drawn it: yields ``(page, console, errors)`` as :func:`open_page`."""
+    with open_page(path, blocked, view) as (page, console, errors):
+        page.wait_for_function("v => window.flowscopeView && flowscopeView.view === v && flowscopeView.renders > 0",
+                               arg=view, timeout=60_000)
+        yield page, console, errors
+
+
+def view_text(path: Path, view: str) -> tuple[str, list]:
+    """The text the analysis page ``view`` of the pages file ``path`` shows once drawn, and its errors: console
+    errors, page errors, the view script's own, and requests that would have left the file."""
+    blocked: list = []
+    with open_view(path, view, blocked) as (page, console, errors):
+        text = page.inner_text("main")
+        own = page.evaluate("() => flowscopeView.errors")
+        return text, [m for m in console if m[0] == "error"] + errors + own + blocked
 
 
 def render(path: Path, screenshot: Path | None = None) -> dict:

@@ -386,10 +386,14 @@ EVIDENCE_LIMIT = 20
 def advisor_view(run: Run) -> dict:
     """What ``flowscope explain`` says of the run (:func:`flowscope.analysis.advisor.explain`): where the makespan
     went, the idle capacity, and the findings ranked by recoverable time, each with its change and its evidence
-    (the first EVIDENCE_LIMIT rows; ``evidence_rows`` counts them all)."""
+    (the first EVIDENCE_LIMIT rows; ``evidence_rows`` counts them all); for a run that recorded no work, why and
+    what to do (``nothing_observed``: :func:`flowscope.analysis.nothing_observed.why_nothing_observed`)."""
     from flowscope.analysis.advisor import explain
+    from flowscope.analysis.nothing_observed import why_nothing_observed
 
     doc = explain(run).to_dict()
+    doc["nothing_observed"] = [{"code": r.code, "why": r.why, "what_to_do": r.what_to_do}
+                               for r in why_nothing_observed(run)]
     for f in doc["findings"]:
         f["evidence_rows"] = len(f["evidence"])
         f["evidence"] = f["evidence"][:EVIDENCE_LIMIT]

@@ -567,6 +567,19 @@
   // ---- page --------------------------------------------------------------------------------------
   /** The advisor (flowscope explain): the makespan's attribution, then the findings ranked by recoverable time. */
   function renderAdvisor(d, root) {
+    if ((d.nothing_observed || []).length) {
+      // a run that recorded no work: why, and what to do (flowscope.analysis.nothing_observed)
+      var no = section(root, "adv-nothing", "No work was recorded in this run", "");
+      no.classList.add("nothing-observed");
+      d.nothing_observed.forEach(function (r) {
+        var p = codeText(" " + r.what_to_do), why = el("b");
+        codeText(r.why).childNodes.forEach(function (n) { why.appendChild(n.cloneNode(true)); });
+        p.insertBefore(why, p.firstChild);
+        p.className = "why";
+        p.setAttribute("data-code", r.code);
+        no.appendChild(p);
+      });
+    }
     root.appendChild(el("p", "wall time " + fmtDur(d.wall_s) + ", task phase " + fmtDur(d.task_phase_s) + ", " +
                      UI.fmtInt(d.tasks) + " tasks on " + UI.fmtInt(d.slots) + " slots", {"class": "facts"}));
     var at = section(root, "adv-where", "Where the makespan went",
