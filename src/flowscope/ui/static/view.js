@@ -252,7 +252,9 @@
       tr.appendChild(numCell(pct(r.imbalance), r.imbalance));
       ht.tBodies[0].appendChild(tr);
     });
-    h.appendChild(d.hot_paths.length ? ht : nodata("No spans in this run (yet)."));
+    h.appendChild(d.hot_paths.length ? ht : nodata("No spans in this run (yet). A call profile is built from spans that " +
+      "nest on a resource: OTF2 enter/leave regions, Chrome / Perfetto slices, functions traced with @flowscope.trace, " +
+      "Client.spans with parent_id."));
 
     if (d.flame) {  // the report's flame graph (report/profile.py); its labels were escaped for plotly.js there
       var f = section(root, "pf-flame", "Call tree as a flame graph",
