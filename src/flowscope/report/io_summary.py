@@ -27,7 +27,7 @@ TIMELINE_BINS = 200
 
 
 def _fmt_bytes(n) -> str:
-    from flowscope.report.page import fmt_bytes
+    from flowscope.report.formats import fmt_bytes
 
     return fmt_bytes(n)
 
