@@ -183,14 +183,21 @@ def critical_path_view(run: Run) -> dict:
 # ---- profile and breakdown ---------------------------------------------------------------------------------
 
 def profile_view(run: Run) -> dict:
-    """Where the time went (:func:`flowscope.analysis.breakdown.breakdown`), per-group statistics
-    (:func:`~flowscope.analysis.breakdown.task_groups`) and the call paths with the most exclusive time
-    (:func:`flowscope.report.profile.hot_paths`), as ``flowscope show`` and the report give them."""
+    """Where the time went (:func:`flowscope.analysis.breakdown.breakdown`), the run's utilisation
+    (:func:`flowscope.analysis.summary.utilisation`; ``run_utilisation``, None without executing resources' work),
+    per-group statistics (:func:`~flowscope.analysis.breakdown.task_groups`) and the call paths with the most
+    exclusive time (:func:`flowscope.report.profile.hot_paths`), as ``flowscope show`` and the report give them."""
     from flowscope.analysis.breakdown import IO_TIME_UNKNOWN, breakdown, task_groups
+    from flowscope.analysis.summary import utilisation
 
     b = breakdown(run)
     groups = task_groups(run)
+    u = utilisation(run)
     out: dict[str, Any] = {
+        "run_utilisation": None if u is None else {
+            "value": _num(u.value), "slots": u.slots, "busy_s": u.busy_ns / 1e9,
+            "makespan_s": None if u.makespan_ns is None else u.makespan_ns / 1e9,
+            "over": "run" if u.makespan_source == "run" else "makespan", "reason": u.reason},
         "makespan_s": b.makespan_s, "tasks": b.tasks, "transfers": b.transfers, "executors": b.executors,
         "transfer_s": b.transfer_s, "io_untimed": b.io_untimed,
         "io_note": IO_TIME_UNKNOWN if b.io_s is None else None,

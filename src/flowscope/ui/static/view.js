@@ -199,6 +199,13 @@
     f.appendChild(document.createTextNode(", " + UI.fmtInt(d.tasks) + " tasks, " + UI.fmtInt(d.transfers) +
       " transfers, " + UI.fmtInt(d.executors) + " executing resources"));
     s.appendChild(f);
+    if (d.run_utilisation) {  // busy slot-time / (slots x makespan), or why it is unknown
+      var ru = d.run_utilisation, uf = el("p", null, {id: "pf-utilisation-run", "data-value": ru.value === null ? "" : String(ru.value)});
+      if (ru.value === null) uf.textContent = "utilisation: unknown: " + ru.reason;
+      else uf.textContent = "utilisation: task time / (slots × " + (ru.over === "run" ? "the run's recorded duration" : "the makespan") +
+        ") " + (100 * ru.value).toFixed(1) + " % (" + fmtDur(ru.busy_s) + " / (" + UI.fmtInt(ru.slots) + " × " + fmtDur(ru.makespan_s) + "))";
+      s.appendChild(uf);
+    }
     var total = 0;
     d.breakdown.forEach(function (r) { total += r.seconds || 0; });
     var chart = el("div", null, {"class": "plot", id: "pf-chart"});
