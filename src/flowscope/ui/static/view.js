@@ -208,12 +208,17 @@
     }
     var total = 0;
     d.breakdown.forEach(function (r) { total += r.seconds || 0; });
-    var chart = el("div", null, {"class": "plot", id: "pf-chart"});
-    s.appendChild(chart);
     var known = d.breakdown.filter(function (r) { return r.seconds; });
-    plot(chart, [{type: "bar", orientation: "h", x: known.map(function (r) { return r.seconds; }),
-                  y: known.map(function (r) { return r.category; }), hovertemplate: "%{y}: %{x:.6f} s<extra></extra>"}],
-         {height: 60 + 30 * Math.max(known.length, 1), yaxis: {autorange: "reversed"}, xaxis: {title: {text: "seconds"}}});
+    if (!known.length && !d.transfers && !(d.breakdown.some(function (r) { return r.bytes; })))
+      s.appendChild(nodata("No data: no spans on resources that execute work, no transfers and no I/O records in this " +
+        "run (yet): a source's spans become busy time once its mapping says what they are (flowscope semantics)."));
+    else if (known.length) {
+      var chart = el("div", null, {"class": "plot", id: "pf-chart"});
+      s.appendChild(chart);
+      plot(chart, [{type: "bar", orientation: "h", x: known.map(function (r) { return r.seconds; }),
+                    y: known.map(function (r) { return r.category; }), hovertemplate: "%{y}: %{x:.6f} s<extra></extra>"}],
+           {height: 60 + 30 * known.length, yaxis: {autorange: "reversed"}, xaxis: {title: {text: "seconds"}}});
+    }
     var t = table("breakdown", [["category"], ["time", 1], ["share", 1], ["bytes", 1], ["count", 1]]);
     d.breakdown.forEach(function (r) {
       var tr = el("tr", null, {"data-category": r.category});
