@@ -126,7 +126,8 @@ def _graph_doc(states: pd.DataFrame, mutations: pd.DataFrame, path) -> dict:
 def critical_path_view(run: Run) -> dict:
     """The task graph's critical path (measured, else structural), the path through messages with its wait states
     (runs whose transfers link calls), and the data-state graph with its path (recorded data states, else those
-    derived from the tasks), as the report's critical-path section computes them."""
+    derived from the tasks), as the report's critical-path section computes them; with none of them, ``reason``:
+    why the run has no critical path (:func:`flowscope.analysis.critical_path.missing_path_reason`)."""
     from flowscope.analysis.critical_path import data_state_path
     from flowscope.analysis.critical_path.task_paths import run_task_paths, run_units
     from flowscope.analysis.dataflow import data_states_from_tasks
@@ -177,6 +178,10 @@ def critical_path_view(run: Run) -> dict:
                                                "count": int(r.count), "seconds": int(r.wait_ns) / 1e9}
                                               for r in mp.waits_by_resource().head(50).itertuples(index=False)])
                 out["message_path"] = doc
+    if not (out["task_path"] or out["message_path"] or out["data_states"] or out["errors"]):
+        from flowscope.analysis.critical_path import missing_path_reason
+
+        out["reason"] = missing_path_reason(run)  # what the run holds instead, and what would supply a path
     return out
 
 

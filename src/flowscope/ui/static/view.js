@@ -130,6 +130,12 @@
 
   function renderCriticalPath(d, root) {
     d.errors.forEach(function (e) { root.appendChild(el("p", "could not be computed: " + e, {"class": "error"})); });
+    if (d.reason) {  // no path of any kind: why, and what would supply one
+      var why = section(root, "cp-none", "No critical path", "");
+      var r = nodata(d.reason);
+      r.id = "cp-reason";
+      why.appendChild(r);
+    }
     var s = section(root, "cp-task", "Task graph",
       "Measured: traced back from the last task to finish through the input that arrived last (with the transfer " +
       "that brought it) or the wait for a thread. Structural: the longest path through the task graph with the " +
@@ -247,7 +253,8 @@
       tr.appendChild(numCell(fmtDur(r.max_s), r.max_s, "max"));
       gt.tBodies[0].appendChild(tr);
     });
-    g.appendChild(d.groups.length ? gt : nodata("No spans in this run (yet)."));
+    g.appendChild(d.groups.length ? gt : nodata("No spans in this run (yet). Groups come from spans: Dask tasks (by " +
+      "prefix), StarPU codelets and other Paje states, OTF2 regions, Chrome / Perfetto slices, WfCommons tasks (by category)."));
 
     var h = section(root, "pf-hot", "Call paths with the most exclusive time",
       "The call tree of the spans that nest (OTF2 regions, Chrome slices, traced functions), merged across resources.");
