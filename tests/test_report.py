@@ -441,9 +441,11 @@ def test_a_large_run_is_drawn_whole_and_zooms_and_stays_small(tmp_path):
 
 def test_flowscope_report_command(dask_run, tmp_path, capsys):
     """`flowscope report` writes the run's dashboard pages (the report is a snapshot of the dashboard's views);
-    `--single-page` the one-page report."""
-    from flowscope.report.page import SECTIONS
+    `--single-page` the print layout of the same file (every page one after another)."""
     from flowscope.report.snapshot import DOC_ID
+
+    def embedded(text: str) -> dict:
+        return json.loads(text.split(f'id="{DOC_ID}">', 1)[1].split("</script>", 1)[0])
 
     run, _ = dask_run
     out = tmp_path / "r.html"
@@ -451,12 +453,15 @@ def test_flowscope_report_command(dask_run, tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(out)
     pages = out.read_text()
     assert f'id="{DOC_ID}"' in pages and '<template id="page-view">' in pages
-    assert not any(f'<section id="{sid}">' in pages for sid, _ in SECTIONS)  # not the one page
+    assert embedded(pages)["layout"] == "pages"
     one = tmp_path / "one.html"
     assert cli_main(["report", str(run.path), "--single-page", "-o", str(one)]) == 0
     assert capsys.readouterr().out.strip() == str(one)
     single = one.read_text()
-    assert all(f'<section id="{sid}">' in single for sid, _ in SECTIONS) and DOC_ID not in single
+    # the same file, the same views, in the print layout
+    doc, same = embedded(single), embedded(pages)
+    assert doc["layout"] == "all" and doc["pages"] == same["pages"] and set(doc["views"]) == set(same["views"])
+    assert '<template id="page-view">' in single and not EXTERNAL.findall(single)
     # a directory as the output: report.html in it (report-single-page.html for the one page)
     outdir = tmp_path / "out"
     outdir.mkdir()

@@ -140,18 +140,12 @@ def test_the_overview_of_the_offline_file_shows_the_finished_run(source, importe
 @pytest.fixture(scope="module")
 def printed(imported_store, tmp_path_factory) -> dict:
     """The print layout of the imported traces' pages (`flowscope report --single-page`)."""
-    from flowscope.report.run_pages import write_run_pages
-    from flowscope.store.run import open_run
-
     store, runs = imported_store
     out = tmp_path_factory.mktemp("print")
     files = {}
     for source in ("starpu", "otf2"):
-        run = open_run(store / runs[source])
-        try:
-            files[source] = write_run_pages(run, out / f"{source}.html", layout="all")
-        finally:
-            run.close()
+        files[source] = out / f"{source}.html"
+        assert main(["report", str(store / runs[source]), "--single-page", "-o", str(files[source])]) == 0
     return files
 
 
