@@ -234,7 +234,7 @@ bench.start();</script></body></html>"""
 
 
 def plotly_page(run: dict, root: Path) -> str:
-    """The report's stream figure, built from the run's columns the way ``charts.task_stream`` builds it."""
+    """The report's stream figure, built from the run's columns as the one-page report (retired) built it with ``report/stream.py``."""
     import plotly.graph_objects as go
     import plotly.io as pio
     from plotly.offline import get_plotlyjs

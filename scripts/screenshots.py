@@ -2,7 +2,7 @@
 
 Imports each trace of the shared data folder named below into a temporary store, writes its report, opens it in
 headless Chromium (Playwright driving Debian's /usr/bin/chromium, or $FLOWSCOPE_CHROMIUM) at 1400 x 900 and
-saves one picture per named section, as the section is drawn on the page.
+saves one picture per named section of the page of the report that shows it (FILE#PAGE), once drawn.
 
     .venv/bin/python scripts/screenshots.py                    # all of them, into docs/img
     .venv/bin/python scripts/screenshots.py --only starpu --out /tmp/shots
@@ -21,25 +21,25 @@ CHROMIUM = os.environ.get("FLOWSCOPE_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--no-first-run", "--disable-quic"]
 
-#: name -> (trace, relative to the shared data folder; {section id: picture})
-SHOTS: dict[str, tuple[str, dict[str, str]]] = {
+#: name -> (trace, relative to the shared data folder; {(page of the report, element id): picture})
+SHOTS: dict[str, tuple[str, dict[tuple[str, str], str]]] = {
     "starpu": ("paje/starpu-demo/paje.trace", {
-        "breakdown": "report-starpu-breakdown.png",
-        "critical-path": "report-starpu-critical-path.png",
+        ("profile", "pf-breakdown"): "report-starpu-breakdown.png",
+        ("critical-path", "cp-task"): "report-starpu-critical-path.png",
     }),
     "otf2": ("otf2/ping-pong-otf2/traces.otf2", {
-        "profile": "report-otf2-profile.png",
-        "critical-path": "report-otf2-critical-path.png",
+        ("profile", "pf-flame"): "report-otf2-profile.png",
+        ("critical-path", "cp-messages"): "report-otf2-critical-path.png",
     }),
     "darshan": ("darshan/mpi_io_test_with_dxt/treddy_mpi-io-test_id4373053_6-2-60198-9815401321915095332_1.darshan", {
-        "breakdown": "report-darshan-breakdown.png",
-        "io-summary": "report-darshan-io-summary.png",
+        ("profile", "pf-breakdown"): "report-darshan-breakdown.png",
+        ("charts", "ch-io-summary"): "report-darshan-io-summary.png",
     }),
 }
 
-DRAWN = """() => window.Plotly === undefined || (
+DRAWN = """() => window.flowscopeView && flowscopeView.renders > 0 && (window.Plotly === undefined || (
   document.querySelectorAll('.plot').length === document.querySelectorAll('.js-plotly-plot').length &&
-  Array.from(document.querySelectorAll('.js-plotly-plot')).every(d => d.flowscopeReady !== false))"""
+  Array.from(document.querySelectorAll('.js-plotly-plot')).every(d => d.calcdata)))"""
 
 
 def shared_data() -> Path:
@@ -64,17 +64,16 @@ def take(names: list[str], data: Path, out: Path) -> list[Path]:
                 rel, sections = SHOTS[name]
                 run = flowscope.open_run(import_paths([data / rel], Path(tmp) / "store").run_dir)
                 report = write_report(run, Path(tmp) / f"{name}.html")
-                page = browser.new_page(viewport={"width": 1400, "height": 900})
-                page.goto(report.as_uri(), wait_until="load")
-                page.wait_for_function(DRAWN, timeout=120_000)
-                page.add_style_tag(content="nav { display: none !important; }")  # sticky: it would cover a section
-                page.wait_for_timeout(500)  # plotly's transitions and fonts settle
-                for sid, picture in sections.items():
+                for (view, sid), picture in sections.items():
+                    page = browser.new_page(viewport={"width": 1400, "height": 900})
+                    page.goto(f"{report.as_uri()}#{view}", wait_until="load")
+                    page.wait_for_function(DRAWN, timeout=120_000)
+                    page.wait_for_timeout(500)  # plotly's transitions and fonts settle
                     target = out / picture
-                    page.locator(f"section#{sid}").screenshot(path=str(target))
+                    page.locator(f"#{sid}").screenshot(path=str(target))
                     written.append(target)
-                    print(f"{name}: {sid} -> {target}")
-                page.close()
+                    print(f"{name}: {view}#{sid} -> {target}")
+                    page.close()
         finally:
             browser.close()
     return written

@@ -145,10 +145,11 @@ def test_workers_flag_slowed_tasks_online_and_agree_with_offline(cluster, tmp_pa
     assert dist == offline, (sorted(dist - offline), sorted(offline - dist))
     # pruned anomalies are ones the offline pass (the model of the whole run) does not flag
     assert not set(pruned["task_key"]) & offline
-    # and the report shows the anomalies that stand, not those post-pruning withdrew
-    from flowscope.report.anomalies import anomaly_section
+    # and the report's anomalies page shows the anomalies that stand, not those post-pruning withdrew
+    from flowscope.report.views import anomalies_view
 
-    assert f"{online.num_rows} anomalies (" in anomaly_section(run)
+    shown = anomalies_view(run)
+    assert shown["source"] == "recorded" and shown["anomalies"] == online.num_rows
 
 
 SCRIPT = '''

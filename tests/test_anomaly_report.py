@@ -1,18 +1,21 @@
-"""The report's anomaly section: present for a run with an anomalies table, absent otherwise, and drawn by
-Plotly in headless Chromium without console errors; its menus switch what is shown."""
+"""The report's anomalies page (Chimbuko's views on the pages file's anomalies page): a run with an anomalies table
+shows that table's anomalies, drawn in headless Chromium without console errors; its controls switch what is
+shown."""
 
 from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import pytest
 
 import flowscope
 from flowscope.analysis.anomalies import AnomalyConfig, detect
 from flowscope.analysis.anomalies.reduce import write_reduced
-from flowscope.report import write_single_page
-from flowscope.report.anomalies import anomaly_section, resource_ranking
+from flowscope.report import write_report
+from flowscope.report.anomalies import resource_ranking
+from flowscope.report.views import anomalies_view
 from test_anomalies import synthetic
-from test_report import _errors, open_page, render
+from test_report import open_view
 
 
 def _runs(tmp_path):
@@ -34,44 +37,61 @@ def test_resource_ranking_statistics_per_step():
     assert rank.loc["r2", "total"] == 1 and rank.loc["r2", "max"] == 1
 
 
-def test_anomaly_section_renders_without_console_errors(tmp_path):
+def test_the_anomalies_page_of_the_report_renders_without_console_errors(tmp_path):
     full, reduced, det = _runs(tmp_path)
-    assert anomaly_section(full) is None  # a run without an anomalies table gets no section
-    out = write_single_page(reduced, tmp_path / "report.html")
-    text = out.read_text()
-    assert '<section id="anomalies">' in text and 'href="#anomalies"' in text
-    r = render(out)
-    assert not _errors(r), _errors(r)
-    assert not r["external"]
-    assert "anomalies" in r["sections"]
-    ours = {k: v for k, v in r["plots"].items() if k.startswith("fig-anom-")}
-    assert set(ours) == {"fig-anom-ranking", "fig-anom-steps", "fig-anom-functions", "fig-anom-window"}
-    assert all(r["drawn"][k] > 0 for k in ours), r["drawn"]
-    assert ours["fig-anom-ranking"] == 10  # 5 statistics x top / bottom
-    assert f"{det.anomalies.num_rows} anomalies" in r["text"]["anomalies"]
-    assert ours["fig-anom-steps"] == 6 and int(det.anomalies["step"].to_numpy().max()) >= 2
-
-    # the function view's x menu switches the axis to functions; the window menu to another anomaly
-    with open_page(out) as (page, _console, errors):
-        page.wait_for_function("() => document.getElementById('fig-anom-functions') && "
-                               "document.getElementById('fig-anom-functions').data")
-        got = page.evaluate("""() => {
-            const d = document.getElementById('fig-anom-functions');
-            const menu = d.layout.updatemenus[0].buttons.find(b => b.label === 'x: function');
-            return Plotly.update(d, menu.args[0], menu.args[1]).then(
-                () => [d.layout.xaxis.type, d.layout.xaxis.title.text, d.data[0].x.slice(0, 3)]);
-        }""")
-        assert got[0] == "category" and got[1] == "function"
-        assert set(got[2]) <= set(det.anomalies["function"].to_pylist())
-        vis = page.evaluate("""() => {
-            const d = document.getElementById('fig-anom-window');
-            const b = d.layout.updatemenus[0].buttons[1];
-            return Plotly.update(d, b.args[0], b.args[1]).then(
-                () => [d.data.map(t => t.visible), d.layout.title.text]);
-        }""")
-        assert vis[0] == [False] * 3 + [True] * 3 + [False] * (len(vis[0]) - 6)
-        assert vis[1].startswith("#1 ")
-        assert not errors, errors
+    # a run without an anomalies table gets the detector's anomalies over its calls, not a table it lacks
+    assert anomalies_view(full)["source"] == "detected"
+    out = write_report(reduced, tmp_path / "report.html")
+    blocked: list = []
+    with open_view(out, "anomalies", blocked) as (page, console, errors):
+        doc = page.evaluate("() => flowscopeView.doc")
+        assert doc["source"] == "recorded" and doc["anomalies"] == det.anomalies.num_rows
+        assert f"{det.anomalies.num_rows:,} anomalies" in page.locator("#an-facts").inner_text()
+        # each resource's statistics of its anomalies per step, as resource_ranking gives them
+        a = det.anomalies.to_pandas()
+        rank = resource_ranking(a, doc["steps"])
+        shown = page.evaluate("() => Array.from(document.querySelectorAll('table.ranking tbody tr')).map(tr => "
+                              "[tr.dataset.resource].concat(['mean', 'std', 'max', 'min', 'total'].map(c => "
+                              "Number(tr.querySelector('td.' + c).dataset.value))))")
+        assert len(shown) == min(10, len(rank)) and int(det.anomalies["step"].to_numpy().max()) >= 2
+        for row in shown:
+            assert row[1:] == pytest.approx([float(rank.loc[row[0], k]) for k in ("mean", "std", "max", "min",
+                                                                                    "total")]), row
+        drawn = "id => { const d = document.getElementById(id); return d && d.calcdata && d.data.length ? d.querySelectorAll('.trace, canvas').length : 0; }"
+        for chart in ("an-ranking-chart", "an-steps-chart", "an-functions-chart"):
+            page.wait_for_function(drawn, arg=chart)
+        # the steps of the top resource: the anomalies per step as the table counts them
+        top = page.locator("table.ranking tbody tr").first
+        rid = top.get_attribute("data-resource")
+        top.click()
+        page.wait_for_function("r => document.querySelector('#an-step-links b') && "
+                               "document.querySelector('#an-step-links b').textContent === r", arg=rid)
+        per = a[a["resource_id"] == rid].groupby("step").size()
+        links = page.evaluate("() => Array.from(document.querySelectorAll('#an-step-links a')).map(a => "
+                              "[Number(a.dataset.step), Number(a.dataset.count)])")
+        assert links == [[int(k), int(n)] for k, n in per.items()]
+        # the function view's x menu switches the axis to functions
+        page.select_option("#an-x", "function")
+        page.wait_for_function("() => { const d = document.getElementById('an-functions-chart'); "
+                               "return d && d.layout.xaxis.type === 'category'; }")
+        got = page.evaluate("() => { const d = document.getElementById('an-functions-chart'); "
+                            "return [d.layout.xaxis.title.text, d.data.find(t => t.name === 'anomaly').x.slice(0, 3)]; }")
+        assert got[0].startswith("function") and got[1]
+        assert set(got[1]) <= set(det.anomalies["function"].to_pylist())
+        # a step, then an anomaly in it: its call with the calls around it drawn; another anomaly, its own
+        page.locator("#an-step-links a").first.click()
+        page.wait_for_function("() => document.querySelectorAll('table.step-anomalies tbody tr').length > 0")
+        calls = page.evaluate("() => Array.from(document.querySelectorAll('table.step-anomalies tbody tr')).map(tr => "
+                              "tr.dataset.call)")
+        for call in calls[:2]:
+            page.locator(f'table.step-anomalies tbody tr[data-call="{call}"]').click()
+            page.wait_for_function("c => { const f = document.getElementById('an-call-facts'); return f && "
+                                   "f.dataset.call === c; }", arg=call)
+            page.wait_for_function(drawn, arg="an-window-chart")
+            window = page.evaluate("() => document.getElementById('an-window-chart').data[0].marker.color")
+            assert window.count("#d62728") == 1  # the anomaly among the calls around it
+        assert page.evaluate("() => flowscopeView.errors") == []
+        assert not [m for m in console if m[0] == "error"] and not errors and not blocked
 
 
 def test_the_section_leaves_out_anomalies_post_pruning_withdrew(tmp_path):
@@ -89,5 +109,6 @@ def test_the_section_leaves_out_anomalies_post_pruning_withdrew(tmp_path):
     for key, start in zip(gone["task_key"].to_pylist(), gone["start_ns"].to_pylist()):
         fs.log("anomaly pruned", category=PRUNED, task_key=key, attrs={"start_ns": start})
     fs.close()
-    section = anomaly_section(flowscope.open_run(fs.run_dir))
-    assert "3 anomalies (" in section and "5 anomalies (" not in section
+    shown = anomalies_view(flowscope.open_run(fs.run_dir))  # what the report's anomalies page shows
+    assert shown["source"] == "recorded" and shown["anomalies"] == 3
+    assert sum(r["total"] for r in shown["ranking"]) == 3 and len(shown["list"]) == 3

@@ -4,7 +4,6 @@ over viztracer's JSON read with json.load, over random nested intervals, and thr
 
 from __future__ import annotations
 
-import html
 import json
 import random
 import re
@@ -356,58 +355,64 @@ def test_profile_of_a_missing_run_is_one_line_exit_1(tmp_path, capsys):
 
 @pytest.mark.parametrize("source", ["otf2/ping-pong-otf2/traces.otf2", "chrome/viztracer/multithread.json"])
 def test_the_report_draws_the_flame_graph_and_the_hottest_paths_in_chromium(shared_data, tmp_path, source):
+    """The profile page of the report (its pages file) in headless Chromium: the flame graph merged across
+    resources and one per resource behind the menu, drawn; the hottest call path listed whole with its exclusive
+    time."""
     if source.endswith(".otf2"):
         require_module("otf2", "the otf2 Python package reads OTF2 archives: pip install -e '.[test]'")
-    from test_report import _errors, render
+    from test_report import open_view
 
-    from flowscope.report import write_single_page
-    from flowscope.report.page import fmt_duration
+    from flowscope.report import write_report
 
     run = open_run(import_paths([shared_data / source], tmp_path / "store").run_dir)
     tree = run_call_tree(run)
-    report = write_single_page(run, tmp_path / "report.html")
-    res = render(report)
-    assert not _errors(res), _errors(res)
-    assert "profile" in res["sections"]
+    blocked: list = []
+    with open_view(write_report(run, tmp_path / "report.html"), "profile", blocked) as (pg, console, errors):
+        pg.wait_for_function("() => { const d = document.getElementById('pf-flame-chart'); return d && d.calcdata; }")
+        traces = pg.evaluate("() => document.getElementById('pf-flame-chart').data.length")
+        drawn = pg.evaluate("() => document.querySelectorAll('#pf-flame-chart .slice').length")
+        hot = pg.evaluate("() => Array.from(document.querySelectorAll('table.hot-paths tbody tr')).map(tr => "
+                          "[tr.cells[0].textContent, Number(tr.querySelector('td.exclusive').dataset.value)])")
+        nodata = pg.locator("#pf-hot .nodata, #pf-flame .nodata").count()
+        assert not [m for m in console if m[0] == "error"] and not errors and not blocked
+        assert pg.evaluate("() => flowscopeView.errors") == []
     # one flame graph merged across resources, one per resource behind the menu
-    assert res["plots"]["fig-profile"] == 1 + len(tree.resources)
-    assert res["drawn"]["fig-profile"] > 0
-    text = res["text"]["profile"]
-    assert "No data" not in text
+    assert traces == 1 + len(tree.resources)
+    assert drawn > 0 and nodata == 0
     m = tree.merged()
     hottest = int(np.argmax(m["exclusive_ns"]))
     path = tree.call_path(hottest)
-    assert path[-1] in text and path[0] in text
-    assert f'title="{html.escape(" > ".join(path))}"' in report.read_text()  # the whole path in the tooltip
-    assert fmt_duration(m["exclusive_ns"][hottest] / 1e9) in text
+    assert [" > ".join(path), m["exclusive_ns"][hottest] / 1e9] in hot  # the whole path, its exclusive time
 
 
 def test_the_report_draws_every_call_path_as_a_box(pingpong, tmp_path):
-    from test_report import open_page
+    from test_report import open_view
 
-    from flowscope.report import write_single_page
+    from flowscope.report import write_report
 
     _, run = pingpong
     tree = run_call_tree(run)
-    with open_page(write_single_page(run, tmp_path / "report.html")) as (page, _console, _errors):
-        page.wait_for_function("() => document.querySelector('#fig-profile .slice') !== null", timeout=30_000)
-        labels = page.evaluate("() => Array.from(document.querySelectorAll('#fig-profile .slice text'))"
+    with open_view(write_report(run, tmp_path / "report.html"), "profile") as (page, _console, _errors):
+        page.wait_for_function("() => document.querySelector('#pf-flame-chart .slice') !== null", timeout=30_000)
+        labels = page.evaluate("() => Array.from(document.querySelectorAll('#pf-flame-chart .slice text'))"
                                ".map(t => t.textContent)")
-        boxes = page.evaluate("() => document.querySelectorAll('#fig-profile .slice').length")
+        boxes = page.evaluate("() => document.querySelectorAll('#pf-flame-chart .slice').length")
     assert boxes == len(tree) + 1  # and the base box under the roots
     assert "MPI_Init" in labels and any(lab.startswith("int main") for lab in labels)
 
 
 def test_the_report_of_a_run_without_spans_says_what_gives_a_profile(tmp_path):
-    from flowscope.report import build_single_page
+    from test_report import view_text
+
+    from flowscope.report import write_report
 
     with Client("embedded", store=tmp_path / "store", name="empty") as c:
         c.metric("x", 1.0)
         run_dir = c.run_dir
-    html = build_single_page(run_dir)
-    section = html[html.index('<section id="profile">'):]
-    section = section[:section.index("</section>")]
-    assert "No data: no spans in this run." in section and "@flowscope.trace" in section
+    text, errors = view_text(write_report(run_dir), "profile")
+    assert not errors, errors
+    section = text[text.index("Call paths with the most exclusive time"):]
+    assert "No spans in this run" in section and "@flowscope.trace" in section
 
 
 def test_tasks_whose_times_were_placed_by_a_rule_are_not_nested_by_time(shared_data, tmp_path):

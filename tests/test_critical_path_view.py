@@ -1,5 +1,6 @@
-"""The critical-path view at scale: a report of a run with a 100,000-state data-state graph opens collapsed by
-application in headless Chromium, expands a group on demand with the critical path always in full; the GraphML
+"""The critical-path view at scale: the report (the pages file) of a run with a 100,000-state data-state graph
+draws it on the critical-path page collapsed by application in headless Chromium, with the critical path in full;
+report/critical_path.py's graph view expands a group on demand (the dashboard's page does not yet); the GraphML
 and JSON exports read back with networkx and json.load."""
 
 from __future__ import annotations
@@ -11,11 +12,11 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
-from test_report import open_page
+from test_report import open_page, open_view
 
 import flowscope
 from flowscope.analysis.critical_path import data_state_path
-from flowscope.report import write_single_page
+from flowscope.report import write_report
 from flowscope.report.critical_path import GraphLayout, graph_view, to_graphml, to_json
 from flowscope.sim.dag import layered_dag
 
@@ -42,30 +43,55 @@ def big_run(tmp_path_factory) -> Path:
     return _run(tmp_path_factory.mktemp("big"), N_STATES, N_MUTATIONS)
 
 
-def test_a_100k_state_graph_opens_collapsed_and_expands_a_group(big_run, tmp_path):
+def test_a_100k_state_graph_opens_collapsed_on_the_critical_path_page(big_run, tmp_path):
+    """The critical-path page of the report: one mark per application (its states counted), the mutations between
+    groups, and the critical path drawn in full over them, each state of it named."""
     run = flowscope.open_run(big_run)
     states, muts = run.table("data_states"), run.table("mutations")
     assert (len(states), len(muts)) == (N_STATES, N_MUTATIONS)
     path = data_state_path(states, muts)
     t0 = time.perf_counter()
-    report = write_single_page(big_run, tmp_path / "report.html")
-    took = time.perf_counter() - t0
-    print(f"write_single_page of {N_STATES:,} states: {took:.1f} s")
+    report = write_report(big_run, tmp_path / "report.html")
+    print(f"write_report of {N_STATES:,} states: {time.perf_counter() - t0:.1f} s")
     sizes = states.groupby("origin").size()
 
     t0 = time.perf_counter()
-    with open_page(report) as (page, console, errors):
-        page.wait_for_function("() => document.querySelectorAll('.plot').length === "
-                               "document.querySelectorAll('.js-plotly-plot').length", timeout=OPEN_SECONDS * 1000)
-        opened = time.perf_counter() - t0
-        print(f"opened and drawn in {opened:.1f} s")
-        traces = page.evaluate(f"() => document.getElementById('{GRAPH}').data.map(t => [t.name, t.x.length])")
+    with open_view(report, "critical-path") as (page, console, errors):
+        page.wait_for_function("() => { const d = document.getElementById('cp-graph'); return d && d.calcdata; }",
+                               timeout=OPEN_SECONDS * 1000)
+        print(f"opened and drawn in {time.perf_counter() - t0:.1f} s")
+        traces = page.evaluate("() => document.getElementById('cp-graph').data.map(t => [t.name, t.x.length])")
         names = [t[0] for t in traces]
         assert names == ["mutations between groups", "groups (collapsed)", "critical path"], names
         assert traces[1][1] == len(sizes), "one vertex per application"
         assert traces[2][1] == len(path.ids), "the critical path is drawn in full"
-        page.wait_for_function(f"() => Array.isArray(document.getElementById('{GRAPH}').data[2].text)")
-        assert page.evaluate(f"() => document.getElementById('{GRAPH}').data[2].text") == path.ids
+        assert page.evaluate("() => document.getElementById('cp-graph').data[2].text") == path.ids
+        groups = page.evaluate("() => document.getElementById('cp-graph').data[1].text")
+        assert groups == [f"{g}: {c:,} states" for g, c in sizes.items()]
+        assert float(page.locator("#cp-data-length").get_attribute("data-value")) == path.length_ns / 1e9
+        bad = [m for m in console if m[0] == "error"] + errors
+        assert not bad, bad
+
+
+def test_the_graph_view_expands_a_group_on_demand(big_run, tmp_path):
+    """report/critical_path.py's graph view of the 100,000 states, on a page of its own: it opens collapsed by
+    application, expands one into its states (coloured by location) and the mutations ending there, with the path
+    kept on top, and collapses again. (The dashboard's critical-path page draws the collapsed graph only.)"""
+    from plotly.offline import get_plotlyjs
+
+    run = flowscope.open_run(big_run)
+    states, muts = run.table("data_states"), run.table("mutations")
+    path = data_state_path(states, muts)
+    sizes = states.groupby("origin").size()
+    report = tmp_path / "graph.html"
+    report.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><script>{get_plotlyjs()}</script></head>"
+                      f"<body>{graph_view(states, muts, path, div_id=GRAPH)}</body></html>", encoding="utf-8")
+    with open_page(report) as (page, console, errors):
+        page.wait_for_function(f"() => {{ const d = document.getElementById('{GRAPH}'); return d && d.data; }}",
+                               timeout=OPEN_SECONDS * 1000)
+        traces = page.evaluate(f"() => document.getElementById('{GRAPH}').data.map(t => [t.name, t.x.length])")
+        assert [t[0] for t in traces] == ["mutations between groups", "groups (collapsed)", "critical path"]
+        assert traces[1][1] == len(sizes) and traces[2][1] == len(path.ids)
         options = page.evaluate(f"() => Array.from(document.querySelectorAll('#{GRAPH}-group option'))"
                                 ".map(o => o.textContent)")
         assert options == [f"{g} ({c:,} states)" for g, c in sizes.items()]

@@ -398,22 +398,22 @@ def test_flowscope_io_prints_the_summary_and_json(imported, shared_data, capsys)
 
 
 def test_the_report_draws_the_io_summary_in_chromium(imported, shared_data, tmp_path):
-    """The report of a Darshan import has the I/O summary drawn, with PyDarshan's figures in its tables; a run
-    with no I/O says what would supply it."""
-    from test_report import open_page
+    """The charts page of a Darshan import's report (its pages file) has the I/O summary drawn, with PyDarshan's
+    figures in its tables; a run with no I/O says what would supply it."""
+    from test_report import open_view
 
-    from flowscope.report import write_single_page
+    from flowscope.report import write_report
 
     log = next((shared_data / "darshan" / "mpi_io_test_with_dxt").glob("*.darshan"))
     ref = reference(log)
-    out = write_single_page(imported[log], tmp_path / "mpi.html")
-    with open_page(out) as (page, console, errors):
-        page.wait_for_function("() => document.querySelectorAll('#io-summary .js-plotly-plot').length >= 4",
-                               timeout=60_000)
-        section = page.inner_text("#io-summary")
-        drawn = page.evaluate("""() => [...document.querySelectorAll('#io-summary .js-plotly-plot')]
-                                       .map(d => ({traces: d.data.length, title: d.layout.title.text || ''}))""")
-        assert errors == []
+    out = write_report(imported[log], tmp_path / "mpi.html")
+    with open_view(out, "charts") as (page, console, errors):
+        page.wait_for_function("() => [...document.querySelectorAll('#ch-io-summary .js-plotly-plot')]"
+                               ".filter(d => d.calcdata).length >= 4", timeout=60_000)
+        section = page.inner_text("#ch-io-summary")
+        drawn = page.evaluate("""() => [...document.querySelectorAll('#ch-io-summary .js-plotly-plot')]
+                                       .map(d => ({traces: d.data.length, title: (d.layout.title && d.layout.title.text) || ''}))""")
+        assert errors == [] and not [m for m in console if m[0] == "error"]
     for mod in ("POSIX", "MPI-IO", "STDIO"):
         assert mod in section
     assert "32 ranks" in section and "imbalance" in section
@@ -424,7 +424,7 @@ def test_the_report_draws_the_io_summary_in_chromium(imported, shared_data, tmp_
     assert "POSIX: bytes per rank over time" in titles and "MPI-IO: bytes per rank over time" in titles
     assert all(d["traces"] > 0 for d in drawn)
 
-    empty = write_single_page(imported[shared_data / "darshan" / "empty_log" / "empty_log.darshan"], tmp_path / "e.html")
-    with open_page(empty) as (page, console, errors):
-        text = page.inner_text("#io-summary")
+    empty = write_report(imported[shared_data / "darshan" / "empty_log" / "empty_log.darshan"], tmp_path / "e.html")
+    with open_view(empty, "charts") as (page, console, errors):
+        text = page.inner_text("#ch-io-summary")
     assert "no I/O records" in text and "flowscope import job.darshan" in text

@@ -259,21 +259,28 @@ def test_flowscope_show_prints_the_message_path_and_its_wait_states(planted):
 
 
 def test_report_draws_the_message_path_and_the_wait_states_in_chromium(planted, tmp_path):
-    """The report's critical-path section of the planted MPI run, opened in headless Chromium: the path's
-    attribution chart is drawn, its steps and the waits per rank are listed with the planted amounts."""
-    from test_report import _errors, render
+    """The critical-path page of the planted MPI run's report (its pages file), opened in headless Chromium: the
+    path's attribution chart is drawn, its length and messages are the planted ones, its steps and the waits per
+    rank are listed with the planted amounts."""
+    from test_report import open_view
 
-    from flowscope.report import write_single_page
-    from flowscope.report.page import fmt_duration, fmt_s
+    from flowscope.report import write_report
 
     _, run = planted
-    out = render(write_single_page(run, tmp_path / "report.html"))
-    assert not _errors(out)
-    assert out["drawn"].get("fig-message-path-attribution", 0) > 0
-    text = out["text"]["critical-path"]
     plan = _plan()
-    assert f"Critical path through messages: {fmt_s(plan['end'] / 1e9)}, through {N} of the {N} messages" in text
+    with open_view(write_report(run, tmp_path / "report.html"), "critical-path") as (pg, console, errors):
+        pg.wait_for_function("() => { const d = document.getElementById('cp-messages-chart'); return d && d.calcdata; }")
+        assert pg.evaluate("() => document.querySelectorAll('#cp-messages-chart .trace').length") > 0
+        assert float(pg.locator("#cp-messages-length").get_attribute("data-value")) == plan["end"] / 1e9
+        facts = pg.locator("#cp-messages-facts").inner_text()
+        shown = pg.evaluate("() => flowscopeView.doc.message_path")
+        text = pg.locator("#cp-messages").inner_text()
+        waits = pg.evaluate("() => Array.from(document.querySelectorAll('#cp-messages table.waits tbody tr')).map(tr => "
+                            "[tr.cells[0].textContent, tr.cells[1].textContent, Number(tr.cells[2].dataset.value), "
+                            "Number(tr.cells[3].dataset.value)])")
+        assert not errors and not [m for m in console if m[0] == "error"]
+    assert f"over {N} messages" in facts and shown["vertices"] - 1 == N  # through all N of the N messages
     assert "MPI_Ssend" in text and "late-receiver" in text
     for (kind, rank), ns in plan["waits"].items():
         loc = f"otf2:loc:{rank.split(':')[1]}"
-        assert re.search(rf"{loc}\s+{kind}\s+1\s+{re.escape(fmt_duration(ns / 1e9))}", text), (loc, kind)
+        assert [loc, kind, 1, ns / 1e9] in waits, (loc, kind, waits)

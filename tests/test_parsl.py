@@ -199,21 +199,18 @@ def test_tasks_by_phase_over_time_are_the_transitions_integrated_per_bin(parsl_r
 
 
 def test_the_report_of_a_parsl_run_draws_its_tasks_by_state(parsl_run, tmp_path):
-    from conftest import shared_browser
+    from test_report import open_view
 
-    from flowscope.report import write_single_page
+    from flowscope.report import write_report
 
-    html = write_single_page(parsl_run, tmp_path / "report.html")
-    page = shared_browser().new_page()
-    try:
-        page.goto(html.resolve().as_uri(), wait_until="load")
+    html = write_report(parsl_run, tmp_path / "report.html")
+    with open_view(html, "charts") as (page, _console, errors):  # the charts page of the pages file
         got = page.evaluate("""() => {
-          const s = document.querySelector('section#task-states'), gd = s.querySelector('.js-plotly-plot');
+          const s = document.querySelector('section#ch-task-states'), gd = s.querySelector('.js-plotly-plot');
           return {nodata: s.querySelectorAll('p.nodata').length,
                   traces: gd ? gd._fullData.map(t => [t.name, Array.from(t.y).filter(v => v > 0).length]) : null};
         }""")
-    finally:
-        page.close()
+        assert not errors, errors
     assert got["nodata"] == 0 and got["traces"] is not None
     traces = dict(got["traces"])
     assert set(traces) == {"tasks running", "tasks queued", "tasks waiting", "slots busy", "slots (2)"}

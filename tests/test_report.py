@@ -24,8 +24,7 @@ from flowscope.analysis.breakdown import breakdown
 from flowscope.cli.main import main as cli_main
 from flowscope.model import identifiers as ids
 from flowscope.analysis.critical_path import task_graph_paths
-from flowscope.report import write_single_page
-from flowscope.report.page import SECTIONS, fmt_s
+from flowscope.report import write_report
 from flowscope.sources.dask import observe
 
 EXTERNAL = re.compile(r"""<(?:script|link|img|iframe|source|embed)\b[^>]*\b(?:src|href)\s*=\s*["']?\s*(?:https?:)?//""",
@@ -146,7 +145,7 @@ def dask_run(tmp_path_factory):
                 time.sleep(0.3)  # a few more hardware samples
         assert np.isfinite(total)
     run = obs.run
-    path = write_single_page(run)
+    path = write_report(run)
     return run, path
 
 
@@ -160,7 +159,7 @@ def sparse_run(tmp_path_factory):
             time.sleep(0.002)
     fs.close()
     run = flowscope.open_run(fs.run_dir)
-    return run, write_single_page(run, tmp / "sparse.html")
+    return run, write_report(run, tmp / "sparse.html")
 
 
 # ---- the browser ----------------------------------------------------------------------------------------------
@@ -174,10 +173,10 @@ def _browser():
 
 
 @contextlib.contextmanager
-def open_page(path: Path, blocked: list | None = None):
-    """``path`` opened in headless Chromium: yields ``(page, console, errors)``, the console messages and page
-    errors collected as they come. With ``blocked``, requests that would leave the file are refused and their
-    URLs appended to it."""
+def open_page(path: Path, blocked: list | None = None, fragment: str = ""):
+    """``path`` opened in headless Chromium (at ``#fragment`` when given: a page of the pages file): yields
+    ``(page, console, errors)``, the console messages and page errors collected as they come. With ``blocked``,
+    requests that would leave the file are refused and their URLs appended to it."""
     console: list = []
     errors: list = []
     # the module's browser (tests/conftest.py); the page has a context of its own, closed with it
@@ -191,10 +190,30 @@ def open_page(path: Path, blocked: list | None = None):
                 route.abort()
 
             page.route(re.compile(r"^(?!file:|data:|blob:|about:).*"), block)
-        page.goto(path.resolve().as_uri(), wait_until="load")
+        page.goto(path.resolve().as_uri() + (f"#{fragment}" if fragment else ""), wait_until="load")
         yield page, console, errors
     finally:
         page.close()
+
+
+@contextlib.contextmanager
+def open_view(path: Path, view: str, blocked: list | None = None):
+    """The analysis page ``view`` of the pages file ``path`` (``FILE#view``) in headless Chromium, once the
+    dashboard's script has drawn it: yields ``(page, console, errors)`` as :func:`open_page`."""
+    with open_page(path, blocked, view) as (page, console, errors):
+        page.wait_for_function("v => window.flowscopeView && flowscopeView.view === v && flowscopeView.renders > 0",
+                               arg=view, timeout=60_000)
+        yield page, console, errors
+
+
+def view_text(path: Path, view: str) -> tuple[str, list]:
+    """The text the analysis page ``view`` of the pages file ``path`` shows once drawn, and its errors: console
+    errors, page errors, the view script's own, and requests that would have left the file."""
+    blocked: list = []
+    with open_view(path, view, blocked) as (page, console, errors):
+        text = page.inner_text("main")
+        own = page.evaluate("() => flowscopeView.errors")
+        return text, [m for m in console if m[0] == "error"] + errors + own + blocked
 
 
 def render(path: Path, screenshot: Path | None = None) -> dict:
@@ -225,22 +244,43 @@ def _errors(result: dict) -> list:
 
 # ---- tests ----------------------------------------------------------------------------------------------------
 
-def test_the_report_is_one_self_contained_file_with_every_section(dask_run):
+#: the analysis pages of the pages file (its overview is the page "")
+PAGES = ("advisor", "critical-path", "profile", "charts", "anomalies", "logs")
+
+
+def overview(path: Path, blocked: list | None = None, query: str = "") -> dict:
+    """What the overview of the pages file ``path`` shows once every task is in its stream: the live view's summary,
+    the stream's rows and groups, the host charts' traces, the run's name and id, and the errors."""
+    from flowscope.report.run_pages import run_pages_doc  # noqa: F401  (the document the overview draws)
+
+    out: dict = {}
+    with open_page(Path(str(path) + query) if query else path, blocked) as (page, console, errors):
+        page.wait_for_function("() => { const s = window.flowscopeLive && flowscopeLive.summary(); return s && "
+                               "s.status === flowscopeOffline.doc.live.status && s.stream === s.total; }",
+                               timeout=60_000)
+        out["summary"] = page.evaluate("() => flowscopeLive.summary()")
+        out["rows"] = page.evaluate("() => flowscopeLive.timeline ? flowscopeLive.timeline.rowLabels : []")
+        out["groups"] = page.evaluate("() => flowscopeLive.timeline ? flowscopeLive.timeline.groups.map(g => g.name) : []")
+        out["hosts"] = page.evaluate("() => { const d = document.getElementById('hosts'); return d && d.data ? "
+                                     "d.data.map(t => t.name) : []; }")
+        out["text"] = page.inner_text("body")
+        out["errors"] = [m for m in console if m[0] == "error"] + errors
+    return out
+
+
+def test_the_report_is_one_self_contained_file_with_every_page(dask_run):
+    from flowscope.report.snapshot import DOC_ID
+
     run, path = dask_run
-    assert path == run.path / "report-single-page.html" and path.is_file()
+    assert path == run.path / "report.html" and path.is_file()
     text = path.read_text()
     assert not EXTERNAL.findall(text), "the report must load nothing from the network"
-    assert text.count("Plotly.newPlot") >= 5
-    assert text.count('<script type="text/javascript">') == 1, "plotly.js is embedded once"
-    for sid, _title in SECTIONS:
-        assert f'<section id="{sid}">' in text, sid
-    # this run has every kind of data: no section says "No data"
-    assert "No data" not in text
-    # the header carries the provenance
-    meta = run.meta
-    for fact in (meta["run_id"], "report-test", "pytest tests/test_report.py", meta["provenance"]["python"],
-                 meta["provenance"]["packages"]["dask"], socket.gethostname()):
-        assert fact in text, fact
+    assert text.count('data-asset="plotly.min.js"') == 1, "plotly.js is embedded once"
+    doc = json.loads(text.split(f'id="{DOC_ID}">', 1)[1].split("</script>", 1)[0])
+    assert doc["pages"] == ["", *PAGES] and set(PAGES) - {"advisor"} <= set(doc["views"])
+    assert all("failed" not in v for v in doc["views"].values()), {k: v.get("failed") for k, v in doc["views"].items()}
+    # the run's name and id, as the overview shows them
+    assert doc["run_id"] == run.meta["run_id"] and doc["live"]["name"] == "report-test"
     size = path.stat().st_size
     assert size < 8 * 2**20, f"{size} bytes for a small run"
 
@@ -253,64 +293,90 @@ def test_the_run_has_what_the_report_shows(dask_run):
 
 
 def test_the_report_renders_in_headless_chromium(dask_run, tmp_path):
+    """The pages of the Dask run's report, each drawn by the dashboard's scripts: the overview's stream with every
+    task by group on rows per worker thread and the hosts' CPU and memory; the profile page's breakdown with the
+    analysis' numbers and its groups; the charts page's task states, I/O, communication and warnings drawn; the
+    critical-path page's measured and structural lengths with its charts drawn."""
+    from test_dashboard_pages import check_critical_path_page, check_profile_page
+
     run, path = dask_run
-    shot = Path(os.environ.get("FLOWSCOPE_REPORT_SCREENSHOT") or tmp_path / "report.png")
-    res = render(path, shot)
-    assert not _errors(res), _errors(res)
-    assert not res["external"], res["external"]
-    assert [s for s, _ in SECTIONS] == res["sections"]
-    plots = res["plots"]
-    for fig in ("fig-breakdown", "fig-task-stream", "fig-hardware", "fig-io", "fig-communication", "fig-warnings"):
-        assert plots.get(fig, 0) > 0, (fig, plots)
-        assert res["drawn"].get(fig, 0) > 0, (fig, res["drawn"])
-    # the task stream has a trace per task group and the incoming transfers
-    stream = res["text"]["task-stream"]
-    for label in ("load", "combine", "store", "transfer"):
-        assert label in stream, label
-    assert re.search(r"worker \S+ / tid \d+", stream), "rows are labelled worker / thread"
-    # the breakdown shows the analysis' numbers
-    b = breakdown(run)
-    text = res["text"]["breakdown"]
-    assert fmt_s(b.compute_s) in text and fmt_s(b.communication_s) in text and fmt_s(b.makespan_s) in text
-    assert f"{b.tasks:,} tasks" in text and f"{b.transfers:,} transfers" in text
-    groups = res["text"]["task-groups"]
-    assert "load" in groups and "combine" in groups and "store" in groups and "CV" in groups
-    assert "event-loop-unresponsive" in res["text"]["warnings"]
-    # the critical path: the analysis' measured and structural lengths, drawn
-    tp = task_graph_paths(run.table("spans").query("kind == 'task'"), run.table("dependencies"), run.table("transfers"))
-    cp = res["text"]["critical-path"]
-    assert f"Measured critical path: {fmt_s(tp.measured.length_ns / 1e9)}" in cp, cp[:300]
-    assert f"structural (unlimited workers): {fmt_s(tp.structural.length_ns / 1e9)}" in cp
-    for fig in ("fig-critical-path-attribution", "fig-critical-path-graph"):
-        assert res["drawn"].get(fig, 0) > 0, (fig, res["drawn"])
+    blocked: list = []
+    ov = overview(path, blocked)
+    assert not ov["errors"], ov["errors"]
+    tasks = int(run.sql("SELECT count(*) AS n FROM activity WHERE role = 'task'")["n"].iloc[0])
+    assert ov["summary"]["stream"] == tasks == ov["summary"]["done"] and ov["summary"]["warnings"] >= 1
+    for label in ("load", "combine", "store"):
+        assert label in ov["groups"], (label, ov["groups"])
+    assert any(re.search(r"worker|tid|\d", r) for r in ov["rows"]), ov["rows"]
+    assert ov["hosts"], "CPU and memory per host drawn"
+    assert "report-test" in ov["text"] and run.meta["run_id"] in ov["text"]
+    with open_view(path, "profile", blocked) as (page, console, errors):
+        exp = check_profile_page(page, run.path)  # the breakdown's and the groups' numbers, cell by cell
+        b = exp["breakdown"]
+        facts = page.locator("#pf-facts").inner_text()
+        assert f"{b.tasks:,} tasks" in facts and f"{b.transfers:,} transfers" in facts
+        groups = page.evaluate("() => Array.from(document.querySelectorAll('table.groups tbody tr')).map(tr => "
+                               "tr.dataset.group)")
+        assert {"load", "combine", "store"} <= set(groups) and "CV" in page.inner_text("#pf-groups")
+        page.wait_for_function("() => { const d = document.getElementById('pf-chart'); return d && d.calcdata; }")
+        assert not [m for m in console if m[0] == "error"] and not errors
+    with open_view(path, "charts", blocked) as (page, console, errors):
+        for sid in ("task-states", "io", "communication", "warnings"):
+            page.wait_for_function("id => { const d = document.getElementById(id); return d && d.calcdata && "
+                                   "d.querySelectorAll('.trace, canvas').length > 0; }", arg=f"ch-{sid}-chart")
+        assert "event-loop-unresponsive" in page.inner_text("#ch-warnings")
+        assert not [m for m in console if m[0] == "error"] and not errors
+    with open_view(path, "critical-path", blocked) as (page, console, errors):
+        check_critical_path_page(page, run.path)
+        tp = task_graph_paths(run.table("spans").query("kind == 'task'"), run.table("dependencies"),
+                              run.table("transfers"))
+        assert page.locator("#cp-task-facts").inner_text().startswith("Measured critical path")
+        assert float(page.locator("#cp-task-length").get_attribute("data-value")) == tp.measured.length_ns / 1e9
+        assert float(page.locator("#cp-task-structural").get_attribute("data-value")) == tp.structural.length_ns / 1e9
+        for chart in ("cp-task-chart", "cp-graph"):
+            page.wait_for_function("id => { const d = document.getElementById(id); return d && d.calcdata; }", arg=chart)
+        shot = Path(os.environ.get("FLOWSCOPE_REPORT_SCREENSHOT") or tmp_path / "report.png")
+        page.screenshot(path=str(shot), full_page=True)
+        assert not [m for m in console if m[0] == "error"] and not errors
     assert shot.stat().st_size > 10_000
+    assert not blocked, blocked
 
 
 def test_a_run_with_only_spans_says_no_data_and_renders_cleanly(sparse_run):
+    """The charts page says "No data" (and what would supply it) for I/O, communication and warnings; the overview
+    draws the spans' stream; the profile page counts the 20 tasks."""
     _, path = sparse_run
     text = path.read_text()
     assert not EXTERNAL.findall(text)
-    for sid in ("hardware", "io", "communication", "warnings"):
-        section = text.split(f'<section id="{sid}">', 1)[1].split("</section>", 1)[0]
-        assert "No data" in section, sid
-    res = render(path)
-    assert not _errors(res), _errors(res)
-    assert not res["external"]
-    assert res["plots"].get("fig-task-stream", 0) > 0
-    assert "step-0" in res["text"]["task-stream"]
-    assert "No data" in res["text"]["io"]
-    assert "20 tasks" in res["text"]["breakdown"]
+    blocked: list = []
+    with open_view(path, "charts", blocked) as (page, console, errors):
+        for sid in ("io", "communication", "warnings", "task-states"):
+            nodata = page.locator(f"#ch-{sid} .nodata").inner_text()
+            assert nodata.startswith("No data"), (sid, nodata)
+            assert page.locator(f"#ch-{sid}-chart").count() == 0, sid
+        assert "No data" in page.inner_text("#ch-io-summary")
+        assert not [m for m in console if m[0] == "error"] and not errors
+    ov = overview(path, blocked)
+    assert not ov["errors"], ov["errors"]
+    assert ov["summary"]["stream"] == 20 and "step-0" in ov["groups"]
+    assert ov["hosts"] == [] and "no hardware samples" in ov["text"]
+    body, errors = view_text(path, "profile")
+    assert not errors, errors
+    assert "20 tasks" in body
+    assert not blocked
 
 
 def test_an_empty_run_renders_with_no_data_everywhere(tmp_path):
     fs = flowscope.Client("embedded", store=tmp_path / "store", name="empty")
     fs.close()
-    path = write_single_page(fs.run_dir)
-    text = path.read_text()
-    assert "Plotly.newPlot" not in text and text.count("No data") >= 7
-    res = render(path)
-    assert not _errors(res), _errors(res)
-    assert res["plots"] == {}
+    path = write_report(fs.run_dir)
+    for view in PAGES:
+        blocked: list = []
+        with open_view(path, view, blocked) as (page, console, errors):
+            assert page.evaluate("() => document.querySelectorAll('#view .js-plotly-plot').length") == 0, view
+            assert page.locator("#view .nodata").count() >= 1, view
+            assert not [m for m in console if m[0] == "error"] and not errors and not blocked, view
+            assert page.evaluate("() => flowscopeView.errors") == [], view
 
 
 def _large_run(tmp_path: Path, n: int, threads: int, io_rows: int) -> Path:
@@ -344,52 +410,42 @@ def _large_run(tmp_path: Path, n: int, threads: int, io_rows: int) -> Path:
     return fs.run_dir
 
 
-def test_a_large_run_is_drawn_at_the_detail_of_the_zoom_and_stays_small(tmp_path):
-    """30,000 task spans on 8 threads and 20,000 I/O records: the stream travels as compact columns and is
-    drawn per pixel, re-drawn on zoom; the I/O records are binned; the file stays far under the 20 MB budget."""
+def test_a_large_run_is_drawn_whole_and_zooms_and_stays_small(tmp_path):
+    """30,000 task spans on 8 threads and 20,000 I/O records: the overview's stream holds every task in its 30
+    groups and opens on a time range given in the address; the charts page bins the I/O records into one trace;
+    the file stays far under the 20 MB budget."""
     n = 30_000
     run_dir = _large_run(tmp_path, n, 8, 20_000)
     t0 = time.perf_counter()
-    path = write_single_page(run_dir)
+    path = write_report(run_dir)
     took = time.perf_counter() - t0
-    text = path.read_text()
     print(f"report of {n:,} task spans written in {took:.1f} s")
-    assert path.stat().st_size < 5 * 2**20 + 30 * n, "plotly.js plus about 23 bytes per task"
-    assert "flowscopeStream(" in text and "key-29999" not in text, "no per-task hover text at this scale"
-    # the 20 largest groups have their own colour, the rest share one
-    assert "other (10 groups)" in text
-    res = render(path)
-    assert not _errors(res), _errors(res)
-    assert res["plots"]["fig-task-stream"] == 21 * 4, "per group: exact bars and three levels of merged bars"
-    assert res["plots"]["fig-io"] == 1
-
-    with open_page(path) as (page, _console, errors):
-        points = "() => document.getElementById('fig-task-stream').data.reduce((a, t) => a + t.x.length, 0)"
-        exact = "() => document.getElementById('fig-task-stream').data.filter((t, i) => i % 4 === 0)" \
-                ".reduce((a, t) => a + t.x.filter(v => v === v).length, 0)"
-        page.wait_for_function("() => document.getElementById('fig-task-stream').flowscopeReady")
-
-        def relayout(update: str) -> None:
-            draws = page.evaluate("document.getElementById('fig-task-stream').flowscopeDraws")
-            page.evaluate(f"Plotly.relayout('fig-task-stream', {update})")
-            page.wait_for_function(f"() => document.getElementById('fig-task-stream').flowscopeDraws > {draws}")
-
-        before = page.evaluate(points)
-        assert page.evaluate(exact) == 0, "at full view every 0.6 ms bar is narrower than a pixel"
-        # zoom to 20 ms: each bar is now many pixels wide and drawn exactly
-        relayout("{'xaxis.range': [1.0, 1.02]}")
-        visible = page.evaluate(exact) // 2
-        assert 8 * 20 * 0.9 <= visible <= 8 * 22, visible
-        # autoscale shows the whole run again, as first drawn
-        relayout("{'xaxis.autorange': true}")
-        assert page.evaluate(points) == before
-        assert not errors, errors
+    size = path.stat().st_size
+    assert size < 6 * 2**20 + 60 * n, f"{size} bytes: plotly.js and the pages' scripts plus about 60 bytes per task"
+    blocked: list = []
+    ov = overview(path, blocked)
+    assert not ov["errors"], ov["errors"]
+    assert ov["summary"]["stream"] == n and len(ov["groups"]) == 30 and len(ov["rows"]) == 8
+    with open_page(path, blocked) as (page, console, errors):  # a time range in the address: the stream opens on it
+        page.goto(path.resolve().as_uri() + "?from=1.0&to=1.02", wait_until="load")
+        page.wait_for_function("() => window.flowscopeLive && flowscopeLive.timeline && "
+                               "flowscopeLive.timeline.count === 30000", timeout=60_000)
+        assert page.evaluate("() => flowscopeLive.timeline.view") == [1.0, 1.02]
+        assert not errors
+    with open_view(path, "charts", blocked) as (page, console, errors):
+        page.wait_for_function("() => { const d = document.getElementById('ch-io-chart'); return d && d.calcdata; }")
+        assert page.evaluate("() => document.getElementById('ch-io-chart').data.length") == 1, "binned I/O"
+        assert not errors
+    assert not blocked
 
 
 def test_flowscope_report_command(dask_run, tmp_path, capsys):
     """`flowscope report` writes the run's dashboard pages (the report is a snapshot of the dashboard's views);
-    `--single-page` the one-page report."""
+    `--single-page` the print layout of the same file (every page one after another)."""
     from flowscope.report.snapshot import DOC_ID
+
+    def embedded(text: str) -> dict:
+        return json.loads(text.split(f'id="{DOC_ID}">', 1)[1].split("</script>", 1)[0])
 
     run, _ = dask_run
     out = tmp_path / "r.html"
@@ -397,12 +453,15 @@ def test_flowscope_report_command(dask_run, tmp_path, capsys):
     assert capsys.readouterr().out.strip() == str(out)
     pages = out.read_text()
     assert f'id="{DOC_ID}"' in pages and '<template id="page-view">' in pages
-    assert not any(f'<section id="{sid}">' in pages for sid, _ in SECTIONS)  # not the one page
+    assert embedded(pages)["layout"] == "pages"
     one = tmp_path / "one.html"
     assert cli_main(["report", str(run.path), "--single-page", "-o", str(one)]) == 0
     assert capsys.readouterr().out.strip() == str(one)
     single = one.read_text()
-    assert all(f'<section id="{sid}">' in single for sid, _ in SECTIONS) and DOC_ID not in single
+    # the same file, the same views, in the print layout
+    doc, same = embedded(single), embedded(pages)
+    assert doc["layout"] == "all" and doc["pages"] == same["pages"] and set(doc["views"]) == set(same["views"])
+    assert '<template id="page-view">' in single and not EXTERNAL.findall(single)
     # a directory as the output: report.html in it (report-single-page.html for the one page)
     outdir = tmp_path / "out"
     outdir.mkdir()
@@ -426,8 +485,8 @@ def test_write_report_accepts_a_path_and_replaces_the_file_atomically(sparse_run
     target.parent.mkdir()
     target.write_text("old")
     seen = []
-    p = write_single_page(str(run.path), target, progress=lambda what, done, total: seen.append((what, done, total)))
-    assert p == target and target.read_text().startswith("<!DOCTYPE html>")
-    assert [s[0] for s in seen][:2] == ["breakdown", "task stream"] and seen[-1][0] == "done"
+    p = write_report(str(run.path), target, progress=lambda what, done, total: seen.append((what, done, total)))
+    assert p == target and target.read_text().startswith("<!doctype html>")
+    assert [s[0] for s in seen][:2] == ["live view", "critical-path"] and seen[-1][0] == "done"
     assert not [f for f in target.parent.iterdir() if f.name.startswith(".")], "no temp file left"
     json.dumps(seen)

@@ -45,6 +45,10 @@ INVALID = {"paje/pajeng/native_paje.trace": "pajeng's own test expects pj_dump t
 #: it), a Score-P configuration. An OTF2 archive's member files are found through the importer.
 COMPANION = re.compile(r"(^|/)(README[^/]*|LICENSE[^/]*|HOWTO[^/]*|MANIFEST[^/]*)$|\.(md|txt|c|cfg|rec|dot)$")
 
+#: the sections the overview shows (the task stream, the hosts' CPU and memory): with no data it draws none, and
+#: does not yet say what would supply it
+OVERVIEW = {"task-stream", "hardware"}
+
 #: per section: what a "No data" message must name as the thing that would supply the missing data
 SUPPLIED_BY = {
     "breakdown": r"flowscope semantics",
@@ -121,23 +125,24 @@ def browser():
 
 @pytest.fixture(scope="module")
 def pages(runs, browser, tmp_path_factory):
-    """``pages(rel)``: what the report of the trace ``rel`` draws (:func:`page_sections`), opened on first use."""
-    from flowscope.report import write_single_page
+    """``pages(rel)``: what the report (the pages file) of the trace ``rel`` draws (:func:`page_sections`), opened
+    on first use."""
+    from flowscope.report import write_report
 
     out = tmp_path_factory.mktemp("reports")
     cache: dict[str, dict] = {}
 
     def get(rel: str) -> dict[str, dict]:
         if rel not in cache:
-            cache[rel] = page_sections(browser, write_single_page(runs(rel), out / f"{len(cache)}.html"))
+            cache[rel] = page_sections(browser, write_report(runs(rel), out / f"{len(cache)}.html"), runs(rel))
         return cache[rel]
 
     return get
 
 
-#: what each section of the page holds: its figures with the marks drawn in each, the rows of its tables, its
-#: "No data" messages, its text. Marks: scatter markers, line segments (a bar of the task stream is one),
-#: bars of non-zero size, flame-graph boxes, heat-map images, points of WebGL traces (drawn on a canvas).
+#: what each section of an analysis page holds: its figures with the marks drawn in each, the rows of its tables,
+#: its "No data" messages, its text. Marks: scatter markers, line segments, bars of non-zero size, flame-graph boxes,
+#: heat-map images, points of WebGL traces (drawn on a canvas).
 SECTIONS_JS = """() => {
   const marks = (gd) => {
     let n = 0;
@@ -154,45 +159,98 @@ SECTIONS_JS = """() => {
         n += Array.from(t.x || []).filter(v => v !== null && v === v).length; });
     return n;
   };
-  return Array.from(document.querySelectorAll('main > section')).map(s => ({
+  return Array.from(document.querySelectorAll('#view > section')).map(s => ({
     id: s.id,
     figures: Array.from(s.querySelectorAll('.js-plotly-plot')).map(d => ({id: d.id, marks: marks(d)})),
     undrawn: Array.from(s.querySelectorAll('div.plot:not(.js-plotly-plot)')).map(d => d.id),
-    rows: Array.from(s.querySelectorAll('table.data')).map(t => t.querySelectorAll('tbody tr').length),
+    rows: Array.from(s.querySelectorAll('table')).filter(t => t.tBodies.length).map(t => t.tBodies[0].rows.length),
     nodata: Array.from(s.querySelectorAll('p.nodata')).map(p => p.innerText),
     text: s.innerText,
   }));
 }"""
 
-ALL_DRAWN_JS = """() => window.Plotly === undefined || (
+ALL_DRAWN_JS = """() => window.flowscopeView && flowscopeView.renders > 0 && (window.Plotly === undefined || (
   document.querySelectorAll('.plot').length === document.querySelectorAll('.js-plotly-plot').length &&
-  Array.from(document.querySelectorAll('.js-plotly-plot')).every(d => d.flowscopeReady !== false))"""
+  Array.from(document.querySelectorAll('.js-plotly-plot')).every(d => d.calcdata)))"""
+
+#: the report's sections (as the one page had them) -> the sections of the pages file's analysis pages that show
+#: them (the task stream and the hosts' CPU and memory are the overview's)
+SECTIONS = {
+    "breakdown": ("profile", ("pf-breakdown", "pf-utilisation")),
+    "task-stream": ("", ()),
+    "task-states": ("charts", ("ch-task-states",)),
+    "hardware": ("", ()),
+    "io": ("charts", ("ch-io",)),
+    "io-summary": ("charts", ("ch-io-summary",)),
+    "communication": ("charts", ("ch-communication",)),
+    "task-groups": ("profile", ("pf-groups",)),
+    "profile": ("profile", ("pf-hot", "pf-flame")),
+    "critical-path": ("critical-path", ("cp-none", "cp-task", "cp-messages", "cp-data")),
+    "warnings": ("charts", ("ch-warnings",)),
+}
 
 
-def page_sections(browser, report: Path) -> dict[str, dict]:
-    """The report opened in a new page of ``browser`` (offline: a request leaving the file fails the test):
-    per section id, what :data:`SECTIONS_JS` finds."""
+#: what the overview's stream draws: the run's tasks and calls
+STREAM_SQL = "SELECT count(*) FROM activity WHERE role IN ('task', 'call')"
+
+
+def _open(browser, url: str, wait: str) -> tuple[object, list, list]:
     page = browser.new_page(viewport={"width": 1400, "height": 900})
     errors: list[str] = []
     external: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+
+    def block(route):
+        external.append(route.request.url)
+        route.abort()
+
+    page.route(re.compile(r"^(?!file:|data:|blob:|about:).*"), block)
+    # a 5 MB page on a machine shared with other work can take long to load: wait for it, not for a time
+    page.goto(url, wait_until="load", timeout=600_000)
+    page.wait_for_function(wait, timeout=600_000)
+    return page, errors, external
+
+
+def page_sections(browser, report: Path, run) -> dict[str, dict]:
+    """The report of ``run``, its pages opened in ``browser`` (offline: a request leaving the file fails the test):
+    per section of :data:`SECTIONS`, what :data:`SECTIONS_JS` finds on the analysis pages that show it, merged; the
+    overview's stream (once it holds every task and call of the run, each a mark) and host charts."""
+    uri = report.resolve().as_uri()
+    found: dict[str, dict] = {}
+    for view in ("profile", "charts", "critical-path"):
+        page, errors, external = _open(browser, f"{uri}#{view}", ALL_DRAWN_JS)
+        try:
+            found.update({s["id"]: s for s in page.evaluate(SECTIONS_JS)})
+            own = page.evaluate("() => flowscopeView.errors")
+        finally:
+            page.close()
+        assert not errors and not own, (view, errors, own)
+        assert not external, external
+    page, errors, external = _open(browser, uri, "() => { const s = window.flowscopeLive && flowscopeLive.summary(); "
+                                                "return s && s.status === flowscopeOffline.doc.live.status; }")
     try:
-        page.on("pageerror", lambda e: errors.append(str(e)))
-        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-
-        def block(route):
-            external.append(route.request.url)
-            route.abort()
-
-        page.route(re.compile(r"^(?!file:|data:|blob:|about:).*"), block)
-        # a 5 MB page on a machine shared with other work can take long to load: wait for it, not for a time
-        page.goto(report.resolve().as_uri(), wait_until="load", timeout=600_000)
-        page.wait_for_function(ALL_DRAWN_JS, timeout=600_000)
-        sections = {s["id"]: s for s in page.evaluate(SECTIONS_JS)}
+        page.wait_for_function("n => flowscopeLive.summary().stream >= n", arg=_n(run, STREAM_SQL), timeout=600_000)
+        # the stream's marks: its tasks and calls, and its transfers (red, on the workers' own rows)
+        stream = page.evaluate("() => { const t = flowscopeLive.timeline; return t ? t.count + (t.xfer ? t.xfer.n : 0) : 0; }")
+        hosts = page.evaluate("() => { const d = document.getElementById('hosts'); return d && d.data ? "
+                              "d.data.reduce((n, t) => n + (t.y ? t.y.length : 0), 0) : 0; }")
     finally:
         page.close()
     assert not errors, errors
     assert not external, external
-    return sections
+    out: dict[str, dict] = {}
+    for sid, (_view, parts) in SECTIONS.items():
+        got = [found[p] for p in parts if p in found]
+        out[sid] = {"figures": [f for g in got for f in g["figures"]], "undrawn": [u for g in got for u in g["undrawn"]],
+                    "rows": [r for g in got for r in g["rows"]], "nodata": [n for g in got for n in g["nodata"]],
+                    "text": "\n".join(g["text"] for g in got)}
+    out["task-stream"]["figures"] = [{"id": "stream", "marks": stream}] if stream else []
+    out["hardware"]["figures"] = [{"id": "hosts", "marks": hosts}] if hosts else []
+    # the critical-path page: a path, or the reason there is none (its subsections' own "none yet" are not that)
+    cp = out["critical-path"]
+    cp["nodata"] = [n for n in cp["nodata"] if n.startswith("No critical path")]
+    return out
 
 
 # ---- what the run's tables hold, read from the tables (not from the report) -----------------------------------
@@ -298,13 +356,13 @@ def test_a_trace_broken_on_purpose_is_refused_saying_where(shared_data, tmp_path
 @pytest.mark.parametrize("rel", VALID)
 def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs, pages, rel):
     from flowscope.analysis.breakdown import breakdown, task_groups
-    from flowscope.report.page import SECTIONS
 
     run = runs(rel)
     h = holds(run)
     want = expected_sections(h)
     got = pages(rel)
-    assert [s for s, _ in SECTIONS] == [s for s in got if s != "anomalies"]
+    assert list(SECTIONS) == list(got)
+    stream = _n(run, STREAM_SQL)  # what the overview's stream draws: tasks and calls
     problems: list[str] = []  # every problem of this trace's report, not only the first
 
     def check(ok, sid: str, what: str) -> None:
@@ -313,6 +371,11 @@ def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs,
 
     for sid, has in want.items():
         s = got[sid]
+        if sid == "task-stream" and has and not stream:  # transfers alone, or spans that are neither tasks nor
+            continue                                      # calls (states, async slices): the overview draws no stream yet
+        if not has and sid in OVERVIEW:  # the overview draws no stream / host chart (and says nothing of why)
+            check(not s["figures"], sid, f"holds no data but draws {s['figures']}")
+            continue
         if not has:
             check(s["nodata"], sid, f"holds no data but draws {s['figures']} {s['rows']}")
             if sid == "critical-path":  # the reason `flowscope show --json` gives, word for word
@@ -325,7 +388,8 @@ def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs,
         check(not s["undrawn"], sid, f"figures Plotly did not draw: {s['undrawn']}")
         check(all(f["marks"] for f in s["figures"]), sid, f"a figure without a mark: {s['figures']}")
         check(s["figures"] or any(s["rows"]), sid, "neither a figure nor a table row")
-        check(all(s["rows"]), sid, f"a table without rows: {s['rows']}")
+        if sid != "critical-path":  # (its attribution tables list only the parts with time)
+            check(all(s["rows"]), sid, f"a table without rows: {s['rows']}")
 
     # what each section must show when its data is there, counted
     b, cp = got["breakdown"], got["critical-path"]
@@ -336,7 +400,7 @@ def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs,
         check("Utilisation per executing resource" in b["text"] and b["rows"]
               and b["rows"][-1] == min(50, h["executing"]), "breakdown",
               f"utilisation rows {b['rows']}, not one per executing resource ({h['executing']})")
-    if h["spans"] or h["transfers"]:
+    if stream:
         check(got["task-stream"]["figures"] and got["task-stream"]["figures"][0]["marks"], "task-stream", "no bars")
     if h["io_marks"]:
         check(got["io"]["figures"], "io", "no marks per thread")
@@ -350,19 +414,20 @@ def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs,
               "no table of the transfers")
     if h["spans"]:
         groups = task_groups(run)
-        check(got["task-groups"]["rows"] == [min(60, len(groups))], "task-groups",
+        check(got["task-groups"]["rows"] == [len(groups)], "task-groups",
               f"rows {got['task-groups']['rows']} for {len(groups)} groups")
         check(got["profile"]["figures"] and got["profile"]["rows"] and got["profile"]["rows"][-1] > 0, "profile",
               "no flame graph or no hottest paths")
     if want["critical-path"]:
-        check(any(f["id"].endswith("attribution") for f in cp["figures"]) and any(cp["rows"]), "critical-path",
+        check(any(f["id"] in ("cp-task-chart", "cp-messages-chart", "cp-data-chart") and f["marks"]
+                  for f in cp["figures"]) and any(cp["rows"]), "critical-path",
               "no attribution chart or no steps of a path")
     if h["timed_io"] and not h["busy"]:
-        check("the resource whose I/O ended last" in cp["text"], "critical-path",
-              "timed I/O operations, no path through the last resource's I/O")
+        check("Measured critical path" in cp["text"] and re.search(r"\bio\b", cp["text"]), "critical-path",
+              "timed I/O operations, no measured path through I/O")
     if h["messages"]:
         check("Critical path through messages" in cp["text"]
-              and any(f["id"] == "fig-message-path-attribution" and f["marks"] for f in cp["figures"]),
+              and any(f["id"] == "cp-messages-chart" and f["marks"] for f in cp["figures"]),
               "critical-path", "no path through the messages drawn")
     assert not problems, "\n".join(problems)
 
@@ -413,15 +478,18 @@ def test_wfcommons_structural_path_is_networkxs_longest_path(shared_data, runs, 
     instance's runtimes, read from the instance with json.load."""
     from test_wfcommons import _nx_longest, reference
 
-    from flowscope.report.page import fmt_s
+    from flowscope.report.views import STEP_LIMIT, critical_path_view
 
     longest = _nx_longest(reference(shared_data / rel))
     run = runs(rel)
     cp = show_json(run)["critical_path"]
     assert cp["structural_ns"] / 1e9 == pytest.approx(longest, rel=1e-9, abs=1e-6)
+    shown = critical_path_view(run)["task_path"]  # what the critical-path page draws
+    assert shown["kind"] == "structural" and shown["length_s"] == pytest.approx(longest, rel=1e-9, abs=1e-6)
     got = pages(rel)["critical-path"]
-    assert f"Structural critical path: {fmt_s(longest)} through {len(cp['structural_ids']):,} tasks" in got["text"]
-    assert got["rows"][0] == min(200, len(cp["structural_ids"])), "one row per task of the path"
+    assert f"Structural critical path (task times derived) " in got["text"]
+    assert f"through {len(cp['structural_ids']):,} tasks" in got["text"]
+    assert got["rows"][-1] == min(STEP_LIMIT, len(cp["structural_ids"])), "one row per task of the path"
 
 
 DARSHAN = [t for t in VALID if t.startswith("darshan/")] or ["(shared data folder absent)"]
@@ -517,5 +585,5 @@ def test_a_darshan_log_with_dxt_gets_its_ranks_timeline_makespan_and_utilisation
     u = doc["utilisation"]
     assert u["busy_ns"] == int(util["busy_ns"].sum()) and u["slots"] == len(by) and u["makespan_ns"] == t1 - t0, u
     assert u["value"] == pytest.approx(u["busy_ns"] / (len(by) * (t1 - t0)), rel=1e-12), u
-    assert any(f["id"] == "fig-breakdown" and f["marks"] for f in section["figures"]), section["figures"]
+    assert any(f["id"] == "pf-chart" and f["marks"] for f in section["figures"]), section["figures"]
     assert "Utilisation per executing resource" in section["text"] and section["rows"][-1] == min(50, len(by)), section

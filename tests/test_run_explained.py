@@ -17,7 +17,7 @@ from conftest import require_module
 
 import flowscope
 from flowscope.analysis.breakdown import breakdown
-from flowscope.report import write_single_page
+from flowscope.report import write_report
 
 HERE = Path(__file__).resolve().parent
 
@@ -47,11 +47,17 @@ def show(run) -> tuple[str, dict]:
 
 
 def report_text(run) -> str:
-    from test_report import render
+    """What the run's report (its pages file) shows on the advisor page (the run's explanation) and the profile
+    page (where the time went), drawn by the dashboard's scripts in headless Chromium."""
+    from test_report import view_text
 
-    res = render(write_single_page(run))
-    assert not res["errors"], res["errors"]
-    return res["text"]["summary"] + res["text"]["breakdown"]
+    path = write_report(run)
+    out = []
+    for view in ("advisor", "profile"):
+        text, errors = view_text(path, view)
+        assert not errors, errors
+        out.append(text)
+    return "\n".join(out)
 
 
 def why_nothing_observed(run):
@@ -258,10 +264,18 @@ def test_io_time_is_unknown_when_only_byte_counters_exist(tmp_path):
     assert b.io_s is None, "bytes from counters, no time"
     row = b.to_frame().set_index("category").loc["io"]
     assert row["seconds"] is None or row["seconds"] != row["seconds"]
+    from test_report import open_view
+
     page = report_text(run)
-    section = page[page.index("computation"):]
+    section = page[page.index("Where the time went"):]
     assert "unknown" in section and "Darshan" in section, section[:600]
-    assert "0.000 s" not in section.split("I/O", 1)[1].split("\n", 1)[0]
+    # the I/O row of the profile page's breakdown: bytes, and its time unknown (not 0)
+    with open_view(write_report(run), "profile") as (pg, _console, errors):
+        io = pg.evaluate("() => { const tr = document.querySelector('table.breakdown tr[data-category=\"io\"]'); "
+                         "return [tr.querySelector('td.seconds').textContent, tr.querySelector('td.seconds').dataset.value, "
+                         "Number(tr.querySelector('td.bytes').dataset.value)]; }")
+        assert not errors, errors
+    assert io[0] == "unknown" and io[1] is None and io[2] >= 100_000
     from flowscope.cli.output import console
     from flowscope.cli.summary import print_run_summary
 

@@ -137,6 +137,78 @@ def test_the_overview_of_the_offline_file_shows_the_finished_run(source, importe
     run.close()
 
 
+@pytest.fixture(scope="module")
+def printed(imported_store, tmp_path_factory) -> dict:
+    """The print layout of the imported traces' pages (`flowscope report --single-page`)."""
+    store, runs = imported_store
+    out = tmp_path_factory.mktemp("print")
+    files = {}
+    for source in ("starpu", "otf2"):
+        files[source] = out / f"{source}.html"
+        assert main(["report", str(store / runs[source]), "--single-page", "-o", str(files[source])]) == 0
+    return files
+
+
+def _frame_of(pg, page: str):
+    """The frame of the print layout's section that shows ``page`` ("": the overview)."""
+    return pg.locator(f'section.print-page[data-page="{page}"] iframe').element_handle().content_frame()
+
+
+@pytest.mark.parametrize("source", ["starpu", "otf2"])
+def test_the_print_layout_shows_every_page_of_the_file_one_after_another(source, imported_store, printed,
+                                                                         browser):  # noqa: F811
+    """The print layout: one scrolling document with a heading and the drawn page for the overview and each
+    analysis page, in the file's order; each page shows what the same checks as the served pages' read from it
+    (the critical path's steps, the profile's tables, the anomaly ranking, the logs, every task in the stream),
+    each frame is as tall as its page (nothing cut off), nothing is requested from anywhere and no error."""
+    from flowscope.store.run import open_run
+
+    store, runs = imported_store
+    run_dir = store / runs[source]
+    run = open_run(run_dir)
+    tasks = int(run.sql("SELECT count(*) AS n FROM activity WHERE role IN ('task', 'call')")["n"].iloc[0])
+    run.close()
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    pg = _open(context, printed[source].as_uri())
+    pg.wait_for_function("() => window.flowscopePrint", timeout=WAIT_MS)
+    order = pg.evaluate("() => Array.from(document.querySelectorAll('section.print-page')).map(s => "
+                        "[s.dataset.page, s.querySelector('h2').textContent])")
+    assert order == [["", "overview"]] + [[p, p.replace("-", " ")] for p in PAGES]
+    frames = {p: _frame_of(pg, p) for p in ("", *PAGES)}
+    for p in PAGES:
+        frames[p].wait_for_function("p => window.flowscopeView && flowscopeView.view === p && flowscopeView.renders > 0",
+                                    arg=p, timeout=WAIT_MS)
+    check_critical_path_page(frames["critical-path"], run_dir)
+    check_profile_page(frames["profile"], run_dir)
+    check_anomalies_ranking(frames["anomalies"], run_dir)
+    check_logs_page(frames["logs"], run_dir)
+    frames["advisor"].wait_for_function("() => document.querySelectorAll('#view .finding').length > 0", timeout=WAIT_MS)
+    frames["charts"].wait_for_function("() => document.querySelectorAll('#view section').length > 0", timeout=WAIT_MS)
+    overview = frames[""]
+    overview.wait_for_function(f"() => {{ const s = window.flowscopeLive && flowscopeLive.summary(); return s && "
+                               f"s.stream >= {tasks}; }}", timeout=WAIT_MS)
+    assert overview.evaluate("() => flowscopeLive.summary().stream") == tasks
+    overview.wait_for_function("() => window.flowscopePanels && flowscopePanels.advisor.renders > 0", timeout=WAIT_MS)
+    # each frame as tall as the page it draws: the whole page is in the document
+    for p, frame in frames.items():
+        height = frame.evaluate("() => Math.ceil(document.documentElement.getBoundingClientRect().height)")
+        assert height > 200, p
+        pg.wait_for_function("([p, h]) => document.querySelector(`section.print-page[data-page=\"${p}\"] iframe`)"
+                             ".getBoundingClientRect().height === h", arg=[p, height], timeout=WAIT_MS)
+        assert "snapshot" in frame.locator("#conn").inner_text()
+        assert frame.evaluate("() => window.pwned") is None
+        assert frame.evaluate("() => document.querySelectorAll('img').length") == 0
+    for p in PAGES:
+        assert frames[p].evaluate("() => flowscopeView.errors") == [], p
+    assert overview.evaluate("() => flowscopePanels.errors") == []
+    # a link between pages scrolls the document to that page's frame
+    frames["critical-path"].evaluate("() => document.querySelector('#run-nav a[data-page=\"profile\"]').click()")
+    pg.wait_for_function("() => location.hash === '#print-profile'", timeout=WAIT_MS)
+    assert pg.evaluate("() => window.scrollY") > 0
+    assert pg.errors == [] and pg.outside == [] and pg.dialogs == []
+    context.close()
+
+
 def test_the_served_pages_link_to_the_file_and_it_is_the_same_file(imported_store, ui_server, browser, tmp_path):  # noqa: F811
     """The dashboard's pages offer the file: the link of a page saves the run's pages, which then open offline."""
     import httpx

@@ -267,21 +267,35 @@ def test_analyses_report_and_cli_do_not_select_one_sources_names():
 # ---- the report draws what the vocabulary gives ----------------------------------------------------------
 
 def test_the_report_of_a_starpu_trace_draws_breakdown_utilisation_and_groups(shared_data, tmp_path):
+    """The StarPU trace's report (its pages file, drawn in headless Chromium): the profile page's breakdown (with
+    idle time, drawn), the utilisation of both StarPU workers by name and the codelets as groups; the measured
+    critical path on the critical-path page."""
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from test_report import render
+    from test_report import open_view
 
-    from flowscope.report import write_single_page
+    from flowscope.report import write_report
 
     run = _import(shared_data, "paje/starpu-demo/paje.trace", tmp_path)
-    res = render(write_single_page(run))
-    assert not res["errors"], res["errors"]
-    text = res["text"]
-    assert "Utilisation per executing resource" in text["breakdown"]
-    assert "CPU0" in text["breakdown"] and "CPU1" in text["breakdown"], "both StarPU workers, by name"
-    assert "idle" in text["breakdown"] and "No data" not in text["breakdown"]
-    assert res["drawn"].get("fig-breakdown", 0) > 0
-    assert "scal" in text["task-groups"] and "axpy" in text["task-groups"]
-    assert "Measured critical path" in text["critical-path"]
+    path = write_report(run, tmp_path / "report.html")
+    blocked: list = []
+    with open_view(path, "profile", blocked) as (pg, console, errors):
+        pg.wait_for_function("() => { const d = document.getElementById('pf-chart'); return d && d.calcdata; }")
+        cells = "sel => Array.from(document.querySelectorAll(sel)).map(e => e.textContent)"
+        util = pg.evaluate(cells, "table.utilisation tbody tr td.key")
+        categories = pg.evaluate("() => Array.from(document.querySelectorAll('table.breakdown tbody tr')).map(tr => "
+                                 "tr.dataset.category)")
+        groups = pg.evaluate("() => Array.from(document.querySelectorAll('table.groups tbody tr')).map(tr => "
+                             "tr.dataset.group)")
+        nodata = pg.locator("#pf-breakdown .nodata").count()
+        drawn = pg.evaluate("() => document.querySelectorAll('#pf-chart .trace').length")
+        assert not [m for m in console if m[0] == "error"] and not errors and not blocked
+        assert pg.evaluate("() => flowscopeView.errors") == []
+    assert "CPU0" in util and "CPU1" in util, ("both StarPU workers, by name", util)
+    assert "idle" in categories and nodata == 0 and drawn > 0
+    assert "scal" in groups and "axpy" in groups
+    with open_view(path, "critical-path") as (pg, _console, errors):
+        assert pg.locator("#cp-task-facts").inner_text().startswith("Measured critical path")
+        assert not errors
 
 
 def test_task_states_map_to_phases_first_rule_wins_and_a_bad_phase_is_refused():

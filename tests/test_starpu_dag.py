@@ -173,20 +173,23 @@ def test_dag_dot_alone_missing_falls_back_to_tasks_rec_dependencies(demo, tmp_pa
 
 
 def test_report_draws_the_critical_path_through_starpus_dag(starpu_run, runtimes, tmp_path):
-    """The StarPU run's report, in headless Chromium: the critical-path section gives the measured path and the
-    structural one over the DAG, with its attribution chart drawn."""
-    from test_report import _errors, render
+    """The StarPU run's report (its pages file), in headless Chromium: the critical-path page gives the measured
+    path and the structural one over the DAG, with its attribution chart drawn and every task of the path
+    listed."""
+    from test_report import open_view
 
-    from flowscope.report import write_single_page
-    from flowscope.report.page import fmt_s
+    from flowscope.report import write_report
 
     _, run = starpu_run
     spans = run.table("spans")
     tp = task_graph_paths(spans[spans["kind"] == "task"], run.table("dependencies"), run.table("transfers"))
-    out = render(write_single_page(run, tmp_path / "report.html"))
-    assert not _errors(out)
-    text = out["text"]["critical-path"]
-    assert f"Measured critical path: {fmt_s(tp.measured.length_ns / 1e9)}" in text
-    assert f"structural (unlimited workers): {fmt_s(tp.structural.length_ns / 1e9)}" in text
-    assert out["drawn"].get("fig-critical-path-attribution", 0) > 0
-    assert all(k in text for k in tp.measured.ids)  # every task of the path is listed
+    with open_view(write_report(run, tmp_path / "report.html"), "critical-path") as (pg, console, errors):
+        pg.wait_for_function("() => { const d = document.getElementById('cp-task-chart'); return d && d.calcdata; }")
+        assert pg.locator("#cp-task-facts").inner_text().startswith("Measured critical path")
+        assert float(pg.locator("#cp-task-length").get_attribute("data-value")) == tp.measured.length_ns / 1e9
+        assert float(pg.locator("#cp-task-structural").get_attribute("data-value")) == tp.structural.length_ns / 1e9
+        assert pg.evaluate("() => document.querySelectorAll('#cp-task-chart .trace').length") > 0
+        listed = pg.evaluate("() => Array.from(document.querySelectorAll('#cp-task table.steps tbody tr')).map(tr => "
+                             "tr.dataset.id)")
+        assert not errors and not [m for m in console if m[0] == "error"]
+    assert set(tp.measured.ids) <= set(listed)  # every task of the path is listed

@@ -212,12 +212,17 @@ def _nx_longest(ref: dict) -> float:
     return nx.dag_longest_path_length(g, weight="w")
 
 
-@pytest.fixture(scope="module")
-def reports(imported) -> dict[Path, str]:
-    """The HTML report of each imported instance."""
-    from flowscope.report import build_single_page
+def _views(run) -> dict:
+    """The critical-path and profile views of ``run``: what its report's (the pages file's) pages draw."""
+    from flowscope.report.views import critical_path_view, json_safe, profile_view
 
-    return {p: build_single_page(run) for p, (run, _) in imported.items()}
+    return {"critical-path": json_safe(critical_path_view(run)), "profile": json_safe(profile_view(run))}
+
+
+@pytest.fixture(scope="module")
+def reports(imported) -> dict[Path, dict]:
+    """The views the report's pages draw, for each imported instance."""
+    return {p: _views(run) for p, (run, _) in imported.items()}
 
 
 def _show(run) -> dict:
@@ -231,8 +236,6 @@ def test_critical_path_is_the_structural_one_through_the_instances_dependencies(
     """Task times are derived (placed as soon as possible), not measured: no "measured" critical path is
     claimed; the structural one is the instance's longest runtime-weighted path (networkx), a chain of its
     own dependencies, as `flowscope show` and the report give it."""
-    from flowscope.report.page import fmt_s
-
     for p, (run, ref) in imported.items():
         spans = run.table("spans")
         tp = task_graph_paths(spans[spans["kind"] == "task"], run.table("dependencies"), run.table("transfers"))
@@ -245,11 +248,11 @@ def test_critical_path_is_the_structural_one_through_the_instances_dependencies(
         shown = _show(run)["critical_path"]
         assert shown["task_times"] == "derived" and shown["measured_ns"] is None, (p, shown)
         assert shown["structural_ns"] == st.length_ns and shown["structural_ids"] == st.ids, p
-        section = reports[p].split('<section id="critical-path">', 1)[1].split("</section>", 1)[0]
-        assert "Measured critical path" not in section, p
-        assert "not measured" in section, p
-        assert (f"Structural critical path: <b>{fmt_s(st.length_ns / 1e9)}</b> through {len(st.ids):,} tasks"
-                in section), (p, section[:600])
+        # the critical-path page: the structural path (the page says the task times are derived), no measured one
+        page = reports[p]["critical-path"]["task_path"]
+        assert page["kind"] == "structural" and page["difference_s"] is None, p
+        assert page["length_s"] == st.length_ns / 1e9 == page["structural_s"], p
+        assert page["tasks"] == len(st.ids) and [x["id"] for x in page["steps"]] == st.ids[:len(page["steps"])], p
 
 
 def test_structural_path_names_the_machine_each_task_ran_on(imported):
@@ -282,15 +285,14 @@ def test_utilisation_is_task_time_over_cores_times_the_recorded_makespan(importe
         assert u["value"] == pytest.approx(want, rel=1e-9), (p, u)
         assert 0 < u["value"] <= 1, (p, u)
         assert u["makespan_ns"] == round(ref["makespan"] * 1e9), (p, u)
-        section = reports[p].split('<section id="breakdown">', 1)[1].split("</section>", 1)[0]
-        facts = section.split('<dl class="facts">', 1)[1].split("</dl>", 1)[0]
-        assert f"{100 * want:.1f} %" in facts, (p, facts)
-        assert all(float(x) <= 100 for x in re.findall(r"(\d+(?:\.\d+)?) %", facts)), (p, facts)
+        # the profile page's utilisation of the run: the same, at most 100 %, over the run's recorded duration
+        shown = reports[p]["profile"]["run_utilisation"]
+        assert shown["value"] == pytest.approx(want, rel=1e-9) and 0 < shown["value"] <= 1, (p, shown)
+        assert shown["over"] == "run" and shown["makespan_s"] == u["makespan_ns"] / 1e9, (p, shown)
 
 
 def test_utilisation_without_core_counts_says_unknown(shared_data, tmp_path):
     """A copy of a real instance whose machines do not give their cores: no number, the reason instead."""
-    from flowscope.report import build_single_page
 
     doc = json.loads((shared_data / "wfinstances" / "seismology-chameleon-1000p-001.json").read_text())
     for m in doc["workflow"]["execution"]["machines"][:2]:
@@ -301,8 +303,16 @@ def test_utilisation_without_core_counts_says_unknown(shared_data, tmp_path):
     run = flowscope.open_run(res.run_dir)
     u = _show(run)["utilisation"]
     assert u["value"] is None and "core count" in u["reason"] and "host:" in u["reason"], u
-    section = build_single_page(run).split('<section id="breakdown">', 1)[1].split("</section>", 1)[0]
-    facts = section.split('<dl class="facts">', 1)[1].split("</dl>", 1)[0]
+    # the profile page of its report: utilisation unknown, with the reason, drawn as such in chromium
+    from test_report import open_view
+
+    from flowscope.report import write_report
+
+    shown = _views(run)["profile"]["run_utilisation"]
+    assert shown["value"] is None and shown["reason"] == u["reason"], shown
+    with open_view(write_report(run, tmp_path / "report.html"), "profile") as (pg, _console, errors):
+        facts = pg.locator("#pf-utilisation-run").inner_text()
+        assert not errors, errors
     assert "utilisation" in facts and "unknown" in facts and "core count" in facts, facts
     assert not re.search(r"\d %", facts), facts
 

@@ -1,4 +1,5 @@
-"""``flowscope report``: write the self-contained HTML report of a run (its dashboard pages, or one page)."""
+"""``flowscope report``: write the self-contained HTML report of a run (its dashboard pages, one at a time or all
+one after another)."""
 
 from __future__ import annotations
 
@@ -16,13 +17,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                                    "dashboard's pages as `flowscope ui` shows them now: the overview (progress, task "
                                    "stream, hosts, the advisor's findings, the forecast) and the advisor, critical-path, "
                                    "profile, charts, anomalies and logs pages (FILE#PAGE opens one). --single-page "
-                                   "writes the same sections on one scrolling page instead.")
+                                   "writes the print layout of the same file: every page one after another in one "
+                                   "scrolling document, each drawn as FILE#PAGE draws it.")
     p.add_argument("run", help="run directory, run id in the store, or 'latest'")
     p.add_argument("-o", "--output", default=None,
                    help="file to write, or a directory to write report.html (report-single-page.html with "
                         "--single-page) in (default: in the run directory)")
     p.add_argument("--single-page", action="store_true",
-                   help="write the one-page report (every section on one scrolling page, for printing)")
+                   help="write the print layout: the same pages one after another in one scrolling document "
+                        "(for printing or reading at once)")
     p.add_argument("--store", default=None, help=LOOKUP_STORE_HELP)
     add_semantics_option(p)
     p.set_defaults(func=cmd_report)

@@ -3,8 +3,8 @@
 Every function returns a ``plotly.graph_objects.Figure``, or ``None`` when the run has no rows for it.
 Aggregation happens in DuckDB (SQL over the run's views); per-row work is vectorised with numpy. Times are seconds since
 the run's first event, rounded to microseconds. Above ``HOVER_TEXT_UP_TO`` points a chart drops per-point
-hover text, above ``WEBGL_ABOVE`` it is drawn with WebGL (``Scattergl``), and the task stream draws its bars
-at the level of detail of the zoom (``report/stream.py``), so a 100,000-task run stays small and interactive.
+hover text, above ``WEBGL_ABOVE`` it is drawn with WebGL (``Scattergl``), so a 100,000-task run stays small and
+interactive. The dashboard's charts page draws them (``report/chart_sections.py``).
 """
 
 from __future__ import annotations
@@ -14,17 +14,12 @@ import html
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
-from flowscope.analysis.breakdown import Breakdown
-from flowscope.report.context import KIND_COLORS, OTHER_COLOR, Context
-from flowscope.report.stream import StreamFigure
+from flowscope.report.context import Context
 
 WEBGL_ABOVE = 10_000      # points beyond which a trace is drawn with WebGL
 HOVER_TEXT_UP_TO = 5_000  # per-point hover text (task key, path...) only up to this many points
-TRANSFER_NAME = "transfer (incoming)"
 MAX_SCATTER = 50_000      # points in the communication scatter; more are sampled
-MAX_SERIES_POINTS = 2_000  # metric samples per series; more are averaged into time buckets
 FONT = 'system-ui, -apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, sans-serif'
 
 TEMPLATE = go.layout.Template(layout=dict(
@@ -60,236 +55,11 @@ def _seconds(us: np.ndarray) -> np.ndarray:
     return np.asarray(us, dtype=np.float64) / 1e6
 
 
-def _segments(start_s: np.ndarray, end_s: np.ndarray, row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """x, y for horizontal segments [start, end] at height ``row``, separated by NaN (one line trace)."""
-    n = len(start_s)
-    x = np.empty(3 * n, dtype=np.float64)
-    x[0::3], x[1::3], x[2::3] = start_s, end_s, np.nan  # a NaN x breaks the line
-    # rows as small integers (2 bytes each in the file) when they are whole numbers
-    whole = n == 0 or (np.all(row == np.round(row)) and row.min() >= 0 and row.max() < 65_535)
-    y = np.empty(3 * n, dtype=np.uint16 if whole else np.float32)
-    y[0::3], y[1::3] = row, row
-    y[2::3] = row if whole else np.nan
-    return x, y
-
-
 def _esc(text: str) -> str:
     return html.escape(str(text), quote=False)
 
 
-# ---- breakdown --------------------------------------------------------------------------------------------
-
-def breakdown_chart(b: Breakdown) -> go.Figure | None:
-    """Seconds of computation, communication and I/O (summed over resources), one bar each, then waiting,
-    runtime overhead and idle time when the run has them."""
-    if not (b.compute_s or b.communication_s or b.io_s or b.wait_s or b.runtime_s or b.other_s):
-        return None
-    cats = ["computation", "communication", "I/O" if b.io_s is not None else "I/O (time unknown)"]
-    vals = [b.compute_s, b.communication_s, b.io_s or 0.0]
-    extra = [(n, v, c) for n, v, c in (("waiting", b.wait_s, "#d62728"), ("runtime overhead", b.runtime_s, "#9467bd"),
-                                       ("other", b.other_s, "#8c564b"), ("idle", b.idle_s, "#c7c7c7")) if v]
-    colors = ["#1f77b4", KIND_COLORS["transfer"], KIND_COLORS["disk-read"]]
-    cats += [n for n, _, _ in extra]
-    vals += [v for _, v, _ in extra]
-    colors += [c for _, _, c in extra]
-    total = sum(vals) or 1.0
-    text = [f"{v:.3f} s ({100 * v / total:.1f} %)" for v in vals]
-    if b.io_s is None:
-        text[2] = "unknown"
-    fig = go.Figure(go.Bar(y=cats, x=vals, orientation="h", text=text, textposition="auto",
-                           marker_color=[OTHER_COLOR if v == 0 else c for v, c in zip(vals, colors)],
-                           hovertemplate="%{y}: %{x:.6f} s<extra></extra>"))
-    fig.update_yaxes(autorange="reversed")
-    fig.update_xaxes(title=dict(text="seconds, summed over threads and workers", standoff=6))
-    return _layout(fig, 220 + 30 * len(extra), showlegend=False, margin=dict(l=10, r=10, t=16, b=44))
-
-
-# ---- task stream ------------------------------------------------------------------------------------------
-
-def task_stream(ctx: Context) -> go.Figure | StreamFigure | None:
-    """One row per worker thread; each span a bar coloured by task group; transfers (red) and spilling on the
-    receiving worker's own row.
-
-    Up to ``HOVER_TEXT_UP_TO`` bars: a plain figure whose hover names each task. Beyond: a ``StreamFigure``
-    that carries every bar in compact columns and draws them in the browser at the detail the zoom allows
-    (bars narrower than a pixel are merged per pixel, see ``report/stream.py``), so 100,000 tasks stay
-    interactive even without a GPU."""
-    t0 = ctx.t0
-    have_transfers = ctx.counts.get("transfers", 0) > 0
-    if not ctx.counts.get("spans") and not have_transfers:
-        return None
-    # a communication span that is not a call (a Dask worker's fetch) is drawn as its transfer
-    span_filter = "NOT (category = 'communication' AND role = 'other')" if have_transfers else "true"
-    n_spans = int(ctx.sql(f"SELECT count(*) AS n FROM activity WHERE {span_filter}")["n"].iloc[0]) \
-        if ctx.counts.get("spans") else 0
-    n_total = n_spans + ctx.counts.get("transfers", 0)
-    if n_total == 0:
-        return None
-    small = n_total <= HOVER_TEXT_UP_TO
-    spans = ctx.sql_arrow(f"""
-        SELECT resource_id, CASE WHEN role = 'other' THEN kind ELSE "group" END AS grp,
-               (start_ns - {t0}) // 1000 AS s, (end_ns - {t0}) // 1000 AS e{", task_key" if small else ""}
-        FROM activity WHERE {span_filter}""").to_pandas() if n_spans else None
-    xfers = ctx.sql_arrow(f"""
-        SELECT dst_resource_id AS resource_id, (start_ns - {t0}) // 1000 AS s, (end_ns - {t0}) // 1000 AS e
-               {", src_resource_id AS src, nbytes, len(keys) AS n_keys" if small else ""}
-        FROM transfers""").to_pandas() if have_transfers else None
-    rows = ctx.rows([r for df in (spans, xfers) if df is not None for r in df["resource_id"].unique()])
-    index = pd.Index(rows["resource_id"])
-    nrows = len(rows)
-    row_px = int(min(26, max(6, 900 / max(nrows, 1))))
-    width = max(2.0, row_px * 0.62)
-
-    # every bar as columns: start, end (s), row (y), group index; groups by total time, largest first
-    parts, names, colors, widths = [], [], [], []
-    if spans is not None:
-        grp = spans["grp"].astype(object).to_numpy()
-        s, e = _seconds(spans["s"].to_numpy()), _seconds(spans["e"].to_numpy())
-        totals = pd.Series(e - s).groupby(grp).sum().sort_values(ascending=False)
-        ctx.set_group_order([g for g in totals.index if g not in KIND_COLORS])
-        shown = [g for g in totals.index if ctx.has_own_color(g)]
-        others = [g for g in totals.index if not ctx.has_own_color(g)]
-        code = pd.Series(np.arange(len(shown)), index=pd.Index(shown, dtype=object))
-        g_idx = code.reindex(grp).to_numpy()
-        if others:
-            g_idx = np.where(np.isnan(g_idx), len(shown), g_idx)
-            shown = [*shown, f"other ({len(others)} groups)"]
-        names += shown
-        colors += [ctx.color(g) if g in code.index else OTHER_COLOR for g in shown]
-        widths += [width] * len(shown)
-        parts.append((s, e, index.get_indexer(spans["resource_id"]).astype(np.float32), g_idx.astype(np.int64)))
-    if xfers is not None and len(xfers):
-        s, e = _seconds(xfers["s"].to_numpy()), _seconds(xfers["e"].to_numpy())
-        y = index.get_indexer(xfers["resource_id"]).astype(np.float32) + np.float32(0.18)
-        parts.append((s, e, y, np.full(len(s), len(names), dtype=np.int64)))
-        names.append(TRANSFER_NAME)
-        colors.append(KIND_COLORS["transfer"])
-        widths.append(max(1.5, width * 0.45))
-    s = np.concatenate([p[0] for p in parts])
-    e = np.concatenate([p[1] for p in parts])
-    y = np.concatenate([p[2] for p in parts])
-    g = np.concatenate([p[3] for p in parts])
-
-    fig = go.Figure()
-    fig.update_yaxes(tickmode="array", tickvals=list(range(nrows)), ticktext=[_esc(t) for t in rows["label"]],
-                     autorange=False, range=[nrows - 0.5, -0.5], showgrid=False, automargin=True)
-    fig.update_xaxes(**_time_axis(ctx))
-    _layout(fig, int(min(1600, max(260, 110 + nrows * row_px))))
-    hovers = [f"{_esc(n)}<br>%{{x:.6f}} s<extra></extra>" for n in names]
-    if not small:
-        fig.update_layout(uirevision="stream")  # keep legend toggles and zoom when the bars are redrawn
-        return StreamFigure(fig, s, e, y, g, names, colors, widths, hovers, nrows)
-
-    for j, name in enumerate(names):
-        sel = np.flatnonzero(g == j)
-        if not len(sel):
-            continue
-        x, yy = _segments(s[sel], e[sel], y[sel])
-        fig.add_trace(go.Scatter(x=x, y=yy, mode="lines", name=name, legendgroup=name, connectgaps=False,
-                                 line=dict(color=colors[j], width=widths[j]), hovertemplate=hovers[j]))
-        mid, dur_ms = (s[sel] + e[sel]) / 2, (e[sel] - s[sel]) * 1e3
-        marker = dict(color=colors[j], size=max(4.0, widths[j]), opacity=0)
-        if name == TRANSFER_NAME:
-            src = [_esc(ctx.rid_label(r)) for r in xfers["src"].astype(object)]
-            extra = np.stack([dur_ms, xfers["nbytes"].fillna(0).to_numpy(np.float64),
-                              xfers["n_keys"].fillna(0).to_numpy(np.float64)], axis=1)
-            fig.add_trace(go.Scatter(
-                x=mid, y=y[sel], mode="markers", legendgroup=name, showlegend=False, name=name, marker=marker,
-                text=src, customdata=extra,
-                hovertemplate=("<b>transfer</b> from %{text}<br>%{customdata[1]:.3s}B, %{customdata[2]} keys, "
-                               "%{customdata[0]:.3f} ms<extra></extra>")))
-        else:
-            keys = spans["task_key"].astype(object).to_numpy()[sel]
-            fig.add_trace(go.Scatter(
-                x=mid, y=y[sel], mode="markers", legendgroup=name, showlegend=False, name=name, marker=marker,
-                text=[_esc(k) if isinstance(k, str) else "" for k in keys],
-                customdata=np.stack([dur_ms, s[sel]], axis=1),
-                hovertemplate=(f"<b>%{{text}}</b><br>{_esc(name)}<br>%{{customdata[0]:.3f}} ms, "
-                               "from %{customdata[1]:.6f} s<extra></extra>")))
-    return fig
-
-
-# ---- hardware ---------------------------------------------------------------------------------------------
-
-_CPU = ("cpu.percent", "process.cpu.percent")
-_MEM = ("memory.used_bytes", "process.memory.rss_bytes")
-
-
-def _first_present(ctx: Context, names: tuple[str, ...]) -> str | None:
-    q = ", ".join(f"'{n}'" for n in names)
-    found = ctx.sql(f"SELECT DISTINCT name FROM metrics WHERE namespace = 'hardware' AND name IN ({q})")
-    have = set(found["name"])
-    return next((n for n in names if n in have), None)
-
-
-def _metric_series(ctx: Context, name: str) -> pd.DataFrame:
-    """(resource_id, t seconds, value) of one hardware metric, averaged into at most MAX_SERIES_POINTS
-    time buckets per resource."""
-    bucket = max(1, int(ctx.extent_s * 1e9 / MAX_SERIES_POINTS))
-    return ctx.sql(f"""
-        SELECT resource_id, avg(ts_ns - {ctx.t0}) / 1e9 AS t, avg(value) AS v
-        FROM metrics WHERE namespace = 'hardware' AND name = ?
-        GROUP BY resource_id, (ts_ns - {ctx.t0}) // {bucket}
-        ORDER BY resource_id, t""", [name])
-
-
-def hardware(ctx: Context) -> go.Figure | None:
-    """CPU busy % and memory in use per host over time, above a histogram of task starts."""
-    if not ctx.counts.get("metrics"):
-        return None
-    cpu, mem = _first_present(ctx, _CPU), _first_present(ctx, _MEM)
-    if cpu is None and mem is None:
-        return None
-    panels = []
-    if cpu:
-        panels.append(("CPU busy, % of all cores" if cpu == "cpu.percent" else "process CPU, % of one core",
-                       cpu, 1.0, "%"))
-    if mem:
-        panels.append(("memory in use, GiB" if mem == "memory.used_bytes" else "process memory (RSS), GiB",
-                       mem, 1 / 2**30, " GiB"))
-    has_tasks = ctx.counts.get("spans", 0) > 0
-    n = len(panels) + (1 if has_tasks else 0)
-    heights = [1.0] * len(panels) + ([0.45] if has_tasks else [])
-    fig = make_subplots(rows=n, cols=1, shared_xaxes=True, vertical_spacing=0.07, row_heights=heights,
-                        subplot_titles=[p[0] for p in panels] + (["task starts per second"] if has_tasks else []))
-    colors = {}
-    for i, (_title, name, scale, unit) in enumerate(panels, start=1):
-        df = _metric_series(ctx, name)
-        for rid, part in df.groupby("resource_id", sort=True):
-            label = ctx.rid_label(rid)
-            first = label not in colors
-            colors.setdefault(label, TEMPLATE.layout.colorway[len(colors) % len(TEMPLATE.layout.colorway)])
-            fig.add_trace(go.Scatter(x=part["t"].to_numpy(), y=part["v"].to_numpy() * scale, mode="lines",
-                                     name=label, legendgroup=label, showlegend=first,
-                                     line=dict(color=colors[label], width=1.6),
-                                     hovertemplate=f"{_esc(label)}<br>%{{x:.3f}} s: %{{y:.3~f}}{unit}"
-                                                   "<extra></extra>"), row=i, col=1)
-        fig.update_yaxes(rangemode="tozero", row=i, col=1)
-    if has_tasks:
-        starts = task_start_histogram(ctx)
-        if starts is not None:
-            x, y, w = starts
-            fig.add_trace(go.Bar(x=x, y=y, width=w, name="task starts", marker_color="#555", showlegend=False,
-                                 hovertemplate="%{x:.3f} s: %{y:.1f} starts/s<extra></extra>"), row=n, col=1)
-    fig.update_xaxes(range=ctx.x_range())
-    fig.update_xaxes(**_time_axis(ctx), row=n, col=1)
-    fig.update_annotations(font_size=12, x=0, xanchor="left")
-    return _layout(fig, 170 * len(panels) + (110 if has_tasks else 0) + 90, bargap=0,
-                   legend=dict(orientation="h", yanchor="bottom", y=1.02, x=1, xanchor="right"))
-
-
-def task_start_histogram(ctx: Context, bins: int = 200) -> tuple[np.ndarray, np.ndarray, float] | None:
-    """Task starts per second in ``bins`` equal time bins: (bin centres s, rate, bin width s)."""
-    width_ns = max(1000, int(ctx.extent_s * 1e9 / bins) + 1)
-    df = ctx.sql(f"""SELECT (start_ns - {ctx.t0}) // {width_ns} AS b, count(*) AS n
-                         FROM activity WHERE role = 'task' GROUP BY b ORDER BY b""")
-    if df.empty:
-        return None
-    w = width_ns / 1e9
-    return (df["b"].to_numpy(np.float64) + 0.5) * w, df["n"].to_numpy(np.float64) / w, w
-
-
-# ---- I/O per thread ---------------------------------------------------------------------------------------
+# ---- I/O ----------------------------------------------------------------------------------------------------
 
 IO_BINS = 600  # time bins per thread when there are too many I/O records to draw one mark each
 

@@ -1,9 +1,6 @@
-"""The report's I/O summary section: the job summary a Darshan user expects, for any run's io rows."""
+"""The I/O summary of the charts page: the job summary a Darshan user expects, for any run's io rows."""
 
 from __future__ import annotations
-
-import html
-import re
 
 import numpy as np
 import pandas as pd
@@ -27,7 +24,7 @@ TIMELINE_BINS = 200
 
 
 def _fmt_bytes(n) -> str:
-    from flowscope.report.page import fmt_bytes
+    from flowscope.report.formats import fmt_bytes
 
     return fmt_bytes(n)
 
@@ -137,29 +134,3 @@ def io_summary_blocks(ctx) -> tuple[str | None, list[dict]]:
         blocks.append({"kind": "note", "text": "No per-operation timeline: no record times each operation (Darshan's "
                                                "DXT module does: `DXT_ENABLE_IO_TRACE=1` when the job runs)."})
     return None, blocks
-
-
-def io_summary_section(ctx, figs, section, table, nodata) -> str:
-    """The section's HTML (``section``, ``table``, ``nodata``: the page's own helpers)."""
-    absent, blocks = io_summary_blocks(ctx)
-    if absent:
-        return section("io-summary", nodata(_code(absent)), HELP)
-    body = []
-    for b in blocks:
-        if b["kind"] == "facts":
-            body.append('<dl class="facts io-totals">' + "".join(f"<dt>{html.escape(k)}</dt><dd>{html.escape(v)}</dd>"
-                                                                 for k, v in b["facts"]) + "</dl>")
-        elif b["kind"] == "table":
-            body.append((f"<h3>{html.escape(b['title'])}</h3>" if b["title"] else "") + table(b["columns"], b["rows"]))
-        elif b["kind"] == "figures" and b.get("side_by_side"):
-            body.append('<div class="cols">' + "".join(f'<div class="grow">{figs.html(f, i)}</div>'
-                                                       for i, f in b["figures"]) + "</div>")
-        elif b["kind"] == "figures":
-            body.extend(figs.html(f, i) for i, f in b["figures"])
-        else:
-            body.append(f'<p class="note">{_code(b["text"])}</p>')
-    return section("io-summary", "\n".join(body), HELP)
-
-
-def _code(text: str) -> str:
-    return re.sub(r"`([^`]+)`", r"<code>\1</code>", html.escape(text, quote=False))

@@ -1,7 +1,8 @@
 """A run's dashboard pages as one self-contained HTML file: the overview and every analysis page, drawn offline by
 the dashboard's own scripts from what the server would send them now (the live view's snapshot, each analysis
 view, the forecast of each state), embedded in the file. The file opens without a server; ``#PAGE`` picks the
-page. What it shows is the dashboard's, not a second implementation of it.
+page. What it shows is the dashboard's, not a second implementation of it. The print layout (``layout="all"``) is
+the same file showing every page one after another in one scrolling document.
 
     from flowscope.report.run_pages import write_run_pages
     write_run_pages(run, "run.html")
@@ -23,6 +24,8 @@ from flowscope.ui import static_dir
 
 #: the forecast panel's default share of the resources; the file holds each state's forecast at it
 FORECAST_FRACTION = 0.25
+#: the file's layouts: one page at a time (``FILE#PAGE``), or every page one after another (the print layout)
+LAYOUTS = ("pages", "all")
 #: the page files whose bodies the file carries: overview, analysis page
 _PAGE_FILES = {"overview": "run.html", "view": "view.html"}
 _SCRIPT = re.compile(r'<script src="/ui/static/([\w.-]+)"></script>')
@@ -88,11 +91,14 @@ def run_pages_doc(run: Run, progress: Progress | None = None) -> dict:
     return doc
 
 
-def run_pages_html(doc: dict) -> str:
+def run_pages_html(doc: dict, layout: str = "pages") -> str:
     """The file: the pages' bodies as templates, their scripts (each once) as inert blocks, ``doc`` embedded, and
-    ui/static/offline.js, which shows the page the address names."""
+    ui/static/offline.js, which shows the page the address names (``layout="pages"``), or every page one after
+    another (``layout="all"``, the print layout)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: one of {', '.join(LAYOUTS)}")
     bodies, assets = [], []
-    doc = dict(doc, scripts={})
+    doc = dict(doc, scripts={}, layout=layout)
     for name, file in _PAGE_FILES.items():
         html = (static_dir() / file).read_text(encoding="utf-8")
         body = _BODY.search(html).group(1)
@@ -113,10 +119,11 @@ def run_pages_html(doc: dict) -> str:
         *bodies, *blocks, inline_script(asset_text("offline.js")), "</body>\n</html>\n"])
 
 
-def write_run_pages(run: Run, out: str | Path, progress: Progress | None = None) -> Path:
-    """Write the offline file of ``run``'s pages to ``out`` (replaced atomically); returns its path."""
+def write_run_pages(run: Run, out: str | Path, progress: Progress | None = None, layout: str = "pages") -> Path:
+    """Write the offline file of ``run``'s pages to ``out`` (replaced atomically), in ``layout`` (one of
+    :data:`LAYOUTS`); returns its path."""
     out = Path(out)
-    text = run_pages_html(run_pages_doc(run, progress))
+    text = run_pages_html(run_pages_doc(run, progress), layout)
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:

@@ -126,7 +126,8 @@ def _graph_doc(states: pd.DataFrame, mutations: pd.DataFrame, path) -> dict:
 def critical_path_view(run: Run) -> dict:
     """The task graph's critical path (measured, else structural), the path through messages with its wait states
     (runs whose transfers link calls), and the data-state graph with its path (recorded data states, else those
-    derived from the tasks), as the report's critical-path section computes them."""
+    derived from the tasks), as the report's critical-path section computes them; with none of them, ``reason``:
+    why the run has no critical path (:func:`flowscope.analysis.critical_path.missing_path_reason`)."""
     from flowscope.analysis.critical_path import data_state_path
     from flowscope.analysis.critical_path.task_paths import run_task_paths, run_units
     from flowscope.analysis.dataflow import data_states_from_tasks
@@ -177,20 +178,31 @@ def critical_path_view(run: Run) -> dict:
                                                "count": int(r.count), "seconds": int(r.wait_ns) / 1e9}
                                               for r in mp.waits_by_resource().head(50).itertuples(index=False)])
                 out["message_path"] = doc
+    if not (out["task_path"] or out["message_path"] or out["data_states"] or out["errors"]):
+        from flowscope.analysis.critical_path import missing_path_reason
+
+        out["reason"] = missing_path_reason(run)  # what the run holds instead, and what would supply a path
     return out
 
 
 # ---- profile and breakdown ---------------------------------------------------------------------------------
 
 def profile_view(run: Run) -> dict:
-    """Where the time went (:func:`flowscope.analysis.breakdown.breakdown`), per-group statistics
-    (:func:`~flowscope.analysis.breakdown.task_groups`) and the call paths with the most exclusive time
-    (:func:`flowscope.report.profile.hot_paths`), as ``flowscope show`` and the report give them."""
+    """Where the time went (:func:`flowscope.analysis.breakdown.breakdown`), the run's utilisation
+    (:func:`flowscope.analysis.summary.utilisation`; ``run_utilisation``, None without executing resources' work),
+    per-group statistics (:func:`~flowscope.analysis.breakdown.task_groups`) and the call paths with the most
+    exclusive time (:func:`flowscope.report.profile.hot_paths`), as ``flowscope show`` and the report give them."""
     from flowscope.analysis.breakdown import IO_TIME_UNKNOWN, breakdown, task_groups
+    from flowscope.analysis.summary import utilisation
 
     b = breakdown(run)
     groups = task_groups(run)
+    u = utilisation(run)
     out: dict[str, Any] = {
+        "run_utilisation": None if u is None else {
+            "value": _num(u.value), "slots": u.slots, "busy_s": u.busy_ns / 1e9,
+            "makespan_s": None if u.makespan_ns is None else u.makespan_ns / 1e9,
+            "over": "run" if u.makespan_source == "run" else "makespan", "reason": u.reason},
         "makespan_s": b.makespan_s, "tasks": b.tasks, "transfers": b.transfers, "executors": b.executors,
         "transfer_s": b.transfer_s, "io_untimed": b.io_untimed,
         "io_note": IO_TIME_UNKNOWN if b.io_s is None else None,
@@ -386,10 +398,14 @@ EVIDENCE_LIMIT = 20
 def advisor_view(run: Run) -> dict:
     """What ``flowscope explain`` says of the run (:func:`flowscope.analysis.advisor.explain`): where the makespan
     went, the idle capacity, and the findings ranked by recoverable time, each with its change and its evidence
-    (the first EVIDENCE_LIMIT rows; ``evidence_rows`` counts them all)."""
+    (the first EVIDENCE_LIMIT rows; ``evidence_rows`` counts them all); for a run that recorded no work, why and
+    what to do (``nothing_observed``: :func:`flowscope.analysis.nothing_observed.why_nothing_observed`)."""
     from flowscope.analysis.advisor import explain
+    from flowscope.analysis.nothing_observed import why_nothing_observed
 
     doc = explain(run).to_dict()
+    doc["nothing_observed"] = [{"code": r.code, "why": r.why, "what_to_do": r.what_to_do}
+                               for r in why_nothing_observed(run)]
     for f in doc["findings"]:
         f["evidence_rows"] = len(f["evidence"])
         f["evidence"] = f["evidence"][:EVIDENCE_LIMIT]

@@ -3,15 +3,26 @@
  * (#critical-path; none: the overview), puts that page's body in place and runs the page's own scripts, kept in the
  * file as inert blocks; their WebSockets get the embedded view once and then stay quiet (a finished run stops
  * changing), and the forecast panel's requests are answered from the forecasts the file holds. Moving to another
- * page (a link to #PAGE) reloads the file on that page. Nothing is requested from anywhere. */
+ * page (a link to #PAGE) reloads the file on that page. Nothing is requested from anywhere.
+ *
+ * The print layout (the embedded document's "layout" is "all": `flowscope report --single-page`) shows every page
+ * of the file one after another in one scrolling document: this script takes the file's own text before it changes
+ * anything, and gives each page a frame of it (a blob: address, local, with the fragment #frame:PAGE), which draws
+ * that one page as #PAGE does and tells this document its height as it grows. */
 (function (global) {
   "use strict";
   var doc = JSON.parse(document.getElementById("flowscope-doc").textContent);
   var page = decodeURIComponent(location.hash.replace(/^#/, ""));
+  var framed = page.indexOf("frame:") === 0;  // one page of the print layout, in its frame
+  if (framed) page = page.slice("frame:".length);
   if (doc.pages.indexOf(page) < 0) page = "";
+  var written = new Date(doc.written_ns / 1e6).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
+  if (doc.layout === "all" && !framed) {
+    printLayout("<!doctype html>\n" + document.documentElement.outerHTML);
+    return;
+  }
   global.flowscopeOffline = {runId: doc.run_id, page: page, doc: doc};
 
-  var written = new Date(doc.written_ns / 1e6).toISOString().replace("T", " ").replace(/\.\d+Z$/, " UTC");
   function markSnapshot() {
     var conn = document.getElementById("conn");
     if (conn) conn.textContent = "snapshot of " + written;
@@ -67,7 +78,36 @@
     return answer(404, {error: "not in this file: " + u.pathname});
   };
 
-  global.addEventListener("hashchange", function () { location.reload(); });
+  if (framed) {
+    // a link to another page of the file scrolls the print layout to that page's frame; the frame's height follows
+    // its content's
+    document.addEventListener("click", function (e) {
+      var a = e.target.closest && e.target.closest("a[href]"), href = a && a.getAttribute("href");
+      if (!href || !/^[?#]/.test(href)) return;
+      e.preventDefault();
+      var to = decodeURIComponent((href.split("#")[1] || ""));
+      global.parent.postMessage({flowscopePrint: "goto", page: doc.pages.indexOf(to) < 0 ? "" : to}, "*");
+    });
+    var told = -1;
+    var tell = function () {
+      var h = Math.ceil(document.documentElement.getBoundingClientRect().height);
+      if (h === told) return;
+      told = h;
+      global.parent.postMessage({flowscopePrint: "height", page: page, height: h}, "*");
+    };
+    // (a frame out of view may not be rendered, so no resize is observed there: changes to its content ask too)
+    var asked = false;
+    var ask = function () {
+      if (asked) return;
+      asked = true;
+      setTimeout(function () { asked = false; tell(); }, 50);
+    };
+    new global.ResizeObserver(ask).observe(document.documentElement);
+    new global.MutationObserver(ask).observe(document.documentElement, {childList: true, subtree: true,
+                                                                         attributes: true, characterData: true});
+  } else {
+    global.addEventListener("hashchange", function () { location.reload(); });
+  }
 
   var body = document.getElementById(page ? "page-view" : "page-overview").content.cloneNode(true);
   document.body.appendChild(body);
@@ -78,4 +118,58 @@
     s.text = document.querySelector('script[data-asset="' + name + '"]').textContent;
     document.body.appendChild(s);
   });
+
+  /** Every page of the file one after another, each in a frame of ``source`` (this file's text) at #frame:PAGE. */
+  function printLayout(source) {
+    var url = URL.createObjectURL(new Blob([source], {type: "text/html"}));
+    var name = doc.live.name || doc.run_id;
+    document.title = name + " · all pages · flowscope snapshot";
+    document.body.classList.add("print-layout");
+    while (document.body.firstChild) document.body.removeChild(document.body.firstChild);
+    var header = document.createElement("header"), h1 = document.createElement("h1"),
+        nav = document.createElement("nav"), main = document.createElement("main");
+    h1.textContent = name;
+    var note = document.createElement("span");
+    note.className = "conn";
+    note.textContent = "snapshot of " + written + ": every page of the run, one after another";
+    nav.setAttribute("aria-label", "pages of this run");
+    header.appendChild(h1);
+    header.appendChild(nav);
+    header.appendChild(note);
+    document.body.appendChild(header);
+    document.body.appendChild(main);
+    var frames = {};
+    doc.pages.forEach(function (p) {
+      var label = p ? p.replace(/-/g, " ") : "overview", id = "print-" + (p || "overview");
+      var a = document.createElement("a");
+      a.href = "#" + id;
+      a.textContent = label;
+      nav.appendChild(a);
+      nav.appendChild(document.createTextNode(" "));
+      var section = document.createElement("section"), h2 = document.createElement("h2"),
+          frame = document.createElement("iframe");
+      section.id = id;
+      section.className = "print-page";
+      section.setAttribute("data-page", p);
+      h2.textContent = label;
+      frame.title = label;
+      frame.src = url + "#frame:" + p;
+      section.appendChild(h2);
+      section.appendChild(frame);
+      main.appendChild(section);
+      frames[p] = frame;
+    });
+    global.addEventListener("message", function (e) {
+      var m = e.data;
+      if (!m || !(m.page in frames) || !Object.keys(frames).some(function (p) { return frames[p].contentWindow === e.source; }))
+        return;
+      if (m.flowscopePrint === "height") frames[m.page].style.height = m.height + "px";
+      else if (m.flowscopePrint === "goto") {
+        var id = "print-" + (m.page || "overview");
+        if (location.hash === "#" + id) document.getElementById(id).scrollIntoView();
+        else location.hash = "#" + id;
+      }
+    });
+    global.flowscopePrint = {pages: doc.pages.slice(), frames: frames};
+  }
 })(window);

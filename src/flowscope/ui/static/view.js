@@ -130,6 +130,12 @@
 
   function renderCriticalPath(d, root) {
     d.errors.forEach(function (e) { root.appendChild(el("p", "could not be computed: " + e, {"class": "error"})); });
+    if (d.reason) {  // no path of any kind: why, and what would supply one
+      var why = section(root, "cp-none", "No critical path", "");
+      var r = nodata(d.reason);
+      r.id = "cp-reason";
+      why.appendChild(r);
+    }
     var s = section(root, "cp-task", "Task graph",
       "Measured: traced back from the last task to finish through the input that arrived last (with the transfer " +
       "that brought it) or the wait for a thread. Structural: the longest path through the task graph with the " +
@@ -199,14 +205,26 @@
     f.appendChild(document.createTextNode(", " + UI.fmtInt(d.tasks) + " tasks, " + UI.fmtInt(d.transfers) +
       " transfers, " + UI.fmtInt(d.executors) + " executing resources"));
     s.appendChild(f);
+    if (d.run_utilisation) {  // busy slot-time / (slots x makespan), or why it is unknown
+      var ru = d.run_utilisation, uf = el("p", null, {id: "pf-utilisation-run", "data-value": ru.value === null ? "" : String(ru.value)});
+      if (ru.value === null) uf.textContent = "utilisation: unknown: " + ru.reason;
+      else uf.textContent = "utilisation: task time / (slots × " + (ru.over === "run" ? "the run's recorded duration" : "the makespan") +
+        ") " + (100 * ru.value).toFixed(1) + " % (" + fmtDur(ru.busy_s) + " / (" + UI.fmtInt(ru.slots) + " × " + fmtDur(ru.makespan_s) + "))";
+      s.appendChild(uf);
+    }
     var total = 0;
     d.breakdown.forEach(function (r) { total += r.seconds || 0; });
-    var chart = el("div", null, {"class": "plot", id: "pf-chart"});
-    s.appendChild(chart);
     var known = d.breakdown.filter(function (r) { return r.seconds; });
-    plot(chart, [{type: "bar", orientation: "h", x: known.map(function (r) { return r.seconds; }),
-                  y: known.map(function (r) { return r.category; }), hovertemplate: "%{y}: %{x:.6f} s<extra></extra>"}],
-         {height: 60 + 30 * Math.max(known.length, 1), yaxis: {autorange: "reversed"}, xaxis: {title: {text: "seconds"}}});
+    if (!known.length && !d.transfers && !(d.breakdown.some(function (r) { return r.bytes; })))
+      s.appendChild(nodata("No data: no spans on resources that execute work, no transfers and no I/O records in this " +
+        "run (yet): a source's spans become busy time once its mapping says what they are (flowscope semantics)."));
+    else if (known.length) {
+      var chart = el("div", null, {"class": "plot", id: "pf-chart"});
+      s.appendChild(chart);
+      plot(chart, [{type: "bar", orientation: "h", x: known.map(function (r) { return r.seconds; }),
+                    y: known.map(function (r) { return r.category; }), hovertemplate: "%{y}: %{x:.6f} s<extra></extra>"}],
+           {height: 60 + 30 * known.length, yaxis: {autorange: "reversed"}, xaxis: {title: {text: "seconds"}}});
+    }
     var t = table("breakdown", [["category"], ["time", 1], ["share", 1], ["bytes", 1], ["count", 1]]);
     d.breakdown.forEach(function (r) {
       var tr = el("tr", null, {"data-category": r.category});
@@ -235,7 +253,8 @@
       tr.appendChild(numCell(fmtDur(r.max_s), r.max_s, "max"));
       gt.tBodies[0].appendChild(tr);
     });
-    g.appendChild(d.groups.length ? gt : nodata("No spans in this run (yet)."));
+    g.appendChild(d.groups.length ? gt : nodata("No spans in this run (yet). Groups come from spans: Dask tasks (by " +
+      "prefix), StarPU codelets and other Paje states, OTF2 regions, Chrome / Perfetto slices, WfCommons tasks (by category)."));
 
     var h = section(root, "pf-hot", "Call paths with the most exclusive time",
       "The call tree of the spans that nest (OTF2 regions, Chrome slices, traced functions), merged across resources.");
@@ -252,7 +271,9 @@
       tr.appendChild(numCell(pct(r.imbalance), r.imbalance));
       ht.tBodies[0].appendChild(tr);
     });
-    h.appendChild(d.hot_paths.length ? ht : nodata("No spans in this run (yet)."));
+    h.appendChild(d.hot_paths.length ? ht : nodata("No spans in this run (yet). A call profile is built from spans that " +
+      "nest on a resource: OTF2 enter/leave regions, Chrome / Perfetto slices, functions traced with @flowscope.trace, " +
+      "Client.spans with parent_id."));
 
     if (d.flame) {  // the report's flame graph (report/profile.py); its labels were escaped for plotly.js there
       var f = section(root, "pf-flame", "Call tree as a flame graph",
@@ -567,6 +588,19 @@
   // ---- page --------------------------------------------------------------------------------------
   /** The advisor (flowscope explain): the makespan's attribution, then the findings ranked by recoverable time. */
   function renderAdvisor(d, root) {
+    if ((d.nothing_observed || []).length) {
+      // a run that recorded no work: why, and what to do (flowscope.analysis.nothing_observed)
+      var no = section(root, "adv-nothing", "No work was recorded in this run", "");
+      no.classList.add("nothing-observed");
+      d.nothing_observed.forEach(function (r) {
+        var p = codeText(" " + r.what_to_do), why = el("b");
+        codeText(r.why).childNodes.forEach(function (n) { why.appendChild(n.cloneNode(true)); });
+        p.insertBefore(why, p.firstChild);
+        p.className = "why";
+        p.setAttribute("data-code", r.code);
+        no.appendChild(p);
+      });
+    }
     root.appendChild(el("p", "wall time " + fmtDur(d.wall_s) + ", task phase " + fmtDur(d.task_phase_s) + ", " +
                      UI.fmtInt(d.tasks) + " tasks on " + UI.fmtInt(d.slots) + " slots", {"class": "facts"}));
     var at = section(root, "adv-where", "Where the makespan went",
