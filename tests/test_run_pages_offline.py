@@ -333,6 +333,31 @@ def dask_run(tmp_path_factory) -> Path:
     return obs.run_dir
 
 
+def test_the_overview_says_where_and_with_what_the_run_ran(dask_run, written, browser):  # noqa: F811
+    """The run's facts from run.json (its command, host, CPU, cores, memory, Python and the versions of Dask and
+    flowscope) are on the overview, as the report's summary had them."""
+    from flowscope.store.run import open_run
+
+    run = open_run(dask_run)
+    meta, prov = run.meta, run.meta["provenance"]
+    run.close()
+    context = browser.new_context(viewport={"width": 1300, "height": 1000})
+    pg = _open(context, written["dask"].as_uri())
+    pg.wait_for_function("() => document.querySelectorAll('#run-facts dt').length > 0", timeout=WAIT_MS)
+    facts = pg.evaluate("""() => Object.fromEntries(Array.from(document.querySelectorAll('#run-facts dt'))
+                                 .map(dt => [dt.textContent, dt.nextElementSibling.textContent]))""")
+    assert facts["host"] == prov["hostname"]
+    assert facts["Python"] == prov["python"]
+    assert facts["CPU"] == prov["cpu_model"]
+    assert facts["cores"].startswith(f"{prov['cpu_logical']} logical")
+    assert facts["dask / distributed"] == f"{prov['packages']['dask']} / {prov['packages']['distributed']}"
+    assert facts["flowscope"] == prov["packages"]["flowscope"]
+    if meta.get("command"):
+        assert facts["command"] == meta["command"]
+    assert pg.errors == [] and pg.outside == []
+    context.close()
+
+
 def test_the_host_charts_mark_the_task_starts(dask_run, browser, tmp_path):  # noqa: F811
     """Under the CPU, memory, network and disk per host: the tasks (and calls) started per second, as the run's
     activity has them, on the same time axis."""
@@ -484,4 +509,26 @@ def test_the_profile_page_has_the_reports_flame_graph_and_utilisation_table(sour
     assert rows == [[str(v) for v in r] for r in util[2]]
     assert pg.errors == [] and pg.outside == []
     _no_markup_ran(pg)
+    context.close()
+
+
+def test_an_overview_with_nothing_to_draw_says_why(tmp_path, browser):  # noqa: F811
+    """A finished run whose overview has nothing to draw (a program that published metrics only: no task, no call,
+    no hardware sample) says so where the stream and the host charts would be, and what would give them."""
+    import flowscope
+    from flowscope.report import write_report
+
+    fs = flowscope.Client("embedded", store=tmp_path / "store", name="metrics only")
+    for step in range(3):
+        fs.metric("energy", float(step), namespace="application")
+    fs.close()
+    out = write_report(fs.run_dir)
+    context = browser.new_context(viewport={"width": 1300, "height": 3200})
+    pg = _open(context, out.as_uri())
+    pg.wait_for_function("() => window.flowscopeLive && flowscopeLive.snapshots > 0", timeout=WAIT_MS)
+    stream = pg.locator("#stream").inner_text()
+    assert "no task or call" in stream and "profile" in stream, stream
+    hosts = pg.locator("#hosts").inner_text()
+    assert "no hardware samples in this run" in hosts and "sampler" in hosts, hosts
+    assert pg.errors == [] and pg.outside == []
     context.close()

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 
 from flowscope.analysis.instability import InstabilityDetector
 from flowscope.model.namespaces import domain_of
+from flowscope.model.provenance import run_facts
 from flowscope.model.semantics import activity_sql, condition_sql, state_phases
 
 #: the tables the live view reads; batches of the others are ignored
@@ -208,6 +209,7 @@ class LiveRun:
     def __init__(self, meta: dict, mappings: list[dict]):
         self.run_id = meta["run_id"]
         self.name = meta.get("name") or self.run_id
+        self.facts = run_facts(meta)
         self.t0_ns = int(meta.get("start_ns") or 0)
         self._activity = activity_sql(mappings)
         self._roles = _StreamRoles(mappings)
@@ -645,7 +647,7 @@ class LiveRun:
                 a = np.concatenate([x[i] for x in xf]).astype(dtype) if xf else np.zeros(0, dtype)
                 return a if columns else a.tolist()
             return {
-                "seq": self.seq, "run_id": self.run_id, "name": self.name, "t0_ns": self.t0_ns,
+                "seq": self.seq, "run_id": self.run_id, "name": self.name, "facts": self.facts, "t0_ns": self.t0_ns,
                 "last_s": (self.last_ns - self.t0_ns) / 1e9,
                 "progress": self._progress(self._groups if self._state else self._span_tasks),
                 "states": self._states(),

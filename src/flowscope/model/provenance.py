@@ -212,6 +212,31 @@ def _versions() -> dict[str, str]:
     return out
 
 
+def run_facts(meta: Mapping) -> list[list[str]]:
+    """What a person reads first about a run, from its run.json: ``[label, text]`` for its command, host, CPU, cores,
+    memory, GPUs, platform, Python and the versions of Dask and flowscope that recorded it (those it holds)."""
+    prov = meta.get("provenance") if isinstance(meta.get("provenance"), Mapping) else {}
+    pkgs = prov.get("packages") if isinstance(prov.get("packages"), Mapping) else {}
+    cores = None
+    if prov.get("cpu_logical") or prov.get("cpu_physical"):
+        cores = f"{prov.get('cpu_logical') or '?'} logical, {prov.get('cpu_physical') or '?'} physical"
+    memory = prov.get("memory_bytes")
+    gpus = prov.get("gpus") if isinstance(prov.get("gpus"), list) else []
+    facts = [
+        ("command", meta.get("command")),
+        ("host", prov.get("hostname")),
+        ("CPU", prov.get("cpu_model")),
+        ("cores", cores),
+        ("memory", f"{memory / 2**30:.1f} GiB" if isinstance(memory, (int, float)) and memory > 0 else None),
+        ("GPUs", ", ".join(str(g.get("name", "?")) for g in gpus if isinstance(g, Mapping)) or None),
+        ("platform", prov.get("platform")),
+        ("Python", prov.get("python")),
+        ("dask / distributed", " / ".join(str(pkgs[p]) for p in ("dask", "distributed") if p in pkgs) or None),
+        ("flowscope", pkgs.get("flowscope")),
+    ]
+    return [[label, str(text)] for label, text in facts if text not in (None, "")]
+
+
 def collect_provenance() -> dict:
     """Hardware, software and job environment of the calling process's machine."""
     import psutil

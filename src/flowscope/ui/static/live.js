@@ -25,6 +25,7 @@
   function ensureTimeline() {
     if (live.timeline || !S.rows.length || !S.groups.length) return;
     var div = document.getElementById("stream");
+    div.replaceChildren();  // (a note that the run had nothing to draw, if it said so before its tasks came)
     live.timeline = new FlowscopeTimeline(div, {rows: S.rows.slice(), groups: S.groups.slice(), maxHeight: 480,
                                                 labelWidth: 240, onView: keepView});
     S.pendingTasks.concat(S.pendingTransfers).forEach(function (p) { live.timeline.append(p[0], p[1]); });
@@ -97,6 +98,7 @@
   function applySnapshot(m) {
     if (live.timeline) { document.getElementById("stream").replaceChildren(); live.timeline = null; }
     S.epoch = m.epoch; S.seq = m.seq; S.name = m.name; S.status = m.status; S.lastS = m.last_s; S.endS = m.end_s;
+    showFacts(m.facts || []);
     S.progress = m.progress; S.states = m.states; S.rows = m.rows.slice(); S.groups = m.groups.slice();
     S.warnings = m.warnings.slice(); S.warningCount = m.warning_count;
     S.throughput = Object.assign({}, m.throughput || {});
@@ -198,8 +200,30 @@
     return "#7f7f7f";
   }
 
+  /** The run's facts from run.json ([label, text] pairs: its command, host, versions), as text. */
+  function showFacts(facts) {
+    var dl = document.getElementById("run-facts");
+    if (!dl) return;
+    var items = [];
+    facts.forEach(function (f) {
+      var dt = document.createElement("dt"), dd = document.createElement("dd");
+      dt.textContent = f[0]; dd.textContent = f[1];
+      items.push(dt, dd);
+    });
+    dl.replaceChildren.apply(dl, items);
+    document.getElementById("run-facts-box").hidden = !items.length;
+  }
+
+  /** Whether the run stopped changing (finished, failed, imported): what is not there now will not come. */
+  function runOver() { return S.endS !== null && S.endS !== undefined; }
+
   function render() {
     document.title = "flowscope: " + S.name;
+    if (runOver() && !live.timeline && !S.rows.length) {
+      document.getElementById("stream").replaceChildren(el("p", "no task or call in this run: the stream draws the " +
+        "spans whose role is task or call (as their source's mapping says, docs/data-model.md); the profile page " +
+        "shows every span, the charts page the run's other records", {"class": "muted"}));
+    }
     document.getElementById("run-name").textContent = S.name;
     document.getElementById("run-id").textContent = runId;
     document.getElementById("run-status").replaceChildren(UI.statusBadge(S.status));
@@ -288,7 +312,14 @@
   function renderHosts() {
     var panels = PANEL_ORDER.filter(function (p) { return S.metrics.series[p]; });
     var div = document.getElementById("hosts");
-    if (!panels.length) return true;
+    if (!panels.length) {
+      if (runOver()) {
+        div.replaceChildren(el("p", "no hardware samples in this run: flowscope's hardware sampler records them while a " +
+                                    "run is observed (observe(), flowscope run, flowscope monitor); an imported trace " +
+                                    "has them only if its tool recorded any", {"class": "muted"}));
+      }
+      return true;
+    }
     if (!needPlotly()) return false;
     if (!live.hostsPlotted) div.replaceChildren();
     var starts = Object.keys(S.starts).map(Number).sort(function (a, b) { return a - b; });
