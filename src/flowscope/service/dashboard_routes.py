@@ -104,6 +104,12 @@ def _cold_counts(run_dir: Path, cache: dict) -> dict:
     return out
 
 
+def _growth(segments_now: int, segments_then: int) -> float:
+    """How many times a run grew since an analysis of it (its segments of the tables the analysis reads), between
+    1 and VIEW_GROWTH_CAP: what that analysis's next computation is predicted to cost, relative to its last."""
+    return min(VIEW_GROWTH_CAP, max(1.0, segments_now / max(1, segments_then)))
+
+
 class _Findings:
     """The summary's findings (``analysis.summary.findings``) of each run, computed in one background thread (a list
     of runs never waits for them) and kept until a segment is added. A running run's, which change with every
@@ -126,7 +132,7 @@ class _Findings:
             if hit and hit[0] == sig:
                 return hit[1]
             if hit and running:  # their cost scaled by the run's growth since, as the views' (_Views.get)
-                grown = min(VIEW_GROWTH_CAP, max(1.0, sum(sig) / max(1, sum(hit[0]))))
+                grown = _growth(sum(sig), sum(hit[0]))
                 fresh_for = max(RUNNING_FINDINGS_S, hit[3] * grown / RUNNING_FINDINGS_SHARE)
                 if self._clock() - hit[2] < fresh_for:
                     return hit[1]
@@ -193,7 +199,7 @@ class _Views:
             sig = await asyncio.to_thread(self.signature, run_dir, view)
             hit = self._done.get(key)
             if share is not None and hit is not None and hit[0] != sig:
-                grown = min(VIEW_GROWTH_CAP, max(1.0, sum(sig[1:]) / max(1, sum(hit[0][1:]))))
+                grown = _growth(sum(sig[1:]), sum(hit[0][1:]))
                 wait = hit[2] + max(VIEW_DEBOUNCE_S, hit[1]["compute_s"] * grown / share) - self._clock()
                 if wait > 0:
                     return hit[1], wait

@@ -451,12 +451,17 @@
   /** The task whose key is ``key`` (the last appended, when several attempts share it): {start, end, row, group},
    *  or null. A scan of every row: for a link, not for a frame. */
   P.find = function (key) {
+    var t = this._locate(key);
+    return t && {start: t.start, end: t.end, row: t.row, group: this.groups[t.group].name};
+  };
+
+  /** {id, row, start, end, group} of the last task appended with key ``key``, or null (a scan of every row). */
+  P._locate = function (key) {
     var id = this.keys.lastIndexOf(String(key));
-    if (id < 0) return null;
-    for (var r = 0; r < this.rows.length; r++) {
+    for (var r = 0; id >= 0 && r < this.rows.length; r++) {
       var row = this.rows[r];
       for (var i = 0; i < row.n; i++) {
-        if (row.id[i] === id) return {start: row.start[i], end: row.end[i], row: r, group: this.groups[row.group[i]].name};
+        if (row.id[i] === id) return {id: id, row: r, start: row.start[i], end: row.end[i], group: row.group[i]};
       }
     }
     return null;
@@ -465,20 +470,10 @@
   /** Outline the task whose key is ``key`` (its last attempt) in every draw that shows it; ``null``: no task.
    *  Returns whether the stream holds that task. */
   P.mark = function (key) {
-    var found = null;
-    if (key !== null && key !== undefined) {
-      var id = this.keys.lastIndexOf(String(key));
-      for (var r = 0; id >= 0 && r < this.rows.length && !found; r++) {
-        var row = this.rows[r];
-        for (var i = 0; i < row.n; i++) {
-          if (row.id[i] === id) { found = {id: id, row: r, start: row.start[i], end: row.end[i]}; break; }
-        }
-      }
-    }
-    this._marked = found;
+    this._marked = key === null || key === undefined ? null : this._locate(key);
     this._drawnState = null;  // the outline may leave columns a partial draw would keep
     this.requestDraw();
-    return found !== null;
+    return this._marked !== null;
   };
 
   Object.defineProperty(P, "marked", {
