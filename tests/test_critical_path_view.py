@@ -77,14 +77,14 @@ def test_the_graph_view_expands_a_group_on_demand(big_run, tmp_path):
     """report/critical_path.py's graph view of the 100,000 states, on a page of its own: it opens collapsed by
     application, expands one into its states (coloured by location) and the mutations ending there, with the path
     kept on top, and collapses again. (The dashboard's critical-path page draws the collapsed graph only.)"""
-    from plotly.offline import get_plotlyjs
+    from flowscope.report.snapshot import asset_text
 
     run = flowscope.open_run(big_run)
     states, muts = run.table("data_states"), run.table("mutations")
     path = data_state_path(states, muts)
     sizes = states.groupby("origin").size()
     report = tmp_path / "graph.html"
-    report.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><script>{get_plotlyjs()}</script></head>"
+    report.write_text(f"<!DOCTYPE html><html><head><meta charset='utf-8'><script>{asset_text('plotly.min.js')}</script></head>"
                       f"<body>{graph_view(states, muts, path, div_id=GRAPH)}</body></html>", encoding="utf-8")
     with open_page(report) as (page, console, errors):
         page.wait_for_function(f"() => {{ const d = document.getElementById('{GRAPH}'); return d && d.data; }}",

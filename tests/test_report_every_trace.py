@@ -14,7 +14,7 @@ one per Darshan release 3.0.0-3.5.0 on x86_64 and ppc64. Their runs have the sam
 so the report draws the same sections for each; what differs between them is how the importer reads each version's
 format, which tests/test_darshan.py and tests/test_io_summary.py check on all 36. Here the newest log of each release
 series (major.minor) per architecture stands for its series (:func:`sample`: 8 logs, chosen by name, so the same
-ones each time), which spares about 28 page loads of a 5 MB report.
+ones each time), which spares about 28 report files of four page loads each.
 One browser serves the module, one page each report; each trace is imported and its report opened once
 (module-scoped caches shared by the tests).
 """
@@ -206,7 +206,7 @@ def _open(browser, url: str, wait: str) -> tuple[object, list, list]:
         route.abort()
 
     page.route(re.compile(r"^(?!file:|data:|blob:|about:).*"), block)
-    # a 5 MB page on a machine shared with other work can take long to load: wait for it, not for a time
+    # a 2 MB page on a machine shared with other work can take long to load: wait for it, not for a time
     page.goto(url, wait_until="load", timeout=600_000)
     page.wait_for_function(wait, timeout=600_000)
     return page, errors, external

@@ -16,10 +16,8 @@ _ASSET = re.compile(r'<link rel="stylesheet" href="/ui/static/([\w.-]+)">|<scrip
 
 
 def asset_text(name: str) -> str:
-    if name == "plotly.min.js":
-        from plotly.offline import get_plotlyjs
-
-        return get_plotlyjs()
+    """The text of the dashboard's asset ``name`` (a file of ui/static; plotly.min.js is flowscope's partial bundle of
+    plotly.js, scripts/plotly-bundle/)."""
     return (static_dir() / name).read_text(encoding="utf-8")
 
 
