@@ -105,3 +105,22 @@ def test_a_figure_of_each_declared_type_draws_in_chromium(registered):
         assert not errors, errors
     finally:
         page.close()
+
+
+def test_the_bundle_loads_in_a_pages_head(tmp_path):
+    """As plotly.js's own files do: evaluated before the page has a body (a module that measured the body at load
+    once broke it there), then drawing a WebGL scatter."""
+    page = shared_browser().new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda e: errors.append(str(e)))
+    html = tmp_path / "head.html"
+    html.write_text("<!doctype html><html><head><meta charset='utf-8'><script>" + asset_text("plotly.min.js") +
+                    "</script></head><body><div id='d' style='width:400px;height:300px'></div></body></html>",
+                    encoding="utf-8")
+    try:
+        page.goto(html.as_uri())
+        drawn = page.evaluate("""() => Plotly.newPlot('d', [{type: 'scattergl', x: [1, 2], y: [2, 1]}])
+            .then(gd => gd._fullData[0].visible === true)""")
+        assert drawn and not errors, errors
+    finally:
+        page.close()
