@@ -51,6 +51,17 @@ def _judged(dask_worker) -> int:
     return judged
 
 
+def _model_state(dask_worker) -> tuple[int, int, int]:
+    """This worker's detector: the functions of its local statistics not yet sent to the parameter server, the
+    version of the global model it holds, the calls it keeps to judge again (what it flagged late is flushed to
+    the collector first)."""
+    plugin = dask_worker.plugins[NAME]
+    with plugin._lock:  # not in the middle of a batch or a sync: its re-judging is done
+        state = int((plugin.detector.local.count > 0).sum()), plugin.version, len(plugin._pending)
+    plugin.fs.flush(30)
+    return state
+
+
 def _offline(run_dir, store, algo: str) -> set[str]:
     """Task keys `flowscope anomalies` flags on the finished run (same algorithm, default parameters)."""
     out = subprocess.run([sys.executable, "-m", "flowscope", "anomalies", str(run_dir), "--store", str(store),
@@ -79,6 +90,22 @@ def test_workers_flag_slowed_tasks_online_and_agree_with_offline(cluster, tmp_pa
         deadline = time.monotonic() + 120
         while (judged := sum(client.run(_judged).values())) < 2 * n:
             assert time.monotonic() < deadline, f"the workers judged {judged} of {2 * n} calls in 120 s"
+            time.sleep(0.1)
+        # ... and re-judged what each worker kept to judge again against the model of every worker's calls: once
+        # each has synced its last calls' statistics (the version then is the model of all of them), each worker
+        # still holding calls must adopt that model (or a later one) while the run goes on
+        while True:
+            now = client.run(_model_state)
+            if all(unsent == 0 for unsent, _, _ in now.values()):
+                break
+            assert time.monotonic() < deadline, f"the workers did not sync their last calls in 120 s: {now}"
+            time.sleep(0.1)
+        complete = max(v for _, v, _ in now.values())
+        while True:
+            now = client.run(_model_state)
+            if all(v >= complete or not pending for _, v, pending in now.values()):
+                break
+            assert time.monotonic() < deadline, f"a worker kept calls but never adopted model {complete}: {now}"
             time.sleep(0.1)
         during = set(obs.run.arrow("anomalies")["task_key"].to_pylist())
     assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors

@@ -10,7 +10,9 @@ the run's ``anomalies`` table through a flowscope Client, posts its local statis
 collector's ``/v1/runs/{run}/anomaly-model`` (the parameter server, which merges them exactly) and
 adopts the global model it returns.
 
-Calls are judged again later, at each sync and at the end against the final model, while the model they
+Calls are judged again later, at each sync (a worker with nothing new to send but calls kept asks for the
+global model each period, and adopts it when other workers changed it) and at the end against the final model,
+while the model they
 were judged against held fewer than ``mature`` calls of their function (default 1,000), and when they were
 near misses (HBOS: a bin at most 8x as full as a flagged one; SSTD: beyond 2/3 of sigma); those then
 flagged are recorded with ``"late": true``. Chimbuko re-checks only what it flagged, so a call the early
@@ -300,6 +302,8 @@ class AnomalyWorkerPlugin(WorkerPlugin):
         """Send the local statistics to the parameter server and adopt the global model it returns."""
         local = self.detector.take_local()
         if not len(local) and self.version:
+            if self._pending:  # nothing new here, but calls wait for a fuller model: the others' calls may make it
+                self._adopt_newer()
             return
         t0 = time.perf_counter_ns()
         body = json.dumps({"model": local.to_dict()}).encode()
@@ -309,6 +313,19 @@ class AnomalyWorkerPlugin(WorkerPlugin):
         except Exception:
             self.detector.local = local.merge(self.detector.local)  # not merged: send it next time
             raise
+        self.detector.set_global(FunctionModel.from_dict(doc["model"]))
+        self.version = int(doc["version"])
+        self._rejudge(self.detector.view, final=False)
+        self.stats["syncs"] += 1
+        self.stats["sync_ns"] += time.perf_counter_ns() - t0
+
+    def _adopt_newer(self) -> None:
+        """Adopt the global model if other workers changed it since this one's, and judge the kept calls again
+        against it (a read: nothing of this worker's to merge)."""
+        t0 = time.perf_counter_ns()
+        doc = self._http._check(*self._http._request("GET", self._path))
+        if int(doc["version"]) <= self.version:
+            return
         self.detector.set_global(FunctionModel.from_dict(doc["model"]))
         self.version = int(doc["version"])
         self._rejudge(self.detector.view, final=False)
