@@ -31,8 +31,9 @@ built covers the run's tasks (flowscope's breakdown, in the file's embedded docu
 summary both give the number of tasks; each must equal the graph's). flowscope and the peers alternate (the order rotates every repetition); the
 figures are medians. Sizes
 are the files' sizes on disk. With ``--render`` (default when Chromium and Playwright are there) the
-time headless Chromium takes to open flowscope's report and draw its overview with every task in the stream, then
-its critical-path page, is measured too (once).
+time headless Chromium takes to open flowscope's report and draw its overview with every task in the stream, and to
+open its critical-path page, is measured too, beside the time it takes to open the inline performance_report and
+have Bokeh build its views (each a new page, ``--repeat`` rounds, interleaved).
 Writes ``bench/results/report.json`` (format: DESIGN.md, "Benchmarks") and prints one summary line last.
 
     python bench/report.py                   # 100,000 tasks, 5 repetitions (a few minutes)
@@ -172,36 +173,60 @@ def tasks_shown(path: Path, kind: str) -> int:
     return int(counts[0])
 
 
-def render_seconds(path: Path, tasks: int) -> dict | None:
-    """Headless Chromium, offline: from navigation to the report's first page (the overview) drawn with every
-    task in its stream, and to its critical-path page drawn; None without a browser."""
+#: when a page is drawn: flowscope's overview with every task in its stream, its critical-path page rendered once;
+#: the peer's file (Bokeh) with its document's views built
+READY = {
+    "overview": "n => window.flowscopeLive && flowscopeLive.summary().stream >= n",
+    "critical-path": "() => window.flowscopeView && flowscopeView.renders > 0",
+    "peer": "() => window.Bokeh && Bokeh.documents && Bokeh.documents.length > 0 && Bokeh.index && "
+            "Object.keys(Bokeh.index).length > 0",
+}
+
+
+def render_seconds(flowscope_file: Path, peer_file: Path, tasks: int, repeat: int) -> dict | None:
+    """Headless Chromium, offline, a new page each time: from navigation to flowscope's report drawn (its overview
+    with every task in the stream; its critical-path page) and to the peer's self-contained file (Dask's
+    performance_report, mode="inline") drawn by Bokeh; ``repeat`` rounds, the three interleaved (the order rotates).
+    Medians and spreads, in seconds; None without a browser."""
     try:
         from playwright.sync_api import sync_playwright
     except ImportError:
         return None
     if not Path(CHROMIUM).exists():
         return None
+    opens = [("overview", flowscope_file.resolve().as_uri(), READY["overview"], tasks),
+             ("critical-path", flowscope_file.resolve().as_uri() + "#critical-path", READY["critical-path"], None),
+             ("peer", peer_file.resolve().as_uri(), READY["peer"], None)]
+    took: dict[str, list[float]] = {name: [] for name, *_ in opens}
+    errors: list[str] = []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 1400, "height": 900})
-            errors = []
-            page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
-            page.on("pageerror", lambda e: errors.append(str(e)))
-            page.route("http*://**", lambda route: route.abort())
-            t0 = time.perf_counter()
-            page.goto(path.resolve().as_uri(), wait_until="load", timeout=180_000)
-            page.wait_for_function(f"() => window.flowscopeLive && flowscopeLive.summary().stream >= {tasks}",
-                                   timeout=180_000)
-            took = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            page.goto(path.resolve().as_uri() + "#critical-path", wait_until="load", timeout=180_000)
-            page.wait_for_function("() => window.flowscopeView && flowscopeView.renders > 0", timeout=180_000)
-            cp = time.perf_counter() - t0
-            return {"seconds": round(took, 2), "critical_path_page_seconds": round(cp, 2),
-                    "console_errors": errors[:5]}
+            for rep in range(repeat):
+                for name, url, ready, arg in opens[rep % 3:] + opens[:rep % 3]:
+                    page = browser.new_page(viewport={"width": 1400, "height": 900})
+                    try:
+                        page.on("pageerror", lambda e: errors.append(str(e)))
+                        page.route("http*://**", lambda route: route.abort())
+                        t0 = time.perf_counter()
+                        page.goto(url, wait_until="load", timeout=180_000)
+                        page.wait_for_function(ready, arg=arg, timeout=180_000)
+                        took[name].append(time.perf_counter() - t0)
+                    finally:
+                        page.close()
         finally:
             browser.close()
+    if errors:
+        raise BenchError(f"errors while the reports were drawn: {errors[:3]}")
+
+    def summary(xs: list[float]) -> dict:
+        return {"median": round(statistics.median(xs), 3), "min": round(min(xs), 3), "max": round(max(xs), 3),
+                "samples": [round(x, 3) for x in xs]}
+
+    return {"seconds": summary(took["overview"])["median"], "overview": summary(took["overview"]),
+            "critical_path_page": summary(took["critical-path"]), "peer_inline": summary(took["peer"]),
+            "is": "navigation to drawn, a new page each time: flowscope's overview with every task in its stream, "
+                  "its critical-path page rendered, the inline performance_report with Bokeh's views built"}
 
 
 # ---- driver -------------------------------------------------------------------------------------------------
@@ -214,7 +239,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--workers", type=int, default=2, help="LocalCluster workers (default 2)")
     p.add_argument("--threads", type=int, default=2, help="threads per worker (default 2)")
     p.add_argument("--render", choices=("auto", "yes", "no"), default="auto",
-                   help="time headless Chromium drawing flowscope's report (default: when available)")
+                   help="time headless Chromium opening flowscope's report and the inline peer's (default: when "
+                        "available)")
     p.add_argument("--keep", type=Path, default=None, metavar="DIR",
                    help="keep the run and the report files in DIR (default: a temporary directory, removed)")
     p.add_argument("--quick", action="store_true", help="smoke run: 5,000 tasks, 1 repetition")
@@ -351,11 +377,15 @@ def main(argv: list[str] | None = None) -> int:
                     progress.advance(step)
             if args.render != "no":
                 progress.update(step, description="headless Chromium: drawing flowscope's report")
-                render = render_seconds(workdir / "flowscope-r0.html", state["tasks"])
+                render = render_seconds(workdir / "flowscope-r0.html", workdir / "peer-inline-r0.html",
+                                        state["tasks"], args.repeat)
                 if render is None and args.render == "yes":
                     raise BenchError(f"--render yes: Playwright or {CHROMIUM} is missing")
                 if render is not None:
-                    progress.console.print(f"Chromium drew the report in {render['seconds']:.1f} s")
+                    progress.console.print(
+                        f"Chromium opened flowscope's overview in {render['overview']['median']:.2f} s, its critical-path "
+                        f"page in {render['critical_path_page']['median']:.2f} s, the inline performance_report in "
+                        f"{render['peer_inline']['median']:.2f} s (medians of {args.repeat})")
             progress.advance(step)
     finally:
         if state is not None:
