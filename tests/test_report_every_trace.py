@@ -425,6 +425,13 @@ def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs,
     if h["timed_io"] and not h["busy"]:
         check("Measured critical path" in cp["text"] and re.search(r"\bio\b", cp["text"]), "critical-path",
               "timed I/O operations, no measured path through I/O")
+        # what the path is, as `flowscope show` says it: the I/O timeline of the rank whose I/O ended last
+        shown = show_json(run)["critical_path"]
+        said = (f"through {shown['measured_tasks']:,} I/O operations: the I/O timeline of "
+                f"{shown['measured_end_location']}, the resource whose I/O ended last")
+        check(said in cp["text"], "critical-path", f"does not say {said!r}")
+    if want["critical-path"] and not h["timed_io"] and show_json(run)["critical_path"].get("units") == "tasks":
+        check(re.search(r"through [\d,]+ tasks", cp["text"]), "critical-path", "a path through tasks, not said so")
     if h["messages"]:
         check("Critical path through messages" in cp["text"]
               and any(f["id"] == "cp-messages-chart" and f["marks"] for f in cp["figures"]),

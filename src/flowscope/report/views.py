@@ -132,6 +132,7 @@ def critical_path_view(run: Run) -> dict:
     from flowscope.analysis.critical_path.task_paths import run_task_paths, run_units
     from flowscope.analysis.dataflow import data_states_from_tasks
     from flowscope.analysis.message_path import LATE_RECEIVER, LATE_SENDER, message_path
+    from flowscope.analysis.summary import UNITS_NAMED
 
     t0 = _t0(run)
     out: dict[str, Any] = {"task_path": None, "message_path": None, "data_states": None, "errors": []}
@@ -145,9 +146,14 @@ def critical_path_view(run: Run) -> dict:
         else:
             chosen = tp.measured if tp.measured is not None else tp.structural
             doc = path_doc(chosen, t0)
+            last = chosen.steps["location"].iloc[-1] if len(chosen.steps) else None
             doc.update(kind="measured" if tp.measured is not None else "structural",
                        structural_s=tp.structural.length_ns / 1e9,
-                       difference_s=None if tp.difference_ns is None else tp.difference_ns / 1e9)
+                       difference_s=None if tp.difference_ns is None else tp.difference_ns / 1e9,
+                       # what the path runs through (tasks, outermost spans, I/O operations), and the resource it
+                       # ends on (a measured path's: the one that finished last)
+                       units=UNITS_NAMED[str(units["unit"].iloc[0])],
+                       end_location=_text(last) if tp.measured is not None and last is not None else None)
             out["task_path"] = doc
     states, mutations = run.table("data_states"), run.table("mutations")
     derived = False

@@ -145,7 +145,10 @@
       var p = d.task_path, f = pathFacts(p, "cp-task-facts");
       f.appendChild(document.createTextNode(p.kind === "measured" ? "Measured critical path " : "Structural critical path (task times derived) "));
       f.appendChild(el("b", fmtDur(p.length_s), {"data-value": String(p.length_s), id: "cp-task-length"}));
-      f.appendChild(document.createTextNode(" through " + UI.fmtInt(p.tasks) + " tasks; structural (unlimited workers) "));
+      var through = " through " + UI.fmtInt(p.tasks) + " " + (p.units || "tasks");
+      if (p.units === "I/O operations" && p.end_location)  // a Darshan log's: one rank's own I/O, end to end
+        through += ": the I/O timeline of " + p.end_location + ", the resource whose I/O ended last";
+      f.appendChild(document.createTextNode(through + "; structural (unlimited workers) "));
       f.appendChild(el("b", fmtDur(p.structural_s), {"data-value": String(p.structural_s), id: "cp-task-structural"}));
       if (p.difference_s !== null) f.appendChild(document.createTextNode("; scheduling and contention cost " + fmtDur(p.difference_s)));
       f.setAttribute("data-tasks", String(p.tasks));
