@@ -424,3 +424,35 @@ def test_tasks_whose_times_were_placed_by_a_rule_are_not_nested_by_time(shared_d
     assert set(tree.nesting.values()) == {NESTING_DERIVED}
     assert int(tree.path_depth.max()) == 0
     assert int(tree.calls.sum()) == run.counts()["spans"]
+
+
+def test_the_profile_page_says_when_spans_do_not_nest(shared_data, tmp_path):
+    """A run whose spans overlap on a resource without nesting (work side by side, not calls), and a WfCommons
+    instance whose task times were placed by a rule: the profile page says so beside its flame graph, and that the
+    profile is flat, naming what gives call paths; a run of nested calls says neither."""
+    from test_report import view_text
+
+    from flowscope.report import write_report
+
+    with Client("embedded", store=tmp_path / "store", name="side by side") as c:
+        rid = c.thread_resource()
+        for i, (a, b) in enumerate([(0, 10), (5, 15), (12, 20)]):  # the second overlaps both others
+            c.emit("spans", span_id=i + 1, resource_id=rid, kind="call", name=f"f{i}", start_ns=1_000 + a * 1_000_000,
+                   end_ns=1_000 + b * 1_000_000)
+        side = c.run_dir
+    wf = import_paths([shared_data / "wfinstances" / "blast-chameleon-small-001.json"], tmp_path / "store").run_dir
+    assert set(run_call_tree(open_run(side)).nesting.values()) == {NESTING_FLAT}
+    for run_dir, note in ((side, r"\b1 resource has spans that overlap without nesting: its spans are drawn flat"),
+                          (wf, r"On [\d,]+ resources? the span times were placed by a rule, not observed")):
+        text, errors = view_text(write_report(open_run(run_dir), tmp_path / f"{run_dir.name}.html"), "profile")
+        assert not errors, errors
+        assert re.search(note, text), text
+        assert "No span of this run nests in another: the flame graph is a flat profile" in text, text
+        assert "@flowscope.trace" in text[text.index("flat profile"):]
+    with Client("embedded", store=tmp_path / "store", name="nested") as c:
+        rid = c.thread_resource()
+        c.emit("spans", span_id=1, resource_id=rid, kind="call", name="outer", start_ns=1_000, end_ns=9_000_000)
+        c.emit("spans", span_id=2, resource_id=rid, kind="call", name="inner", start_ns=2_000, end_ns=5_000_000)
+        nested = c.run_dir
+    text, errors = view_text(write_report(open_run(nested), tmp_path / "nested.html"), "profile")
+    assert not errors and "flat profile" not in text and "without nesting" not in text, (errors, text)

@@ -240,8 +240,15 @@ def profile_view(run: Run) -> dict:
 
             from flowscope.report.profile import flame_graph
 
+            from flowscope.analysis.call_tree import NESTING_DERIVED, NESTING_FLAT
+
             lab = ctx.rows(tree.resources)
             out["flame"] = json.loads(flame_graph(tree, dict(zip(lab["resource_id"], lab["label"]))).to_json())
+            # why the tree may be flat: resources whose spans overlap without nesting, or whose times were placed
+            # by a rule; whether any span nests at all
+            how = list(tree.nesting.values())
+            out["nesting"] = {"flat": how.count(NESTING_FLAT), "derived": how.count(NESTING_DERIVED),
+                              "nested": bool((tree.path_depth > 0).any())}
             out["hot_paths"] = [{"call_path": [str(n) for n in r["call_path"]], "calls": int(r["calls"]),
                                  "exclusive_s": r["exclusive_ns"] / 1e9, "inclusive_s": r["inclusive_ns"] / 1e9,
                                  "exclusive_mean_s": r["exclusive_mean_ns"] / 1e9,

@@ -285,6 +285,17 @@
       var fc = el("div", null, {"class": "plot", id: "pf-flame-chart"});
       f.appendChild(fc);
       plot(fc, d.flame.data, d.flame.layout);
+      var nest = d.nesting || {}, res = function (n) { return UI.fmtInt(n) + (n === 1 ? " resource" : " resources"); };
+      if (nest.flat)
+        f.appendChild(el("p", (nest.flat === 1 ? "1 resource has" : res(nest.flat) + " have") + " spans that overlap " +
+          "without nesting: " + (nest.flat === 1 ? "its" : "their") + " spans are drawn flat, each a root.", {"class": "note muted", id: "pf-flat"}));
+      if (nest.derived)
+        f.appendChild(el("p", "On " + res(nest.derived) + " the span times were placed by a rule, not observed: " +
+          "their spans are drawn flat, each a root.", {"class": "note muted", id: "pf-derived"}));
+      if (nest.nested === false)
+        f.appendChild(el("p", "No span of this run nests in another: the flame graph is a flat profile, each span a " +
+          "root. Nested spans (OTF2 enter/leave regions, Chrome / Perfetto slices, functions traced with " +
+          "@flowscope.trace, Client.spans with parent_id) give call paths.", {"class": "note muted", id: "pf-no-nesting"}));
     }
     if (d.utilisation) {
       var u = section(root, "pf-utilisation", "Utilisation per executing resource",
