@@ -313,19 +313,19 @@ class AnomalyWorkerPlugin(WorkerPlugin):
         except Exception:
             self.detector.local = local.merge(self.detector.local)  # not merged: send it next time
             raise
-        self.detector.set_global(FunctionModel.from_dict(doc["model"]))
-        self.version = int(doc["version"])
-        self._rejudge(self.detector.view, final=False)
-        self.stats["syncs"] += 1
-        self.stats["sync_ns"] += time.perf_counter_ns() - t0
+        self._adopt(doc, t0)
 
     def _adopt_newer(self) -> None:
         """Adopt the global model if other workers changed it since this one's, and judge the kept calls again
         against it (a read: nothing of this worker's to merge)."""
         t0 = time.perf_counter_ns()
         doc = self._http._check(*self._http._request("GET", self._path))
-        if int(doc["version"]) <= self.version:
-            return
+        if int(doc["version"]) > self.version:
+            self._adopt(doc, t0)
+
+    def _adopt(self, doc: dict, t0: int) -> None:
+        """Take the parameter server's answer ``doc`` as the global model and judge the kept calls again; one sync
+        more, begun at ``t0``."""
         self.detector.set_global(FunctionModel.from_dict(doc["model"]))
         self.version = int(doc["version"])
         self._rejudge(self.detector.view, final=False)
