@@ -545,14 +545,17 @@ def test_a_transition_asked_for_but_not_made_is_not_recorded(cluster, tmp_path):
         _wait_for(lambda: client.run(_state, "d-2", workers=[b])[b] == "waiting", "d-2 waiting for x on B")
         Path(gate).touch()
         assert client.gather([d1, d2]) == [1, 2]
-        dask_log = client.run(_log_of, "x", workers=[b])[b]
+    # Dask's log read once the capture stopped, so that it holds every transition the capture could see (x may
+    # make more later: the active memory manager drops B's replica whenever its next pass comes)
+    dask_log = client.run(_log_of, "x", workers=[b])[b]
     assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors
     assert ("flight", "fetch", "flight") in {e[:3] for e in dask_log}  # the no-op happened
     made = [(e[0], e[2], e[3]) for e in dask_log if e[2] != e[0]]
     rows = obs.run.sql(f"SELECT from_state, to_state, stimulus_id FROM transitions WHERE task_key = 'x' "
                        f"AND observer = 'worker:{b}' ORDER BY ts_ns")
-    assert list(zip(rows["from_state"], rows["to_state"], rows["stimulus_id"])) == made
-    assert [(f, t) for f, t, _ in made] == [("released", "fetch"), ("fetch", "flight"), ("flight", "memory")]
+    recorded = list(zip(rows["from_state"], rows["to_state"], rows["stimulus_id"]))
+    assert len(recorded) >= 3 and recorded == made[:len(recorded)], (recorded, made)
+    assert [(f, t) for f, t, _ in recorded[:3]] == [("released", "fetch"), ("fetch", "flight"), ("flight", "memory")]
 
 
 def _scheduler_plugin_counts(dask_scheduler) -> dict:
