@@ -146,14 +146,14 @@ def critical_path_view(run: Run) -> dict:
         else:
             chosen = tp.measured if tp.measured is not None else tp.structural
             doc = path_doc(chosen, t0)
-            last = chosen.steps["location"].iloc[-1] if len(chosen.steps) else None
             doc.update(kind="measured" if tp.measured is not None else "structural",
                        structural_s=tp.structural.length_ns / 1e9,
                        difference_s=None if tp.difference_ns is None else tp.difference_ns / 1e9,
                        # what the path runs through (tasks, outermost spans, I/O operations), and the resource it
                        # ends on (a measured path's: the one that finished last)
                        units=UNITS_NAMED[str(units["unit"].iloc[0])],
-                       end_location=_text(last) if tp.measured is not None and last is not None else None)
+                       end_location=_text(chosen.steps["location"].iloc[-1])
+                       if tp.measured is not None and len(chosen.steps) else None)
             out["task_path"] = doc
     states, mutations = run.table("data_states"), run.table("mutations")
     derived = False
@@ -228,7 +228,7 @@ def profile_view(run: Run) -> dict:
     if u is not None:
         out["utilisation"] = {"columns": u[0], "rows": [[_text(v) for v in r] for r in u[2]], "more": u[3]}
     if run.counts().get("spans"):
-        from flowscope.analysis.call_tree import run_call_tree
+        from flowscope.analysis.call_tree import NESTING_DERIVED, NESTING_FLAT, run_call_tree
         from flowscope.report.profile import hot_paths
 
         try:
@@ -239,8 +239,6 @@ def profile_view(run: Run) -> dict:
             import json
 
             from flowscope.report.profile import flame_graph
-
-            from flowscope.analysis.call_tree import NESTING_DERIVED, NESTING_FLAT
 
             lab = ctx.rows(tree.resources)
             out["flame"] = json.loads(flame_graph(tree, dict(zip(lab["resource_id"], lab["label"]))).to_json())

@@ -12,8 +12,8 @@ adopts the global model it returns.
 
 Calls are judged again later, at each sync (a worker with nothing new to send but calls kept asks for the
 global model each period, and adopts it when other workers changed it) and at the end against the final model,
-while the model they
-were judged against held fewer than ``mature`` calls of their function (default 1,000), and when they were
+while the model they were judged against held fewer than ``mature`` calls of their function (default 1,000), and
+when they were
 near misses (HBOS: a bin at most 8x as full as a flagged one; SSTD: beyond 2/3 of sigma); those then
 flagged are recorded with ``"late": true``. Chimbuko re-checks only what it flagged, so a call the early
 model let pass is lost; these few kept calls (at most ``max_pending``, default 100,000) are what makes the
