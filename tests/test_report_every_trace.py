@@ -194,22 +194,32 @@ SECTIONS = {
 STREAM_SQL = "SELECT count(*) FROM activity WHERE role IN ('task', 'call')"
 
 
-def _open(browser, url: str, wait: str) -> tuple[object, list, list]:
-    page = browser.new_page(viewport={"width": 1400, "height": 900})
-    errors: list[str] = []
-    external: list[str] = []
-    page.on("pageerror", lambda e: errors.append(str(e)))
-    page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+class _ReportPage:
+    """One Chromium page for the report of one run, offline: a request leaving the file is refused and noted in
+    ``external``; the page's errors and console errors are noted in ``errors``. Each view is opened by a whole
+    load of the file (as following a link to ``#PAGE`` reloads it), one page after another in the same tab."""
 
-    def block(route):
-        external.append(route.request.url)
-        route.abort()
+    def __init__(self, browser):
+        self.page = browser.new_page(viewport={"width": 1400, "height": 900})
+        self.errors: list[str] = []
+        self.external: list[str] = []
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.page.on("console", lambda m: self.errors.append(m.text) if m.type == "error" else None)
 
-    page.route(re.compile(r"^(?!file:|data:|blob:|about:).*"), block)
-    # a 2 MB page on a machine shared with other work can take long to load: wait for it, not for a time
-    page.goto(url, wait_until="load", timeout=600_000)
-    page.wait_for_function(wait, timeout=600_000)
-    return page, errors, external
+        def block(route):
+            self.external.append(route.request.url)
+            route.abort()
+
+        self.page.route(re.compile(r"^(?!file:|data:|blob:|about:).*"), block)
+
+    def open(self, url: str, wait: str):
+        """The file loaded afresh at ``url``, once ``wait`` holds in it."""
+        # through about:blank, so that a URL differing from the last only in its hash is a whole load too
+        self.page.goto("about:blank")
+        # a 2 MB page on a machine shared with other work can take long to load: wait for it, not for a time
+        self.page.goto(url, wait_until="load", timeout=600_000)
+        self.page.wait_for_function(wait, timeout=600_000)
+        return self.page
 
 
 def page_sections(browser, report: Path, run) -> dict[str, dict]:
@@ -218,27 +228,26 @@ def page_sections(browser, report: Path, run) -> dict[str, dict]:
     overview's stream (once it holds every task and call of the run, each a mark) and host charts."""
     uri = report.resolve().as_uri()
     found: dict[str, dict] = {}
-    for view in ("profile", "charts", "critical-path"):
-        page, errors, external = _open(browser, f"{uri}#{view}", ALL_DRAWN_JS)
-        try:
+    tab = _ReportPage(browser)
+    try:
+        for view in ("profile", "charts", "critical-path"):
+            page = tab.open(f"{uri}#{view}", ALL_DRAWN_JS)
+            assert page.evaluate("() => location.hash") == f"#{view}"
             found.update({s["id"]: s for s in page.evaluate(SECTIONS_JS)})
             own = page.evaluate("() => flowscopeView.errors")
-        finally:
-            page.close()
-        assert not errors and not own, (view, errors, own)
-        assert not external, external
-    page, errors, external = _open(browser, uri, "() => { const s = window.flowscopeLive && flowscopeLive.summary(); "
-                                                "return s && s.status === flowscopeOffline.doc.live.status; }")
-    try:
+            assert not tab.errors and not own, (view, tab.errors, own)
+            assert not tab.external, tab.external
+        page = tab.open(uri, "() => { const s = window.flowscopeLive && flowscopeLive.summary(); "
+                             "return s && s.status === flowscopeOffline.doc.live.status; }")
         page.wait_for_function("n => flowscopeLive.summary().stream >= n", arg=_n(run, STREAM_SQL), timeout=600_000)
         # the stream's marks: its tasks and calls, and its transfers (red, on the workers' own rows)
         stream = page.evaluate("() => { const t = flowscopeLive.timeline; return t ? t.count + (t.xfer ? t.xfer.n : 0) : 0; }")
         hosts = page.evaluate("() => { const d = document.getElementById('hosts'); return d && d.data ? "
                               "d.data.reduce((n, t) => n + (t.y ? t.y.length : 0), 0) : 0; }")
     finally:
-        page.close()
-    assert not errors, errors
-    assert not external, external
+        tab.page.close()
+    assert not tab.errors, tab.errors
+    assert not tab.external, tab.external
     out: dict[str, dict] = {}
     for sid, (_view, parts) in SECTIONS.items():
         got = [found[p] for p in parts if p in found]
