@@ -102,7 +102,7 @@ class ReferenceLiveRun(LiveRun):
                                                  schema=pa.schema([("resource_id", pa.string()), ("kind", pa.string())])))
         try:
             rel = self._con.sql(f"""SELECT resource_id, start_ns, end_ns, task_key, role, "group"
-                                    FROM ({self._activity}) WHERE role IN ('task', 'call')
+                                    FROM ({self._activity}) WHERE role IN ('task', 'call', 'state')
                                     ORDER BY start_ns, end_ns, resource_id, task_key, "group" """)
             a = (getattr(rel, "to_arrow_table", None) or rel.arrow)()
         finally:
@@ -112,6 +112,8 @@ class ReferenceLiveRun(LiveRun):
 
     def _apply_spans(self, batch: pa.Table, delta: dict) -> None:
         a = self._stream_spans(batch)
+        if a.num_rows:
+            a = self._work_or_states(a, delta)  # tasks and calls, else states: the same choice, not the reference's
         if not a.num_rows:
             return
         new_rows: list[str] = []
@@ -590,5 +592,88 @@ def test_the_runs_lists_findings_of_a_running_run_wait_for_their_cost_scaled_by_
         now[0] += allowed
         assert findings.get(run_dir, running=True) is first  # shown while the fresher ones are computed
         assert settled() is not first
+    finally:
+        collector.shutdown()
+
+
+def _imported(shared_data: Path, rel: str, store: Path) -> Path:
+    from flowscope.importers import import_paths
+
+    return import_paths([shared_data / rel], store).run_dir
+
+
+def test_a_run_of_states_alone_draws_its_states_and_a_run_with_tasks_only_its_tasks(shared_data, tmp_path):
+    """The stream draws a run's tasks and calls; a run that has neither (a Paje trace of container states) draws its
+    states instead. A run whose states came before its first task (StarPU's Paje trace, its state spans sent
+    first) starts its stream again at that task: the delta says so, and the view ends as if the states had never
+    come: the same rows, groups and spans as a view fed every span at once."""
+    from flowscope.store.run import Run
+
+    states_only = Run(_imported(shared_data, "paje/pajeng/states.trace", tmp_path / "a"))
+    view = LiveRun(states_only.meta, states_only.mappings())
+    for table, sid, data in _segments(states_only.path):
+        view.apply(table, sid, data)
+    snap = view.snapshot()
+    want = states_only.sql("""SELECT resource_id, start_ns, "group" FROM activity WHERE role = 'state'
+                              ORDER BY start_ns""")
+    assert len(want) == 3 and len(snap["tasks"]["start"]) == 3
+    t0 = states_only.meta["start_ns"]
+    assert sorted(snap["tasks"]["start"]) == pytest.approx(sorted((want["start_ns"] - t0) / 1e9))
+    assert sorted(snap["groups"][g]["name"] for g in snap["tasks"]["group"]) == sorted(want["group"])
+    assert len(snap["rows"]) == want["resource_id"].nunique()
+
+    starpu = Run(_imported(shared_data, "paje/starpu-demo/paje.trace", tmp_path / "b"))
+    segs = _segments(starpu.path)
+    spans = pa.concat_tables([d for t, _, d in segs if t == "spans"])
+    others = [(t, sid, d) for t, sid, d in segs if t != "spans"]
+    is_state = pc.equal(spans["kind"], "state")
+    assert 0 < pc.sum(is_state).as_py() < spans.num_rows
+    whole = LiveRun(starpu.meta, starpu.mappings())
+    for table, sid, data in others + [("spans", "all", spans)]:
+        assert "reset" not in (whole.apply(table, sid, data) or {})
+    split = LiveRun(starpu.meta, starpu.mappings())
+    for table, sid, data in others:
+        split.apply(table, sid, data)
+    first = split.apply("spans", "states", spans.filter(is_state))
+    assert "reset" not in first and len(first["tasks"]["start"]) == pc.sum(is_state).as_py()
+    assert len(split.snapshot()["tasks"]["start"]) == pc.sum(is_state).as_py()  # states drawn while there is no task
+    then = split.apply("spans", "tasks", spans.filter(pc.invert(is_state)))
+    assert then["reset"] is True
+    a, b = whole.snapshot(), split.snapshot()
+    tasks = starpu.sql("SELECT count(*) FROM activity WHERE role IN ('task', 'call')").iloc[0, 0]
+    assert len(a["tasks"]["start"]) == tasks == 36
+    for k in ("rows", "groups", "tasks", "transfers", "progress", "throughput"):
+        assert a[k] == b[k], k
+
+
+def test_a_stream_that_starts_again_sends_every_page_a_new_snapshot(shared_data, tmp_path):
+    """When the stream starts again (a run's first task after its states were drawn), a page that is up to date
+    gets a snapshot of a new epoch, not deltas it could not apply."""
+    from flowscope.service.collector import Collector
+    from flowscope.service.live_hub import LiveHub
+
+    src = Run(_imported(shared_data, "paje/starpu-demo/paje.trace", tmp_path / "src"))
+    segs = _segments(src.path)
+    spans = pa.concat_tables([d for t, _, d in segs if t == "spans"])
+    is_state = pc.equal(spans["kind"], "state")
+    collector = Collector(tmp_path / "store")
+    try:
+        hub = LiveHub(collector.store, collector)
+        doc = collector.open_run({"name": "replay", "start_ns": src.meta["start_ns"],
+                                  "semantics": src.meta.get("semantics")})
+        w = hub.watch(doc["run_id"])
+        feed = [(t, sid, d) for t, sid, d in segs if t != "spans"] + [("spans", "states", spans.filter(is_state))]
+        for table, sid, data in feed:
+            collector.ingest(doc["run_id"], table, sid, data, timeout=60)
+        hub.flush()
+        kind, snap = w.since(None, None)
+        assert kind == "snapshot" and len(snap["tasks"]["start"]) == pc.sum(is_state).as_py()
+        epoch, seq = snap["epoch"], snap["seq"]
+        collector.ingest(doc["run_id"], "spans", "tasks", spans.filter(pc.invert(is_state)), timeout=60)
+        hub.flush()
+        kind, again = w.since(epoch, seq)
+        assert kind == "snapshot" and again["epoch"] != epoch
+        assert len(again["tasks"]["start"]) == 36 and again["seq"] > seq
+        assert w.since(again["epoch"], again["seq"]) == ("deltas", None)
     finally:
         collector.shutdown()

@@ -190,8 +190,10 @@ SECTIONS = {
 }
 
 
-#: what the overview's stream draws: the run's tasks and calls
-STREAM_SQL = "SELECT count(*) FROM activity WHERE role IN ('task', 'call')"
+#: what the overview's stream draws: the run's tasks and calls, or its states when it has neither
+STREAM_SQL = """SELECT CASE WHEN count(*) FILTER (WHERE role IN ('task', 'call')) > 0
+                            THEN count(*) FILTER (WHERE role IN ('task', 'call'))
+                            ELSE count(*) FILTER (WHERE role = 'state') END FROM activity"""
 
 
 class _ReportPage:
@@ -244,6 +246,7 @@ def page_sections(browser, report: Path, run) -> dict[str, dict]:
         stream = page.evaluate("() => { const t = flowscopeLive.timeline; return t ? t.count + (t.xfer ? t.xfer.n : 0) : 0; }")
         hosts = page.evaluate("() => { const d = document.getElementById('hosts'); return d && d.data ? "
                               "d.data.reduce((n, t) => n + (t.y ? t.y.length : 0), 0) : 0; }")
+        counted = page.locator("#stream-count").inner_text()
     finally:
         tab.page.close()
     assert not tab.errors, tab.errors
@@ -255,6 +258,7 @@ def page_sections(browser, report: Path, run) -> dict[str, dict]:
                     "rows": [r for g in got for r in g["rows"]], "nodata": [n for g in got for n in g["nodata"]],
                     "text": "\n".join(g["text"] for g in got)}
     out["task-stream"]["figures"] = [{"id": "stream", "marks": stream}] if stream else []
+    out["task-stream"]["text"] = counted
     out["hardware"]["figures"] = [{"id": "hosts", "marks": hosts}] if hosts else []
     # the critical-path page: a path, or the reason there is none (its subsections' own "none yet" are not that)
     cp = out["critical-path"]
@@ -371,7 +375,7 @@ def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs,
     want = expected_sections(h)
     got = pages(rel)
     assert list(SECTIONS) == list(got)
-    stream = _n(run, STREAM_SQL)  # what the overview's stream draws: tasks and calls
+    stream = _n(run, STREAM_SQL)  # what the overview's stream draws: tasks and calls, else states
     problems: list[str] = []  # every problem of this trace's report, not only the first
 
     def check(ok, sid: str, what: str) -> None:
@@ -380,8 +384,8 @@ def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs,
 
     for sid, has in want.items():
         s = got[sid]
-        if sid == "task-stream" and has and not stream:  # transfers alone, or spans that are neither tasks nor
-            continue                                      # calls (states, async slices): the overview draws no stream yet
+        if sid == "task-stream" and has and not stream:  # transfers alone, or spans that are neither tasks, calls
+            continue                                      # nor states (async slices): the overview draws no stream yet
         if not has and sid in OVERVIEW:  # the overview draws no stream / host chart (and says nothing of why)
             check(not s["figures"], sid, f"holds no data but draws {s['figures']}")
             continue
@@ -411,6 +415,9 @@ def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs,
               f"utilisation rows {b['rows']}, not one per executing resource ({h['executing']})")
     if stream:
         check(got["task-stream"]["figures"] and got["task-stream"]["figures"][0]["marks"], "task-stream", "no bars")
+        states = not _n(run, "SELECT count(*) FROM activity WHERE role IN ('task', 'call')")
+        check(got["task-stream"]["text"] == f"({stream:,} {'states' if states else 'tasks'})", "task-stream",
+              f"counted as {got['task-stream']['text']!r}, not {stream} {'states' if states else 'tasks'}")
     if h["io_marks"]:
         check(got["io"]["figures"], "io", "no marks per thread")
     if h["io"]:

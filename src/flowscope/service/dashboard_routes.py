@@ -440,11 +440,12 @@ def dashboard_routes(hub: LiveHub) -> list:
         w.waiters.add((loop, wake))
         gone = asyncio.ensure_future(ws.receive())  # a closed page ends the wait at once
         try:
-            kind, body = await asyncio.to_thread(w.since, ws.query_params.get("epoch"), since, True)
+            epoch = ws.query_params.get("epoch")
+            kind, body = await asyncio.to_thread(w.since, epoch, since, True)
             while True:
                 if kind == "snapshot":
                     message = await asyncio.to_thread(snapshot_message, body)
-                    since = body["seq"]
+                    epoch, since = body["epoch"], body["seq"]
                 elif body is not None:
                     message, since = body  # encoded once for every page (live_hub.Encoded)
                 else:
@@ -458,7 +459,7 @@ def dashboard_routes(hub: LiveHub) -> list:
                 wake.clear()
                 if hub.collector is None:
                     await asyncio.to_thread(w.catch_up, True)
-                kind, body = w.since(w.epoch, since, True)
+                kind, body = w.since(epoch, since, True)
         except (WebSocketDisconnect, OSError):  # the page went away while a message was being sent
             return
         finally:

@@ -84,7 +84,11 @@ class Watched:
         """Keep ``delta``, encoded once for all pages, and wake the pages (called with ``lock`` held)."""
         if delta is None:
             return
-        self.deltas.append(Encoded(self.epoch, delta))
+        if delta.pop("reset", False):  # the stream started again: every page takes a snapshot of a new epoch
+            self.epoch = uuid.uuid4().hex
+            self.deltas.clear()
+        else:
+            self.deltas.append(Encoded(self.epoch, delta))
         for loop, event in list(self.waiters):
             try:
                 loop.call_soon_threadsafe(event.set)

@@ -71,7 +71,7 @@
   function addTasks(tasks, transfers) {
     var empty = {start: [], end: [], row: [], group: [], key: []};
     var t = tasks || empty, x = transfers || null;
-    if (tasks && tasks.start.length) {  // marked under the host charts
+    if (tasks && tasks.start.length && S.drawn !== "state") {  // tasks and calls are marked under the host charts
       for (var i = 0; i < tasks.start.length; i++) {
         var sec = Math.floor(tasks.start[i]);
         S.starts[sec] = (S.starts[sec] || 0) + 1;
@@ -99,6 +99,7 @@
     if (live.timeline) { document.getElementById("stream").replaceChildren(); live.timeline = null; }
     S.epoch = m.epoch; S.seq = m.seq; S.name = m.name; S.status = m.status; S.lastS = m.last_s; S.endS = m.end_s;
     showFacts(m.facts || []);
+    S.drawn = m.drawn;
     S.progress = m.progress; S.states = m.states; S.rows = m.rows.slice(); S.groups = m.groups.slice();
     S.warnings = m.warnings.slice(); S.warningCount = m.warning_count;
     S.throughput = Object.assign({}, m.throughput || {});
@@ -130,6 +131,7 @@
       S.rows[+i] = d.relabel[i];
       if (live.timeline) live.timeline.setRowLabel(+i, d.relabel[i]);
     }
+    if (d.drawn !== undefined) S.drawn = d.drawn;
     if (d.tasks) addTasks(d.tasks, null);
     if (d.transfers) addTasks(null, d.transfers);
     if (d.progress) for (var g in d.progress) S.progress[g] = d.progress[g];
@@ -220,8 +222,9 @@
   function render() {
     document.title = "flowscope: " + S.name;
     if (runOver() && !live.timeline && !S.rows.length) {
-      document.getElementById("stream").replaceChildren(el("p", "no task or call in this run: the stream draws the " +
-        "spans whose role is task or call (as their source's mapping says, docs/data-model.md); the profile page " +
+      document.getElementById("stream").replaceChildren(el("p", "no task, call or state in this run: the stream draws " +
+        "the spans whose role is task or call, or state in a run with neither (as their source's mapping says, " +
+        "docs/data-model.md); the profile page " +
         "shows every span, the charts page the run's other records", {"class": "muted"}));
     }
     document.getElementById("run-name").textContent = S.name;
@@ -263,7 +266,8 @@
     });
 
     document.getElementById("stream-count").textContent =
-      live.timeline ? "(" + UI.fmtInt(live.timeline.count) + " tasks)" : "(no tasks yet)";
+      live.timeline ? "(" + UI.fmtInt(live.timeline.count) + (S.drawn === "state" ? " states)" : " tasks)")
+                    : "(no tasks yet)";
 
     var wl = document.getElementById("warnings");
     wl.replaceChildren();
