@@ -291,6 +291,37 @@ def test_utilisation_is_task_time_over_cores_times_the_recorded_makespan(importe
         assert shown["over"] == "run" and shown["makespan_s"] == u["makespan_ns"] / 1e9, (p, shown)
 
 
+def test_each_hosts_utilisation_is_over_the_recorded_makespan_and_never_above_its_cores(imported, reports):
+    """Per host, as for the whole run: task time over the host's cores times the run's recorded makespan (the
+    schedule's own extent is a placement's, not the run's), so the hosts' figures add up to the run's, weighted by
+    capacity; a host whose recorded tasks take more than its cores hold over that time has no figure (it is over its
+    capacity, and says so) rather than one above 100 %. The profile page's table shows the same."""
+    from flowscope.analysis.summary import UTILISATION_SLACK, utilisation
+    from flowscope.analysis.timeline import utilisation_by_resource
+
+    for p, (run, ref) in imported.items():
+        util = utilisation_by_resource(run)
+        u = utilisation(run)
+        makespan = round(ref["makespan"] * 1e9)
+        assert (util["window_ns"] == makespan).all(), (p, util)
+        known = util[util["slots"].notna()]
+        for r in known.itertuples():
+            fits = r.busy_ns <= r.slots * makespan * (1 + UTILISATION_SLACK)
+            assert bool(r.over_capacity) == (not fits), (p, r)
+            if fits:
+                assert r.utilisation == pytest.approx(min(1.0, r.busy_ns / (r.slots * makespan)), rel=1e-12), (p, r)
+            else:
+                assert r.utilisation is None, (p, r)
+        if u.value is not None:  # the hosts' busy time and capacity add up to the run's
+            assert known["busy_ns"].sum() / (known["slots"].sum() * makespan) == pytest.approx(u.value, rel=1e-9), p
+        table = reports[p]["profile"]["utilisation"]
+        for row in table["rows"] if table else []:
+            for cell in row[2:]:
+                if cell.endswith(" %"):
+                    assert float(cell[:-2].replace(",", "")) <= 100.0 * (1 + UTILISATION_SLACK), (p, row)
+            assert row[2] == "over its slots" or row[2] == "unknown" or row[2].endswith(" %"), (p, row)
+
+
 def test_utilisation_without_core_counts_says_unknown(shared_data, tmp_path):
     """A copy of a real instance whose machines do not give their cores: no number, the reason instead."""
 

@@ -11,11 +11,11 @@ import pandas as pd
 from flowscope.analysis.breakdown import Breakdown, breakdown
 from flowscope.analysis.timeline import (
     DERIVED,
-    IO_UNIT,
+    UTILISATION_SLACK,
+    capacity_window,
     resource_states,
     task_timeline,
     utilisation_by_resource,
-    work_unit_kind,
 )
 from flowscope.model.schemas import DERIVED_TABLES
 from flowscope.store.catalog import run_state
@@ -26,9 +26,6 @@ from flowscope.store.run import Run
 TASK_STEP = "task"
 #: what the critical path runs through, per kind of unit of work (critical_path.work_units' ``unit``)
 UNITS_NAMED = {"task": "tasks", "span": "outermost spans", "io operation": "I/O operations"}
-#: utilisation a little above 1 is read as 1: task spans of one thread may overlap by microseconds (where
-#: each span's end is taken); beyond this it means the capacity recorded does not cover what ran
-UTILISATION_SLACK = 0.01
 
 
 @dataclass
@@ -60,15 +57,7 @@ def utilisation(run: Run) -> Utilisation | None:
     busy = int(util["busy_ns"].sum())
     slots = dict(zip(util["resource_id"], util["slots"]))
     unknown = sorted(r for r, n in slots.items() if n is None or pd.isna(n))
-    timeline = task_timeline(run.sql("SELECT role, attrs FROM activity WHERE role = 'task'"))
-    meta = run.meta
-    if timeline == DERIVED:
-        start, end = meta.get("start_ns"), meta.get("end_ns")
-        makespan = end - start if start is not None and end is not None else None
-        source = "run"
-    else:
-        makespan = int(states["end_ns"].max()) - int(states["start_ns"].min())
-        source = "I/O operations" if work_unit_kind(run) == IO_UNIT else "task spans"
+    makespan, source = capacity_window(run, states)
     capacity = None if unknown else int(sum(slots.values()))
     u = Utilisation(busy, capacity, makespan, source, None)
     if unknown:

@@ -281,16 +281,37 @@ def _slot_table(run: Run) -> pd.DataFrame:
                       ON a.resource_id = e.resource_id WHERE coalesce(e.executes, TRUE) AND a.end_ns > a.start_ns""")
 
 
+#: utilisation a little above 1 is read as 1: task spans of one thread may overlap by microseconds (where
+#: each span's end is taken); beyond this it means the capacity recorded does not cover what ran
+UTILISATION_SLACK = 0.01
+
+
+def capacity_window(run: Run, states: pd.DataFrame) -> tuple[int | None, str]:
+    """The time over which the executing resources' capacity is counted, and what it is: the extent of their timed
+    work (``states``: "task spans", or "I/O operations" in a run whose only timed work is I/O operations) when the
+    task times were measured; the run's recorded duration ("run", None when it records none) when they were
+    derived: their extent is then a schedule's, not the run's."""
+    if task_timeline(run.sql("SELECT role, attrs FROM activity WHERE role = 'task'")) == DERIVED:
+        start, end = run.meta.get("start_ns"), run.meta.get("end_ns")
+        return (end - start if start is not None and end is not None else None), "run"
+    window = int(states["end_ns"].max()) - int(states["start_ns"].min()) if len(states) else 0
+    return window, "I/O operations" if work_unit_kind(run) == IO_UNIT else "task spans"
+
+
 def utilisation_by_resource(run: Run, states: pd.DataFrame | None = None) -> pd.DataFrame:
-    """Per executing resource: its slots, the run's span (``window_ns``), the slot-time spent in each category
-    (``compute_ns``, ..., ``idle_ns``: unused slots and gaps included), ``busy_ns`` (not idle) and
-    ``utilisation`` = busy / (slots x window), None when its slots are unknown."""
+    """Per executing resource: its slots, the time its capacity is counted over (``window_ns``,
+    :func:`capacity_window`), the slot-time spent in each category (``compute_ns``, ..., ``idle_ns``: unused slots
+    and gaps included), ``busy_ns`` (not idle), ``utilisation`` = busy / (slots x window) in [0, 1], and
+    ``over_capacity``: busy time beyond what the slots hold over the window (more than
+    :data:`UTILISATION_SLACK` over), where ``utilisation`` is None as it is when the slots are unknown."""
     st = resource_states(run) if states is None else states
     cols = ["resource_id", "slots", "window_ns", *(f"{c}_ns" for c in BUSY_CATEGORIES), "idle_ns", "busy_ns",
-            "utilisation"]
+            "utilisation", "over_capacity"]
     if not len(st):
         return pd.DataFrame(columns=cols)
-    window = int(st["end_ns"].max() - st["start_ns"].min())
+    window, _ = capacity_window(run, st)
+    if window is None:  # derived task times and no recorded duration: the schedule's extent, as the states have it
+        window = int(st["end_ns"].max() - st["start_ns"].min())
     d = st.assign(d=st["end_ns"] - st["start_ns"])
     by = d.pivot_table(index="resource_id", columns="state", values="d", aggfunc="sum", fill_value=0)
     slots = _slot_table(run).set_index("resource_id")["slots"]
@@ -305,7 +326,11 @@ def utilisation_by_resource(run: Run, states: pd.DataFrame | None = None) -> pd.
     # no idle time left where more ran at once than the slots hold (a derived schedule, a capacity not recorded)
     out["idle_ns"] = [max(int(s * window - b), 0) if s is not None else int(i)
                       for s, b, i in zip(out["slots"], out["busy_ns"], np.broadcast_to(lanes_idle, len(out)))]
-    out["utilisation"] = [b / (s * window) if s and window > 0 else None for s, b in zip(out["slots"], out["busy_ns"])]
+    fits = [s is None or not window > 0 or b <= s * window * (1 + UTILISATION_SLACK)
+            for s, b in zip(out["slots"], out["busy_ns"])]
+    out["over_capacity"] = [not f for f in fits]
+    out["utilisation"] = [min(1.0, b / (s * window)) if s and window > 0 and f else None
+                          for s, b, f in zip(out["slots"], out["busy_ns"], fits)]
     return out.reset_index()[cols]
 
 

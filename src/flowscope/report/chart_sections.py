@@ -77,8 +77,11 @@ def utilisation_table(ctx: Context, limit: int = 50) -> tuple[list[str], int, li
     for r in u.head(limit).to_dict("records"):
         cap = (r["slots"] or 0) * r["window_ns"]
         shares = [f"{100 * r[f'{c}_ns'] / cap:.1f} %" if cap else fmt_s(r[f"{c}_ns"] / 1e9) for c in cats]
-        rows.append([ctx.rid_label(r["resource_id"]), r["slots"] if r["slots"] is not None else "?",
-                     f"{100 * r['utilisation']:.1f} %" if r["utilisation"] is not None else "unknown", *shares])
+        if r["over_capacity"]:  # more ran than its slots hold over the window: shares of a capacity that was not it
+            shares = [fmt_s(r[f"{c}_ns"] / 1e9) for c in cats]
+        util = "over its slots" if r["over_capacity"] else \
+            f"{100 * r['utilisation']:.1f} %" if r["utilisation"] is not None else "unknown"
+        rows.append([ctx.rid_label(r["resource_id"]), r["slots"] if r["slots"] is not None else "?", util, *shares])
     return ["resource", "slots", "utilisation", *cats], 1, rows, max(0, len(u) - limit)
 
 

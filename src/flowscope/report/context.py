@@ -227,3 +227,8 @@ class _Tables:
 
     def sql(self, query: str, params: list | None = None) -> pd.DataFrame:
         return self._ctx.sql(query, params)
+
+    @property
+    def meta(self) -> dict:
+        """The run's run.json."""
+        return self._ctx.run.meta
