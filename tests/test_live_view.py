@@ -3,8 +3,10 @@ fed with the batches of a real Dask run recorded by flowscope.observe."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -334,25 +336,33 @@ def test_roles_and_groups_decided_per_kind_of_span_match_the_activity_query_unde
         assert len(new.snapshot()["tasks"]["key"]) > 0
 
 
-def test_a_delta_is_encoded_once_and_the_same_message_goes_to_every_page(recorded, tmp_path):
-    """Every page that is up to date receives the very same message text (encoded once, not once per page);
-    a page that missed deltas gets them in one message, numbered without gaps."""
+@contextlib.contextmanager
+def _replaying(src: Run, store: Path) -> Iterator[tuple[object, object, str, object]]:
+    """A collector on ``store`` with its live hub and a run opened to replay ``src``'s segments into: (collector, hub,
+    run id, the run's watched view); the collector is shut down after."""
     from flowscope.service.collector import Collector
     from flowscope.service.live_hub import LiveHub
 
-    src = Run(recorded)
-    collector = Collector(tmp_path / "store")
+    collector = Collector(store)
     try:
         hub = LiveHub(collector.store, collector)
         doc = collector.open_run({"name": "replay", "start_ns": src.meta["start_ns"],
                                   "semantics": src.meta.get("semantics")})
-        w = hub.watch(doc["run_id"])
+        yield collector, hub, doc["run_id"], hub.watch(doc["run_id"])
+    finally:
+        collector.shutdown()
+
+
+def test_a_delta_is_encoded_once_and_the_same_message_goes_to_every_page(recorded, tmp_path):
+    """Every page that is up to date receives the very same message text (encoded once, not once per page);
+    a page that missed deltas gets them in one message, numbered without gaps."""
+    with _replaying(Run(recorded), tmp_path / "store") as (collector, hub, run_id, w):
         kind, snap = w.since(None, None)
         assert kind == "snapshot" and snap["seq"] == 0
         segs = _segments(recorded)
         seen = 0  # the seq two pages that keep up have applied; a third stays at 0
         for table, sid, data in segs:
-            collector.ingest(doc["run_id"], table, sid, data, timeout=60)
+            collector.ingest(run_id, table, sid, data, timeout=60)
             hub.flush()  # the view takes the batch after its acknowledgement
             bodies = [w.since(w.epoch, seen) for _ in range(2)]
             if w.live.seq == seen:
@@ -374,45 +384,33 @@ def test_a_delta_is_encoded_once_and_the_same_message_goes_to_every_page(recorde
         msg = read_message(missed)
         assert kind == "deltas" and last == w.live.seq
         assert [d["seq"] for d in msg["deltas"]] == list(range(1, last + 1))
-    finally:
-        collector.shutdown()
 
 
 def test_the_collector_acknowledges_batches_without_waiting_for_the_live_view(recorded, tmp_path):
     """The view is updated after the acknowledgement, in the order the batches were written: a view held busy
     (here by its lock, as while a page's snapshot is built) does not hold up ingest, and its deltas stay numbered
     without gaps, the run's close last."""
-    from flowscope.service.collector import Collector
-    from flowscope.service.live_hub import LiveHub
-
     src = Run(recorded)
-    collector = Collector(tmp_path / "store")
-    try:
-        hub = LiveHub(collector.store, collector)
-        doc = collector.open_run({"name": "replay", "start_ns": src.meta["start_ns"],
-                                  "semantics": src.meta.get("semantics")})
-        w = hub.watch(doc["run_id"])
+    with _replaying(src, tmp_path / "store") as (collector, hub, run_id, w):
         segs = _segments(recorded)
         with w.lock:  # the view is busy the whole time these batches are sent
             for table, sid, data in segs:
-                res = collector.ingest(doc["run_id"], table, sid, data, timeout=120)
+                res = collector.ingest(run_id, table, sid, data, timeout=120)
                 assert res.rows == data.num_rows and not res.duplicate
             assert w.live.seq == 0  # nothing applied yet: every batch was acknowledged first
-        collector.close_run(doc["run_id"])
+        collector.close_run(run_id)
         hub.flush()
         kind, (message, last) = w.since(w.epoch, 0)
         deltas = read_message(message)["deltas"]
         assert kind == "deltas" and [d["seq"] for d in deltas] == list(range(1, last + 1))
         assert deltas[-1]["status"] == "finished" and all("status" not in d for d in deltas[:-1])
         # the same view as one fed directly, batch by batch
-        direct = LiveRun(w.live.snapshot() | {"start_ns": src.meta["start_ns"]}, Run(recorded).mappings())
+        direct = LiveRun(w.live.snapshot() | {"start_ns": src.meta["start_ns"]}, src.mappings())
         for table, sid, data in segs:
             direct.apply(table, sid, data)
         got, want = w.live.snapshot(), direct.snapshot()
         for k in ("tasks", "transfers", "progress", "states", "rows", "groups", "throughput", "warning_count"):
             assert got[k] == want[k], k
-    finally:
-        collector.shutdown()
 
 
 def test_a_programs_own_series_are_drawn_the_first_eight_by_publication_and_watched_for_instability():
@@ -649,31 +647,21 @@ def test_a_run_of_states_alone_draws_its_states_and_a_run_with_tasks_only_its_ta
 def test_a_stream_that_starts_again_sends_every_page_a_new_snapshot(shared_data, tmp_path):
     """When the stream starts again (a run's first task after its states were drawn), a page that is up to date
     gets a snapshot of a new epoch, not deltas it could not apply."""
-    from flowscope.service.collector import Collector
-    from flowscope.service.live_hub import LiveHub
-
     src = Run(_imported(shared_data, "paje/starpu-demo/paje.trace", tmp_path / "src"))
     segs = _segments(src.path)
     spans = pa.concat_tables([d for t, _, d in segs if t == "spans"])
     is_state = pc.equal(spans["kind"], "state")
-    collector = Collector(tmp_path / "store")
-    try:
-        hub = LiveHub(collector.store, collector)
-        doc = collector.open_run({"name": "replay", "start_ns": src.meta["start_ns"],
-                                  "semantics": src.meta.get("semantics")})
-        w = hub.watch(doc["run_id"])
+    with _replaying(src, tmp_path / "store") as (collector, hub, run_id, w):
         feed = [(t, sid, d) for t, sid, d in segs if t != "spans"] + [("spans", "states", spans.filter(is_state))]
         for table, sid, data in feed:
-            collector.ingest(doc["run_id"], table, sid, data, timeout=60)
+            collector.ingest(run_id, table, sid, data, timeout=60)
         hub.flush()
         kind, snap = w.since(None, None)
         assert kind == "snapshot" and len(snap["tasks"]["start"]) == pc.sum(is_state).as_py()
         epoch, seq = snap["epoch"], snap["seq"]
-        collector.ingest(doc["run_id"], "spans", "tasks", spans.filter(pc.invert(is_state)), timeout=60)
+        collector.ingest(run_id, "spans", "tasks", spans.filter(pc.invert(is_state)), timeout=60)
         hub.flush()
         kind, again = w.since(epoch, seq)
         assert kind == "snapshot" and again["epoch"] != epoch
         assert len(again["tasks"]["start"]) == 36 and again["seq"] > seq
         assert w.since(again["epoch"], again["seq"]) == ("deltas", None)
-    finally:
-        collector.shutdown()
