@@ -665,3 +665,21 @@ def test_a_stream_that_starts_again_sends_every_page_a_new_snapshot(shared_data,
         assert kind == "snapshot" and again["epoch"] != epoch
         assert len(again["tasks"]["start"]) == 36 and again["seq"] > seq
         assert w.since(again["epoch"], again["seq"]) == ("deltas", None)
+
+
+def test_the_view_lists_states_and_groups_in_name_order_however_its_batches_came(recorded):
+    """One batch in which a task passes through a state no task ends in while another ends in it: the per-record
+    update meets the states in another order than the vectorised one, and the views (their JSON, as a page reads
+    it) are the same all the same."""
+    segs = _segments(recorded)
+    trans = pa.concat_tables([d for t, _, d in segs if t == "transitions"])
+    one = trans.filter(pc.equal(trans["observer"], "scheduler")).slice(0, 1)
+    rows = pa.concat_tables([one] * 3)
+    rows = _with(rows, "task_key", ["zz-a", "aa-b", "zz-a"])
+    rows = _with(rows, "prefix", ["zz", "aa", "zz"])
+    rows = _with(rows, "to_state", ["waiting", "processing", "memory"])
+    rows = _with(rows, "ts_ns", pc.add(rows["ts_ns"], pa.array([0, 1, 2], pa.int64())))
+    head = [(t, sid, d) for t, sid, d in segs if t == "resources"]
+    new, _ = _feed_both(recorded, head + [("transitions", "one", rows)])
+    snap = new.snapshot()
+    assert list(snap["states"]) == ["memory", "processing"] and list(snap["progress"]) == ["aa", "zz"]

@@ -418,6 +418,9 @@ class LiveRun:
         delta["states"] = self._states()
 
     def _progress(self, groups) -> dict:
+        """Per group (in name order: the same view however its batches came), its tasks known, done, running and
+        erred."""
+        groups = sorted(groups, key=str)
         if self._state:
             return {g: {"total": c["total"], "done": c["done"], "running": c["running"], "erred": c["erred"]}
                     for g in groups for c in (self._groups[g],)}
@@ -425,8 +428,8 @@ class LiveRun:
                 for g in groups}
 
     def _states(self) -> dict:
-        if self._state:
-            return {s: n for s, n in self._by_state.items() if n}
+        if self._state:  # in name order, as _progress
+            return {s: n for s, n in sorted(self._by_state.items(), key=lambda kv: str(kv[0])) if n}
         return {"finished": sum(self._span_tasks.values())} if self._span_tasks else {}
 
     def _stream_spans(self, batch: pa.Table) -> pa.Table:
