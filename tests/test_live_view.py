@@ -104,7 +104,7 @@ class ReferenceLiveRun(LiveRun):
                                                  schema=pa.schema([("resource_id", pa.string()), ("kind", pa.string())])))
         try:
             rel = self._con.sql(f"""SELECT resource_id, start_ns, end_ns, task_key, role, "group"
-                                    FROM ({self._activity}) WHERE role IN ('task', 'call', 'state')
+                                    FROM ({self._activity}) WHERE role IN ('task', 'call', 'state', 'other')
                                     ORDER BY start_ns, end_ns, resource_id, task_key, "group" """)
             a = (getattr(rel, "to_arrow_table", None) or rel.arrow)()
         finally:
@@ -115,7 +115,7 @@ class ReferenceLiveRun(LiveRun):
     def _apply_spans(self, batch: pa.Table, delta: dict) -> None:
         a = self._stream_spans(batch)
         if a.num_rows:
-            a = self._work_or_states(a, delta)  # tasks and calls, else states: the same choice, not the reference's
+            a = self._drawn_spans(a, delta)  # tasks and calls, else states, else others: the same choice
         if not a.num_rows:
             return
         new_rows: list[str] = []
@@ -602,7 +602,7 @@ def _imported(shared_data: Path, rel: str, store: Path) -> Path:
 
 def test_a_run_of_states_alone_draws_its_states_and_a_run_with_tasks_only_its_tasks(shared_data, tmp_path):
     """The stream draws a run's tasks and calls; a run that has neither (a Paje trace of container states) draws its
-    states instead. A run whose states came before its first task (StarPU's Paje trace, its state spans sent
+    states instead, and one with none of those its other spans (Chrome async slices). A run whose states came before its first task (StarPU's Paje trace, its state spans sent
     first) starts its stream again at that task: the delta says so, and the view ends as if the states had never
     come: the same rows, groups and spans as a view fed every span at once."""
     from flowscope.store.run import Run
@@ -618,7 +618,16 @@ def test_a_run_of_states_alone_draws_its_states_and_a_run_with_tasks_only_its_ta
     t0 = states_only.meta["start_ns"]
     assert sorted(snap["tasks"]["start"]) == pytest.approx(sorted((want["start_ns"] - t0) / 1e9))
     assert sorted(snap["groups"][g]["name"] for g in snap["tasks"]["group"]) == sorted(want["group"])
-    assert len(snap["rows"]) == want["resource_id"].nunique()
+    assert len(snap["rows"]) == want["resource_id"].nunique() and snap["drawn"] == "state"
+
+    # a trace of async slices alone (role other): its slices
+    slices = Run(_imported(shared_data, "chrome/catapult/nestable_async.json", tmp_path / "c"))
+    view = LiveRun(slices.meta, slices.mappings())
+    for table, sid, data in _segments(slices.path):
+        view.apply(table, sid, data)
+    n = slices.sql("SELECT count(*) FROM activity WHERE role = 'other'").iloc[0, 0]
+    assert n > 0 and not slices.sql("SELECT count(*) FROM activity WHERE role <> 'other'").iloc[0, 0]
+    assert len(view.snapshot()["tasks"]["start"]) == n and view.snapshot()["drawn"] == "other"
 
     starpu = Run(_imported(shared_data, "paje/starpu-demo/paje.trace", tmp_path / "b"))
     segs = _segments(starpu.path)

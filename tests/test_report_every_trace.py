@@ -190,10 +190,20 @@ SECTIONS = {
 }
 
 
-#: what the overview's stream draws: the run's tasks and calls, or its states when it has neither
-STREAM_SQL = """SELECT CASE WHEN count(*) FILTER (WHERE role IN ('task', 'call')) > 0
-                            THEN count(*) FILTER (WHERE role IN ('task', 'call'))
-                            ELSE count(*) FILTER (WHERE role = 'state') END FROM activity"""
+#: what the overview's stream draws: the run's tasks and calls; with neither, its states; with none of those, its
+#: other spans (the roles of the model's vocabulary, docs/data-model.md)
+STREAM_CLASSES = {"tasks": ("task", "call"), "states": ("state",), "spans": ("other",)}
+
+
+def stream_drawn(run) -> tuple[int, str]:
+    """How many spans the overview's stream draws and what it calls them (tasks, states or spans), from the run's
+    ``activity`` view."""
+    by_role = dict(run.sql("SELECT role, count(*) FROM activity GROUP BY role").values.tolist())
+    for unit, roles in STREAM_CLASSES.items():
+        n = sum(int(by_role.get(r, 0)) for r in roles)
+        if n:
+            return n, unit
+    return 0, "tasks"
 
 
 class _ReportPage:
@@ -241,7 +251,7 @@ def page_sections(browser, report: Path, run) -> dict[str, dict]:
             assert not tab.external, tab.external
         page = tab.open(uri, "() => { const s = window.flowscopeLive && flowscopeLive.summary(); "
                              "return s && s.status === flowscopeOffline.doc.live.status; }")
-        page.wait_for_function("n => flowscopeLive.summary().stream >= n", arg=_n(run, STREAM_SQL), timeout=600_000)
+        page.wait_for_function("n => flowscopeLive.summary().stream >= n", arg=stream_drawn(run)[0], timeout=600_000)
         # the stream's marks: its tasks and calls, and its transfers (red, on the workers' own rows)
         stream = page.evaluate("() => { const t = flowscopeLive.timeline; return t ? t.count + (t.xfer ? t.xfer.n : 0) : 0; }")
         hosts = page.evaluate("() => { const d = document.getElementById('hosts'); return d && d.data ? "
@@ -375,7 +385,7 @@ def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs,
     want = expected_sections(h)
     got = pages(rel)
     assert list(SECTIONS) == list(got)
-    stream = _n(run, STREAM_SQL)  # what the overview's stream draws: tasks and calls, else states
+    stream, unit = stream_drawn(run)  # what the overview's stream draws: tasks and calls, else states, else others
     problems: list[str] = []  # every problem of this trace's report, not only the first
 
     def check(ok, sid: str, what: str) -> None:
@@ -384,8 +394,8 @@ def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs,
 
     for sid, has in want.items():
         s = got[sid]
-        if sid == "task-stream" and has and not stream:  # transfers alone, or spans that are neither tasks, calls
-            continue                                      # nor states (async slices): the overview draws no stream yet
+        if sid == "task-stream" and has and not stream:  # transfers alone: the overview draws no stream of them
+            continue
         if not has and sid in OVERVIEW:  # the overview draws no stream / host chart (and says nothing of why)
             check(not s["figures"], sid, f"holds no data but draws {s['figures']}")
             continue
@@ -415,9 +425,8 @@ def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs,
               f"utilisation rows {b['rows']}, not one per executing resource ({h['executing']})")
     if stream:
         check(got["task-stream"]["figures"] and got["task-stream"]["figures"][0]["marks"], "task-stream", "no bars")
-        states = not _n(run, "SELECT count(*) FROM activity WHERE role IN ('task', 'call')")
-        check(got["task-stream"]["text"] == f"({stream:,} {'states' if states else 'tasks'})", "task-stream",
-              f"counted as {got['task-stream']['text']!r}, not {stream} {'states' if states else 'tasks'}")
+        check(got["task-stream"]["text"] == f"({stream:,} {unit})", "task-stream",
+              f"counted as {got['task-stream']['text']!r}, not {stream:,} {unit}")
     if h["io_marks"]:
         check(got["io"]["figures"], "io", "no marks per thread")
     if h["io"]:

@@ -40,8 +40,10 @@ LIVE_TABLES = ("resources", "transitions", "spans", "transfers", "metrics", "log
 SCHEDULER = "scheduler"
 #: span roles drawn in the task stream
 STREAM_ROLES = ("task", "call")
-#: the role drawn instead in a run that has neither (a Paje trace of container states)
-FALLBACK_ROLE = "state"
+#: what the stream draws, by preference: a run's tasks and calls ("work"); with neither, its states (a Paje trace
+#: of container states); with none of those, its other spans (Chrome async slices)
+STREAM_CLASSES = {"work": STREAM_ROLES, "state": ("state",), "other": ("other",)}
+SHOWN_ROLES = tuple(r for roles in STREAM_CLASSES.values() for r in roles)
 #: host metrics drawn per panel, the first present of each choice (CPU and memory as the static report's hardware
 #: chart; network and disk from the hardware sampler, docs/metrics.md)
 HOST_METRICS = {"cpu": ("cpu.percent", "process.cpu.percent"), "memory": ("memory.used_bytes", "process.memory.rss_bytes"),
@@ -183,8 +185,7 @@ class _StreamRoles:
             self._decide(con, new)
         decided = [self._decided[c] for c in combos]
         undecided_combo = np.array([d[0] is None or d[1] is None for d in decided], dtype=bool)
-        shown = np.array([not u and d[0] in (*STREAM_ROLES, FALLBACK_ROLE) for d, u in zip(decided, undecided_combo)],
-                         dtype=bool)
+        shown = np.array([not u and d[0] in SHOWN_ROLES for d, u in zip(decided, undecided_combo)], dtype=bool)
         refs_ids = {r: i for i, r in enumerate(dict.fromkeys(d[1] for d, s in zip(decided, shown) if s))}
         combo_ref = np.array([refs_ids[d[1]] if s else -1 for d, s in zip(decided, shown)], np.int64)
         combo_role = [d[0] for d in decided]
@@ -238,7 +239,7 @@ class LiveRun:
         self._stream_groups: list[str] = []
         self._group_of: dict[str, int] = {}
         self._tasks = _Columns()
-        self._drawn_role: str | None = None  # what the stream holds: tasks and calls, or (none yet) states
+        self._drawn: str | None = None  # what the stream holds: a class of STREAM_CLASSES
         self._xfers: list[tuple[np.ndarray, ...]] = []
         # host metrics: (panel, resource_id) -> (ts list, value list)
         self._metric_names: dict[str, str] = {}
@@ -449,7 +450,7 @@ class LiveRun:
                                                   "kind": [r["kind"] for r in self._res.values()]},
                                                  schema=pa.schema([("resource_id", pa.string()), ("kind", pa.string())])))
         try:
-            roles = ", ".join(f"'{r}'" for r in (*STREAM_ROLES, FALLBACK_ROLE))
+            roles = ", ".join(f"'{r}'" for r in SHOWN_ROLES)
             # ordered: DuckDB may return a join's rows in any order, and new groups take their colours in order
             rel = self._con.sql(f"""SELECT resource_id, start_ns, end_ns, task_key, role, "group"
                                     FROM ({self._activity}) WHERE role IN ({roles})
@@ -473,27 +474,24 @@ class LiveRun:
                 where[i] = self._row(old[i], [])
             self._xfers = [(s, e, where[src], where[dst]) for s, e, src, dst in self._xfers]
 
-    def _work_or_states(self, a: pa.Table, delta: dict) -> pa.Table:
-        """The spans of ``a`` the stream draws: its tasks and calls; its states while the run has shown neither.
-        At the first task or call of a run whose states were drawn, the stream starts again (``delta["reset"]``:
-        every page takes a new snapshot)."""
-        work = pc.is_in(a["role"], pa.array(STREAM_ROLES))
-        if self._drawn_role == "work":
-            return a.filter(work)
-        if not pc.any(work).as_py():
-            if self._drawn_role is None:
-                self._drawn_role = delta["drawn"] = FALLBACK_ROLE
-            return a
-        if self._drawn_role == FALLBACK_ROLE:
-            self._restart_stream()
-            delta["reset"] = True
-        self._drawn_role = delta["drawn"] = "work"
-        return a.filter(work)
+    def _drawn_spans(self, a: pa.Table, delta: dict) -> pa.Table:
+        """The spans of ``a`` the stream draws: those of the first class of :data:`STREAM_CLASSES` the run has
+        shown. When a batch brings spans of a class before the one drawn (a run's first task after its states were
+        drawn), the stream starts again with them (``delta["reset"]``: every page takes a new snapshot)."""
+        order = list(STREAM_CLASSES)
+        masks = {c: pc.is_in(a["role"], pa.array(STREAM_CLASSES[c])) for c in order}
+        best = next((c for c in order if pc.any(masks[c]).as_py()), None)
+        if best is not None and (self._drawn is None or order.index(best) < order.index(self._drawn)):
+            if self._drawn is not None:
+                self._restart_stream()
+                delta["reset"] = True
+            self._drawn = delta["drawn"] = best
+        return a.filter(masks[self._drawn]) if self._drawn is not None else a.slice(0, 0)
 
     def _apply_spans(self, batch: pa.Table, delta: dict) -> None:
         a = self._stream_spans(batch)
         if a.num_rows:
-            a = self._work_or_states(a, delta)
+            a = self._drawn_spans(a, delta)
         if not a.num_rows:
             return
         new_rows: list[str] = []
@@ -693,7 +691,7 @@ class LiveRun:
                 "rows": list(self._labels),
                 "groups": [{"name": g, "color": self._color(i)} for i, g in enumerate(self._stream_groups)],
                 "tasks": self._tasks.arrays() if columns else self._tasks.as_json(),
-                "drawn": self._drawn_role,  # what the stream holds: "work" (tasks, calls), "state" or None
+                "drawn": self._drawn,  # what the stream holds: a class of STREAM_CLASSES, None before any
                 "transfers": {"start": cat(0, np.float64), "end": cat(1, np.float64), "src": cat(2, np.int32),
                               "dst": cat(3, np.int32)},
                 "metrics": {"names": dict(self._metric_names), "series": series},

@@ -71,7 +71,7 @@
   function addTasks(tasks, transfers) {
     var empty = {start: [], end: [], row: [], group: [], key: []};
     var t = tasks || empty, x = transfers || null;
-    if (tasks && tasks.start.length && S.drawn !== "state") {  // tasks and calls are marked under the host charts
+    if (tasks && tasks.start.length && S.drawn === "work") {  // tasks and calls are marked under the host charts
       for (var i = 0; i < tasks.start.length; i++) {
         var sec = Math.floor(tasks.start[i]);
         S.starts[sec] = (S.starts[sec] || 0) + 1;
@@ -219,12 +219,15 @@
   /** Whether the run stopped changing (finished, failed, imported): what is not there now will not come. */
   function runOver() { return S.endS !== null && S.endS !== undefined; }
 
+  // what the stream's marks are, by what it draws (analysis/live.py STREAM_CLASSES)
+  var STREAM_UNITS = {work: "tasks", state: "states", other: "spans"};
+
   function render() {
     document.title = "flowscope: " + S.name;
     if (runOver() && !live.timeline && !S.rows.length) {
-      document.getElementById("stream").replaceChildren(el("p", "no task, call or state in this run: the stream draws " +
-        "the spans whose role is task or call, or state in a run with neither (as their source's mapping says, " +
-        "docs/data-model.md); the profile page " +
+      document.getElementById("stream").replaceChildren(el("p", "no span in this run: the stream draws the spans " +
+        "whose role is task or call; in a run with neither, its states; with none of those, its other spans (as their " +
+        "source's mapping says, docs/data-model.md); the profile page " +
         "shows every span, the charts page the run's other records", {"class": "muted"}));
     }
     document.getElementById("run-name").textContent = S.name;
@@ -266,7 +269,7 @@
     });
 
     document.getElementById("stream-count").textContent =
-      live.timeline ? "(" + UI.fmtInt(live.timeline.count) + (S.drawn === "state" ? " states)" : " tasks)")
+      live.timeline ? "(" + UI.fmtInt(live.timeline.count) + " " + (STREAM_UNITS[S.drawn] || "tasks") + ")"
                     : "(no tasks yet)";
 
     var wl = document.getElementById("warnings");
