@@ -394,8 +394,6 @@ def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs,
 
     for sid, has in want.items():
         s = got[sid]
-        if sid == "task-stream" and has and not stream:  # transfers alone: the overview draws no stream of them
-            continue
         if not has and sid in OVERVIEW:  # the overview draws no stream / host chart (and says nothing of why)
             check(not s["figures"], sid, f"holds no data but draws {s['figures']}")
             continue
@@ -427,6 +425,10 @@ def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs,
         check(got["task-stream"]["figures"] and got["task-stream"]["figures"][0]["marks"], "task-stream", "no bars")
         check(got["task-stream"]["text"] == f"({stream:,} {unit})", "task-stream",
               f"counted as {got['task-stream']['text']!r}, not {stream:,} {unit}")
+    elif h["transfers"]:  # transfers alone: the stream draws them between the rows of their ends
+        drawn = got["task-stream"]["figures"][0]["marks"] if got["task-stream"]["figures"] else 0
+        check(drawn == h["transfers"] and got["task-stream"]["text"] == f"({h['transfers']:,} transfers)",
+              "task-stream", f"{drawn} transfers drawn, counted as {got['task-stream']['text']!r}, of {h['transfers']}")
     if h["io_marks"]:
         check(got["io"]["figures"], "io", "no marks per thread")
     if h["io"]:

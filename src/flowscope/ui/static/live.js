@@ -23,7 +23,7 @@
 
   // ---- applying what the server sends ------------------------------------------------------------
   function ensureTimeline() {
-    if (live.timeline || !S.rows.length || !S.groups.length) return;
+    if (live.timeline || !S.rows.length) return;  // (rows without groups: a run of transfers alone)
     var div = document.getElementById("stream");
     div.replaceChildren();  // (a note that the run had nothing to draw, if it said so before its tasks came)
     live.timeline = new FlowscopeTimeline(div, {rows: S.rows.slice(), groups: S.groups.slice(), maxHeight: 480,
@@ -269,8 +269,10 @@
     });
 
     document.getElementById("stream-count").textContent =
-      live.timeline ? "(" + UI.fmtInt(live.timeline.count) + " " + (STREAM_UNITS[S.drawn] || "tasks") + ")"
-                    : "(no tasks yet)";
+      !live.timeline ? "(no tasks yet)" :
+      !live.timeline.count && live.timeline.xfer && live.timeline.xfer.n ?  // a run of transfers alone
+        "(" + UI.fmtInt(live.timeline.xfer.n) + " transfers)" :
+        "(" + UI.fmtInt(live.timeline.count) + " " + (STREAM_UNITS[S.drawn] || "tasks") + ")";
 
     var wl = document.getElementById("warnings");
     wl.replaceChildren();

@@ -188,7 +188,7 @@
     for (var k in DEFAULTS) o[k] = DEFAULTS[k];
     for (k in options) o[k] = options[k];
     if (!Array.isArray(o.rows) || !o.rows.length) throw new Error("options.rows: a non-empty list of row labels");
-    if (!Array.isArray(o.groups) || !o.groups.length) throw new Error("options.groups: a non-empty list");
+    if (!Array.isArray(o.groups)) throw new Error("options.groups: a list (empty for a stream of transfers alone)");
     if (o.groups.length > 65535) throw new Error("options.groups: at most 65,535 groups");
     this.options = o;
     this.rowLabels = o.rows.map(String);
