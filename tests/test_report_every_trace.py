@@ -237,7 +237,8 @@ class _ReportPage:
 def page_sections(browser, report: Path, run) -> dict[str, dict]:
     """The report of ``run``, its pages opened in ``browser`` (offline: a request leaving the file fails the test):
     per section of :data:`SECTIONS`, what :data:`SECTIONS_JS` finds on the analysis pages that show it, merged; the
-    overview's stream (once it holds every task and call of the run, each a mark) and host charts."""
+    overview's stream (its marks, and the spans it holds once the file's one snapshot is applied) and host
+    charts."""
     uri = report.resolve().as_uri()
     found: dict[str, dict] = {}
     tab = _ReportPage(browser)
@@ -251,7 +252,8 @@ def page_sections(browser, report: Path, run) -> dict[str, dict]:
             assert not tab.external, tab.external
         page = tab.open(uri, "() => { const s = window.flowscopeLive && flowscopeLive.summary(); "
                              "return s && s.status === flowscopeOffline.doc.live.status; }")
-        page.wait_for_function("n => flowscopeLive.summary().stream >= n", arg=stream_drawn(run)[0], timeout=600_000)
+        # the file's one snapshot is applied whole when the status is: what the stream holds then is all it holds
+        held = page.evaluate("() => flowscopeLive.summary().stream")
         # the stream's marks: its tasks and calls, and its transfers (red, on the workers' own rows)
         stream = page.evaluate("() => { const t = flowscopeLive.timeline; return t ? t.count + (t.xfer ? t.xfer.n : 0) : 0; }")
         hosts = page.evaluate("() => { const d = document.getElementById('hosts'); return d && d.data ? "
@@ -267,7 +269,7 @@ def page_sections(browser, report: Path, run) -> dict[str, dict]:
         out[sid] = {"figures": [f for g in got for f in g["figures"]], "undrawn": [u for g in got for u in g["undrawn"]],
                     "rows": [r for g in got for r in g["rows"]], "nodata": [n for g in got for n in g["nodata"]],
                     "text": "\n".join(g["text"] for g in got)}
-    out["task-stream"]["figures"] = [{"id": "stream", "marks": stream}] if stream else []
+    out["task-stream"]["figures"] = [{"id": "stream", "marks": stream, "spans": held}] if stream else []
     out["task-stream"]["text"] = counted
     out["hardware"]["figures"] = [{"id": "hosts", "marks": hosts}] if hosts else []
     # the critical-path page: a path, or the reason there is none (its subsections' own "none yet" are not that)
@@ -423,6 +425,8 @@ def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs,
               f"utilisation rows {b['rows']}, not one per executing resource ({h['executing']})")
     if stream:
         check(got["task-stream"]["figures"] and got["task-stream"]["figures"][0]["marks"], "task-stream", "no bars")
+        check(got["task-stream"]["figures"] and got["task-stream"]["figures"][0]["spans"] == stream, "task-stream",
+              f"holds {got['task-stream']['figures'][:1]}, not the run's {stream} {unit}")
         check(got["task-stream"]["text"] == f"({stream:,} {unit})", "task-stream",
               f"counted as {got['task-stream']['text']!r}, not {stream:,} {unit}")
     elif h["transfers"]:  # transfers alone: the stream draws them between the rows of their ends
