@@ -291,11 +291,17 @@ def capacity_window(run: Run, states: pd.DataFrame) -> tuple[int | None, str]:
     work (``states``: "task spans", or "I/O operations" in a run whose only timed work is I/O operations) when the
     task times were measured; the run's recorded duration ("run", None when it records none) when they were
     derived: their extent is then a schedule's, not the run's."""
-    if task_timeline(run.sql("SELECT role, attrs FROM activity WHERE role = 'task'")) == DERIVED:
+    def source() -> str:
+        if task_timeline(run.sql("SELECT role, attrs FROM activity WHERE role = 'task'")) == DERIVED:
+            return "run"
+        return "I/O operations" if work_unit_kind(run) == IO_UNIT else "task spans"
+
+    memo = getattr(run, "memo", None)  # the run's utilisation asks once per resource's and once for its own
+    what = memo("capacity_source", source) if memo else source()
+    if what == "run":
         start, end = run.meta.get("start_ns"), run.meta.get("end_ns")
-        return (end - start if start is not None and end is not None else None), "run"
-    window = int(states["end_ns"].max()) - int(states["start_ns"].min()) if len(states) else 0
-    return window, "I/O operations" if work_unit_kind(run) == IO_UNIT else "task spans"
+        return (end - start if start is not None and end is not None else None), what
+    return (int(states["end_ns"].max()) - int(states["start_ns"].min()) if len(states) else 0), what
 
 
 def utilisation_by_resource(run: Run, states: pd.DataFrame | None = None) -> pd.DataFrame:

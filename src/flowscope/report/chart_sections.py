@@ -75,10 +75,9 @@ def utilisation_table(ctx: Context, limit: int = 50) -> tuple[list[str], int, li
     cats = [c for c in (*BUSY_CATEGORIES, "idle") if u[f"{c}_ns"].sum() > 0]
     rows = []
     for r in u.head(limit).to_dict("records"):
-        cap = (r["slots"] or 0) * r["window_ns"]
+        # (more ran than its slots hold over the window: no share of a capacity that was not it, its seconds)
+        cap = (r["slots"] or 0) * r["window_ns"] if not r["over_capacity"] else 0
         shares = [f"{100 * r[f'{c}_ns'] / cap:.1f} %" if cap else fmt_s(r[f"{c}_ns"] / 1e9) for c in cats]
-        if r["over_capacity"]:  # more ran than its slots hold over the window: shares of a capacity that was not it
-            shares = [fmt_s(r[f"{c}_ns"] / 1e9) for c in cats]
         util = "over its slots" if r["over_capacity"] else \
             f"{100 * r['utilisation']:.1f} %" if r["utilisation"] is not None else "unknown"
         rows.append([ctx.rid_label(r["resource_id"]), r["slots"] if r["slots"] is not None else "?", util, *shares])
