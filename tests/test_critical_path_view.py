@@ -1,7 +1,7 @@
 """The critical-path view at scale: the report (the pages file) of a run with a 100,000-state data-state graph
 draws it on the critical-path page collapsed by application in headless Chromium, with the critical path in full;
-report/critical_path.py's graph view expands a group on demand (the dashboard's page does not yet); the GraphML
-and JSON exports read back with networkx and json.load."""
+the dashboard's page (served by a real `flowscope ui`, and offline in the report) and report/critical_path.py's
+graph view expand a group on demand; the GraphML and JSON exports read back with networkx and json.load."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from pathlib import Path
 import networkx as nx
 import numpy as np
 import pytest
+from conftest import shared_browser
+from test_dashboard import flowscope_ui
 from test_report import open_page, open_view
 
 import flowscope
@@ -71,6 +73,100 @@ def test_a_100k_state_graph_opens_collapsed_on_the_critical_path_page(big_run, t
         assert float(page.locator("#cp-data-length").get_attribute("data-value")) == path.length_ns / 1e9
         bad = [m for m in console if m[0] == "error"] + errors
         assert not bad, bad
+
+
+def _expected_group(states, muts, group: str) -> dict:
+    """What expanding ``group`` must draw: its states, the locations among them, the mutations ending there."""
+    mine = states.loc[states["origin"] == group]
+    return {"states": len(mine), "locations": mine["location"].nunique(),
+            "inputs": int(muts["dst_state_id"].isin(mine["state_id"]).sum()),
+            "ids": set(mine["state_id"].astype(str))}
+
+
+def _traces(page) -> list:
+    return page.evaluate("() => document.getElementById('cp-graph').data.map(t => [t.name, t.x.length])")
+
+
+def _check_expanded(page, group: str, want: dict, path) -> None:
+    """The page's graph holds ``group`` expanded: its states (coloured by location, each named), the mutations
+    ending there, and the critical path last."""
+    page.wait_for_function("n => { const d = document.getElementById('cp-graph');"
+                           "return d && d.data && d.data.some(t => t.name === n); }",
+                           arg=f"{group} ({want['states']:,} states)", timeout=OPEN_SECONDS * 1000)
+    by_name = {t[0]: t[1] for t in _traces(page)}
+    assert by_name[f"{group} ({want['states']:,} states)"] == want["states"]
+    assert by_name[f"{group}: inputs"] == 3 * want["inputs"]
+    assert _traces(page)[-1] == ["critical path", len(path.ids)], "the path stays on top"
+    drawn = page.evaluate("n => { const t = document.getElementById('cp-graph').data.find(t => t.name === n);"
+                          "return [t.text, new Set(t.marker.color).size]; }", f"{group} ({want['states']:,} states)")
+    assert set(drawn[0]) == want["ids"]
+    assert drawn[1] == want["locations"]
+
+
+def _expand_and_collapse(page, states, muts, path, sizes) -> None:
+    """On the critical-path page: the group control lists every group; expanding the second draws it and keeps it
+    in the page's address; a re-render (a live update) keeps it; collapsing removes it from the graph and the
+    address."""
+    page.wait_for_function("() => { const d = document.getElementById('cp-graph'); return d && d.data; }",
+                           timeout=OPEN_SECONDS * 1000)
+    assert [t[0] for t in _traces(page)] == ["mutations between groups", "groups (collapsed)", "critical path"]
+    options = page.evaluate("() => Array.from(document.querySelectorAll('#cp-graph-group option'))"
+                            ".map(o => o.textContent)")
+    assert options == [f"{g} ({c:,} states)" for g, c in sizes.items()]
+    group = sizes.index[1]
+    want = _expected_group(states, muts, group)
+    page.select_option("#cp-graph-group", label=f"{group} ({sizes[group]:,} states)")
+    page.click("#cp-graph-expand")
+    _check_expanded(page, group, want, path)
+    assert page.evaluate("() => new URLSearchParams(location.search).getAll('expand')") == [group]
+    renders = page.evaluate("() => flowscopeView.renders")
+    page.evaluate("() => flowscopeView.render()")  # what a live update does: the page drawn again
+    page.wait_for_function("n => flowscopeView.renders > n", arg=renders)
+    _check_expanded(page, group, want, path)
+    page.click("#cp-graph-collapse")
+    page.wait_for_function("() => document.getElementById('cp-graph').data.length === 3")
+    assert page.evaluate("() => new URLSearchParams(location.search).getAll('expand')") == []
+
+
+def test_the_dashboard_page_expands_a_group_on_demand(big_run):
+    """A real `flowscope ui` over the run's store: the critical-path page of the 100,000 states opens collapsed,
+    expands an application into its states on demand (fetched from the server), keeps it across a re-render and
+    in its address (a deep link reopens the page with it expanded), and collapses it again."""
+    run = flowscope.open_run(big_run)
+    states, muts = run.table("data_states"), run.table("mutations")
+    path = data_state_path(states, muts)
+    sizes = states.groupby("origin").size()
+    with flowscope_ui(big_run.parent) as address:
+        page = shared_browser().new_page(viewport={"width": 1400, "height": 900})
+        errors: list = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        try:
+            url = f"{address}/ui/runs/{big_run.name}/critical-path"
+            page.goto(url)
+            _expand_and_collapse(page, states, muts, path, sizes)
+            group = sizes.index[2]
+            page.goto(f"{url}?expand={group}")  # a deep link to the page with a group expanded
+            _check_expanded(page, group, _expected_group(states, muts, group), path)
+            assert page.evaluate("() => flowscopeView.errors") == []
+        finally:
+            page.close()
+        assert not errors, errors
+
+
+def test_the_reports_critical_path_page_expands_a_group_offline(big_run, tmp_path):
+    """The report (the pages file) holds each group's states: its critical-path page expands one without a
+    request leaving the file."""
+    run = flowscope.open_run(big_run)
+    states, muts = run.table("data_states"), run.table("mutations")
+    path = data_state_path(states, muts)
+    sizes = states.groupby("origin").size()
+    report = write_report(big_run, tmp_path / "report.html")
+    blocked: list = []
+    with open_view(report, "critical-path", blocked) as (page, console, errors):
+        _expand_and_collapse(page, states, muts, path, sizes)
+        bad = [m for m in console if m[0] == "error"] + errors + page.evaluate("() => flowscopeView.errors")
+        assert not bad, bad
+    assert not blocked, blocked
 
 
 def test_the_graph_view_expands_a_group_on_demand(big_run, tmp_path):

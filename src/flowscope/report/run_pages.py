@@ -10,15 +10,18 @@ the same file showing every page one after another in one scrolling document.
 
 from __future__ import annotations
 
+import base64
+import json
 import os
 import re
 import time
+import zlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from flowscope.report import Progress
 from flowscope.report.snapshot import DOC_ID, asset_text, embed_json, inline_script
-from flowscope.report.views import PAGES, VIEWS, view_document, view_signature
+from flowscope.report.views import PAGES, VIEWS, data_state_graph, graph_layout_doc, view_document, view_signature
 from flowscope.store.run import DamagedSegment, Run
 from flowscope.ui import static_dir
 
@@ -26,6 +29,9 @@ from flowscope.ui import static_dir
 FORECAST_FRACTION = 0.25
 #: the file's layouts: one page at a time (``FILE#PAGE``), or every page one after another (the print layout)
 LAYOUTS = ("pages", "all")
+#: a data-state graph drawn collapsed by group has each group's states in the file up to this many states (about
+#: 20 bytes a state and 8 a mutation once deflated; a larger graph's groups expand under flowscope ui)
+OFFLINE_GRAPH_STATES = 500_000
 #: the page files whose bodies the file carries: overview, analysis page
 _PAGE_FILES = {"overview": "run.html", "view": "view.html"}
 _SCRIPT = re.compile(r'<script src="/ui/static/([\w.-]+)"></script>')
@@ -64,6 +70,22 @@ def forecasts(run: Run, fraction: float = FORECAST_FRACTION) -> dict:
     return {"fraction": fraction, "by_event": by_event}
 
 
+def graph_groups(run: Run, view: dict) -> dict | None:
+    """What the critical-path page expands a collapsed data-state graph's groups from: the whole laid-out graph
+    (:func:`flowscope.report.views.graph_layout_doc`) as deflated JSON in base64 (``data``), or why the file holds it
+    not (``omitted``); None when the page draws every state already."""
+    graph = ((view.get("data_states") or {}).get("graph") or {})
+    if graph.get("mode") != "groups":
+        return None
+    states = view["data_states"]["states"]
+    if states > OFFLINE_GRAPH_STATES:
+        return {"omitted": f"the graph's {states:,} states are more than a file holds "
+                           f"({OFFLINE_GRAPH_STATES:,}); open the run with flowscope ui to expand its groups"}
+    dsg = data_state_graph(run)  # computed once for the view already (Run.memo)
+    text = json.dumps(graph_layout_doc(dsg["layout"]), separators=(",", ":")).encode()
+    return {"encoding": "deflate+base64", "data": base64.b64encode(zlib.compress(text, 6)).decode("ascii")}
+
+
 def run_pages_doc(run: Run, progress: Progress | None = None) -> dict:
     """Everything the file's pages draw: the live view, every analysis and panel view, the forecasts."""
     steps = ["live view", *VIEWS, "forecast"]
@@ -83,6 +105,7 @@ def run_pages_doc(run: Run, progress: Progress | None = None) -> dict:
             for i, view in enumerate(VIEWS, 1):
                 step(i)
                 doc["views"][view] = view_document(run.path, view, view_signature(run.path, view), run)
+            doc["graph_groups"] = graph_groups(run, doc["views"]["critical-path"])
             step(len(steps) - 1)
             doc["forecast"] = forecasts(run)
             doc["live"] = live.result()

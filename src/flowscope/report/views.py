@@ -101,12 +101,10 @@ def path_doc(path, t0_ns: int, limit: int = STEP_LIMIT) -> dict:
             "steps": steps, "steps_total": len(s)}
 
 
-def _graph_doc(states: pd.DataFrame, mutations: pd.DataFrame, path) -> dict:
-    """The data-state graph laid out as the report lays it out (report.critical_path.GraphLayout): x seconds since
-    the first state, one lane per group; every state up to GRAPH_STATES, else one mark per group."""
-    from flowscope.report.critical_path import GraphLayout
-
-    g = GraphLayout(states, mutations, path)
+def _graph_doc(g, path) -> dict:
+    """The data-state graph laid out as the report lays it out (report.critical_path.GraphLayout ``g``): x seconds
+    since the first state, one lane per group; every state up to GRAPH_STATES, else one mark per group (each group's
+    states are then fetched on demand: :func:`graph_group_doc`)."""
     p = g.path[g.path >= 0]
     doc: dict[str, Any] = {"group_by": g.group_by, "groups": g.groups, "locations": g.locations,
                            "path": {"x": g.x[p].tolist(), "y": g.y[p].tolist(), "ids": g.ids[p].tolist()}}
@@ -123,14 +121,59 @@ def _graph_doc(states: pd.DataFrame, mutations: pd.DataFrame, path) -> dict:
     return doc
 
 
+def data_state_graph(run: Run) -> dict | None:
+    """The run's data-state graph as the critical-path page draws it: ``states`` and ``mutations`` (counts),
+    ``derived`` (the states derived from the tasks, the run recording none), ``path`` (its critical path) and
+    ``layout`` (:class:`flowscope.report.critical_path.GraphLayout`); None without states and mutations. Computed
+    once per state of the run. ValueError: the graph's critical path cannot be computed."""
+    return run.memo("data_state_graph", lambda: _data_state_graph(run))
+
+
+def _data_state_graph(run: Run) -> dict | None:
+    from flowscope.analysis.critical_path import data_state_path
+    from flowscope.analysis.dataflow import data_states_from_tasks
+    from flowscope.report.critical_path import GraphLayout
+
+    states, mutations = run.table("data_states"), run.table("mutations")
+    derived = False
+    if states.empty:
+        from flowscope.analysis.critical_path.task_paths import run_units
+
+        if not int(run_units(run)["task_key"].notna().sum()):
+            return None
+        states, mutations = data_states_from_tasks(run)
+        derived = True
+    if states.empty or mutations.empty:
+        return None
+    path = data_state_path(states, mutations)
+    return {"states": len(states), "mutations": len(mutations), "derived": derived, "path": path,
+            "layout": GraphLayout(states, mutations, path)}
+
+
+def graph_group_doc(g, group: str) -> dict:
+    """One group of the laid-out data-state graph ``g`` (a GraphLayout) in full, for the page to draw in place of its
+    mark: the group's states (x, y, ids, location codes into ``locations``) and the mutations ending there (their
+    ends' x and y). The y of a state is its lane in ``groups`` plus its offset within the lane. KeyError: no such
+    group."""
+    try:
+        k = g.groups.index(group)
+    except ValueError:
+        raise KeyError(group) from None
+    a, b = int(g.start[k]), int(g.start[k + 1])
+    e0, e1 = int(g.estart[k]), int(g.estart[k + 1])
+    src, dst = g.src[e0:e1], g.dst[e0:e1]
+    return {"group": group, "groups": g.groups, "locations": g.locations, "x": g.x[a:b].tolist(),
+            "y": g.y[a:b].tolist(), "ids": g.ids[a:b].tolist(), "loc": g.loc[a:b].tolist(),
+            "inputs": {"x0": g.x[src].tolist(), "y0": g.y[src].tolist(), "x1": g.x[dst].tolist(),
+                       "y1": g.y[dst].tolist()}}
+
+
 def critical_path_view(run: Run) -> dict:
     """The task graph's critical path (measured, else structural), the path through messages with its wait states
     (runs whose transfers link calls), and the data-state graph with its path (recorded data states, else those
     derived from the tasks), as the report's critical-path section computes them; with none of them, ``reason``:
     why the run has no critical path (:func:`flowscope.analysis.critical_path.missing_path_reason`)."""
-    from flowscope.analysis.critical_path import data_state_path
     from flowscope.analysis.critical_path.task_paths import run_task_paths, run_units
-    from flowscope.analysis.dataflow import data_states_from_tasks
     from flowscope.analysis.message_path import LATE_RECEIVER, LATE_SENDER, message_path
     from flowscope.analysis.summary import UNITS_NAMED
 
@@ -155,19 +198,14 @@ def critical_path_view(run: Run) -> dict:
                        end_location=_text(chosen.steps["location"].iloc[-1])
                        if tp.measured is not None and len(chosen.steps) else None)
             out["task_path"] = doc
-    states, mutations = run.table("data_states"), run.table("mutations")
-    derived = False
-    if states.empty and tasks:
-        states, mutations = data_states_from_tasks(run)
-        derived = True
-    if not states.empty and not mutations.empty:
-        try:
-            path = data_state_path(states, mutations)
-        except ValueError as exc:
-            out["errors"].append(f"the data-state graph's critical path: {exc}")
-        else:
-            out["data_states"] = {"states": len(states), "mutations": len(mutations), "derived": derived,
-                                  "path": path_doc(path, t0), "graph": _graph_doc(states, mutations, path)}
+    try:
+        dsg = data_state_graph(run)
+    except ValueError as exc:
+        out["errors"].append(f"the data-state graph's critical path: {exc}")
+    else:
+        if dsg is not None:
+            out["data_states"] = {"states": dsg["states"], "mutations": dsg["mutations"], "derived": dsg["derived"],
+                                  "path": path_doc(dsg["path"], t0), "graph": _graph_doc(dsg["layout"], dsg["path"])}
     transfers = run.sql("SELECT * FROM transfers WHERE attrs LIKE '%\"dst_call\"%'")
     if len(transfers):
         try:
@@ -189,6 +227,14 @@ def critical_path_view(run: Run) -> dict:
 
         out["reason"] = missing_path_reason(run)  # what the run holds instead, and what would supply a path
     return out
+
+
+def graph_layout_doc(g) -> dict:
+    """The whole laid-out data-state graph ``g`` (a GraphLayout) in the arrays :func:`graph_group_doc` slices: an
+    offline file holds this, and its page cuts each group out of it as the server would (ui/static/offline.js)."""
+    return {"groups": g.groups, "locations": g.locations, "x": g.x.round(9).tolist(), "y": g.y.round(2).tolist(),
+            "ids": g.ids.tolist(), "loc": g.loc.tolist(), "start": g.start.tolist(), "src": g.src.tolist(),
+            "dst": g.dst.tolist(), "estart": g.estart.tolist()}
 
 
 # ---- profile and breakdown ---------------------------------------------------------------------------------

@@ -69,6 +69,8 @@ RUNNING_FINDINGS_SHARE = 0.05
 PANEL_VIEWS = ("memory",)
 #: the views a run's pages read
 VIEW_NAMES = (*VIEW_PAGES, *PANEL_VIEWS)
+#: the data-state graphs kept laid out (the runs whose groups were expanded last)
+GRAPHS_KEPT = 4
 
 
 @lru_cache(maxsize=1)
@@ -169,6 +171,7 @@ class _Views:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._clock = clock
         self._done: dict[tuple, tuple] = {}  # (run_dir, view) -> (signature, doc, computed at)
+        self._graphs: dict[Path, tuple] = {}  # run_dir -> (signature, its data-state graph laid out)
         self._locks: dict[tuple, asyncio.Lock] = {}
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="flowscope-views")
         self._panel_pool = ThreadPoolExecutor(1, thread_name_prefix="flowscope-panel-views")
@@ -208,6 +211,39 @@ class _Views:
                 doc = await loop.run_in_executor(pool, self._compute, run_dir, view, sig)
                 hit = self._done[key] = (sig, doc, self._clock())
             return hit[1], None
+
+    def _graph(self, run_dir: Path, sig: tuple) -> dict | None:
+        """The run's data-state graph as the critical-path view drew it at ``sig`` (kept for the last few runs)."""
+        from flowscope.report.views import data_state_graph
+
+        hit = self._graphs.get(run_dir)
+        if hit is None or hit[0] != sig:
+            run = Run(run_dir)
+            try:
+                hit = (sig, data_state_graph(run))
+            finally:
+                run.close()
+            self._graphs.pop(run_dir, None)
+            self._graphs[run_dir] = hit
+            while len(self._graphs) > GRAPHS_KEPT:
+                self._graphs.pop(next(iter(self._graphs)))
+        return hit[1]
+
+    async def graph_group(self, run_dir: Path, group: str) -> dict:
+        """One group of the run's data-state graph in full (:func:`flowscope.report.views.graph_group_doc`), computed
+        on the analyses' thread. KeyError: the run has no data-state graph, or no such group in it."""
+        from flowscope.report.views import graph_group_doc
+
+        async with self._locks.setdefault((run_dir, "graph"), asyncio.Lock()):
+            sig = await asyncio.to_thread(self.signature, run_dir, "critical-path")
+            graph = await asyncio.get_running_loop().run_in_executor(self._pool, self._graph, run_dir, sig)
+        if graph is None:
+            raise KeyError("the run has no data-state graph (yet)")
+        try:
+            return graph_group_doc(graph["layout"], group)
+        except KeyError:
+            raise KeyError(f"no group {group!r} in the data-state graph; its groups: "
+                           f"{', '.join(graph['layout'].groups)}") from None
 
 
 def dashboard_routes(hub: LiveHub) -> list:
@@ -280,6 +316,25 @@ def dashboard_routes(hub: LiveHub) -> list:
         except FileNotFoundError as exc:
             return PageJSON({"error": str(exc)}, status_code=404)
         return PageJSON((await views.get(w.run_dir, view))[0])
+
+    async def graph_group_json(request) -> PageJSON:
+        """One group of the run's data-state graph in full: ``?group=NAME``."""
+        try:
+            run_id = check_run_id(request.path_params["run_id"])
+            group = request.query_params.get("group")
+            if group is None:
+                raise ValueError("group: missing; give ?group=NAME, a group of the critical-path page's graph")
+            w = await asyncio.to_thread(hub.watch, run_id)
+        except ValueError as exc:
+            return PageJSON({"error": str(exc)}, status_code=400)
+        except FileNotFoundError as exc:
+            return PageJSON({"error": str(exc)}, status_code=404)
+        try:
+            return PageJSON(await views.graph_group(w.run_dir, group))
+        except KeyError as exc:
+            return PageJSON({"error": f"group: {exc.args[0]}"}, status_code=404)
+        except ValueError as exc:  # the graph's critical path could not be computed (the page says so too)
+            return PageJSON({"error": f"the data-state graph: {exc}"}, status_code=422)
 
     async def changed(wake: asyncio.Event, gone: asyncio.Future) -> bool:
         """Wait until the run changed (``wake``; without a collector, at most DISK_POLL_S) or the page left
@@ -480,6 +535,7 @@ def dashboard_routes(hub: LiveHub) -> list:
         Route("/v1/ui/runs", runs_json, methods=["GET"]),
         Route("/v1/ui/runs/{run_id}/snapshot", snapshot_json, methods=["GET"]),
         WebSocketRoute("/v1/ui/runs/{run_id}/live", live),
+        Route("/v1/ui/runs/{run_id}/views/critical-path/group", graph_group_json, methods=["GET"]),
         Route("/v1/ui/runs/{run_id}/views/{view}", view_json, methods=["GET"]),
         WebSocketRoute("/v1/ui/runs/{run_id}/views/{view}/live", view_live),
     ]

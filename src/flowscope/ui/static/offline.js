@@ -65,8 +65,40 @@
     return Promise.resolve(new Response(JSON.stringify(body), {status: status,
                                                                 headers: {"content-type": "application/json"}}));
   }
+  /** The laid-out data-state graph the file holds (report/run_pages.py graph_groups), inflated on first use. */
+  var graph = null;
+  function heldGraph() {
+    var held = doc.graph_groups;
+    if (!held || held.omitted) return Promise.reject(new Error(held ? held.omitted : "this file holds no data-state graph to expand"));
+    if (!graph) {
+      var bin = atob(held.data), bytes = new Uint8Array(bin.length);
+      for (var i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
+      graph = new Response(new Blob([bytes]).stream().pipeThrough(new DecompressionStream("deflate"))).text()
+        .then(JSON.parse);
+    }
+    return graph;
+  }
+  /** One group cut out of the held graph, as the server's /views/critical-path/group answers (views.graph_group_doc). */
+  function groupOf(g, name) {
+    var k = g.groups.indexOf(name);
+    if (k < 0) return null;
+    var a = g.start[k], b = g.start[k + 1], src = g.src.slice(g.estart[k], g.estart[k + 1]),
+        dst = g.dst.slice(g.estart[k], g.estart[k + 1]);
+    function at(arr, idx) { return idx.map(function (i) { return arr[i]; }); }
+    return {group: name, groups: g.groups, locations: g.locations, x: g.x.slice(a, b), y: g.y.slice(a, b),
+            ids: g.ids.slice(a, b), loc: g.loc.slice(a, b),
+            inputs: {x0: at(g.x, src), y0: at(g.y, src), x1: at(g.x, dst), y1: at(g.y, dst)}};
+  }
+
   global.fetch = function (url) {
     var u = new URL(String(url), "http://offline.invalid/");
+    if (/^\/v1\/ui\/runs\/[^\/]+\/views\/critical-path\/group$/.test(u.pathname)) {
+      var name = u.searchParams.get("group");
+      return heldGraph().then(function (g) {
+        var one = groupOf(g, name);
+        return one ? answer(200, one) : answer(404, {error: "group: no group " + JSON.stringify(name) + " in the data-state graph"});
+      }, function (err) { return answer(404, {error: String(err.message || err)}); });
+    }
     if (/^\/v1\/runs\/[^\/]+\/forecast$/.test(u.pathname)) {
       var f = doc.forecast, event = u.searchParams.get("event") || "idle",
           fraction = u.searchParams.get("fraction") || "0.25";

@@ -91,8 +91,79 @@
     return el("p", null, {"class": "path-facts", id: id});
   }
 
+  // ---- the data-state graph's groups, expanded on demand (the page's address keeps which: ?expand=GROUP...)
+  var PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf",
+                 "#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7", "#dbdb8d", "#9edae5"];
+  var MAX_INPUTS = 30000;  // mutations drawn into one expanded group; beyond, evenly sampled
+  var groupDetail = {};  // group -> {segments: the view's tables when fetched, promise: its states in full}
+  function expandedGroups() { return params.getAll("expand"); }
+  function setExpanded(groups) {
+    params.delete("expand");
+    groups.forEach(function (g) { params.append("expand", g); });
+    history.replaceState(null, "", UI.withQuery(params.toString()));
+  }
+  /** One group's states and the mutations ending there (the server's /views/critical-path/group), fetched once per
+   * state of the run's tables. */
+  function fetchGroup(group) {
+    var seg = JSON.stringify(V.doc && V.doc.segments), hit = groupDetail[group];
+    if (hit && hit.segments === seg) return hit.promise;
+    var p = UI.getJSON("/v1/ui/runs/" + encodeURIComponent(runId) + "/views/critical-path/group?group=" +
+                       encodeURIComponent(group));
+    groupDetail[group] = {segments: seg, promise: p};
+    p.catch(function () { if (groupDetail[group] && groupDetail[group].promise === p) delete groupDetail[group]; });
+    return p;
+  }
+  /** The traces of an expanded group ``e`` on the lanes of ``g`` (its lanes may have been computed from fewer
+   * groups than the page's: each y is moved to its group's lane here). */
+  function groupTraces(e, g) {
+    var lane = {};
+    g.groups.forEach(function (name, k) { lane[name] = k; });
+    function y(v) { var k = Math.floor(v), to = lane[e.groups[k]]; return (to === undefined ? k : to) + (v - k); }
+    var colour = e.loc.map(function (c) {
+      var k = g.locations.indexOf(e.locations[c]);
+      return PALETTE[(k < 0 ? c : k) % PALETTE.length];
+    });
+    // SVG lines: WebGL lines with gaps took about 9 s for 21,000 segments, SVG about 1 s (docs/critical-path.md)
+    var ix = [], iy = [], inp = e.inputs, step = Math.max(1, Math.ceil(inp.x0.length / MAX_INPUTS));
+    for (var i = 0; i < inp.x0.length; i += step) { ix.push(inp.x0[i], inp.x1[i], null); iy.push(y(inp.y0[i]), y(inp.y1[i]), null); }
+    return [
+      {type: "scatter", mode: "lines", name: pt(e.group) + ": inputs" + (step > 1 ? " (1 in " + step + " drawn)" : ""),
+       x: ix, y: iy, hoverinfo: "skip", line: {color: "#999", width: 1}},
+      {type: "scattergl", mode: "markers", name: pt(e.group) + " (" + UI.fmtInt(e.x.length) + " states)", x: e.x,
+       y: e.y.map(y), text: e.ids.map(pt), hoverinfo: "text+x", marker: {size: 6, color: colour}}];
+  }
+  /** The group control of a graph drawn collapsed: pick a group, expand it into its states or collapse it. */
+  function groupControls(div, g) {
+    var p = el("p", null, {"class": "controls", id: "cp-graph-controls"});
+    var l = el("label", "group "), s = el("select", null, {id: "cp-graph-group"});
+    g.groups.forEach(function (name, k) { s.appendChild(el("option", name + " (" + UI.fmtInt(g.counts[k]) + " states)", {value: name})); });
+    var open = expandedGroups();
+    if (open.length) s.value = open[open.length - 1];
+    l.appendChild(s);
+    p.appendChild(l);
+    var ex = el("button", "expand", {type: "button", id: "cp-graph-expand"}),
+        co = el("button", "collapse", {type: "button", id: "cp-graph-collapse"});
+    ex.addEventListener("click", function () {
+      var now = expandedGroups();
+      if (now.indexOf(s.value) < 0) { setExpanded(now.concat([s.value])); renderGraph(div, g); }
+    });
+    co.addEventListener("click", function () {
+      setExpanded(expandedGroups().filter(function (n) { return n !== s.value; }));
+      renderGraph(div, g);
+    });
+    p.appendChild(document.createTextNode(" "));
+    p.appendChild(ex);
+    p.appendChild(document.createTextNode(" "));
+    p.appendChild(co);
+    p.appendChild(el("span", " draws a group's states (coloured by location) and the mutations ending there in place " +
+                     "of its mark; collapse takes them away", {"class": "muted"}));
+    var status = el("span", "", {id: "cp-graph-status", "class": "muted", role: "status"});
+    p.appendChild(status);
+    return p;
+  }
+
   function renderGraph(div, g) {
-    var traces = [];
+    var traces = [], expanded = [];
     if (g.mode === "states") {
       var xs = [], ys = [];
       for (var i = 0; i < g.src.length; i++) {
@@ -119,13 +190,28 @@
                    text: g.groups.map(function (n, k) { return pt(n) + ": " + UI.fmtInt(g.counts[k]) + " states"; }),
                    hoverinfo: "text", marker: {size: g.counts.map(function (c) { return Math.min(40, 6 + 3 * Math.log2(Math.max(c, 1))); })}});
     }
-    traces.push({type: "scattergl", mode: "lines+markers", name: "critical path", x: g.path.x, y: g.path.y,
-                 text: g.path.ids.map(pt), hoverinfo: "text+x", line: {color: "crimson", width: 3},
-                 marker: {color: "crimson", size: 9}});
-    plot(div, traces, {height: Math.max(360, Math.min(800, 80 + 28 * g.groups.length)), showlegend: true,
-                       xaxis: {title: {text: "seconds since the first state"}},
-                       yaxis: {tickvals: g.groups.map(function (_, k) { return k; }), ticktext: g.groups.map(pt),
-                               automargin: true}});
+    var path = {type: "scattergl", mode: "lines+markers", name: "critical path", x: g.path.x, y: g.path.y,
+                text: g.path.ids.map(pt), hoverinfo: "text+x", line: {color: "crimson", width: 3},
+                marker: {color: "crimson", size: 9}};
+    var layout = {height: Math.max(360, Math.min(800, 80 + 28 * g.groups.length)), showlegend: true,
+                  xaxis: {title: {text: "seconds since the first state"}},
+                  yaxis: {tickvals: g.groups.map(function (_, k) { return k; }), ticktext: g.groups.map(pt),
+                          automargin: true}};
+    plot(div, traces.concat([path]), layout);
+    if (g.mode !== "groups") return;
+    var open = expandedGroups().filter(function (n) { return g.groups.indexOf(n) >= 0; }), status = document.getElementById("cp-graph-status");
+    if (!open.length) return;
+    var token = div.flowscopeExpanding = {};  // a later drawing of this graph supersedes this one
+    if (status) status.textContent = " expanding " + open.join(", ") + "...";
+    Promise.all(open.map(fetchGroup)).then(function (docs) {
+      if (div.flowscopeExpanding !== token || !document.body.contains(div)) return;
+      docs.forEach(function (e) { expanded = expanded.concat(groupTraces(e, g)); });
+      plot(div, traces.concat(expanded, [path]), layout);  // the path stays on top
+      if (status) status.textContent = "";
+    }, function (err) {
+      if (status) status.textContent = " could not expand: " + String(err.message || err);
+      V.errors.push(String(err.message || err));
+    });
   }
 
   function renderCriticalPath(d, root) {
@@ -190,6 +276,7 @@
       df.setAttribute("data-states", String(x.states));
       ds.appendChild(df);
       var gd = el("div", null, {"class": "plot", id: "cp-graph"});
+      if (x.graph.mode === "groups") ds.appendChild(groupControls(gd, x.graph));
       ds.appendChild(gd);
       renderGraph(gd, x.graph);
       if (!d.task_path) renderPath(ds, x.path, "cp-data");
