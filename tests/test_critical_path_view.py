@@ -9,6 +9,7 @@ import json
 import time
 from pathlib import Path
 
+import httpx
 import networkx as nx
 import numpy as np
 import pytest
@@ -151,6 +152,12 @@ def test_the_dashboard_page_expands_a_group_on_demand(big_run):
         finally:
             page.close()
         assert not errors, errors
+        # the route itself: a group that is not there, and none given, are refused saying so
+        base = f"{address}/v1/ui/runs/{big_run.name}/views/critical-path/group"
+        r = httpx.get(base, params={"group": "<b>nope</b>"}, timeout=60)
+        assert r.status_code == 404 and "'<b>nope</b>'" in r.json()["error"] and sizes.index[0] in r.json()["error"]
+        r = httpx.get(base, timeout=60)
+        assert r.status_code == 400 and r.json()["error"].startswith("group: missing")
 
 
 def test_the_reports_critical_path_page_expands_a_group_offline(big_run, tmp_path):

@@ -644,6 +644,56 @@ def test_analysis_pages_of_imported_traces_show_the_figures_of_the_analyses(sour
     context.close()
 
 
+def test_a_page_drawn_again_keeps_the_focus_the_typing_and_the_zoom(imported_store, ui_server, browser):  # noqa: F811
+    """A live analysis page is drawn again whenever the run changed: what a person was doing survives it. The
+    element with the keyboard focus has it again (found by id, by the row's key, else by its place), a filter being
+    typed keeps its text, and a chart zoomed in stays zoomed."""
+    store, runs = imported_store
+    context = browser.new_context(viewport=WHOLE_PAGE)
+    base = f"{ui_server}/ui/runs/{runs['starpu']}"
+
+    def again(pg) -> None:
+        n = pg.evaluate("() => flowscopeView.renders")
+        pg.evaluate("() => flowscopeView.render()")
+        pg.wait_for_function("n => flowscopeView.renders > n", arg=n)
+
+    cp = _open(context, f"{base}/critical-path")
+    link = cp.locator("#cp-task table.steps tbody tr td.id a").nth(2)
+    key = link.text_content()
+    link.focus()
+    cp.evaluate("() => Plotly.relayout('cp-task-chart', {'xaxis.range': [0.001, 0.002]})")
+    again(cp)
+    assert cp.evaluate("() => [document.activeElement.tagName, document.activeElement.textContent,"
+                       " document.getElementById('view').contains(document.activeElement)]") == ["A", key, True]
+    cp.keyboard.press("Tab")  # the keyboard goes on from there: the next step's link
+    assert cp.evaluate("() => document.activeElement.textContent") == \
+        cp.locator("#cp-task table.steps tbody tr td.id a").nth(3).text_content()
+    assert cp.evaluate("() => document.getElementById('cp-task-chart').layout.xaxis.range") == [0.001, 0.002]
+
+    lg = _open(context, f"{base}/logs")
+    lg.focus("#lg-task")
+    lg.keyboard.type("ta")  # not committed (no Enter, no blur): not in the address yet
+    again(lg)
+    assert lg.evaluate("() => [document.activeElement.id, document.activeElement.value]") == ["lg-task", "ta"]
+    lg.keyboard.type("sk")
+    assert lg.evaluate("() => document.activeElement.value") == "task"
+
+    # a ranking row picked with Enter: the page is drawn again with the pick, and the focus is on that row still
+    an = _open(context, f"{base}/anomalies?n=50")
+    rows = an.locator("#an-ranking tbody tr[data-resource]")
+    assert rows.count() >= 2
+    picked = rows.nth(1).get_attribute("data-resource")
+    rows.nth(1).focus()
+    n = an.evaluate("() => flowscopeView.renders")
+    an.keyboard.press("Enter")
+    an.wait_for_function("n => flowscopeView.renders > n", arg=n)
+    assert an.evaluate("() => new URLSearchParams(location.search).get('resource')") == picked
+    assert an.evaluate("() => document.activeElement.getAttribute('data-resource')") == picked
+    for pg in (cp, lg, an):
+        assert pg.errors == []
+    context.close()
+
+
 @pytest.mark.parametrize("source", ["starpu", "otf2"])
 def test_the_advisor_page_shows_where_the_time_went_and_the_findings_of_flowscope_explain(source, imported_store,
                                                                                          ui_server, browser):  # noqa: F811

@@ -24,9 +24,13 @@
   var fmtDur = UI.fmtDur, pct = UI.pct, fmtBytes = UI.fmtBytes, numCell = UI.numCell, pt = UI.pt, table = UI.table,
       section = UI.section;
   function fx(v, n) { return (v === null || v === undefined) ? "-" : v.toFixed(n); }
+  // what a person did on the page drawn before (render() replaces it): the charts' zoom, by the chart's id
+  var zoomed = {};
   function plot(div, traces, layout) {
     if (!global.Plotly) return;
     layout.margin = layout.margin || {l: 60, r: 10, t: 30, b: 40};
+    var z = div.id && zoomed[div.id];
+    if (z) Object.keys(z).forEach(function (ax) { layout[ax] = Object.assign({}, layout[ax], {range: z[ax], autorange: false}); });
     Plotly.react(div, traces, layout, {displaylogo: false, responsive: true});
   }
   function nodata(text) { return el("p", text, {"class": "nodata muted"}); }
@@ -752,7 +756,70 @@
   var RENDER = {"advisor": renderAdvisor, "critical-path": renderCriticalPath, "profile": renderProfile,
                 "charts": renderCharts, "anomalies": renderAnomalies, "logs": renderLogs};
 
+  /** The charts of ``root`` zoomed by hand (an axis not autoranged): chart id -> axis -> range. */
+  function zoomOf(root) {
+    var out = {};
+    root.querySelectorAll(".js-plotly-plot[id]").forEach(function (gd) {
+      var lay = gd.layout || {};
+      Object.keys(lay).forEach(function (ax) {
+        if (/^[xy]axis\d*$/.test(ax) && lay[ax] && lay[ax].autorange === false && lay[ax].range)
+          (out[gd.id] = out[gd.id] || {})[ax] = lay[ax].range.slice();
+      });
+    });
+    return out;
+  }
+  var KEYS = ["data-resource", "data-call", "data-id", "data-name"];  // what names a row or a cell on these pages
+  /** Where the keyboard focus is in ``root``: the element's id, the key of the row or cell it names, its place, and
+   * the text being typed in it. */
+  function focusOf(root) {
+    var a = document.activeElement;
+    if (!a || a === document.body || !root.contains(a) || a === root) return null;
+    var f = {tag: a.tagName, id: a.id || null, key: null, path: [], value: null, sel: null};
+    for (var n = a; n && n !== root; n = n.parentElement) {
+      if (!f.key) KEYS.some(function (k) { return n.hasAttribute(k) && (f.key = [k, n.getAttribute(k), n === a]); });
+      f.path.unshift(Array.prototype.indexOf.call(n.parentElement.children, n));
+    }
+    if (a.tagName === "INPUT" || a.tagName === "TEXTAREA") {
+      f.value = a.value;
+      try { f.sel = [a.selectionStart, a.selectionEnd]; } catch (e) { f.sel = null; }
+    }
+    return f;
+  }
+  function refocus(root, f) {
+    var t = f.id ? document.getElementById(f.id) : null;
+    if (!t && f.key) {
+      var row = root.querySelector("[" + f.key[0] + '="' + CSS.escape(f.key[1]) + '"]');
+      if (row) t = f.key[2] ? row : row.querySelector(f.tag.toLowerCase()) ;
+      if (t && !f.key[2]) {  // the element inside the keyed row, at its place there
+        var inside = row;
+        var depth = 0;
+        for (var n = row; n && n !== root; n = n.parentElement) depth++;
+        f.path.slice(depth).forEach(function (i) { inside = inside && inside.children[i]; });
+        if (inside) t = inside;
+      }
+    }
+    if (!t) {
+      t = root;
+      f.path.forEach(function (i) { t = t && t.children[i]; });
+    }
+    if (!t || t.tagName !== f.tag) return;
+    if (f.value !== null && t.value !== f.value) t.value = f.value;
+    t.focus({preventScroll: true});
+    if (f.sel) try { t.setSelectionRange(f.sel[0], f.sel[1]); } catch (e) { /* not a text field */ }
+  }
+
+  // A field being typed in commits on change, which Chromium fires when render() removes the field: that change is
+  // the page's own doing, not the person's, and is dropped (the text typed is put back in the new field).
+  var rendering = false;
+  document.addEventListener("change", function (e) { if (rendering) e.stopImmediatePropagation(); }, true);
+
   function render() {
+    if (rendering) return;
+    rendering = true;
+    try { draw(); } finally { rendering = false; }
+  }
+
+  function draw() {
     var d = V.doc, root = document.getElementById("view");
     document.title = "flowscope: " + (TITLES[view] || view) + " of " + runId;
     document.getElementById("view-title").textContent = TITLES[view] || view;
@@ -760,11 +827,13 @@
     if (!d) return;
     document.getElementById("view-facts").textContent = "status " + (d.status || "unknown") + "; computed from " +
       Object.keys(d.segments).map(function (t) { return d.segments[t] + " " + t + " segment(s)"; }).join(", ");
-    var scroll = global.scrollY;
+    var scroll = global.scrollY, focus = focusOf(root);
+    zoomed = zoomOf(root);
     var fresh = el("div", null, {id: "view"});
     root.replaceWith(fresh);
     if (d.failed) fresh.appendChild(el("p", "This view could not be computed: " + d.failed, {"class": "error"}));
     else RENDER[view](d, fresh);
+    if (focus) refocus(fresh, focus);
     global.scrollTo(0, scroll);
     V.renders++;
   }
