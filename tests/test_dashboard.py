@@ -410,9 +410,10 @@ def test_the_overview_paints_before_plotly_loads_and_a_watched_run_is_sent_soone
 
 
 @contextlib.contextmanager
-def flowscope_ui(store):
-    """A real `flowscope ui STORE` process on a free port: its base address (http://HOST:PORT) while it runs."""
-    proc = subprocess.Popen([sys.executable, "-m", "flowscope", "ui", str(store), "--port", "0", "--no-open"],
+def flowscope_ui(store, *options: str):
+    """A real `flowscope ui STORE [OPTIONS]` process on a free port: its base address (http://HOST:PORT) while it
+    runs."""
+    proc = subprocess.Popen([sys.executable, "-m", "flowscope", "ui", str(store), "--port", "0", "--no-open", *options],
                             stderr=subprocess.PIPE, text=True)
     try:
         for line in proc.stderr:  # the URL it prints

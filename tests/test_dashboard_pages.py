@@ -324,12 +324,13 @@ def _worker_ids(run_dir: Path) -> list[str]:
         run.close()
 
 
-def check_forecast_panel(pg, address: str, run_id: str, event: str = "idle", fraction: str = "0.25") -> dict:
-    """Wait until the overview's forecast panel shows what ``GET /v1/runs/RUN/forecast?event&fraction`` answers
-    now, then check every number it shows against that JSON; returns the JSON."""
+def check_forecast_panel(pg, address: str, run_id: str, event: str = "idle", fraction: str = "0.25",
+                         window: str | None = None) -> dict:
+    """Wait until the overview's forecast panel shows what ``GET /v1/runs/RUN/forecast?event&fraction[&window]``
+    answers now, then check every number it shows against that JSON; returns the JSON."""
     import httpx
 
-    url = f"/v1/runs/{run_id}/forecast?event={event}&fraction={fraction}"
+    url = f"/v1/runs/{run_id}/forecast?event={event}&fraction={fraction}" + (f"&window={window}" if window else "")
     deadline = time.monotonic() + WAIT_S
     while True:
         r = httpx.get(address + url, timeout=60)
@@ -641,6 +642,31 @@ def test_analysis_pages_of_imported_traces_show_the_figures_of_the_analyses(sour
     for pg in (cp, pf, an, lg):
         _no_markup_ran(pg)
         assert pg.errors == [] and pg.outside == []
+    context.close()
+
+
+def test_the_forecast_panels_frame_size_is_chosen_on_the_page(imported_store, ui_server, browser):  # noqa: F811
+    """The overview's forecast panel takes a frame size in samples (kept in the address, ?window=N): the answer is
+    the route's for that window, and clearing it goes back to the model's or the default window."""
+    from urllib.parse import parse_qs, urlsplit
+
+    store, runs = imported_store
+    context = browser.new_context(viewport=WHOLE_PAGE)
+    ov = _page(context)
+    ov.goto(f"{ui_server}/ui/runs/{runs['starpu']}?event=idle&fraction=0.5&window=9", wait_until="load")
+    ov.locator("#fc-chart").scroll_into_view_if_needed()
+    fc = check_forecast_panel(ov, ui_server, runs["starpu"], "idle", "0.5", "9")
+    assert (fc["window"], fc["window_source"]) == (9, "given")
+    assert ov.locator("#fc-window-size").input_value() == "9"
+    ov.fill("#fc-window-size", "")
+    ov.locator("#fc-window-size").dispatch_event("change")
+    fc = check_forecast_panel(ov, ui_server, runs["starpu"], "idle", "0.5")
+    assert fc["window_source"] == "default" and "window" not in parse_qs(urlsplit(ov.url).query)
+    ov.fill("#fc-window-size", "0")
+    ov.locator("#fc-window-size").dispatch_event("change")
+    ov.wait_for_function("() => flowscopePanels.forecast.error !== null")
+    assert ov.locator("#fc-error").inner_text() == "window: a whole number of samples, 1 or more (empty: the model's or the default)"
+    assert ov.errors == []
     context.close()
 
 

@@ -91,6 +91,46 @@ def test_no_model_fitting_the_run_says_so_and_falls_back_to_the_default(starpu):
         predict(run, "compute", 0.25, fitting)
 
 
+def _fitting_model(run, event: str = "idle"):
+    """A window-size model with a surface for the run's cluster size and DAG size (its window lies in [16, 32))."""
+    n, tasks = run_signal(run, event).resources, predict(run, event, 0.25).tasks
+    ws = np.array([4, 8, 16, 32])
+    return build_model([CorpusEntry(source="y", run_id="y", resources=n, tasks=t, samples=1000, period_ns=1.0,
+                                    capped_by=None, curve=pd.DataFrame({"window": ws, "pairs": 9, "hits": 9,
+                                                                        "hit_rate": [1.0, 0.99, 0.97, 0.5]}))
+                        for t in (tasks, tasks + 10)], event)
+
+
+def test_the_dashboards_forecast_uses_the_window_model_it_was_given(starpu, tmp_path):
+    """`flowscope ui --forecast-model FILE`: the forecast route (the overview's panel) takes its frame size from the
+    model for the event asked, as `flowscope forecast predict --model FILE` does; an event without a model gets the
+    default, saying so; a file that is not a model stops the server at its start, naming the file."""
+    from test_dashboard import flowscope_ui
+
+    store, run = starpu
+    model = _fitting_model(run)
+    path = model.save(tmp_path / "idle-model.json")
+    with flowscope_ui(store, "--forecast-model", str(path)) as address:
+        url = f"{address}/v1/runs/{run.run_id}/forecast"
+        r = httpx.get(url, params={"event": "idle", "fraction": "0.25"}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["window_source"] == "model"
+        assert r.json() == json.loads(json.dumps(predict(run, "idle", 0.25, model).as_dict()))
+        other = httpx.get(url, params={"event": "compute", "fraction": "0.5"}, timeout=60).json()
+        assert other["window_source"] == "default" and other["note"].startswith("no window-size model given")
+        given = httpx.get(url, params={"event": "idle", "window": "9"}, timeout=60).json()
+        assert (given["window_source"], given["window"]) == ("given", 9)
+    bad = tmp_path / "bad-model.json"
+    bad.write_text("{", encoding="utf-8")
+    out = subprocess.run([sys.executable, "-m", "flowscope", "ui", str(store), "--port", "0", "--no-open",
+                          "--forecast-model", str(bad)], capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and f"{bad}: not JSON" in out.stderr, out.stderr
+    twice = subprocess.run([sys.executable, "-m", "flowscope", "ui", str(store), "--port", "0", "--no-open",
+                            "--forecast-model", str(path), "--forecast-model", str(path)],
+                           capture_output=True, text=True, timeout=120)
+    assert twice.returncode != 0 and "two window-size models for event 'idle'" in twice.stderr, twice.stderr
+
+
 @pytest.mark.parametrize("fraction", [-0.1, 1.5, float("nan"), "lots"])
 def test_fraction_outside_zero_one_is_refused(starpu, fraction):
     _, run = starpu

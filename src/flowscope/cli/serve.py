@@ -61,7 +61,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     auth.add_argument("--ssl-keyfile", default=None, metavar="FILE", help="serve HTTPS with this private key (PEM)")
     auth.add_argument("--ssl-certfile", default=None, metavar="FILE",
                       help="... and this certificate (PEM); clients verify it (SSL_CERT_FILE for a private CA)")
+    add_forecast_model(p)
     p.set_defaults(func=run)
+
+
+def add_forecast_model(p: argparse.ArgumentParser) -> None:
+    """The ``--forecast-model`` option of a command that serves the forecast route."""
+    p.add_argument("--forecast-model", action="append", default=None, metavar="FILE",
+                   help="window-size model written by `flowscope forecast bench` (one per event; repeat for "
+                        "several): the forecast (the overview's panel) takes its frame size from it; default "
+                        "$FLOWSCOPE_FORECAST_MODEL, else the documented default window")
+
+
+def use_forecast_models(args: argparse.Namespace) -> None:
+    """Check the models ``--forecast-model`` names (ValueError naming a file that is not one) and hand them to the
+    forecast route, and to any collector this process starts, through $FLOWSCOPE_FORECAST_MODEL."""
+    from pathlib import Path
+
+    from flowscope.analysis.forecast.model import MODELS_ENV, load_models
+
+    if args.forecast_model:
+        load_models(args.forecast_model)
+        os.environ[MODELS_ENV] = os.pathsep.join(str(Path(f).resolve()) for f in args.forecast_model)
 
 
 def _access(args: argparse.Namespace) -> tuple[str | None, str]:
@@ -129,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         args.namespaces = _namespace_patterns(args.namespaces)
     if bool(args.ssl_keyfile) != bool(args.ssl_certfile):
         raise ValueError("--ssl-keyfile and --ssl-certfile go together")
+    use_forecast_models(args)
     token, access = _access(args)
     if args.nice:
         _lower_priority(args.nice)

@@ -25,13 +25,16 @@ def register(sub: argparse._SubParsersAction) -> None:
                         "one is generated); the printed URL carries it")
     p.add_argument("--insecure", action="store_true",
                    help="bind beyond loopback without a token: anyone who can reach the port may read the runs")
+    from flowscope.cli.serve import add_forecast_model
+
+    add_forecast_model(p)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     from pathlib import Path
 
-    from flowscope.cli.serve import _access, _given, dashboard_url
+    from flowscope.cli.serve import _access, _given, dashboard_url, use_forecast_models
     from flowscope.service.auth import TokenAuth
     from flowscope.service.dashboard_routes import dashboard_app
     from flowscope.service.server import address_of, bind, run_uvicorn
@@ -39,6 +42,7 @@ def run(args: argparse.Namespace) -> int:
     store = Path(args.store or default_store())
     if not store.is_dir():
         raise FileNotFoundError(f"{store}: no such store directory")
+    use_forecast_models(args)
     token, access = _access(args)
     app = dashboard_app(store)
     if token:

@@ -1,5 +1,8 @@
 """The collector's forecast endpoint: GET /v1/runs/{run}/forecast?event=idle&fraction=0.25[&window=N].
 
+Without ``window`` the frame size comes from the window-size model of the event asked, when the server was given one
+($FLOWSCOPE_FORECAST_MODEL, ``--forecast-model``), else from the documented default.
+
 A thin route over :func:`flowscope.analysis.forecast.predict` on what the run holds so far (a live run's
 acknowledged batches, or a finished run): the same JSON as ``flowscope forecast predict RUN --json``. Bad
 parameters get 400 ``{"error", "field"}``; an unknown run 404; a run with no executing resource yet 409.
@@ -93,10 +96,17 @@ class _Kept:
         self.lock = asyncio.Lock()
 
 
-def forecast_routes(collector: Collector | StoreRuns) -> list[Route]:
-    """The routes to mount on the collector's app (or on the dashboard's, over a store's runs)."""
+def forecast_routes(collector: Collector | StoreRuns, models: dict | None = None) -> list[Route]:
+    """The routes to mount on the collector's app (or on the dashboard's, over a store's runs). ``models``: the
+    window-size model of each event (:func:`flowscope.analysis.forecast.model.load_models`), by default those
+    $FLOWSCOPE_FORECAST_MODEL names (ValueError naming a file that is not one); a query that gives no window takes
+    its frame size from the model of its event, else the default (the answer's ``window_source`` and ``note`` say
+    which)."""
     from flowscope.analysis.forecast import check_fraction, predict
+    from flowscope.analysis.forecast.model import models_from_env
     from flowscope.analysis.forecast.signal import check_event
+
+    models = models_from_env() if models is None else models
 
     kept: OrderedDict[tuple, _Kept] = OrderedDict()
     read_at: dict[str, float] = {}  # run -> when its forecast was last read (monotonic)
@@ -170,7 +180,7 @@ def forecast_routes(collector: Collector | StoreRuns) -> list[Route]:
             run = Run(run_dir)
             t0 = time.monotonic()
             try:
-                pred = await asyncio.to_thread(predict, run, event, fraction, None, window=window)
+                pred = await asyncio.to_thread(predict, run, event, fraction, models.get(event), window=window)
             except ValueError as exc:  # nothing to sample yet
                 return _refuse(409, str(exc))
             finally:

@@ -21,6 +21,7 @@ way; otherwise :func:`window_for` says why, and the prediction uses :func:`defau
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -238,6 +239,31 @@ def load_model(path: str | Path) -> WindowModel:
         return WindowModel.from_dict(doc)
     except (KeyError, TypeError, ValueError) as exc:
         raise ValueError(f"{p}: {exc}") from None
+
+
+#: window-size model files (os.pathsep between them; one model per event) the collector's and the dashboard's
+#: forecast route use: set by ``flowscope serve`` / ``flowscope ui --forecast-model``, inherited by the collector
+#: ``flowscope run`` and ``observe()`` start
+MODELS_ENV = "FLOWSCOPE_FORECAST_MODEL"
+
+
+def load_models(paths: Sequence[str | Path]) -> dict[str, WindowModel]:
+    """The models saved at ``paths``, by the event each was built for; ValueError naming the file that is not a
+    model, or the two files that model the same event."""
+    out: dict[str, WindowModel] = {}
+    where: dict[str, Path] = {}
+    for path in paths:
+        model = load_model(path)
+        if model.event in out:
+            raise ValueError(f"two window-size models for event {model.event!r}: {where[model.event]} and {path}")
+        out[model.event], where[model.event] = model, Path(path)
+    return out
+
+
+def models_from_env() -> dict[str, WindowModel]:
+    """The models named by $FLOWSCOPE_FORECAST_MODEL (none when unset), as :func:`load_models` reads them."""
+    value = os.environ.get(MODELS_ENV, "")
+    return load_models([p for p in value.split(os.pathsep) if p])
 
 
 def build_model(corpus: Sequence[CorpusEntry], event: str, alpha: float = ALPHA, cut: float = CUT,

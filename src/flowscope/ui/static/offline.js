@@ -102,10 +102,10 @@
     if (/^\/v1\/runs\/[^\/]+\/forecast$/.test(u.pathname)) {
       var f = doc.forecast, event = u.searchParams.get("event") || "idle",
           fraction = u.searchParams.get("fraction") || "0.25";
-      var held = Number(fraction) === f.fraction ? f.by_event[event] : undefined;
+      var held = Number(fraction) === f.fraction && !u.searchParams.get("window") ? f.by_event[event] : undefined;
       if (held) return answer(held.status, held.body);
       return answer(404, {error: "not in this file: it holds the forecast of each state at a fraction of " + f.fraction +
-                                 "; open the run with flowscope ui for others"});
+                                 " with the default frame size; open the run with flowscope ui for others"});
     }
     return answer(404, {error: "not in this file: " + u.pathname});
   };

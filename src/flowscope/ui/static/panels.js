@@ -3,9 +3,10 @@
  *   again whenever the run changed, as the analysis pages are.
  * - Memory per worker process: the `memory` view (analysis.memory.process_memory), one WebSocket that brings it
  *   and brings it again whenever the run changed (as the analysis pages do).
- * - Forecast: GET /v1/runs/RUN_ID/forecast?event=E&fraction=F&max_age=auto (analysis.forecast.predict), fetched again when
- *   the live view moved on (a new delta or status; at most once a second) or the event or fraction changed;
- *   both are kept in the URL's query (?event=&fraction=).
+ * - Forecast: GET /v1/runs/RUN_ID/forecast?event=E&fraction=F[&window=N]&max_age=auto (analysis.forecast.predict),
+ *   fetched again when the live view moved on (a new delta or status; at most once a second) or the event, fraction
+ *   or frame size changed; all are kept in the URL's query (?event=&fraction=&window=; no window: the server's
+ *   window-size model for the event, else the default).
  * - The charts, the forecast and the memory view are drawn, asked for and computed only once scrolled into view.
  * Strings from the observed program are set as text, and escaped for plotly.js's labels. */
 (function (global) {
@@ -20,7 +21,7 @@
   };
   var params = new URLSearchParams(location.search);
   function setParam(k, v) {
-    params.set(k, String(v));
+    if (v === "") params.delete(k); else params.set(k, String(v));
     history.replaceState(null, "", UI.withQuery(params.toString()));
   }
   var pt = UI.pt, pct = UI.pct, fmtDur = UI.fmtDur;
@@ -142,9 +143,11 @@
   }
 
   // ---- forecast ----------------------------------------------------------------------------------
-  var eventSel = document.getElementById("fc-event"), fractionIn = document.getElementById("fc-fraction");
+  var eventSel = document.getElementById("fc-event"), fractionIn = document.getElementById("fc-fraction"),
+      windowIn = document.getElementById("fc-window-size");
   if (params.get("event")) eventSel.value = params.get("event");
   if (params.get("fraction")) fractionIn.value = params.get("fraction");
+  if (params.get("window")) windowIn.value = params.get("window");
 
   function renderForecast() {
     var f = P.forecast, doc = f.doc;
@@ -194,7 +197,8 @@
 
   function forecastUrl() {
     return "/v1/runs/" + encodeURIComponent(runId) + "/forecast?event=" + encodeURIComponent(eventSel.value) +
-           "&fraction=" + encodeURIComponent(fractionIn.value);
+           "&fraction=" + encodeURIComponent(fractionIn.value) +
+           (windowIn.value ? "&window=" + encodeURIComponent(windowIn.value) : "");
   }
   var seen = null, lastFetch = 0;
   function fetchForecast() {
@@ -234,11 +238,18 @@
   function onQuery() {
     var v = Number(fractionIn.value);
     if (!(v >= 0 && v <= 1)) { P.forecast.error = "fraction: a number within [0, 1]"; renderForecast(); return; }
-    setParam("event", eventSel.value); setParam("fraction", fractionIn.value);
+    var w = windowIn.value;
+    if (w !== "" && !(/^\d+$/.test(w) && Number(w) >= 1)) {
+      P.forecast.error = "window: a whole number of samples, 1 or more (empty: the model's or the default)";
+      renderForecast();
+      return;
+    }
+    setParam("event", eventSel.value); setParam("fraction", fractionIn.value); setParam("window", w);
     lastFetch = 0; tick();
   }
   eventSel.addEventListener("change", onQuery);
   fractionIn.addEventListener("change", onQuery);
+  windowIn.addEventListener("change", onQuery);
   P.refreshForecast = fetchForecast;
   setInterval(tick, 250);
   document.getElementById("to-advisor").setAttribute("href", UI.pageHref(runId, "advisor"));
