@@ -20,6 +20,7 @@ The mini-app's MPI ranks are not here: it runs threads.
     python bench/publish.py               # 512 x 512 mesh, 600 steps, 5 repetitions
     python bench/publish.py --quick       # smoke run
     python bench/publish.py --no-redis    # without the Redis configurations (no redis-server here)
+    python bench/publish.py --parts publisher --repeat 7   # the publishing calls alone (about a minute)
 
 Writes ``bench/results/publish.json`` (DESIGN.md, "Benchmarks") and prints one summary line last.
 """
@@ -190,6 +191,74 @@ def measure(where: str, blocking: bool, every: int, args, tmp: Path, servers: di
     return {"cpu_s": cpu, "wall_s": wall, "collector_cpu_s": server_cpu, "publications": stored, "sum": total}
 
 
+def publisher_alone(args, tmp: Path) -> dict:
+    """The publishing calls alone, without the mini-app's arithmetic beside them: the mini-app's own records (one per
+    step, recorded from an unobserved run) set and committed at the mini-app's pace into a namespace whose collector
+    runs in this process,
+    for every k and mode, against the same loop making no call. Process CPU (the publishing thread, the client's
+    threads and the in-process collector's), a fresh client per sample, configurations interleaved; what each adds
+    per step, and as a share of the unobserved mini-app's CPU (its median over the same repetitions). The mini-app's
+    own run-to-run spread (two numpy threads on two cores) is larger than a 1 % target; this part is not."""
+    from flowscope.workflows.stencil import run_stencil
+
+    records: list = []
+    t = time.perf_counter()
+    run_stencil(args.grid, args.steps, threads=args.threads, on_step=lambda step, d: records.append(d))
+    # the loop keeps the mini-app's pace (a step's wall time, slept where the arithmetic would run): what a
+    # publication costs depends on how many travel together, which depends on time (the linger, the senders)
+    pace = (time.perf_counter() - t) / args.steps
+    configs = [(b, k) for b in (False, True) for k in EVERY]
+    samples: dict = {"none": [], "mini-app": [], **{c: [] for c in configs}}
+
+    def loop(ns) -> float:
+        t = time.process_time()
+        due = time.perf_counter()
+        for step, d in enumerate(records, 1):
+            if ns is not None:
+                ns.set("step", step)
+                ns.set("diagnostics", d)
+                ns.commit()
+            due += pace
+            left = due - time.perf_counter()
+            if left > 0:
+                time.sleep(left)
+        if ns is not None:
+            ns.flush()
+        return time.process_time() - t
+
+    for rep in range(args.repeat):
+        jobs = ["none", "mini-app", *configs]
+        shift = rep % len(jobs)
+        for job in jobs[shift:] + jobs[:shift]:
+            if job == "none":
+                samples["none"].append(loop(None))
+            elif job == "mini-app":
+                samples["mini-app"].append(mini_app(args.grid, args.steps, args.threads)[0])
+            else:
+                client = flowscope.Client(store=tmp / "store-alone", name="publish-alone", spool_dir=tmp / "spool")
+                try:
+                    ns = client.namespace("application", blocking=job[0], publish_every=job[1])
+                    cpu = loop(ns)
+                finally:
+                    client.close()
+                if _stored(client.run_dir.parent, client.run_id) != args.steps // job[1]:
+                    raise SystemExit(f"publisher alone, every {job[1]}: not every publication is in the run")
+                samples[job].append(cpu)
+    app = statistics.median(samples["mini-app"])
+    none = statistics.median(samples["none"])
+    rows = {}
+    for b, k in configs:
+        cpu = statistics.median(samples[(b, k)])
+        key = f"in-process/{'blocking' if b else 'nonblocking'}/every-{k}"
+        rows[key] = {"cpu_s": cpu, "cpu_s_range": [min(samples[(b, k)]), max(samples[(b, k)])],
+                     "us_per_step": 1e6 * (cpu - none) / args.steps,
+                     "pct_of_mini_app": 100 * (cpu - none) / app}
+        print(f"publisher alone {key:34s} {rows[key]['us_per_step']:7.1f} us/step, "
+              f"{rows[key]['pct_of_mini_app']:6.2f} % of the mini-app's CPU", file=sys.stderr)
+    return {"mini_app_cpu_s": app, "mini_app_cpu_s_range": [min(samples["mini-app"]), max(samples["mini-app"])],
+            "loop_cpu_s": none, "pace_s": pace, "configs": rows}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--grid", type=int, default=512)
@@ -202,13 +271,42 @@ def main() -> int:
     ap.add_argument("--no-redis", action="store_true", help="leave out the configurations over Redis")
     ap.add_argument("--redis-server", default=shutil.which("redis-server") or "/usr/bin/redis-server",
                     help="the redis-server to start (default: the one on PATH; Debian: apt-get install redis-server)")
+    ap.add_argument("--parts", default="app,publisher",
+                    help="app: the mini-app observed against unobserved (every configuration); publisher: the "
+                         "publishing calls alone, in process (default both)")
     ap.add_argument("--out", type=Path, default=Path(__file__).parent / "results" / f"{BENCH}.json")
     args = ap.parse_args()
+    parts = set(args.parts.split(","))
+    if not parts <= {"app", "publisher"} or not parts:
+        raise SystemExit(f"--parts: app and/or publisher, got {args.parts!r}")
     if args.quick:
         args.grid, args.steps, args.repeat = 128, 100, 2
     tmp = Path(tempfile.mkdtemp(prefix="flowscope-bench-publish-"))
     if not args.no_redis and not Path(args.redis_server).exists():
         raise SystemExit(f"{args.redis_server} is missing: apt-get install redis-server, or run with --no-redis")
+    alone = None
+    if "publisher" in parts:
+        try:
+            alone = publisher_alone(args, tmp)
+        finally:
+            if "app" not in parts:
+                shutil.rmtree(tmp, ignore_errors=True)
+    if "app" not in parts:
+        head = alone["configs"]["in-process/nonblocking/every-5"]
+        blk = alone["configs"]["in-process/blocking/every-1"]
+        write_result({
+            "benchmark": BENCH, "metric": "publisher_cpu_pct_of_app", "value": head["pct_of_mini_app"], "unit": "%",
+            "target": TARGETS[("nonblocking", 5)], "meets_target": head["pct_of_mini_app"] <= TARGETS[("nonblocking", 5)],
+            "peers": {"unobserved mini-app": {"value": alone["mini_app_cpu_s"], "unit": "s (process CPU)"}},
+            "ratio_vs_peer": 1 + head["pct_of_mini_app"] / 100,
+            "params": {"parts": ["publisher"], "app": args.app, "threads": args.threads, "grid": args.grid,
+                       "steps": args.steps, "repeat": args.repeat, "publisher_alone": alone,
+                       "cpu_model": cpu_model(), "commit": git_commit()}}, args.out)
+        print(f"publish (the publishing calls alone, in process): non-blocking every 5 steps "
+              f"{head['pct_of_mini_app']:+.2f} % of the mini-app's CPU (target <= 1 %), blocking every step "
+              f"{blk['pct_of_mini_app']:+.2f} % (target <= 5 %); {args.grid}x{args.grid} mesh, {args.steps} steps, "
+              f"medians of {args.repeat}")
+        return 0
     servers, redis = {"separate-process": Server(tmp / "store-served")}, None
     wheres = ("in-process", "separate-process", *(() if args.no_redis else ("redis",)))
     configs = [(w, b, k) for w in wheres for b in (True, False) for k in EVERY]
@@ -267,7 +365,7 @@ def main() -> int:
         "peers": {"unobserved loop": {"value": base[5]["cpu_s"], "unit": "s (process CPU)"}},
         "ratio_vs_peer": head["cpu_s"] / base[5]["cpu_s"],
         "params": {"app": args.app, "threads": args.threads, "grid": args.grid, "steps": args.steps,
-                   "repeat": args.repeat, "baseline": base, "configs": rows,
+                   "repeat": args.repeat, "baseline": base, "configs": rows, "publisher_alone": alone,
                    "targets": {"nonblocking every 5": "<= 1 %", "blocking every 1": "<= 5 %"},
                    "cpu_model": cpu_model(), "commit": git_commit(),
                    "note": "process CPU time; the machine may be shared (say so when quoting)"},
@@ -278,6 +376,9 @@ def main() -> int:
     if "redis/nonblocking/every-5" in rows:
         over = (f"; over Redis {rows['redis/nonblocking/every-5']['cpu_overhead_pct']:+.2f} % and "
                 f"{rows['redis/blocking/every-1']['cpu_overhead_pct']:+.2f} %")
+    if alone is not None:
+        over += (f"; the publishing calls alone {alone['configs']['in-process/nonblocking/every-5']['pct_of_mini_app']:+.2f}"
+                 f" % and {alone['configs']['in-process/blocking/every-1']['pct_of_mini_app']:+.2f} % of the mini-app's CPU")
     print(f"publish: non-blocking every 5 steps {head['cpu_overhead_pct']:+.2f} % CPU (target <= 1 %), blocking every "
           f"step {blk:+.2f} % (target <= 5 %), in process{over}; the {args.app} on a {args.grid}x{args.grid} mesh, "
           f"{args.steps} steps, medians of {args.repeat}")

@@ -348,6 +348,70 @@ def test_non_blocking_publications_queued_behind_a_slow_collector_travel_togethe
     assert _values(run, "SELECT count(*) FROM metrics") == [(24,)]
 
 
+def test_non_blocking_publications_held_for_the_linger_travel_as_one_batch(collector, tmp_path, monkeypatch):
+    """A non-blocking publication waits for the next ones (Kafka's linger.ms; by default as long as the client lets
+    any record wait), so that the rows of publications close together go as one batch per table, not as a request
+    and a segment each: here every publication of the loop is held (a linger of a minute) until flush() sends them,
+    and each acknowledgement still names its own commits and rows. With the default linger a lone publication goes
+    by itself, no flush needed."""
+    import flowscope.client.namespaces as namespaces
+
+    monkeypatch.setattr(namespaces, "LINGER_S", 60.0)
+    fs = Client(collector.address, name="linger", spool_dir=tmp_path / "spool")
+    ns = fs.namespace("application", blocking=False)
+    futures = []
+    for step in range(30):
+        ns.set("step", step)
+        ns.set("mesh/energy", step / 2)
+        ns.set("mesh/where", [step, step + 1])
+        futures.append(ns.commit())
+    assert not any(f.done() for f in futures)  # held, not sent
+    ns.flush(timeout=120)
+    acks = [f.result(0) for f in futures]
+    assert [a.commits for a in acks] == [(i, i) for i in range(1, 31)] and all(a.stored for a in acks)
+    assert [a.rows for a in acks] == [{"metrics": 2, "namespace_values": 2}] * 30
+    run_dir = collector.store / fs.run_id
+    for table in ("metrics", "namespace_values"):
+        written = {p.stem for p in (run_dir / table).glob("*.parquet")}
+        assert len(written) == 1, (table, written)
+        assert all(set(a.segments) & written for a in acks)
+    run = flowscope.open_run(run_dir)
+    assert _values(run, "SELECT value FROM metrics WHERE name = 'step' ORDER BY value") == \
+        [(float(i),) for i in range(30)]
+    assert _values(run, "SELECT count(*) FROM namespace_values") == [(60,)]
+
+    monkeypatch.setattr(namespaces, "LINGER_S", None)  # the default: as long as the client lets a record wait
+    lone = fs.namespace("workflow", blocking=False)
+    assert lone._linger() == fs.flush_interval
+    lone.set("tasks/running", 3)
+    ack = lone.commit().result(timeout=120)  # sent once its linger ended: nothing else asked for it
+    assert ack.stored and ack.commits == (1, 1)
+    fs.close()
+
+
+def test_a_program_that_exits_without_closing_still_sends_its_held_publications(collector, tmp_path):
+    """A producer that ends right after a non-blocking commit, its client never closed: what the linger held is
+    sent as the interpreter exits, not lost with it."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "producer.py"
+    script.write_text(
+        "import sys\n"
+        "import flowscope.client.namespaces as namespaces\n"
+        "from flowscope import Client\n"
+        "namespaces.LINGER_S = 60.0  # held far longer than the program lives\n"
+        f"fs = Client({collector.address!r}, name='exits', spool_dir={str(tmp_path / 'spool')!r})\n"
+        "ns = fs.namespace('application', blocking=False)\n"
+        "ns.set('mesh/energy', 42.0)\n"
+        "ns.commit()\n"
+        "print(fs.run_id)\n", encoding="utf-8")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    run_dir = collector.store / out.stdout.strip()
+    assert _values(flowscope.open_run(run_dir), "SELECT value FROM metrics WHERE name = 'mesh/energy'") == [(42.0,)]
+
+
 def test_coalescing_merges_only_queued_publications_of_one_table_within_the_row_limit():
     import pyarrow as pa
 

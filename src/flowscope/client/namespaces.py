@@ -14,8 +14,11 @@ unreachable), in their own segments: an acknowledgement names what happened to t
 
 from __future__ import annotations
 
+import atexit
+import functools
 import threading
 import time
+import weakref
 from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -39,6 +42,66 @@ if TYPE_CHECKING:
     from flowscope.client.client import Client
 
 _MISSING = object()
+#: a non-blocking publication waits this long for the next ones to travel with it (Kafka's ``linger.ms``): the rows
+#: of publications close together go as one batch per table, one request and one segment, not one each; a blocking
+#: publication, flush() and close() send what is held at once. None: as long as the client lets any record wait
+#: (its ``flush_interval``, or ``live_flush_interval`` while a dashboard page follows the run), as spans do
+LINGER_S: float | None = None
+#: ... or until this many leaves are held
+LINGER_LEAVES = 50_000
+
+
+#: namespaces holding publications: at exit, what they hold is sent and waited for (EXIT_WAIT_S at most), so that a
+#: program that ends without closing its client loses no more than it did before publications were held
+_HOLDING: weakref.WeakSet = weakref.WeakSet()
+EXIT_WAIT_S = 10.0
+
+
+def _send_held_at_exit() -> None:
+    futures = []
+    for ns in list(_HOLDING):
+        with ns._lock:
+            futures += [h.future for h in ns._held]
+            ns._send_held()
+    deadline = time.monotonic() + EXIT_WAIT_S
+    for f in futures:
+        try:
+            f.result(max(0.0, deadline - time.monotonic()))
+        except Exception:  # noqa: BLE001 - nobody is left to tell; the client's spool keeps what it could not send
+            pass
+
+
+atexit.register(_send_held_at_exit)
+
+
+@functools.lru_cache(maxsize=4096)
+def _prefixes(path: str) -> tuple[str, ...]:
+    """The paths above ``path`` (``a``, ``a/b`` for ``a/b/c``)."""
+    keys = path.split(SEPARATOR)
+    return tuple(SEPARATOR.join(keys[:i]) for i in range(1, len(keys)))
+
+
+@dataclass
+class _Held:
+    """A non-blocking publication not sent yet: its leaves ((path, commit ts_ns, Leaf)), commits, time, and the
+    Future its commit returned."""
+
+    parts: list
+    commits: tuple[int, int]
+    ts_ns: int
+    future: Future
+
+
+def _rows_of(parts: list) -> dict[str, int]:
+    """Rows per table the leaves ``parts`` make (model.namespaces.tables): a single number is a metrics row, every
+    other value a namespace_values row."""
+    metrics = values = 0
+    for _, _, leaf in parts:
+        if leaf.single and not isinstance(leaf.values[0], str):
+            metrics += 1
+        else:
+            values += len(leaf.values)
+    return {t: n for t, n in (("metrics", metrics), ("namespace_values", values)) if n}
 
 
 class PublishError(RuntimeError):
@@ -59,7 +122,7 @@ class Acknowledgement:
     segments: tuple[str, ...] = field(default=())  # the segments holding its rows (maybe shared with others)
 
 
-@dataclass
+@dataclass(slots=True)
 class _Node:
     """A leaf of the record being built: its values per commit ((ts_ns or None while uncommitted, Leaf))."""
 
@@ -120,6 +183,10 @@ class Namespace:
         self._lock = threading.RLock()
         self._owns_client = False
         self.pending: list[Future] = []  # non-blocking publications not yet acknowledged
+        self._held: list[_Held] = []     # non-blocking publications waiting for the linger to end
+        self._held_leaves = 0
+        self._held_since = 0.0
+        self._timer: threading.Timer | None = None
         self.closed = False
 
     def __repr__(self) -> str:
@@ -148,7 +215,7 @@ class Namespace:
             path, value = "", path
         else:
             check_path(path)
-        given = list(leaves(path, value))  # checked before anything changes
+        given = leaves(path, value)  # checked before anything changes
         with self._lock:
             self._check_shape(given, mode)
             for p, leaf in given:
@@ -169,9 +236,7 @@ class Namespace:
         for p, leaf in given:
             if p in inner:
                 raise NamespaceError(p, "has keys below it in this record; a path is either a value or holds keys")
-            keys = p.split(SEPARATOR)
-            for i in range(1, len(keys)):
-                prefix = SEPARATOR.join(keys[:i])
+            for prefix in _prefixes(p):
                 if prefix in seen:
                     raise NamespaceError(p, f"{prefix} holds a value in this record; no key can be below it")
                 inner.add(prefix)
@@ -182,9 +247,7 @@ class Namespace:
             seen.add(p)
 
     def _put(self, path: str, leaf: Leaf, mode: str) -> None:
-        keys = path.split(SEPARATOR)
-        for i in range(1, len(keys)):
-            self._inner.add(SEPARATOR.join(keys[:i]))
+        self._inner.update(_prefixes(path))
         node = self._nodes.get(path)
         if mode == OVERWRITE or node is None:
             self._nodes[path] = _Node([[None, list(leaf.values)]], single=leaf.single and mode == OVERWRITE)
@@ -226,34 +289,83 @@ class Namespace:
     def _publish(self) -> Acknowledgement | Future:
         parts = [(p, ts, Leaf(values, node.single)) for p, node in self._nodes.items()
                  for ts, values in node.parts if ts is not None]
-        first, last = self.published_commits + 1, self.commits
-        ts_ns = self._last_ts
+        held = _Held(parts, (self.published_commits + 1, self.commits), self._last_ts, Future())
         self._nodes, self._inner = {}, set()
         self.published_commits = self.commits
+        if self.blocking:
+            self._send_held()  # what earlier non-blocking publications left held goes first
+            self._send([held])
+            return held.future.result()
+        if len(self.pending) >= 64:  # forget the acknowledged ones now and then, not at every publication
+            self.pending = [f for f in self.pending if not f.done()]
+        self.pending.append(held.future)
+        now, linger = time.monotonic(), self._linger()
+        if not self._held:
+            self._held_since = now
+            _HOLDING.add(self)
+        self._held.append(held)
+        self._held_leaves += len(parts)
+        if now - self._held_since >= linger or self._held_leaves >= LINGER_LEAVES:
+            self._send_held()
+        elif self._timer is None:  # nothing may come after it: the linger's end sends it
+            self._timer = threading.Timer(max(0.0, self._held_since + linger - now), self._linger_ended)
+            self._timer.daemon = True
+            self._timer.start()
+        return held.future
+
+    def _linger(self) -> float:
+        """How long a non-blocking publication waits for others (LINGER_S, else the client's flush interval now)."""
+        if LINGER_S is not None:
+            return LINGER_S
+        c = self.client
+        live = getattr(c, "live_flush_interval", None)
+        return live if getattr(c, "watched", False) and live is not None else getattr(c, "flush_interval", 1.0)
+
+    def _linger_ended(self) -> None:
+        with self._lock:
+            self._timer = None
+            self._send_held()
+
+    def _send_held(self) -> None:
+        """Send the held non-blocking publications now, as one batch per table."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        held, self._held, self._held_leaves = self._held, [], 0
+        if held:
+            self._send(held)
+
+    def _send(self, held: list[_Held]) -> None:
+        """Send the rows of publications ``held`` together (one batch per table); each one's Future resolves to its
+        own acknowledgement once every batch is acknowledged (PublishError when the collector refused one)."""
         rid = self.resource_id or self.client.process_resource()
-        data = tables(self.name, rid, parts)
+        data = tables(self.name, rid, [p for h in held for p in h.parts])
         futures, segments = [], []
         for table, t in data.items():
             for seg, fut in self.client.send_acknowledged(table, t):
                 segments.append(seg)
                 futures.append(fut)
-        rows = {table: t.num_rows for table, t in data.items()}
         name = self.name
 
-        def acknowledge(outcomes: list[str]) -> Acknowledgement:
+        def acknowledge(outcomes: list[str]) -> None:
             refused = [o for o in outcomes if o.startswith("rejected")]
-            if refused:
-                raise PublishError(f"namespace {name}, commits {first}-{last}: {refused[0]}")
-            stored_in = dict.fromkeys(getattr(f, "segment", None) or s for s, f in zip(segments, futures))
-            return Acknowledgement(name, (first, last), ts_ns, rows, all(o == "stored" for o in outcomes),
-                                   tuple(stored_in))
+            stored_in = tuple(dict.fromkeys(getattr(f, "segment", None) or s for s, f in zip(segments, futures)))
+            stored = all(o == "stored" for o in outcomes)
+            for h in held:
+                first, last = h.commits
+                if refused:
+                    h.future.set_exception(PublishError(f"namespace {name}, commits {first}-{last}: {refused[0]}"))
+                else:
+                    h.future.set_result(Acknowledgement(name, h.commits, h.ts_ns, _rows_of(h.parts), stored,
+                                                        stored_in))
 
-        fut = _all_of(futures, acknowledge)
-        if self.blocking:
-            return fut.result()
-        self.pending = [f for f in self.pending if not f.done()]
-        self.pending.append(fut)
-        return fut
+        def failed(f: Future) -> None:
+            if f.exception() is not None:
+                for h in held:
+                    if not h.future.done():
+                        h.future.set_exception(f.exception())
+
+        _all_of(futures, acknowledge).add_done_callback(failed)
 
     # ---- analysis ------------------------------------------------------------------------------------------
     def analyze(self, sql: str | None = None, *, reduce: str | None = None, name: str | None = None,
@@ -279,7 +391,9 @@ class Namespace:
             ack = None
             if self.commits > self.published_commits:
                 out = self._publish()
+                self._send_held()
                 ack = out.result(timeout) if isinstance(out, Future) else out
+            self._send_held()
             pending, self.pending = self.pending, []
         for f in pending:
             f.result(timeout)

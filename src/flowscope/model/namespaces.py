@@ -77,8 +77,15 @@ def check_namespace(name: Any) -> str:
     return name
 
 
+#: paths found valid (a producer sets the same paths every step: the checks run once per path)
+_VALID_PATHS: set[str] = set()
+_VALID_PATHS_MAX = 65_536
+
+
 def check_path(path: Any) -> str:
     """``path`` if it is a valid leaf path, else NamespaceError naming it."""
+    if path.__class__ is str and path in _VALID_PATHS:
+        return path
     if not isinstance(path, str):
         raise NamespaceError(repr(path)[:80], f"a path is a string of keys joined by '/', got {type(path).__name__}")
     if len(path) > MAX_PATH_CHARS:
@@ -89,6 +96,9 @@ def check_path(path: Any) -> str:
         raise NamespaceError(repr(path), f"not a path: it {why}")
     if path.count(SEPARATOR) >= MAX_DEPTH:
         raise NamespaceError(path, f"{path.count(SEPARATOR) + 1} levels deep; at most {MAX_DEPTH}")
+    if len(_VALID_PATHS) >= _VALID_PATHS_MAX:
+        _VALID_PATHS.clear()
+    _VALID_PATHS.add(path)
     return path
 
 
@@ -100,7 +110,7 @@ def join(prefix: str, key: Any, path_for_errors: str) -> str:
     return f"{prefix}{SEPARATOR}{key}" if prefix else key
 
 
-@dataclass
+@dataclass(slots=True)
 class Leaf:
     """One leaf as a call gave it: its values (floats or strs) and whether it is a single value (a scalar set)."""
 
@@ -120,6 +130,11 @@ def _number(path: str, v: Any) -> float:
 
 
 def _item(path: str, v: Any) -> float | str:
+    cls = v.__class__
+    if cls is float:
+        return v
+    if cls is int and -MAX_EXACT_INT <= v <= MAX_EXACT_INT:
+        return float(v)
     if isinstance(v, str):
         if len(v) > MAX_TEXT_BYTES // 4 and len(v.encode("utf-8", "surrogatepass")) > MAX_TEXT_BYTES:
             raise NamespaceError(path, f"a string of {len(v.encode('utf-8', 'surrogatepass'))} bytes; at most "
@@ -141,6 +156,13 @@ def _sequence(path: str, value: Any) -> list:
         if value.size > MAX_ITEMS:
             raise NamespaceError(path, f"an array of {value.size} items; at most {MAX_ITEMS} per leaf and call")
         if value.dtype.kind in "biuf":
+            if value.dtype.kind in "iu" and value.size <= 16:  # a location's few coordinates: exact, in Python
+                ints = value.tolist()
+                for v in ints:
+                    if v > MAX_EXACT_INT or v < -MAX_EXACT_INT:
+                        raise NamespaceError(path, "an integer array with values too large to be stored exactly as "
+                                                   "float64")
+                return [float(v) for v in ints]
             if value.dtype.kind in "iu" and value.size and np.abs(value.astype(np.float64)).max() > MAX_EXACT_INT:
                 raise NamespaceError(path, "an integer array with values too large to be stored exactly as float64")
             return value.astype(np.float64).tolist()
@@ -157,23 +179,33 @@ def _sequence(path: str, value: Any) -> list:
     return out
 
 
-def leaves(path: str, value: Any, *, depth: int = 0) -> Iterable[tuple[str, Leaf]]:
+def leaves(path: str, value: Any, *, depth: int = 0) -> list[tuple[str, Leaf]]:
     """The (path, Leaf) pairs of ``value`` set at ``path``: a mapping is walked (its keys extend the path), a
     list, tuple or 1-D array is one leaf of several values, anything else one single value. NamespaceError
     names the first path that cannot be published."""
-    if isinstance(value, Mapping):
+    out: list[tuple[str, Leaf]] = []
+    _walk(path, value, depth, out)
+    return out
+
+
+def _walk(path: str, value: Any, depth: int, out: list) -> None:
+    cls = value.__class__
+    if cls is float or cls is int:  # the common leaf, first
+        out.append((check_path(path), Leaf([_item(path, value)], True)))
+        return
+    if cls is dict or (cls is not str and isinstance(value, Mapping)):
         if not value:
             raise NamespaceError(path or "(root)", "an empty mapping has no leaf to publish")
         if depth > MAX_DEPTH:
             raise NamespaceError(path, f"nested more than {MAX_DEPTH} levels")
         for key, sub in value.items():
-            yield from leaves(join(path, key, path), sub, depth=depth + 1)
+            _walk(join(path, key, path), sub, depth + 1, out)
         return
     check_path(path)
     if isinstance(value, (list, tuple, np.ndarray)):
-        yield path, Leaf(_sequence(path, value), single=False)
+        out.append((path, Leaf(_sequence(path, value), False)))
     else:
-        yield path, Leaf([_item(path, value)], single=True)
+        out.append((path, Leaf([_item(path, value)], True)))
 
 
 # ---- rows ----------------------------------------------------------------------------------------------------
