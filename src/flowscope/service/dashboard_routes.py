@@ -184,9 +184,25 @@ class _Views:
         return view_signature(run_dir, view)
 
     def _compute(self, run_dir: Path, view: str, sig: tuple) -> dict:
-        from flowscope.report.views import view_document
+        from flowscope.report.views import data_state_graph, view_document
 
-        return view_document(run_dir, view, sig)
+        if view != "critical-path":
+            return view_document(run_dir, view, sig)
+        run = Run(run_dir)
+        try:
+            doc = view_document(run_dir, view, sig, run)
+            graph = (doc.get("data_states") or {}).get("graph") or {}
+            if graph.get("mode") == "groups":  # its groups are expanded from the graph this computation laid out
+                self._keep_graph(run_dir, sig, data_state_graph(run))
+            return doc
+        finally:
+            run.close()
+
+    def _keep_graph(self, run_dir: Path, sig: tuple, graph: dict | None) -> None:
+        self._graphs.pop(run_dir, None)
+        self._graphs[run_dir] = (sig, graph)
+        while len(self._graphs) > GRAPHS_KEPT:
+            self._graphs.pop(next(iter(self._graphs)))
 
     async def get(self, run_dir: Path, view: str, share: float | None = None) -> tuple[dict, float | None]:
         """The view of the run, and None when it is as the tables are now; or, with ``share``, the view kept
@@ -213,7 +229,8 @@ class _Views:
             return hit[1], None
 
     def _graph(self, run_dir: Path, sig: tuple) -> dict | None:
-        """The run's data-state graph as the critical-path view drew it at ``sig`` (kept for the last few runs)."""
+        """The run's data-state graph as the critical-path view drew it at ``sig`` (kept for the last few runs: the
+        view's own computation keeps it, so expanding a group computes nothing the view did not)."""
         from flowscope.report.views import data_state_graph
 
         hit = self._graphs.get(run_dir)
@@ -223,10 +240,7 @@ class _Views:
                 hit = (sig, data_state_graph(run))
             finally:
                 run.close()
-            self._graphs.pop(run_dir, None)
-            self._graphs[run_dir] = hit
-            while len(self._graphs) > GRAPHS_KEPT:
-                self._graphs.pop(next(iter(self._graphs)))
+            self._keep_graph(run_dir, sig, hit[1])
         return hit[1]
 
     async def graph_group(self, run_dir: Path, group: str) -> dict:
