@@ -670,6 +670,37 @@ def test_the_forecast_panels_frame_size_is_chosen_on_the_page(imported_store, ui
     context.close()
 
 
+@pytest.mark.parametrize("source", ["starpu", "otf2"])
+def test_every_page_passes_an_accessibility_audit(source, imported_store, ui_server, browser):  # noqa: F811
+    """axe-core (the audit engine of Chrome's Lighthouse, bundled by axe-playwright-python) on the runs list, the
+    overview and every analysis page: no violation rated serious or critical (a form control without a name, a
+    progress bar a screen reader cannot name, text too pale to read)."""
+    from axe_playwright_python.sync_playwright import Axe
+
+    store, runs = imported_store
+    context = browser.new_context(viewport=WHOLE_PAGE)
+    axe = Axe()
+    found = {}
+    for page in ["/ui/", f"/ui/runs/{runs[source]}", *(f"/ui/runs/{runs[source]}/{p}" for p in
+                                                       ("advisor", "critical-path", "profile", "charts", "anomalies",
+                                                        "logs"))]:
+        pg = _page(context)
+        pg.goto(f"{ui_server}{page}", wait_until="load")
+        if page == "/ui/":
+            pg.wait_for_function("() => window.flowscopeRuns && flowscopeRuns.refreshes > 0", timeout=WAIT_MS)
+        elif page.count("/") == 3:
+            pg.wait_for_function("() => window.flowscopeLive && flowscopeLive.snapshots > 0", timeout=WAIT_MS)
+        else:
+            pg.wait_for_function("() => window.flowscopeView && flowscopeView.renders > 0", timeout=WAIT_MS)
+        bad = [(v["id"], v["impact"], [n["target"] for n in v["nodes"][:3]])
+               for v in axe.run(pg).response["violations"] if v["impact"] in ("serious", "critical")]
+        if bad:
+            found[page] = bad
+        pg.close()
+    context.close()
+    assert not found, found
+
+
 def test_a_page_drawn_again_keeps_the_focus_the_typing_and_the_zoom(imported_store, ui_server, browser):  # noqa: F811
     """A live analysis page is drawn again whenever the run changed: what a person was doing survives it. The
     element with the keyboard focus has it again (found by id, by the row's key, else by its place), a filter being

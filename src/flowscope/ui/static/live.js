@@ -246,7 +246,8 @@
       var p = S.progress[g], tr = el("tr", null, {"data-group": g});
       tr.appendChild(el("td", g, {"class": "key"}));
       var bar = el("div", null, {"class": "bar", role: "progressbar", "aria-valuemin": "0",
-                                 "aria-valuemax": String(p.total), "aria-valuenow": String(p.done)});
+                                 "aria-valuemax": String(p.total), "aria-valuenow": String(p.done),
+                                 "aria-label": g + ": tasks done"});
       var done = el("div"), run = el("div", null, {"class": "running"}), c = colourOf(g);
       var frac = p.total ? p.done / p.total : 0, rfrac = p.total ? p.running / p.total : 0;
       done.style.width = (100 * frac) + "%"; done.style.background = c;

@@ -450,7 +450,7 @@
     var controls = el("p");
     controls.appendChild(select("an-stat", "statistic", STATS.map(function (s) { return [s, s]; }), param("stat", "mean"),
                                 function (v) { setParam("stat", v); render(); }));
-    controls.appendChild(select("an-side", "", [["top", "top"], ["bottom", "bottom"]], param("side", "top"),
+    controls.appendChild(select("an-side", "ranked from the", [["top", "top"], ["bottom", "bottom"]], param("side", "top"),
                                 function (v) { setParam("side", v); render(); }));
     var nl = el("label", " N "), ni = el("input", null, {id: "an-n", type: "number", min: "1", value: param("n", "10"), style: "width:5em"});
     ni.addEventListener("change", function () { setParam("n", ni.value); render(); });
