@@ -176,6 +176,24 @@ def test_the_reports_critical_path_page_expands_a_group_offline(big_run, tmp_pat
     assert not blocked, blocked
 
 
+def test_a_report_too_large_to_hold_its_graph_says_where_to_expand_it(big_run, tmp_path, monkeypatch):
+    """Above OFFLINE_GRAPH_STATES the file holds no group's states: expanding one says to open the run with
+    flowscope ui, and the page goes on working."""
+    from flowscope.report import run_pages
+
+    monkeypatch.setattr(run_pages, "OFFLINE_GRAPH_STATES", 1_000)
+    report = write_report(big_run, tmp_path / "report.html")
+    with open_view(report, "critical-path") as (page, console, errors):
+        page.wait_for_function("() => { const d = document.getElementById('cp-graph'); return d && d.data; }",
+                               timeout=OPEN_SECONDS * 1000)
+        page.click("#cp-graph-expand")
+        page.wait_for_function("() => document.getElementById('cp-graph-status').textContent.includes('could not')")
+        said = page.locator("#cp-graph-status").inner_text()
+        assert "more than a file holds (1,000)" in said and "flowscope ui" in said, said
+        assert [t[0] for t in _traces(page)] == ["mutations between groups", "groups (collapsed)", "critical path"]
+        assert not errors and page.evaluate("() => flowscopeView.errors") == []
+
+
 def test_the_graph_view_expands_a_group_on_demand(big_run, tmp_path):
     """report/critical_path.py's graph view of the 100,000 states, on a page of its own: it opens collapsed by
     application, expands one into its states (coloured by location) and the mutations ending there, with the path

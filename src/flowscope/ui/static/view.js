@@ -212,9 +212,9 @@
       docs.forEach(function (e) { expanded = expanded.concat(groupTraces(e, g)); });
       plot(div, traces.concat(expanded, [path]), layout);  // the path stays on top
       if (status) status.textContent = "";
-    }, function (err) {
-      if (status) status.textContent = " could not expand: " + String(err.message || err);
-      V.errors.push(String(err.message || err));
+    }, function (err) {  // said beside the control (the file or the server says why), not a fault of the page
+      var st = document.getElementById("cp-graph-status");
+      if (st && div.flowscopeExpanding === token) st.textContent = " could not expand: " + String(err.message || err);
     });
   }
 
