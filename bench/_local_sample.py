@@ -4,7 +4,9 @@ A user's uninstrumented process imports Dask and nothing of flowscope or the Pro
 flowscope's open audit hook, once added, stays until the process exits. So each sample is a process of its own
 that imports only what its mode uses: ``none`` Dask, ``profiler`` also dask.diagnostics, ``flowscope*`` also
 flowscope. Two modes take the capture apart: ``imports`` only imports what ``observe()`` brings into the process,
-``hooks-only`` also runs the capture's per-task hooks and discards what they took (no rows, no client, no sampler). Each first runs the workload once at a small size in its mode (imports, the collector process's start,
+``hooks-only`` also runs the capture's per-task hooks and discards what they took (no rows, no client, no sampler);
+``rows-only`` is observe() writing its rows, without per-task I/O or the hardware sampler, and ``rows-at-end`` the same
+writing them only when the graph ends. Each first runs the workload once at a small size in its mode (imports, the collector process's start,
 Dask's first-call costs: not timed), then once at full size, timed: wall (or, for ``micro``, the thread's CPU),
 process CPU, the collector's CPU, the time the garbage collector took during it (``gc.callbacks``, every thread)
 and the objects it tracks after it. Prints one JSON object.
@@ -27,11 +29,16 @@ from pathlib import Path
 
 WORKLOADS = ("local-tiny", "local-array", "micro")
 MODES = ("none", "profiler", "flowscope", "flowscope-full", "flowscope-no-task-io", "flowscope-reference", "imports",
-         "hooks-only")
+         "hooks-only", "rows-only", "rows-at-end")
 # flowscope's modes: (observe() keywords, FLOWSCOPE_COMPILED); the micro-benchmark's hardware sampler is off, so that
 # only the per-task path is measured
 OBSERVE = {"flowscope": ({}, "1"), "flowscope-full": ({"level": "full"}, "1"),
-           "flowscope-no-task-io": ({"task_io": False}, "1"), "flowscope-reference": ({}, "0")}
+           "flowscope-no-task-io": ({"task_io": False}, "1"), "flowscope-reference": ({}, "0"),
+           # taking the capture apart further (--local-decompose): its rows written, without per-task I/O and without
+           # the hardware sampler; and the same with every row written at the end of the graph (no batch each second
+           # or 4,096 tasks while it runs)
+           "rows-only": ({"task_io": False, "hardware_period": 0}, "1"),
+           "rows-at-end": ({"task_io": False, "hardware_period": 0}, "1")}
 
 
 class SampleError(RuntimeError):
@@ -175,6 +182,10 @@ def sample(kind: str, mode: str, tasks: int, array_size: int, store: Path, tag: 
 
             kw, compiled = OBSERVE[mode]
             os.environ["FLOWSCOPE_COMPILED"] = compiled
+            if mode == "rows-at-end":
+                import flowscope.sources.dask.local as local_capture
+
+                local_capture.FLUSH_TASKS, local_capture.FLUSH_SECONDS = 1 << 62, 1e9
             if kind == "micro":
                 kw = {**kw, "hardware_period": 0}
             gc.collect()

@@ -127,8 +127,9 @@ LEVEL_MODES = {"standard": "standard", "full": "full", "full-variant": "full", "
 WORKLOADS = ("demo", "tiny")
 LOCAL_WORKLOADS = ("local-tiny", "local-array")  # Dask's threaded scheduler, observed through its callbacks
 LOCAL_MODES = ("none", "profiler", "flowscope")
-#: with --local-decompose: what observe() imports alone, and the capture's per-task hooks alone (batches discarded)
-LOCAL_PARTS = ("imports", "hooks-only")
+#: with --local-decompose: what observe() imports alone, the capture's per-task hooks alone (batches discarded), its
+#: rows written without per-task I/O and the hardware sampler, and the same written only at the graph's end
+LOCAL_PARTS = ("imports", "hooks-only", "rows-only", "rows-at-end")
 TARGET_LOCAL = 1.05    # flowscope / none, local threaded scheduler
 RESULTS = Path(__file__).resolve().parent / "results" / f"{BENCH}.json"
 CLUSTER = {"n_workers": 2, "threads_per_worker": 2, "processes": True, "dashboard_address": None}
@@ -1000,8 +1001,10 @@ def _local_parts(local: dict, local_ratio: dict) -> list[str]:
                      f"{lw['gc_s']['flowscope']:.3f} s, the rest {lw['wall_minus_gc_s']['none']:.3f} -> "
                      f"{lw['wall_minus_gc_s']['flowscope']:.3f} s")
         if "hooks-only" in lw["ratio_vs_none"]:
-            parts.append(f"{w} taken apart: observe()'s imports alone {lw['ratio_vs_none']['imports']:.3f}x, its "
-                         f"per-task hooks alone {lw['ratio_vs_none']['hooks-only']:.3f}x")
+            r = lw["ratio_vs_none"]
+            parts.append(f"{w} taken apart: observe()'s imports alone {r['imports']:.3f}x, its per-task hooks alone "
+                         f"{r['hooks-only']:.3f}x, its rows (no per-task I/O, no sampler) {r['rows-only']:.3f}x, "
+                         f"the same written at the graph's end {r['rows-at-end']:.3f}x")
     if "micro" in local:
         added = local["micro"]["added_us_per_task"]
         parts.append(f"local capture +{added['flowscope']:.1f} us/task at standard (+{added['flowscope-full']:.1f} at "
