@@ -250,9 +250,12 @@ def page_sections(browser, report: Path, run) -> dict[str, dict]:
             own = page.evaluate("() => flowscopeView.errors")
             assert not tab.errors and not own, (view, tab.errors, own)
             assert not tab.external, tab.external
+        # the file's one snapshot is applied whole when the status is: what the stream holds then is all it holds;
+        # and the counters above the stream are written by the page's next drawing (up to 250 ms later), the one
+        # whose status badge shows that status
         page = tab.open(uri, "() => { const s = window.flowscopeLive && flowscopeLive.summary(); "
-                             "return s && s.status === flowscopeOffline.doc.live.status; }")
-        # the file's one snapshot is applied whole when the status is: what the stream holds then is all it holds
+                             "const st = flowscopeOffline.doc.live.status; "
+                             "return s && s.status === st && document.querySelector('#run-status').textContent === st; }")
         held = page.evaluate("() => flowscopeLive.summary().stream")
         # the stream's marks: its tasks and calls, and its transfers (red, on the workers' own rows)
         stream = page.evaluate("() => { const t = flowscopeLive.timeline; return t ? t.count + (t.xfer ? t.xfer.n : 0) : 0; }")
