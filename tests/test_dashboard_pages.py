@@ -666,6 +666,10 @@ def test_the_forecast_panels_frame_size_is_chosen_on_the_page(imported_store, ui
     ov.locator("#fc-window-size").dispatch_event("change")
     ov.wait_for_function("() => flowscopePanels.forecast.error !== null")
     assert ov.locator("#fc-error").inner_text() == "window: a whole number of samples, 1 or more (empty: the model's or the default)"
+    # what the server is asked is the query last committed and found valid, never the field's refused value
+    # (the panel's own tick asked for window=0 once, and the server's refusal replaced the page's message)
+    ov.evaluate("() => flowscopePanels.refreshForecast()")
+    assert "window" not in ov.evaluate("() => flowscopePanels.forecast.url")
     assert ov.errors == []
     context.close()
 

@@ -195,10 +195,13 @@
     if (drawn) f.renders++;
   }
 
+  // the query asked of the server: what the fields held when last committed (a change event) and found valid, not
+  // what is being typed in them
+  var query = {event: eventSel.value, fraction: fractionIn.value, window: windowIn.value};
   function forecastUrl() {
-    return "/v1/runs/" + encodeURIComponent(runId) + "/forecast?event=" + encodeURIComponent(eventSel.value) +
-           "&fraction=" + encodeURIComponent(fractionIn.value) +
-           (windowIn.value ? "&window=" + encodeURIComponent(windowIn.value) : "");
+    return "/v1/runs/" + encodeURIComponent(runId) + "/forecast?event=" + encodeURIComponent(query.event) +
+           "&fraction=" + encodeURIComponent(query.fraction) +
+           (query.window ? "&window=" + encodeURIComponent(query.window) : "");
   }
   var seen = null, lastFetch = 0;
   function fetchForecast() {
@@ -244,6 +247,7 @@
       renderForecast();
       return;
     }
+    query = {event: eventSel.value, fraction: fractionIn.value, window: w};
     setParam("event", eventSel.value); setParam("fraction", fractionIn.value); setParam("window", w);
     lastFetch = 0; tick();
   }
