@@ -193,6 +193,34 @@ def test_stop_returns_at_once_and_keeps_the_last_interval(tmp_path):
         HardwareSampler(client, period=0)
 
 
+def test_a_late_sample_is_not_followed_by_one_a_moment_later(tmp_path):
+    """A sample that ends late in its period (a slow reading, a starved thread) is followed by the next at least half
+    a period on, not a few milliseconds later: over less than the kernel's clock tick the CPU counters read nothing,
+    and such a sample has no cpu.percent (a fresh clone's run of the NIC test found one)."""
+    client = flowscope.Client(store=tmp_path / "store")
+    sampler = HardwareSampler(client, 0.1, first_interval=0.1)
+    starts: list[float] = []
+    sample = sampler.sample
+
+    def slow_sample():
+        if len(starts) in (2, 4):
+            time.sleep(0.095)  # the thread starts this one late: 5 ms before the next one is due
+        starts.append(time.monotonic())
+        sample()
+    sampler.sample = slow_sample
+    sampler.start()
+    deadline = time.monotonic() + 60
+    while len(starts) < 6:
+        assert time.monotonic() < deadline, f"{len(starts)} samples in 60 s"
+        time.sleep(0.01)
+    sampler.stop()
+    client.close()
+    gaps = [b - a for a, b in zip(starts[:6], starts[1:6])]
+    assert min(gaps) >= 0.05, gaps
+    _, df = _metrics(client)
+    assert all("cpu.percent" in s for s in _samples(df)), "a sample without cpu.percent"
+
+
 def test_loopback_traffic_shows_in_network_rates_when_included(tmp_path):
     loopbacks = [n for n, s in psutil.net_if_stats().items() if "loopback" in s.flags.split(",")]
     if not loopbacks:

@@ -320,6 +320,9 @@ class HardwareSampler:
             due += self.period
             if due <= now:  # fell behind (a suspended process, a starved thread): skip missed ticks
                 due += self.period * ((now - due) // self.period + 1)
+            # a sample taken late is not followed by one a moment later: over less than the kernel's clock tick
+            # the CPU counters read nothing, and the rates of a few milliseconds are noise
+            due = max(due, now + self.period / 2)
         prev = self._prev
         if prev is None or time.monotonic() - prev.mono >= min(self.period / 10, 0.05):
             self._guarded_sample()
