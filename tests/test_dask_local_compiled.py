@@ -155,7 +155,11 @@ def test_threads_registering_at_once_keep_their_own_tasks(tmp_path, monkeypatch,
 def test_compiled_keys_and_edges_equal_the_reference_on_every_kind_of_node():
     """A graph's keys as text and its (task, dependency) pairs, read in C once per computation, are the reference's
     values in the reference's order: tuple, str, empty and non-ASCII keys, a data node, a legacy task converted by
-    Dask, a dependency the graph does not hold (named by str()), a node with no dependencies; errors the same."""
+    Dask, a dependency the graph does not hold (named by str()), a node with no dependencies; errors the same. The
+    pairs are positions: a task's in the graph's keys, a dependency outside the graph's after them, its text in the
+    list of those."""
+    from array import array
+
     from dask._task_spec import DataNode, List, Task, TaskRef, convert_legacy_graph
 
     from flowscope.sources.dask import _local_tasks
@@ -172,22 +176,50 @@ def test_compiled_keys_and_edges_equal_the_reference_on_every_kind_of_node():
     texts = _local_tasks.key_texts(graph)
     assert texts == _GraphBase.key_texts(graph) and list(texts) == list(graph)
     assert all(type(v) is str for v in texts.values())
+    keys = list(graph)
+    pos = dict(zip(keys, range(len(keys))))
 
-    class Ref:  # the reference's edges, with the names the compiled path gets
-        names = texts
+    class Ref:  # the reference's edges, with the positions the compiled path gets
+        pass
+    Ref.pos = pos
     want = _GraphBase.graph_edges(Ref, graph)
-    got = _local_tasks.graph_edges(graph, texts, DataNode)
-    assert got == want and got[2] >= 1
-    assert "not-in-graph" in str(got[1]) and ("ünï", "ünï-missing") in zip(got[0], got[1])
+    got = _local_tasks.graph_edges(graph, pos, DataNode)
+    assert got == want and got[3] >= 1
+    src, dst, outside = array("i", got[0]), array("i", got[1]), got[2]
+    assert len(src) == len(dst) == sum(len(node.dependencies) for node in graph.values())
+    text = [texts[k] for k in keys] + outside
+    pairs = {(text[a], text[b]) for a, b in zip(src, dst)}
+    assert {("ünï", "ünï-missing"), ("ünï", ""), (str(("outside", 7)), str(("not-in-graph", 1)))} <= pairs
+    assert sorted(outside) == sorted([str(("not-in-graph", 1)), "ünï-missing"])
+    assert all(0 <= a < len(keys) for a in src) and max(dst) == len(keys) + len(outside) - 1
 
     # the Python class picks the C functions for a dict and the reference for anything else
     assert _CompiledGraph.key_texts(graph) == texts
-    with pytest.raises(KeyError):  # a key names lacks: the reference's KeyError
+    with pytest.raises(KeyError):  # a key pos lacks: the reference's KeyError
         _local_tasks.graph_edges(graph, {}, DataNode)
 
     class NoDeps:
         pass
     with pytest.raises(AttributeError, match="dependencies"):
-        _local_tasks.graph_edges({"x": NoDeps()}, {"x": "x"}, DataNode)
+        _local_tasks.graph_edges({"x": NoDeps()}, {"x": 0}, DataNode)
     with pytest.raises(TypeError):
         _local_tasks.key_texts([1, 2])
+
+
+class _Key:
+    def __str__(self) -> str:
+        return "a key of its own"
+
+
+#: tuple keys of every shape: what str() makes of them is what the compiled path must give, whichever way it takes
+ODD_KEYS = [("a", 0), ("a",), (), ("it's", 1), ('say "hi"', 2), ("back\\slash", 3), ("tab\there", 4), ("ünï", 5),
+            ("x", -7), ("x", -(2 ** 63)), ("x", 2 ** 63 - 1), ("x", 2 ** 70), ("x", 1.5), ("x", True), ("x", None),
+            ("x", ("nested", 1)), ("x", b"by"), (1, 2), ("\x7f", 1), ("\x1f", 1), ("", 0), ("long" * 200, 1),
+            ("x",) + tuple(range(40)), ("a", "b", "c"), (_Key(), 1), ("x", 10 ** 19), ("x", 0)]
+
+
+@pytest.mark.parametrize("key", ODD_KEYS, ids=range(len(ODD_KEYS)))
+def test_compiled_key_texts_are_str_of_every_shape_of_tuple_key(key):
+    from flowscope.sources.dask import _local_tasks
+
+    assert _local_tasks.key_texts({key: 1}) == {key: str(key)}

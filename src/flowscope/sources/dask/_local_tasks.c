@@ -800,6 +800,57 @@ static PyTypeObject HookType = {
 /* ---- a graph's keys and edges, once per computation (start) --------------------------------------------------- */
 static PyObject *str_dependencies;
 
+/* str(key) for a tuple of ASCII strs and ints, written as Python writes it (tuple and str repr: 'x' in single
+ * quotes, items joined by ", ", a 1-tuple's trailing comma) without a call per item; NULL with no error set when the
+ * key holds anything else (a str with a quote, a backslash, a control or non-ASCII character; an int beyond 64
+ * bits; any other type): the caller then asks PyObject_Str. tests/test_dask_local_compiled.py checks both ways. */
+static PyObject *tuple_text(PyObject *key) {
+    Py_ssize_t n = PyTuple_GET_SIZE(key);
+    char buf[256];
+    size_t len = 0;
+    if (n == 0 || n > 16)
+        return NULL;
+    buf[len++] = '(';
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *item = PyTuple_GET_ITEM(key, i);
+        if (i) {
+            buf[len++] = ',';
+            buf[len++] = ' ';
+        }
+        if (PyUnicode_CheckExact(item)) {
+            if (!PyUnicode_IS_ASCII(item))
+                return NULL;
+            Py_ssize_t m = PyUnicode_GET_LENGTH(item);
+            if (len + (size_t)m + 8 > sizeof buf)
+                return NULL;
+            const unsigned char *c = PyUnicode_1BYTE_DATA(item);
+            for (Py_ssize_t j = 0; j < m; j++)
+                if (c[j] < 0x20 || c[j] > 0x7e || c[j] == '\'' || c[j] == '\\')
+                    return NULL;
+            buf[len++] = '\'';
+            memcpy(buf + len, c, (size_t)m);
+            len += (size_t)m;
+            buf[len++] = '\'';
+        } else if (PyLong_CheckExact(item)) {
+            int overflow = 0;
+            long long v = PyLong_AsLongLongAndOverflow(item, &overflow);
+            if (overflow || (v == -1 && PyErr_Occurred())) {
+                PyErr_Clear();
+                return NULL;
+            }
+            if (len + 32 > sizeof buf)
+                return NULL;
+            len += (size_t)snprintf(buf + len, 24, "%lld", v);
+        } else {
+            return NULL;
+        }
+    }
+    if (n == 1)
+        buf[len++] = ',';
+    buf[len++] = ')';
+    return PyUnicode_DecodeASCII(buf, (Py_ssize_t)len, NULL);
+}
+
 /* key_texts(dsk) -> {key: the key as text}: the key itself when it is a str, else str(key) */
 static PyObject *key_texts(PyObject *Py_UNUSED(module), PyObject *dsk) {
     if (!PyDict_Check(dsk)) {
@@ -812,7 +863,14 @@ static PyObject *key_texts(PyObject *Py_UNUSED(module), PyObject *dsk) {
     Py_ssize_t pos = 0;
     PyObject *key, *node;
     while (PyDict_Next(dsk, &pos, &key, &node)) {
-        PyObject *text = PyUnicode_CheckExact(key) ? Py_NewRef(key) : PyObject_Str(key);
+        PyObject *text;
+        if (PyUnicode_CheckExact(key)) {
+            text = Py_NewRef(key);
+        } else {
+            text = PyTuple_CheckExact(key) ? tuple_text(key) : NULL;
+            if (text == NULL && !PyErr_Occurred())
+                text = PyObject_Str(key);
+        }
         if (text == NULL || PyDict_SetItem(out, key, text) < 0) {
             Py_XDECREF(text);
             Py_DECREF(out);
@@ -823,65 +881,109 @@ static PyObject *key_texts(PyObject *Py_UNUSED(module), PyObject *dsk) {
     return out;
 }
 
-/* graph_edges(dsk, names, data_type) -> (src, dst, data_nodes): one (task, dependency) pair per dependency of every
- * node, as the texts names gives (a dependency names lacks, or names as "", as str(dependency)), in the graph's
- * order and each node's dependencies' iteration order; data_nodes counts the nodes that are data_type instances */
+/* A growing int32 column. */
+typedef struct {
+    int32_t *v;
+    Py_ssize_t n, cap;
+} Column32;
+
+static int column_push(Column32 *c, Py_ssize_t value) {
+    if (c->n == c->cap) {
+        Py_ssize_t cap = c->cap ? 2 * c->cap : 1024;
+        int32_t *v = PyMem_Realloc(c->v, (size_t)cap * sizeof(int32_t));
+        if (v == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        c->v = v;
+        c->cap = cap;
+    }
+    c->v[c->n++] = (int32_t)value;
+    return 0;
+}
+
+/* the position pos gives key, or -1 with an error set (KeyError when pos lacks it, as the reference's pos[key]) */
+static Py_ssize_t position_of(PyObject *pos, PyObject *key, int missing_is_error) {
+    PyObject *at = PyDict_GetItemWithError(pos, key);
+    if (at == NULL) {
+        if (!PyErr_Occurred() && missing_is_error)
+            PyErr_SetObject(PyExc_KeyError, key);
+        return -1;
+    }
+    return PyLong_AsSsize_t(at);
+}
+
+/* graph_edges(dsk, pos, data_type) -> (src, dst, outside, data_nodes): one (task, dependency) pair per dependency of
+ * every node, in the graph's order and each node's dependencies' iteration order, as int32 columns (bytes) of
+ * positions: pos[task], and pos[dependency] or, for a dependency pos lacks, len(pos) + its place in outside (the
+ * list of str() of those, one per pair); data_nodes counts the nodes that are data_type instances */
 static PyObject *graph_edges(PyObject *Py_UNUSED(module), PyObject *args) {
-    PyObject *dsk, *names, *data_type;
-    if (!PyArg_ParseTuple(args, "O!O!O", &PyDict_Type, &dsk, &PyDict_Type, &names, &data_type))
+    PyObject *dsk, *pos, *data_type;
+    if (!PyArg_ParseTuple(args, "O!O!O", &PyDict_Type, &dsk, &PyDict_Type, &pos, &data_type))
         return NULL;
-    PyObject *src = PyList_New(0), *dst = PyList_New(0);
-    Py_ssize_t data_nodes = 0;
-    if (src == NULL || dst == NULL)
-        goto fail;
-    Py_ssize_t pos = 0;
+    Column32 src = {0}, dst = {0};
+    PyObject *outside = PyList_New(0), *result = NULL;
+    Py_ssize_t data_nodes = 0, n = PyDict_GET_SIZE(pos);
+    if (outside == NULL)
+        goto done;
+    if (n > INT32_MAX) {
+        PyErr_SetString(PyExc_OverflowError, "graph_edges(): a graph of more than 2**31 - 1 keys");
+        goto done;
+    }
+    Py_ssize_t it_pos = 0;
     PyObject *key, *node;
-    while (PyDict_Next(dsk, &pos, &key, &node)) {
+    while (PyDict_Next(dsk, &it_pos, &key, &node)) {
         int is_data = PyObject_IsInstance(node, data_type);
         if (is_data < 0)
-            goto fail;
+            goto done;
         data_nodes += is_data;
         PyObject *deps = PyObject_GetAttr(node, str_dependencies);
         if (deps == NULL)
-            goto fail;
-        PyObject *name = PyDict_GetItemWithError(names, key);  /* names[key], as the reference: KeyError if absent */
-        if (name == NULL) {
-            if (!PyErr_Occurred())
-                PyErr_SetObject(PyExc_KeyError, key);
+            goto done;
+        Py_ssize_t i = position_of(pos, key, 1);
+        if (i < 0) {
             Py_DECREF(deps);
-            goto fail;
+            goto done;
         }
         PyObject *it = PyObject_GetIter(deps);
         Py_DECREF(deps);
         if (it == NULL)
-            goto fail;
+            goto done;
         PyObject *dep;
         while ((dep = PyIter_Next(it)) != NULL) {
-            PyObject *text = PyDict_GetItemWithError(names, dep);
-            if (text == NULL && PyErr_Occurred()) {
-                Py_DECREF(dep);
-                Py_DECREF(it);
-                goto fail;
-            }
-            int truthy = text == NULL ? 0 : PyObject_IsTrue(text);
-            text = truthy > 0 ? Py_NewRef(text) : truthy == 0 ? PyObject_Str(dep) : NULL;
-            Py_DECREF(dep);
-            if (text == NULL || PyList_Append(src, name) < 0 || PyList_Append(dst, text) < 0) {
+            Py_ssize_t j = position_of(pos, dep, 0);
+            if (j < 0 && !PyErr_Occurred()) {  /* outside the graph: named by str() */
+                PyObject *text = PyObject_Str(dep);
+                j = n + PyList_GET_SIZE(outside);
+                if (text == NULL || PyList_Append(outside, text) < 0 || j > INT32_MAX) {
+                    if (text != NULL && j > INT32_MAX)
+                        PyErr_SetString(PyExc_OverflowError, "graph_edges(): too many dependencies outside the graph");
+                    j = -1;
+                }
                 Py_XDECREF(text);
-                Py_DECREF(it);
-                goto fail;
             }
-            Py_DECREF(text);
+            Py_DECREF(dep);
+            if (j < 0 || column_push(&src, i) < 0 || column_push(&dst, j) < 0) {
+                Py_DECREF(it);
+                goto done;
+            }
         }
         Py_DECREF(it);
         if (PyErr_Occurred())
-            goto fail;
+            goto done;
     }
-    return Py_BuildValue("(NNn)", src, dst, data_nodes);
-fail:
-    Py_XDECREF(src);
-    Py_XDECREF(dst);
-    return NULL;
+    /* (bytes built here: Py_BuildValue's y# makes None of an empty column's NULL pointer) */
+    PyObject *src_b = PyBytes_FromStringAndSize(src.v ? (const char *)src.v : "", src.n * (Py_ssize_t)sizeof(int32_t));
+    PyObject *dst_b = PyBytes_FromStringAndSize(dst.v ? (const char *)dst.v : "", dst.n * (Py_ssize_t)sizeof(int32_t));
+    if (src_b != NULL && dst_b != NULL)
+        result = Py_BuildValue("(OOOn)", src_b, dst_b, outside, data_nodes);
+    Py_XDECREF(src_b);
+    Py_XDECREF(dst_b);
+done:
+    PyMem_Free(src.v);
+    PyMem_Free(dst.v);
+    Py_XDECREF(outside);
+    return result;
 }
 
 /* ---- module ------------------------------------------------------------------------------------------------ */
@@ -902,7 +1004,8 @@ static PyMethodDef module_methods[] = {
     {"current", current, METH_NOARGS, "The calling thread's ThreadState, or None."},
     {"key_texts", key_texts, METH_O, "key_texts(dsk) -> {key: the key as text (itself if a str, else str(key))}"},
     {"graph_edges", graph_edges, METH_VARARGS,
-     "graph_edges(dsk, names, data_type) -> (src, dst, data_nodes): the graph's (task, dependency) pairs as texts"},
+     "graph_edges(dsk, pos, data_type) -> (src, dst, outside, data_nodes): the graph's (task, dependency) pairs as "
+     "int32 positions"},
     {NULL}
 };
 

@@ -302,7 +302,7 @@ class _GraphBase:
         self.names = self.key_texts(dsk)           # key -> the key as text
         self.keys = list(self.names)                # index -> key (keys pretask meets outside the graph appended)
         self.pos = dict(zip(self.keys, range(len(self.keys))))
-        self.key_text = None                        # the keys' text as an Arrow array, made on the first batch
+        self.key_text = None                        # the keys' text as an Arrow array (made at the start)
         self.head_names: list[str] = []             # group code -> span name (the group's prefix)
         self.head_groups: list[str] = []            # group code -> the group as JSON text
         self.spool = os.path.join(capture.spool_root, str(n))
@@ -325,14 +325,24 @@ class _GraphBase:
         """Each key of the graph -> the key as text (itself if a str, else ``str(key)``)."""
         return {k: k if k.__class__ is str else str(k) for k in dsk}
 
-    def graph_edges(self, dsk) -> tuple[list, list, int]:
-        """(task, dependency) pairs of the graph as texts (a dependency outside ``names``: ``str()`` of it), and
-        how many of its nodes are data, not tasks."""
-        names = self.names
-        edges = [(names[k], node.dependencies) for k, node in dsk.items()]
-        src = [k for k, d in edges for _ in d]
-        dst = [names.get(x) or str(x) for _, d in edges for x in d]
-        return src, dst, sum(1 for node in dsk.values() if isinstance(node, DataNode))
+    def graph_edges(self, dsk) -> tuple[bytes, bytes, list, int]:
+        """The graph's (task, dependency) pairs as positions: int32 columns (bytes) of the task's position in
+        ``pos`` and of the dependency's, a dependency outside ``pos`` numbered after them (``len(pos)`` + its place
+        in the list of their texts, ``str()`` of each, one per pair); the texts; and how many of the graph's nodes
+        are data, not tasks."""
+        pos = self.pos
+        n = len(pos)
+        src, dst, outside = array("i"), array("i"), []
+        for k, node in dsk.items():
+            i = pos[k]
+            for x in node.dependencies:
+                j = pos.get(x)
+                if j is None:
+                    j = n + len(outside)
+                    outside.append(str(x))
+                src.append(i)
+                dst.append(j)
+        return src.tobytes(), dst.tobytes(), outside, sum(1 for node in dsk.values() if isinstance(node, DataNode))
 
     def name_of(self, index: int) -> str:
         key = self.keys[index]
@@ -407,9 +417,9 @@ if _local_tasks is not None:
         def key_texts(dsk) -> dict:
             return _local_tasks.key_texts(dsk) if dsk.__class__ is dict else _GraphBase.key_texts(dsk)
 
-        def graph_edges(self, dsk) -> tuple[list, list, int]:
+        def graph_edges(self, dsk) -> tuple[bytes, bytes, list, int]:
             if dsk.__class__ is dict:
-                return _local_tasks.graph_edges(dsk, self.names, DataNode)
+                return _local_tasks.graph_edges(dsk, self.pos, DataNode)
             return _GraphBase.graph_edges(self, dsk)
 
     _MEASURED: tuple = (MeasuredTask, _local_tasks.MeasuredTask)
@@ -521,14 +531,20 @@ class LocalSchedulerCapture(Callback):
             self._enable_audit()
             now = _time_ns()
             gid = g.id
-            src, dst, data_nodes = g.graph_edges(dsk)
+            src, dst, outside, data_nodes = g.graph_edges(dsk)
             g.tasks = len(dsk) - data_nodes
-            if src:
-                n = len(src)
-                from flowscope.model import arrow_values as av  # no pa.array(): it would import pandas here
+            from flowscope.model import arrow_values as av  # no pa.array(): it would import pandas here
 
-                fs.write("dependencies", {"graph_id": av.repeat_text(gid, n), "task_key": av.texts(src),
-                                          "depends_on": av.texts(dst), "ts_ns": av.repeat_int64(now, n)})
+            g.key_text = av.texts(list(g.names.values()))  # in the order of g.keys; the rows' task_key
+            if src:  # the pairs' texts taken from the keys' (Arrow's take), not made again per pair
+                import pyarrow as pa
+
+                n = len(src) // 4
+                dep_text = pa.concat_arrays([g.key_text, av.texts(outside)]) if outside else g.key_text
+                fs.write("dependencies", {"graph_id": av.repeat_text(gid, n),
+                                          "task_key": g.key_text.take(av.int32s(src)),
+                                          "depends_on": dep_text.take(av.int32s(dst)),
+                                          "ts_ns": av.repeat_int64(now, n)})
             fs.log(f"graph of {g.tasks} tasks on a local Dask scheduler", category="graph-submitted",
                    resource_id=fs.process_resource(), ts_ns=now,
                    attrs={"graph_id": gid, "tasks": g.tasks, "scheduler": "local"})
