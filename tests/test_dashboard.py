@@ -108,6 +108,10 @@ def test_overview_follows_a_live_dask_workflow_and_a_reconnecting_page_catches_u
         register(client, fs.address, fs.run_id)
         context = browser.new_context(viewport=WHOLE_PAGE)
         try:
+            # a page open before any task ran: every row of its stream comes in a delta
+            early = _page(context)
+            early.goto(f"{collector.address}/ui/runs/{fs.run_id}", wait_until="load")
+            early.wait_for_function("() => flowscopeLive.snapshots === 1", timeout=WAIT_MS)
             # phase 1: quick tasks whose keys carry markup
             futures = client.compute([delayed(quick, pure=True)(i, dask_key_name=f"{IMG}-{i}") for i in range(n_quick)])
             assert client.gather(futures) == list(range(n_quick))
@@ -184,6 +188,12 @@ def test_overview_follows_a_live_dask_workflow_and_a_reconnecting_page_catches_u
         # every task's key as the run recorded it, markup and all: from a snapshot (page, reloaded) and from deltas
         # that came as one catch-up message (other); both binary messages (service/frames.py)
         keys = sorted(run.sql("SELECT task_key FROM activity WHERE role = 'task'")["task_key"])
+        # each row names its resource (what ?resource= finds), alike whether it came in a snapshot or a delta
+        ids = sorted(run.sql("SELECT DISTINCT resource_id FROM activity WHERE role = 'task'")["resource_id"])
+        assert sorted(page.evaluate("() => flowscopeLive.state.rowIds")) == ids
+        assert early.evaluate("() => [flowscopeLive.snapshots, flowscopeLive.state.rowIds]") == \
+            [1, page.evaluate("() => flowscopeLive.state.rowIds")]
+        assert early.evaluate("() => flowscopeLive.state.rows") == page.evaluate("() => flowscopeLive.state.rows")
         for pg in (page, other):
             assert sorted(pg.evaluate(STREAM_KEYS)) == keys
             _no_markup_ran(pg)

@@ -140,7 +140,7 @@ class ReferenceLiveRun(LiveRun):
                 self._finished[sec] += k
             delta["throughput"] = {str(sec): self._finished[sec] for sec in s.tolist()}
         if new_rows:
-            delta["rows"] = new_rows
+            delta["rows"], delta["row_ids"] = new_rows, self._rows[-len(new_rows):]
         if new_groups:
             delta["groups"] = new_groups
         delta["tasks"] = {"start": start.tolist(), "end": end.tolist(), "row": row.tolist(), "group": group.tolist(),
@@ -157,7 +157,7 @@ class ReferenceLiveRun(LiveRun):
         end = (batch["end_ns"].to_numpy() - self.t0_ns) / 1e9
         self._xfers.append((start, end, src, dst))
         if new_rows:
-            delta["rows"] = new_rows
+            delta["rows"], delta["row_ids"] = new_rows, self._rows[-len(new_rows):]
         delta["transfers"] = {"start": start.tolist(), "end": end.tolist(), "src": src.tolist(), "dst": dst.tolist()}
 
     def _apply_metrics(self, batch: pa.Table, delta: dict) -> None:
@@ -225,6 +225,13 @@ def test_the_vectorised_update_matches_the_per_record_one_on_a_real_dask_run(rec
     snap = new.snapshot()
     assert len(snap["tasks"]["key"]) >= 121 and {"inc-0", "add-0", "total-0"} <= set(snap["tasks"]["key"])
     assert snap["transfers"]["start"] and snap["metrics"]["series"]
+    # each row of the stream names its resource (a page's ?resource= finds its row by it), the label beside it
+    run = Run(recorded)
+    spans = run.sql("SELECT DISTINCT resource_id FROM spans WHERE task_key IN ('inc-0', 'add-0', 'total-0')")
+    run.close()
+    assert len(snap["row_ids"]) == len(snap["rows"]) == len(set(snap["row_ids"]))
+    assert set(spans["resource_id"]) <= set(snap["row_ids"])
+    assert snap["rows"] == [new._label(rid) for rid in snap["row_ids"]]
 
     # each batch again, row by row, as one-row segments: spans of keys seen before, rows known before
     again = [(t, f"{sid}-row{i}", r) for t, sid, d in segs if t in ("spans", "transfers", "metrics")

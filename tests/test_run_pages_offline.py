@@ -311,6 +311,52 @@ def test_the_task_stream_keeps_its_time_range_and_a_task_in_the_address(imported
     context.close()
 
 
+def test_a_resource_in_the_address_opens_the_task_stream_on_its_row(imported_store, written, browser):  # noqa: F811
+    """``?resource=ID`` opens the overview's task stream with that resource's row in view and marked, named beside
+    the stream with its tasks; a resource the stream has no row for is said so once the run is whole. The anomalies
+    page links its selected resource there."""
+    from urllib.parse import quote
+
+    from flowscope.store.run import open_run
+
+    store, runs = imported_store
+    run = open_run(store / runs["starpu"])
+    per = run.sql("""SELECT resource_id, count(*) AS n FROM activity WHERE role = 'task'
+                     GROUP BY resource_id ORDER BY n, resource_id""")
+    run.close()
+    assert len(per) >= 2
+    rid, tasks = per.iloc[0]["resource_id"], int(per.iloc[0]["n"])  # the worker with the fewer tasks
+    uri = written["starpu"].as_uri()
+    context = browser.new_context(viewport={"width": 1300, "height": 700})
+    pg = _open(context, f"{uri}?resource={quote(rid)}")
+    pg.wait_for_function("r => { const e = document.getElementById('stream-resource'); return e && e.dataset.resource"
+                         " === r; }", arg=rid, timeout=WAIT_MS)
+    got = pg.evaluate("""() => { const tl = flowscopeLive.timeline, S = flowscopeLive.state;
+                                 return {row: tl.highlighted, ids: S.rowIds, labels: S.rows, window: tl.rowWindow,
+                                         count: tl.rowCount(tl.highlighted)}; }""")
+    row = got["ids"].index(rid)
+    assert got["row"] == row and got["window"][0] <= row < got["window"][1]
+    assert got["count"] == tasks
+    text = pg.locator("#stream-resource").inner_text()
+    assert got["labels"][row] in text and f"{tasks:,} tasks" in text
+
+    missing = _open(context, f"{uri}?resource=no-such-resource")
+    missing.wait_for_function("() => document.getElementById('stream-resource').textContent", timeout=WAIT_MS)
+    assert "no-such-resource" in missing.locator("#stream-resource").inner_text()
+    assert missing.evaluate("() => flowscopeLive.timeline.highlighted") is None
+
+    # the anomalies page: the selected resource's link opens the overview on it
+    an = _open(context, f"{uri}?resource={quote(rid)}#anomalies")
+    link = an.locator("a.stream-of-resource")
+    link.wait_for(timeout=WAIT_MS)
+    link.click()
+    an.wait_for_function("r => { const e = document.getElementById('stream-resource'); return e && e.dataset.resource"
+                         " === r; }", arg=rid, timeout=WAIT_MS)
+    for p in (pg, missing, an):
+        assert p.errors == [] and p.outside == []
+    context.close()
+
+
 def _sleepy(i):
     import time
 

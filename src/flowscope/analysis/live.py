@@ -315,6 +315,11 @@ class LiveRun:
         if relabel:
             delta["relabel"] = relabel
 
+    def _rows_added(self, delta: dict, new_rows: list[str]) -> None:
+        """Put the rows a batch added (their labels, in order) into ``delta``, with the resource each is of."""
+        if new_rows:
+            delta["rows"], delta["row_ids"] = new_rows, self._rows[-len(new_rows):]
+
     def _row(self, rid: str, new_rows: list) -> int:
         i = self._row_of.get(rid)
         if i is None:
@@ -517,8 +522,7 @@ class LiveRun:
             for sec, k in zip(s.tolist(), n.tolist()):
                 self._finished[sec] += k
             delta["throughput"] = {str(sec): self._finished[sec] for sec in s.tolist()}
-        if new_rows:
-            delta["rows"] = new_rows
+        self._rows_added(delta, new_rows)
         if new_groups:
             delta["groups"] = new_groups
         # columns as they are: the live channel sends them as binary buffers (service/frames.py)
@@ -554,8 +558,7 @@ class LiveRun:
         start = (batch["start_ns"].to_numpy() - self.t0_ns) / 1e9
         end = (batch["end_ns"].to_numpy() - self.t0_ns) / 1e9
         self._xfers.append((start, end, src, dst))
-        if new_rows:
-            delta["rows"] = new_rows
+        self._rows_added(delta, new_rows)
         delta["transfers"] = {"start": start, "end": end, "src": src, "dst": dst}
 
     def _apply_metrics(self, batch: pa.Table, delta: dict) -> None:
@@ -689,6 +692,7 @@ class LiveRun:
                 "progress": self._progress(self._groups if self._state else self._span_tasks),
                 "states": self._states(),
                 "rows": list(self._labels),
+                "row_ids": list(self._rows),  # the resource of each row (a page's ?resource= finds its row)
                 "groups": [{"name": g, "color": self._color(i)} for i, g in enumerate(self._stream_groups)],
                 "tasks": self._tasks.arrays() if columns else self._tasks.as_json(),
                 "drawn": self._drawn,  # what the stream holds: a class of STREAM_CLASSES, None before any

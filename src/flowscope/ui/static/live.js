@@ -9,7 +9,7 @@
 
   var S = {  // what the page holds of the run
     epoch: null, seq: null, name: "", status: null, lastS: 0, endS: null,
-    progress: {}, states: {}, rows: [], groups: [], warnings: [], warningCount: 0,
+    progress: {}, states: {}, rows: [], rowIds: [], groups: [], warnings: [], warningCount: 0,
     metrics: {names: {}, series: {}},          // panel -> resource -> {label, t, v}
     diagnostics: {},                           // "namespace:name" -> resource -> {label, t, v}
     throughput: {},                            // second since the start -> task spans that ended in it
@@ -36,7 +36,7 @@
     }
   }
 
-  // ---- deep links into the stream: ?from=S&to=S (seconds since the run started), ?task=KEY ----------------
+  // ---- deep links into the stream: ?from=S&to=S (seconds since the run started), ?task=KEY, ?resource=ID -----
   var params = new URLSearchParams(location.search);
   var keepTimer = 0;
   /** Keep the stream's range in the address (replaceState, a quarter of a second after the last change). */
@@ -66,6 +66,28 @@
       UI.fmtSeconds(t.start) + ", " + UI.fmtDur(d);
     out.dataset.key = wantedTask;
     wantedTask = null;
+  }
+
+  var wantedResource = params.get("resource");
+  /** Mark the row of ``?resource=ID`` in the stream and bring it into view, once it is there (a live run's worker
+   *  may join later), and name it with the tasks it holds; again on a new stream (a snapshot replaces it). */
+  function showWantedResource() {
+    if (wantedResource === null || !live.timeline) return;
+    var out = document.getElementById("stream-resource"), tl = live.timeline, row = S.rowIds.indexOf(wantedResource);
+    if (row < 0) {
+      if (S.endS !== null && S.endS !== undefined && out.dataset.missing !== wantedResource) {
+        out.textContent = "no resource " + wantedResource + " in this run's stream";
+        out.dataset.missing = wantedResource;
+      }
+      return;
+    }
+    var n = tl.rowCount(row);
+    if (tl.highlighted !== row) { tl.highlightRow(row); tl.showRow(row); }
+    if (out.dataset.resource === wantedResource && +out.dataset.tasks === n) return;
+    out.textContent = "resource " + S.rows[row] + " (" + wantedResource + "), row " + (row + 1) + " of " +
+      S.rows.length + ": " + UI.fmtInt(n) + " " + (n === 1 ? "task" : "tasks") + " in the stream";
+    out.dataset.resource = wantedResource;
+    out.dataset.tasks = String(n);
   }
 
   function addTasks(tasks, transfers) {
@@ -101,6 +123,7 @@
     showFacts(m.facts || []);
     S.drawn = m.drawn;
     S.progress = m.progress; S.states = m.states; S.rows = m.rows.slice(); S.groups = m.groups.slice();
+    S.rowIds = (m.row_ids || []).slice();
     S.warnings = m.warnings.slice(); S.warningCount = m.warning_count;
     S.throughput = Object.assign({}, m.throughput || {});
     S.starts = {};
@@ -120,6 +143,7 @@
     if (d.seq !== S.seq + 1) throw new Error("delta " + d.seq + " does not follow " + S.seq);
     if (d.rows) {
       Array.prototype.push.apply(S.rows, d.rows);
+      Array.prototype.push.apply(S.rowIds, d.row_ids || []);
       if (live.timeline) live.timeline.addRows(d.rows);
     }
     if (d.groups) {
@@ -284,6 +308,7 @@
     });
     renderCharts();
     showWantedTask();
+    showWantedResource();
     needPlotly();  // loaded once the page is painted, charts or not yet: not later, in the middle of a live run
     live.renders = (live.renders || 0) + 1;
   }

@@ -23,6 +23,8 @@
  *   tl.find("key")  // {start, end, row, group} of the task with that key (its last), or null
  *   tl.keyAt(id)    // the key of the task appended as number id (ids of inspect() and hits)
  *   tl.rowWindow    // [first, end) of the rows in view; tl.showRow(i) brings row i into view
+ *   tl.highlightRow(i)  // mark row i (a band around it, its label on a tint); highlightRow(null): none;
+ *                   // tl.highlighted: that row or null; tl.rowCount(i): how many tasks row i holds
  *   tl.mark("key")  // outline that task wherever it is in view (true if it is in the stream); mark(null): none;
  *                   // tl.marked: {key, row, start, end} of the task outlined, or null
  *
@@ -299,6 +301,19 @@
   P.showRow = function (i) {
     var w = this.rowWindow;
     if (i < w[0] || i >= w[1]) this.setRowFirst(i - Math.floor((w[1] - w[0]) / 2));
+  };
+
+  /** Mark row ``i`` (null: none): a band around it and its label on a tint, labelled whatever the row height. */
+  P.highlightRow = function (i) {
+    this._highlight = i === null || i === undefined || i < 0 || i >= this.rowLabels.length ? null : i;
+    this._drawnState = null;  // the band may leave columns a partial draw would keep
+    this.requestDraw();
+  };
+  Object.defineProperty(P, "highlighted", {get: function () { return this._highlight === undefined ? null : this._highlight; }});
+  /** The tasks row ``i`` holds (0 for a row without any, or out of range). */
+  P.rowCount = function (i) {
+    var row = this.rows[i];
+    return row ? row.n : 0;
   };
 
   P.resize = function () {
@@ -693,7 +708,19 @@
       ctx.strokeRect(outline.x0 + 1, outline.y0 + 1, outline.x1 - outline.x0 - 2, outline.y1 - outline.y0 - 2);
       ctx.restore();
     }
+    var hl = this.highlighted, band = null;
+    if (hl !== null && hl >= first && hl < past) {
+      band = {row: hl, x0: L0, x1: L0 + W, y0: top + (hl - first) * rh, y1: top + (hl - first + 1) * rh};
+      ctx.save();
+      ctx.globalAlpha = 1;
+      ctx.strokeStyle = "#000";
+      ctx.lineWidth = 1;
+      ctx.setLineDash([4, 3]);
+      ctx.strokeRect(band.x0 + 0.5, band.y0 + 0.5, band.x1 - band.x0 - 1, Math.max(1, band.y1 - band.y0 - 1));
+      ctx.restore();
+    }
     this._drawAxes(ctx, v0, v1, scale);
+    if (rec) rec.highlight = band;
     if (rec) { rec.marked = outline; rec.transfers = nx; rec.transfer_marks = nMarks; this._recorded = rec; }
     // (an outline is drawn again by every draw, over what the buffer put back: a partial draw keeps it right)
     this._drawnState = rec ? null :
@@ -729,6 +756,15 @@
     ctx.font = Math.max(9, Math.min(12, rh - 2)) + "px system-ui, sans-serif";
     for (var r = w[0]; r < w[1]; r += every) {
       ctx.fillText(this._fit(ctx, this.rowLabels[r], L0 - 6), 2, top + (r - w[0] + 0.5) * rh);
+    }
+    var hl = this.highlighted;  // the marked row is labelled on a tint, whatever the rows' height
+    if (hl !== null && hl >= w[0] && hl < w[1]) {
+      var y = top + (hl - w[0] + 0.5) * rh, lh = Math.max(rh, 14);
+      ctx.fillStyle = "#fff3b0";
+      ctx.fillRect(0, y - lh / 2, L0 - 1, lh);
+      ctx.fillStyle = "#000";
+      ctx.font = "bold 11px system-ui, sans-serif";
+      ctx.fillText(this._fit(ctx, this.rowLabels[hl], L0 - 6), 2, y);
     }
   };
 

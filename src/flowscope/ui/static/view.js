@@ -490,6 +490,9 @@
     if (sc.on) sc.on("plotly_click", function (ev) { selectStep(ev.points[0].customdata, ev.points[0].x); });
     var stepList = el("p", null, {id: "an-step-links"});
     if (sel !== null) {
+      ss.appendChild(el("p", null, {"class": "muted"})).appendChild(
+        el("a", "the task stream of " + sel, {"class": "stream-of-resource",
+                                              href: UI.pageHref(runId, "", "resource=" + encodeURIComponent(sel))}));
       stepList.appendChild(document.createTextNode("steps with anomalies on "));
       stepList.appendChild(el("b", sel, {"class": "key"}));
       stepList.appendChild(document.createTextNode(": "));
