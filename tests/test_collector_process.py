@@ -72,3 +72,53 @@ def test_the_collector_process_runs_at_the_niceness_asked_for_on_every_thread(tm
     monkeypatch.setenv("FLOWSCOPE_COLLECTOR_NICE", "low")
     with pytest.raises(ValueError, match="FLOWSCOPE_COLLECTOR_NICE"):
         CollectorProcess(tmp_path / "store2")
+
+
+VICTIM = """
+import sys
+import dask
+from dask import delayed
+import flowscope
+
+block = flowscope.observe(store=sys.argv[1], name="killed", hardware_period=0)
+o = block.__enter__()  # (the block kept: closing it would close the run)
+total = dask.compute(*[delayed(lambda i: i)(i) for i in range(40)], scheduler="threads")
+assert o.client.flush(30)  # everything so far acknowledged: on disk, the collector's
+print("flushed", o.collector_pid, flush=True)
+sys.stdin.read()  # until this test kills it
+"""
+
+
+def test_a_killed_observed_process_leaves_no_collector_and_its_run_interrupted_with_its_records(tmp_path):
+    """A process that observe()s and is killed (SIGKILL: no exit handler runs) cannot stop its collector child
+    itself. The child sees its parent gone, stops, keeps every record acknowledged before (the 40 tasks), marks the
+    run it was writing ``interrupted`` (saying whose end it was), and removes its address file."""
+    import subprocess
+    import sys
+
+    from flowscope.store.run import open_run
+
+    store = tmp_path / "store"
+    victim = subprocess.Popen([sys.executable, "-c", VICTIM, str(store)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        said = victim.stdout.readline().split()
+        assert said[:1] == ["flushed"], said
+        collector = psutil.Process(int(said[1]))
+        assert collector.ppid() == victim.pid and "serve" in collector.cmdline()
+        address_file = collector.cmdline()[collector.cmdline().index("--address-file") + 1]
+        victim.kill()
+        victim.wait()
+        collector.wait(120)  # it exits on its own (a timeout here means it never would)
+    finally:
+        if victim.poll() is None:
+            victim.kill()
+        if "collector" in locals() and collector.is_running():  # the test failed: no orphan left behind it
+            collector.kill()
+    (run_dir,) = [p for p in store.iterdir() if p.is_dir()]
+    run = open_run(run_dir)
+    assert run.meta["status"] == "interrupted"
+    assert str(victim.pid) in run.meta["interrupted"] and run.meta["end_ns"] >= run.meta["start_ns"]
+    assert int(run.sql("SELECT count(*) FROM spans WHERE kind = 'task'").iloc[0, 0]) == 40
+    run.close()
+    assert not os.path.exists(address_file) and not os.path.exists(os.path.dirname(address_file))

@@ -48,6 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     broker.add_argument("--redis-claim-idle", type=float, default=30.0, metavar="SECONDS",
                         help="take over entries another instance took and left unacknowledged this long (it died), "
                              "and retry entries whose run was not open yet (default 30)")
+    p.add_argument("--exit-with", type=int, default=None, metavar="PID",
+                   help="stop when process PID ends (observe() starts its collector so): the runs still open are "
+                        "marked interrupted, every acknowledged record kept, and the address file removed")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                    help="server log verbosity (default warning)")
     auth = p.add_argument_group("access", "A collector bound beyond loopback answers only requests that carry its "
@@ -177,5 +180,6 @@ def run(args: argparse.Namespace) -> int:
 
     serve_forever(collector, args.host, args.port, address_file=args.address_file, log_level=args.log_level,
                   on_ready=ready, on_stop=consumer.stop if consumer is not None else None, token=token,
-                  ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, namespaces=args.namespaces)
+                  ssl_keyfile=args.ssl_keyfile, ssl_certfile=args.ssl_certfile, namespaces=args.namespaces,
+                  exit_with=args.exit_with)
     return 0

@@ -177,6 +177,20 @@ class Collector:
         self._tell(self._close_listeners, run_id, doc)
         return doc
 
+    def interrupt_open_runs(self, why: str) -> list[str]:
+        """Close every run this collector opened that is still running with the status ``interrupted``, ``why``
+        recorded beside it (run.json ``interrupted``); the ids of those runs."""
+        with self._run_lock:
+            open_runs = [r for r, status in self._run_status.items() if status == "running"]
+        closed = []
+        for run_id in open_runs:
+            try:
+                self.close_run(run_id, status="interrupted", extra={"interrupted": why})
+                closed.append(run_id)
+            except (UnknownRun, ValueError, OSError):  # removed meanwhile, or its run.json unreadable: left as it is
+                continue
+        return closed
+
     def add_listener(self, on_segment, on_close=None, watching=None) -> None:
         """Call ``on_segment(run_id, table, segment_id, data)`` for every segment written, on the writer thread,
         before the batch is acknowledged, and ``on_close(run_id, run_json)`` when a run is closed. A listener

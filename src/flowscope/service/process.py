@@ -54,7 +54,8 @@ def collector_nice() -> int:
 
 
 class CollectorProcess:
-    """`flowscope serve` on 127.0.0.1 and a free port, writing to ``store``; ``stop()`` drains it."""
+    """`flowscope serve` on 127.0.0.1 and a free port, writing to ``store``; ``stop()`` drains it. It stops by itself
+    when this process ends without stopping it (killed): ``serve --exit-with``."""
 
     def __init__(self, store: str | Path, timeout: float = 30.0, wall_timeout: float = 600.0, nice: int | None = None):
         """Start it and wait until it answers. It is given up on once it has used ``timeout`` seconds of CPU
@@ -67,7 +68,9 @@ class CollectorProcess:
         addr_file = Path(self._dir.name) / "address"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "flowscope", "serve", "--port", "0", "--store", str(self.store),
-             "--address-file", str(addr_file), *(["--nice", str(self.nice)] if self.nice else [])],
+             "--address-file", str(addr_file), *(["--nice", str(self.nice)] if self.nice else []),
+             # killed, this process could not stop it: the collector then stops itself
+             "--exit-with", str(os.getpid())],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         wall_deadline = time.monotonic() + wall_timeout
 

@@ -8,6 +8,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from pathlib import Path
 
 import uvicorn
@@ -58,9 +59,14 @@ def _config(collector: Collector, log_level: str, token: str | None = None, ssl_
 def serve_forever(collector: Collector, host: str = "127.0.0.1", port: int = 8765, *,
                   address_file: str | Path | None = None, log_level: str = "warning",
                   on_ready=None, on_stop=None, token: str | None = None, ssl_keyfile: str | None = None,
-                  ssl_certfile: str | None = None, namespaces: str | None = None) -> None:
+                  ssl_certfile: str | None = None, namespaces: str | None = None, exit_with: int | None = None) -> None:
     """Serve until interrupted (SIGINT/SIGTERM), then finish queued writes (``on_stop()`` first, when given: what
     else feeds the collector stops before it does).
+
+    With ``exit_with`` (a pid), also stop once that process has ended: the collector of one program (observe()'s)
+    must not outlive it when it is killed and cannot stop it. Its runs still open are then marked ``interrupted``
+    (what they hold stays: every batch acknowledged is on disk), and the address file is removed (with its folder,
+    when nothing else is in it).
 
     With ``token``, every request must carry ``Authorization: Bearer <token>`` (401 otherwise); with
     ``ssl_keyfile``/``ssl_certfile``, uvicorn serves HTTPS."""
@@ -78,6 +84,7 @@ def serve_forever(collector: Collector, host: str = "127.0.0.1", port: int = 876
         server.should_exit = True
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    ended = _watch_process(exit_with, server) if exit_with is not None else None
     try:
         _run_server(server, sock)
     finally:
@@ -86,6 +93,55 @@ def serve_forever(collector: Collector, host: str = "127.0.0.1", port: int = 876
         if on_stop:
             on_stop()
         collector.shutdown(wait=True)  # acknowledged batches are on disk already; finish the queued ones
+        if ended is not None and ended.is_set():
+            collector.interrupt_open_runs(f"the process it was recording (pid {exit_with}) ended without closing "
+                                          f"the run (killed?); what it sent before is kept")
+            if address_file:
+                _remove_address_file(Path(address_file))
+
+
+#: how often a collector started with ``exit_with`` looks whether that process still runs (seconds)
+EXIT_WITH_POLL_S = 0.5
+
+
+def _watch_process(pid: int, server) -> threading.Event:
+    """Stop ``server`` once process ``pid`` has ended (a thread looks every EXIT_WITH_POLL_S); the event says it
+    did. The process is known by its pid and its start time, so that another process given the same pid later is
+    not taken for it; a process that is gone already when this starts has ended."""
+    import psutil
+
+    ended = threading.Event()
+    try:
+        born = psutil.Process(pid).create_time()
+    except psutil.Error:
+        born = None
+
+    def running() -> bool:
+        try:
+            p = psutil.Process(pid)
+            return born is not None and p.create_time() == born and p.status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            return False
+
+    def watch() -> None:
+        while not server.should_exit:
+            if not running():
+                ended.set()
+                server.should_exit = True
+                return
+            time.sleep(EXIT_WITH_POLL_S)
+
+    threading.Thread(target=watch, name=f"flowscope-exit-with-{pid}", daemon=True).start()
+    return ended
+
+
+def _remove_address_file(path: Path) -> None:
+    """Remove the address file of a collector that stopped, and its folder when nothing else is in it."""
+    try:
+        path.unlink(missing_ok=True)
+        path.parent.rmdir()
+    except OSError:  # another instance's address, or a folder with more in it: left
+        pass
 
 
 def run_uvicorn(app, sock: socket.socket, log_level: str = "warning") -> None:

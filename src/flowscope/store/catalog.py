@@ -98,9 +98,10 @@ def run_state(meta: dict) -> str | None:
 
 def interruption(meta: dict) -> str | None:
     """One sentence on an interrupted import of the run (who, how far, what to do), or None if there is none."""
-    if run_state(meta) != "interrupted":
+    found = import_in_progress(meta)
+    if found is None or run_state(meta) != "interrupted":  # (a live run is interrupted otherwise: run.json says why)
         return None
-    job, writer = import_in_progress(meta)
+    job, writer = found
     run_id = meta.get("run_id")
     files = job.get("files") if isinstance(job.get("files"), list) else []
     before = job.get("imports_before") if isinstance(job.get("imports_before"), int) else 0
