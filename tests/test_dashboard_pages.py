@@ -482,6 +482,7 @@ def test_analysis_pages_follow_a_live_dask_run_with_the_figures_of_the_analyses(
             _on_disk(run_dir, {f"{IMG}-{i}" for i in range(N_PARTS)} | {f"{SCRIPT}-sum-1"})
             fc1 = check_forecast_panel(ov, collector.address, fs.run_id)
             assert fc1["resources"] >= 2 and fc1["frames"] and fc1["tasks"] == N_PARTS + 1
+            pushes1 = ov.evaluate("() => flowscopePanels.forecast.pushes")
             # memory per worker process: both workers, sampled while the run runs
             workers = _worker_ids(run_dir)
             ov.wait_for_function("n => { const d = flowscopePanels.memory.doc; return d && d.processes.length === n; }",
@@ -518,6 +519,9 @@ def test_analysis_pages_follow_a_live_dask_run_with_the_figures_of_the_analyses(
             # the forecast followed the run as it grew, and its state and fraction are selectable (and in the URL)
             fc2 = check_forecast_panel(ov, collector.address, fs.run_id)
             assert fc2["signal"]["t1_ns"] > fc1["signal"]["t1_ns"] and fc2["tasks"] == fc1["tasks"] + 5
+            # pushed, not asked for again: the panel's one socket brought each new answer
+            assert ov.evaluate("() => flowscopePanels.forecast.connects") == 1
+            assert ov.evaluate("() => flowscopePanels.forecast.pushes") > pushes1
             ov.select_option("#fc-event", "compute")
             ov.fill("#fc-fraction", "0.5")
             ov.locator("#fc-fraction").dispatch_event("change")
@@ -664,7 +668,7 @@ def test_the_forecast_panels_frame_size_is_chosen_on_the_page(imported_store, ui
     assert fc["window_source"] == "default" and "window" not in parse_qs(urlsplit(ov.url).query)
     ov.fill("#fc-window-size", "0")
     ov.locator("#fc-window-size").dispatch_event("change")
-    ov.wait_for_function("() => flowscopePanels.forecast.error !== null")
+    ov.wait_for_function("() => flowscopePanels.forecast.invalid !== null")
     assert ov.locator("#fc-error").inner_text() == "window: a whole number of samples, 1 or more (empty: the model's or the default)"
     # what the server is asked is the query last committed and found valid, never the field's refused value
     # (the panel's own tick asked for window=0 once, and the server's refusal replaced the page's message)
@@ -852,8 +856,8 @@ def test_flowscope_ui_serves_the_forecast_and_the_memory_view_of_its_runs(ui_ser
 
 
 def test_the_overview_draws_its_charts_again_only_when_what_they_show_changed(imported_store, ui_server, browser):  # noqa: F811
-    """The forecast is fetched again whenever the run moved on, but a prediction the same as the one drawn is not
-    drawn again (a plotly redraw costs a watching page more than anything else it does); another state or fraction
+    """The forecast comes again whenever the server's answer may have changed, but a prediction the same as the one
+    drawn is not drawn again (a plotly redraw costs a watching page more than anything else it does); another state or fraction
     is."""
     store, runs = imported_store
     context = browser.new_context(viewport=WHOLE_PAGE)
@@ -861,9 +865,9 @@ def test_the_overview_draws_its_charts_again_only_when_what_they_show_changed(im
     pg.goto(f"{ui_server}/ui/runs/{runs['starpu']}?event=compute&fraction=0.5", wait_until="load")
     pg.wait_for_function("() => flowscopePanels.forecast.renders >= 1 && !flowscopePanels.forecast.pending",
                          timeout=WAIT_MS)
-    before = pg.evaluate("() => [flowscopePanels.forecast.fetches, flowscopePanels.forecast.renders]")
+    before = pg.evaluate("() => [flowscopePanels.forecast.connects, flowscopePanels.forecast.renders]")
     pg.evaluate("() => flowscopePanels.refreshForecast().then(() => flowscopePanels.refreshForecast())")
-    after = pg.evaluate("() => [flowscopePanels.forecast.fetches, flowscopePanels.forecast.renders]")
+    after = pg.evaluate("() => [flowscopePanels.forecast.connects, flowscopePanels.forecast.renders]")
     assert after == [before[0] + 2, before[1]]
     pg.locator("#fc-fraction").fill("0.25")
     pg.locator("#fc-fraction").dispatch_event("change")
@@ -926,7 +930,7 @@ def test_the_overviews_charts_and_forecast_wait_until_they_are_scrolled_into_vie
     pg = _page(context)
     pg.goto(f"{ui_server}/ui/runs/{runs['starpu']}", wait_until="load")
     pg.wait_for_function("() => flowscopePanels.forecast.deferred >= 3", timeout=WAIT_MS)
-    empty = pg.evaluate("() => [flowscopeLive.snapshots, flowscopePanels.forecast.fetches, "
+    empty = pg.evaluate("() => [flowscopeLive.snapshots, flowscopePanels.forecast.connects, "
                         "flowscopePanels.memory.connected, flowscopeLive.plotly.state]")
     assert empty == [0, 0, False, "none"]  # nothing asked of the server or loaded for an empty page
     context.close()
@@ -936,15 +940,15 @@ def test_the_overviews_charts_and_forecast_wait_until_they_are_scrolled_into_vie
     # the stream drawn, plotly loaded, and the forecast's ticks passed over it while it was out of view
     pg.wait_for_function("() => window.Plotly && flowscopeLive.timeline && flowscopeLive.renders >= 2 && "
                          "flowscopePanels.forecast.deferred >= 2", timeout=WAIT_MS)
-    hidden = pg.evaluate("""() => ({fetches: flowscopePanels.forecast.fetches, memory: flowscopePanels.memory.connected,
+    hidden = pg.evaluate("""() => ({fetches: flowscopePanels.forecast.connects, memory: flowscopePanels.memory.connected,
         throughput: !!document.getElementById('throughput').data, hosts: !!document.getElementById('hosts').data,
         pending: flowscopeLive.charts.throughput})""")
     assert hidden == {"fetches": 0, "memory": False, "throughput": False, "hosts": False, "pending": True}
     pg.locator("#throughput").scroll_into_view_if_needed()
     pg.wait_for_function("() => !!document.getElementById('throughput').data", timeout=WAIT_MS)
-    assert pg.evaluate("() => flowscopePanels.forecast.fetches") == 0  # still out of view
+    assert pg.evaluate("() => flowscopePanels.forecast.connects") == 0  # still out of view
     pg.locator("#fc-chart").scroll_into_view_if_needed()
-    pg.wait_for_function("() => flowscopePanels.forecast.renders >= 1 && flowscopePanels.forecast.fetches >= 1",
+    pg.wait_for_function("() => flowscopePanels.forecast.renders >= 1 && flowscopePanels.forecast.connects >= 1",
                          timeout=WAIT_MS)
     assert pg.evaluate("() => document.getElementById('fc-chart').data.length") == 2
     assert pg.errors == [] and pg.outside == [] and pg.evaluate("() => flowscopePanels.errors") == []

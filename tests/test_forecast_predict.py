@@ -282,6 +282,44 @@ def test_route_keeps_its_answer_until_the_run_changes_and_serves_an_older_one_on
         assert r.status_code == 400 and r.json()["field"] == "max_age", r.text
 
 
+def test_the_live_route_sends_the_forecast_and_again_when_the_run_grew(shared_data, tmp_path, collector_factory):
+    """``/v1/runs/RUN/forecast/live?event&fraction`` (a WebSocket, what the dashboard's panel opens): the route's
+    answer at once; when batches grow the run, the new answer without being asked; a refused query or an unknown
+    run is said so and the socket closed."""
+    from websockets.sync.client import connect
+
+    import flowscope
+
+    store = tmp_path / "store"
+    run = open_run(import_paths([shared_data / "paje" / "starpu-demo" / "paje.trace"], store).run_dir)
+    c = collector_factory(store=store)
+    ws_base = c.address.replace("http://", "ws://") + f"/v1/runs/{run.run_id}/forecast/live"
+    with connect(f"{ws_base}?event=idle&fraction=0.25", open_timeout=60) as ws:
+        first = json.loads(ws.recv(timeout=120))
+        assert first["type"] == "forecast" and first["status"] == 200
+        assert first["doc"] == json.loads(json.dumps(predict(run, "idle", 0.25).as_dict()))
+        # the run grows: its last ten tasks again, after its end
+        tail = run.sql("SELECT resource_id, kind, name, start_ns, end_ns, task_key, attrs FROM spans "
+                       "WHERE kind = 'task' ORDER BY end_ns DESC LIMIT 10")
+        shift = int(run.sql("SELECT max(end_ns) - min(start_ns) AS d FROM spans")["d"].iloc[0])
+        fs = flowscope.Client(c.address, run_id=run.run_id)
+        fs.write("spans", tail.assign(start_ns=tail["start_ns"] + shift, end_ns=tail["end_ns"] + shift,
+                                      task_key=[f"again-{i}" for i in range(len(tail))]))
+        fs.close()
+        grown = json.loads(ws.recv(timeout=120))  # sent without asking: the run moved on
+        assert grown["type"] == "forecast" and grown["doc"]["tasks"] == first["doc"]["tasks"] + 10
+        assert grown["doc"] == json.loads(json.dumps(predict(run, "idle", 0.25).as_dict()))
+    for query, field in (("event=sleepy", "event"), ("fraction=2", "fraction"), ("window=0", "window"),
+                         ("max_age=1", "max_age")):
+        with connect(f"{ws_base}?{query}", open_timeout=60) as ws:
+            said = json.loads(ws.recv(timeout=60))
+            assert (said["type"], said["status"], said["field"]) == ("refused", 400, field), said
+    with connect(c.address.replace("http://", "ws://") + "/v1/runs/19700101-000000-abcdef/forecast/live",
+                 open_timeout=60) as ws:
+        said = json.loads(ws.recv(timeout=60))
+        assert (said["type"], said["status"], said["field"]) == ("refused", 404, "run"), said
+
+
 def test_a_run_whose_forecast_is_read_is_followed_live(collector):
     """A client reading a run's forecast (a flowscope.forecast.when rule, the dashboard's panel) follows the run
     like a page does: the collector's acknowledgements then say "watched", and producers send more often."""

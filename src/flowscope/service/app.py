@@ -417,6 +417,7 @@ def build_app(collector: Collector) -> Starlette:
     async def server_error(request: Request, exc: Exception) -> Response:
         return _error(500, f"internal error: {type(exc).__name__}: {exc}")
 
+    hub = LiveHub(collector.store, collector)  # the dashboard's live views; it also tells the forecast when a run moved
     routes = [
         Route("/v1/health", health, methods=["GET"]),
         Route("/v1/runs", runs, methods=["GET", "POST"]),
@@ -425,11 +426,11 @@ def build_app(collector: Collector) -> Starlette:
         Route("/v1/runs/{run_id}/tables/{table}", ingest, methods=["POST"]),
         Route("/v1/runs/{run_id}/tables/{table}", query, methods=["GET"]),
         *data_state_routes(collector),
-        *forecast_routes(collector),
+        *forecast_routes(collector, hub=hub),
         *namespace_routes(collector),
         *anomaly_routes(collector),
         *metrics_routes(collector),
-        *dashboard_routes(LiveHub(collector.store, collector)),
+        *dashboard_routes(hub),
     ]
     return Starlette(routes=routes, exception_handlers={
         ApiError: api_error, HTTPException: http_error, SchemaError: schema_error,

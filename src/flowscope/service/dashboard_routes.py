@@ -562,4 +562,5 @@ def dashboard_app(store: str | Path):
 
     from flowscope.service.forecast_routes import StoreRuns, forecast_routes
 
-    return Starlette(routes=[*dashboard_routes(LiveHub(Path(store))), *forecast_routes(StoreRuns(Path(store)))])
+    hub = LiveHub(Path(store))
+    return Starlette(routes=[*dashboard_routes(hub), *forecast_routes(StoreRuns(Path(store)), hub=hub)])

@@ -2,7 +2,7 @@
  * embedded in the file, and this script stands in for the server. It picks the page from the address's fragment
  * (#critical-path; none: the overview), puts that page's body in place and runs the page's own scripts, kept in the
  * file as inert blocks; their WebSockets get the embedded view once and then stay quiet (a finished run stops
- * changing), and the forecast panel's requests are answered from the forecasts the file holds. Moving to another
+ * changing), and the forecast panel's socket and requests are answered from the forecasts the file holds. Moving to another
  * page (a link to #PAGE) reloads the file on that page. Nothing is requested from anywhere.
  *
  * The print layout (the embedded document's "layout" is "all": `flowscope report --single-page`) shows every page
@@ -28,7 +28,7 @@
     if (conn) conn.textContent = "snapshot of " + written;
   }
 
-  /** What the server's socket at ``url`` would send first: the live view, or one analysis view. */
+  /** What the server's socket at ``url`` would send first: the live view, one analysis view, or a forecast. */
   function firstMessage(url) {
     var path = url.replace(/^[a-z]+:\/\/[^\/]*/, "").split("?")[0];
     var m = path.match(/\/views\/([^\/]+)\/live$/);
@@ -36,7 +36,22 @@
       var v = doc.views[decodeURIComponent(m[1])];
       return v ? {type: "view", doc: v} : null;
     }
+    if (/^\/v1\/runs\/[^\/]+\/forecast\/live$/.test(path)) {
+      var held = heldForecast(new URL(url.replace(/^wss?:/, "http:")).searchParams);
+      if (held.status === 404) return {type: "refused", status: 404, error: held.body.error};
+      return held.status === 200 ? {type: "forecast", status: 200, doc: held.body} :
+        {type: "forecast", status: held.status, error: held.body.error};
+    }
     return /\/live$/.test(path) ? doc.live : null;
+  }
+  /** The forecast the file holds for a query (its event at the file's fraction, the default frame size), as the
+   *  server's route would answer: {status, body}. */
+  function heldForecast(q) {
+    var f = doc.forecast, event = q.get("event") || "idle", fraction = q.get("fraction") || "0.25";
+    var held = Number(fraction) === f.fraction && !q.get("window") ? f.by_event[event] : undefined;
+    if (held) return {status: held.status, body: held.body};
+    return {status: 404, body: {error: "not in this file: it holds the forecast of each state at a fraction of " +
+                                       f.fraction + " with the default frame size; open the run with flowscope ui for others"}};
   }
 
   function OfflineSocket(url) {
@@ -100,12 +115,8 @@
       }, function (err) { return answer(404, {error: String(err.message || err)}); });
     }
     if (/^\/v1\/runs\/[^\/]+\/forecast$/.test(u.pathname)) {
-      var f = doc.forecast, event = u.searchParams.get("event") || "idle",
-          fraction = u.searchParams.get("fraction") || "0.25";
-      var held = Number(fraction) === f.fraction && !u.searchParams.get("window") ? f.by_event[event] : undefined;
-      if (held) return answer(held.status, held.body);
-      return answer(404, {error: "not in this file: it holds the forecast of each state at a fraction of " + f.fraction +
-                                 " with the default frame size; open the run with flowscope ui for others"});
+      var held = heldForecast(u.searchParams);
+      return answer(held.status, held.body);
     }
     return answer(404, {error: "not in this file: " + u.pathname});
   };

@@ -3,10 +3,10 @@
  *   again whenever the run changed, as the analysis pages are.
  * - Memory per worker process: the `memory` view (analysis.memory.process_memory), one WebSocket that brings it
  *   and brings it again whenever the run changed (as the analysis pages do).
- * - Forecast: GET /v1/runs/RUN_ID/forecast?event=E&fraction=F[&window=N]&max_age=auto (analysis.forecast.predict),
- *   fetched again when the live view moved on (a new delta or status; at most once a second) or the event, fraction
- *   or frame size changed; all are kept in the URL's query (?event=&fraction=&window=; no window: the server's
- *   window-size model for the event, else the default).
+ * - Forecast: one WebSocket, /v1/runs/RUN_ID/forecast/live?event=E&fraction=F[&window=N] (analysis.forecast.predict),
+ *   which brings the forecast and brings it again whenever the server's answer changed (the run moved on); another
+ *   event, fraction or frame size opens another; all are kept in the URL's query (?event=&fraction=&window=; no
+ *   window: the server's window-size model for the event, else the default).
  * - The charts, the forecast and the memory view are drawn, asked for and computed only once scrolled into view.
  * Strings from the observed program are set as text, and escaped for plotly.js's labels. */
 (function (global) {
@@ -16,7 +16,8 @@
   var P = global.flowscopePanels = {
     memory: {doc: null, updates: 0, renders: 0, socket: null, connected: false},
     advisor: {doc: null, updates: 0, renders: 0, socket: null},
-    forecast: {doc: null, url: null, fetches: 0, renders: 0, error: null, pending: false, deferred: 0},
+    forecast: {doc: null, url: null, connects: 0, pushes: 0, renders: 0, error: null, invalid: null, pending: false,
+               deferred: 0, socket: null},
     errors: []
   };
   var params = new URLSearchParams(location.search);
@@ -150,11 +151,11 @@
   if (params.get("window")) windowIn.value = params.get("window");
 
   function renderForecast() {
-    var f = P.forecast, doc = f.doc;
+    var f = P.forecast, doc = f.doc, error = f.invalid || f.error;
     var facts = document.getElementById("fc-facts"), note = document.getElementById("fc-note"),
         div = document.getElementById("fc-chart");
-    if (f.error) {
-      facts.replaceChildren(el("span", f.error, {"class": "muted", id: "fc-error"}));
+    if (error) {
+      facts.replaceChildren(el("span", error, {"class": "muted", id: "fc-error"}));
       note.textContent = "";
       return;
     }
@@ -203,58 +204,73 @@
            "&fraction=" + encodeURIComponent(query.fraction) +
            (query.window ? "&window=" + encodeURIComponent(query.window) : "");
   }
-  var seen = null, lastFetch = 0;
-  function fetchForecast() {
+  var forecastBackoff = 250, refreshed = [];
+  /** The socket that brings the forecast of the committed query (a new one when the query changed; ``again``: a new
+   *  one even if not). A refused query is not asked again until it changes. */
+  function connectForecast(again) {
     var f = P.forecast, url = forecastUrl();
-    f.pending = true; lastFetch = Date.now(); f.fetches++;
-    // max_age=auto: the collector may answer with a prediction a little older than the run, so that however
-    // many pages watch, recomputing it keeps to a small share of a core (service/forecast_routes.py)
-    return fetch(url + "&max_age=auto", {credentials: "same-origin", cache: "no-store"}).then(function (r) {
-      return r.text().then(function (text) {
-        if (url !== forecastUrl()) return;  // the query changed meanwhile: its own fetch follows
-        // the same answer as the one drawn (the run moved on, the prediction did not): nothing to draw again
-        if (r.ok && url === f.url && text === f.text && !f.error) return;
-        var body = JSON.parse(text);
-        f.url = url; f.text = r.ok ? text : null;
-        if (r.ok) { f.doc = body; f.error = null; } else { f.doc = null; f.error = body.error || ("HTTP " + r.status); }
-        renderForecast();
-      });
-    }).catch(function (e) { f.error = String(e.message || e); renderForecast(); })
-      .then(function () { f.pending = false; });
+    if (f.socket && f.socketUrl === url && !again) return;
+    if (f.socket) { var old = f.socket; f.socket = null; old.onclose = null; old.close(); }
+    if (!again && f.refusedUrl === url) return;
+    var proto = location.protocol === "https:" ? "wss:" : "ws:";
+    var ws = f.socket = new WebSocket(proto + "//" + location.host + url.replace("/forecast?", "/forecast/live?"));
+    f.socketUrl = url; f.refusedUrl = null; f.pending = true; f.connects++;
+    ws.onopen = function () { forecastBackoff = 250; };
+    ws.onmessage = function (ev) {
+      if (f.socket !== ws) return;
+      var m = JSON.parse(ev.data);
+      f.pending = false; f.pushes++;
+      var done = refreshed; refreshed = [];
+      try {
+        if (m.type === "refused") {
+          f.refusedUrl = url; f.url = url; f.text = null; f.doc = null; f.error = m.error;
+        } else {
+          // the same answer as the one drawn: nothing to draw again (a plotly redraw costs a watching page more
+          // than anything else it does)
+          if (m.status === 200 && url === f.url && ev.data === f.text && !f.error) return;
+          f.url = url; f.text = m.status === 200 ? ev.data : null;
+          if (m.status === 200) { f.doc = m.doc; f.error = null; } else { f.doc = null; f.error = m.error || ("HTTP " + m.status); }
+        }
+        if (!f.invalid) renderForecast();  // (a field refused on the page keeps its message until it is put right)
+      } finally { done.forEach(function (resolve) { resolve(); }); }
+    };
+    ws.onclose = function () {
+      if (f.socket !== ws) return;
+      f.socket = null; f.pending = false;
+      if (f.refusedUrl === url) return;
+      setTimeout(function () { if (!f.socket) connectForecast(); }, forecastBackoff);
+      forecastBackoff = Math.min(5000, forecastBackoff * 2);
+    };
   }
-  function changed() {  // the live view's position: a new delta, snapshot or status means new records
-    var L = global.flowscopeLive, s = L && L.state;
-    return s ? s.epoch + "/" + s.seq + "/" + s.status : null;
+  /** Ask for the forecast again on a new socket; resolves once its first answer was taken (tests). */
+  function refreshForecast() {
+    return new Promise(function (resolve) { refreshed.push(resolve); connectForecast(true); });
   }
   // the forecast is asked of the server (which computes it) only while its panel is in view, and at once when
-  // the user scrolls to it
+  // the user scrolls to it; once asked, its socket stays open and the server sends what changed
   var forecastInView = UI.shown(document.getElementById("fc-chart"), function () { tick(); });
   function tick() {
-    var now = changed(), L = global.flowscopeLive;
+    var L = global.flowscopeLive;
     // before the first snapshot the page is empty and every panel looks in view: what is in view is known after it
     if (!L || !L.snapshots) { P.forecast.deferred++; return; }
     if (memoryInView()) connectMemory();
-    if (!forecastInView()) { P.forecast.deferred++; return; }
-    if (P.forecast.pending || Date.now() - lastFetch < 1000) return;
-    if (now !== seen || (P.forecast.url !== forecastUrl())) { seen = now; fetchForecast(); }
+    if (!P.forecast.socket && !P.forecast.socketUrl && !forecastInView()) { P.forecast.deferred++; return; }
+    connectForecast();
   }
   function onQuery() {
-    var v = Number(fractionIn.value);
-    if (!(v >= 0 && v <= 1)) { P.forecast.error = "fraction: a number within [0, 1]"; renderForecast(); return; }
-    var w = windowIn.value;
-    if (w !== "" && !(/^\d+$/.test(w) && Number(w) >= 1)) {
-      P.forecast.error = "window: a whole number of samples, 1 or more (empty: the model's or the default)";
-      renderForecast();
-      return;
-    }
+    var f = P.forecast, v = Number(fractionIn.value), w = windowIn.value;
+    f.invalid = !(v >= 0 && v <= 1) ? "fraction: a number within [0, 1]" :
+      w !== "" && !(/^\d+$/.test(w) && Number(w) >= 1) ?
+        "window: a whole number of samples, 1 or more (empty: the model's or the default)" : null;
+    if (f.invalid) { renderForecast(); return; }
     query = {event: eventSel.value, fraction: fractionIn.value, window: w};
     setParam("event", eventSel.value); setParam("fraction", fractionIn.value); setParam("window", w);
-    lastFetch = 0; tick();
+    tick();
   }
   eventSel.addEventListener("change", onQuery);
   fractionIn.addEventListener("change", onQuery);
   windowIn.addEventListener("change", onQuery);
-  P.refreshForecast = fetchForecast;
+  P.refreshForecast = refreshForecast;
   setInterval(tick, 250);
   document.getElementById("to-advisor").setAttribute("href", UI.pageHref(runId, "advisor"));
   // every open overview follows the advisor: a smaller share of a core than a page the user opened for it
