@@ -247,10 +247,22 @@ def test_route_forecasts_a_live_dask_run_as_the_function_does(collector):
         fs.close()
 
 
-def test_route_keeps_its_answer_until_the_run_changes_and_serves_an_older_one_only_when_asked(
-        shared_data, tmp_path, collector_factory):
+def _grow(run, address: str) -> None:
+    """The run grows through the collector at ``address``: its last ten tasks again, on the same workers, after its
+    end."""
     import flowscope
 
+    tail = run.sql("SELECT resource_id, kind, name, start_ns, end_ns, task_key, attrs FROM spans WHERE kind = 'task' "
+                   "ORDER BY end_ns DESC LIMIT 10")
+    shift = int(run.sql("SELECT max(end_ns) - min(start_ns) AS d FROM spans")["d"].iloc[0])
+    fs = flowscope.Client(address, run_id=run.run_id)
+    fs.write("spans", tail.assign(start_ns=tail["start_ns"] + shift, end_ns=tail["end_ns"] + shift,
+                                  task_key=[f"again-{i}" for i in range(len(tail))]))
+    fs.close()
+
+
+def test_route_keeps_its_answer_until_the_run_changes_and_serves_an_older_one_only_when_asked(
+        shared_data, tmp_path, collector_factory):
     store = tmp_path / "store"
     run = open_run(import_paths([shared_data / "paje" / "starpu-demo" / "paje.trace"], store).run_dir)
     c = collector_factory(store=store)
@@ -259,14 +271,7 @@ def test_route_keeps_its_answer_until_the_run_changes_and_serves_an_older_one_on
     first = httpx.get(url, params=q, timeout=60)
     assert first.status_code == 200 and "age" not in first.headers
     assert first.json() == json.loads(json.dumps(predict(run, "idle", 0.25).as_dict()))
-    # the run grows: its last ten tasks again, on the same workers, after its end
-    tail = run.sql("SELECT resource_id, kind, name, start_ns, end_ns, task_key, attrs FROM spans WHERE kind = 'task' "
-                   "ORDER BY end_ns DESC LIMIT 10")
-    shift = int(run.sql("SELECT max(end_ns) - min(start_ns) AS d FROM spans")["d"].iloc[0])
-    fs = flowscope.Client(c.address, run_id=run.run_id)
-    fs.write("spans", tail.assign(start_ns=tail["start_ns"] + shift, end_ns=tail["end_ns"] + shift,
-                                  task_key=[f"again-{i}" for i in range(len(tail))]))
-    fs.close()
+    _grow(run, c.address)
     now = json.loads(json.dumps(predict(run, "idle", 0.25).as_dict()))
     assert now["tasks"] == first.json()["tasks"] + 10
     older = httpx.get(url, params={**q, "max_age": "3600"}, timeout=60)  # an older answer is acceptable: kept one
@@ -288,8 +293,6 @@ def test_the_live_route_sends_the_forecast_and_again_when_the_run_grew(shared_da
     run is said so and the socket closed."""
     from websockets.sync.client import connect
 
-    import flowscope
-
     store = tmp_path / "store"
     run = open_run(import_paths([shared_data / "paje" / "starpu-demo" / "paje.trace"], store).run_dir)
     c = collector_factory(store=store)
@@ -298,14 +301,7 @@ def test_the_live_route_sends_the_forecast_and_again_when_the_run_grew(shared_da
         first = json.loads(ws.recv(timeout=120))
         assert first["type"] == "forecast" and first["status"] == 200
         assert first["doc"] == json.loads(json.dumps(predict(run, "idle", 0.25).as_dict()))
-        # the run grows: its last ten tasks again, after its end
-        tail = run.sql("SELECT resource_id, kind, name, start_ns, end_ns, task_key, attrs FROM spans "
-                       "WHERE kind = 'task' ORDER BY end_ns DESC LIMIT 10")
-        shift = int(run.sql("SELECT max(end_ns) - min(start_ns) AS d FROM spans")["d"].iloc[0])
-        fs = flowscope.Client(c.address, run_id=run.run_id)
-        fs.write("spans", tail.assign(start_ns=tail["start_ns"] + shift, end_ns=tail["end_ns"] + shift,
-                                      task_key=[f"again-{i}" for i in range(len(tail))]))
-        fs.close()
+        _grow(run, c.address)
         grown = json.loads(ws.recv(timeout=120))  # sent without asking: the run moved on
         assert grown["type"] == "forecast" and grown["doc"]["tasks"] == first["doc"]["tasks"] + 10
         assert grown["doc"] == json.loads(json.dumps(predict(run, "idle", 0.25).as_dict()))
