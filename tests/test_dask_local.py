@@ -278,3 +278,36 @@ def test_an_observed_process_that_never_imported_pandas_does_not_import_it(tmp_p
     assert int(run.sql("SELECT count(*) AS n FROM dependencies")["n"][0]) == 2 * 300
     assert all(json.loads(a)["nbytes"] > 0 for a in spans["attrs"])
     assert int(run.sql("SELECT count(*) AS n FROM metrics")["n"][0]) > 0  # the hardware sampler's rows too
+
+
+@pytest.mark.parametrize("compiled", ["1", "0"])
+def test_a_spool_folder_is_made_only_when_worker_processes_run_tasks(tmp_path, monkeypatch, compiled):
+    """The processes scheduler's worker processes append their measurements to a spool folder under a temporary
+    one. A graph run by threads makes none (a process killed while it ran would leave it behind), and the one made
+    for worker processes is removed when observing ends."""
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp))
+    monkeypatch.setenv("FLOWSCOPE_COMPILED", compiled)
+    files = tmp_path / "files"
+    files.mkdir()
+
+    def spools() -> list[str]:
+        return sorted(p.name for p in tmp.iterdir() if p.name.startswith("flowscope-local-"))
+
+    seen = {}
+    with flowscope.observe(store=tmp_path / "store") as obs:
+        workload.main("threads", str(tmp_path / "threads.json"), str(files))
+        seen["threads"] = spools()
+        workload.main("processes", str(tmp_path / "processes.json"), str(files))
+        seen["processes"] = len(spools())
+    seen["after"] = spools()
+    assert obs.hook_errors == {"local": 0} and obs.local_compiled == (compiled == "1")
+    assert seen == {"threads": [], "processes": 1, "after": []}
+    # the worker processes' measurements came through the spool: no task kept the scheduler's view of its times
+    by = obs.run.sql("""SELECT json_extract_string(attrs, '$.timing') AS timing, count(*) AS n FROM spans
+                        WHERE kind = 'task' AND json_extract_string(attrs, '$.scheduler') = 'processes'
+                        GROUP BY timing""")
+    assert by["timing"].isna().all() and int(by["n"].sum()) > 0, by

@@ -305,7 +305,7 @@ class _GraphBase:
         self.key_text = None                        # the keys' text as an Arrow array (made at the start)
         self.head_names: list[str] = []             # group code -> span name (the group's prefix)
         self.head_groups: list[str] = []            # group code -> the group as JSON text
-        self.spool = os.path.join(capture.spool_root, str(n))
+        self.capture = capture  # (its spool root is made when a worker process first needs this graph's spool)
         self.tasks = 0
         self.io = capture.io
         self.read = _READER.read_raw if capture.io else _no_reading
@@ -319,6 +319,18 @@ class _GraphBase:
         self.flush_tasks, self.flush_every_ns = FLUSH_TASKS, int(FLUSH_SECONDS * 1e9)
         self.next_flush = time.monotonic_ns() + self.flush_every_ns
         self.pending = 0
+
+    @property
+    def spool(self) -> str:
+        """The folder worker processes append this graph's measurements to, under the capture's spool root, which
+        is made on first use: a graph no worker process runs makes no folder."""
+        return os.path.join(self.capture.spool_root, str(self.gen))
+
+    @property
+    def spool_made(self) -> str | None:
+        """This graph's spool folder if the capture's spool root was made, else None (nothing to read or remove)."""
+        root = self.capture.spool_root_made
+        return os.path.join(root, str(self.gen)) if root is not None else None
 
     @staticmethod
     def key_texts(dsk) -> dict:
@@ -352,9 +364,9 @@ class _GraphBase:
 class _Graph(_GraphBase):
     """A graph measured by the pure-Python reference path (``compiled=False``)."""
 
-    __slots__ = ("_cols", "_other_heads", "_tuple_heads", "caller", "flush", "flush_every_ns", "flush_tasks", "gen",
-                 "head_groups", "head_names", "heads", "id", "io", "key_text", "keys", "marks", "measured", "min_ns",
-                 "names", "next_flush", "pending", "pos", "read", "remote", "sizer_of", "sizers", "slow", "spool",
+    __slots__ = ("_cols", "_other_heads", "_tuple_heads", "caller", "capture", "flush", "flush_every_ns", "flush_tasks",
+                 "gen", "head_groups", "head_names", "heads", "id", "io", "key_text", "keys", "marks", "measured",
+                 "min_ns", "names", "next_flush", "pending", "pos", "read", "remote", "sizer_of", "sizers", "slow",
                  "spool_offsets", "tasks", "threads")
 
     def __init__(self) -> None:
@@ -489,8 +501,14 @@ class LocalSchedulerCapture(Callback):
 
     @property
     def spool_root(self) -> str:
+        """The temporary folder the graphs' spool folders go in, made on first use (removed by ``close()``)."""
         if self._spool_root is None:
             self._spool_root = tempfile.mkdtemp(prefix="flowscope-local-")
+        return self._spool_root
+
+    @property
+    def spool_root_made(self) -> str | None:
+        """The spool root if it was made, else None."""
         return self._spool_root
 
     def _failed(self, exc: BaseException | None = None) -> None:
@@ -613,8 +631,9 @@ class LocalSchedulerCapture(Callback):
             self._failed()
         finally:
             g.flush = None
-            if os.path.isdir(g.spool):
-                shutil.rmtree(g.spool, ignore_errors=True)
+            spool = g.spool_made
+            if spool is not None and os.path.isdir(spool):
+                shutil.rmtree(spool, ignore_errors=True)
 
     # ---- turning measurements into rows ------------------------------------------------------------------
     def _thread_resource(self, st: _ThreadState) -> str:
@@ -772,14 +791,15 @@ class LocalSchedulerCapture(Callback):
         """Read what the worker processes appended to this graph's spool since the last read: task records
         into ``g.remote`` (index -> record), file opens recorded at once."""
         opens: list[list] = []
+        spool = g.spool_made
         try:
-            names = os.listdir(g.spool)
+            names = os.listdir(spool) if spool is not None else ()
         except OSError:
             return
         for name in names:
             done = g.spool_offsets.get(name, 0)
             try:
-                with open(os.path.join(g.spool, name), "rb") as f:
+                with open(os.path.join(spool, name), "rb") as f:
                     f.seek(done)
                     data = f.read()
             except OSError:
