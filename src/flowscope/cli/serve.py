@@ -50,7 +50,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "and retry entries whose run was not open yet (default 30)")
     p.add_argument("--exit-with", type=int, default=None, metavar="PID",
                    help="stop when process PID ends (observe() starts its collector so): the runs still open are "
-                        "marked interrupted, every acknowledged record kept, and the address file removed")
+                        "marked interrupted, every acknowledged record kept, and the address file removed if it "
+                        "lists no other instance")
     p.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"],
                    help="server log verbosity (default warning)")
     auth = p.add_argument_group("access", "A collector bound beyond loopback answers only requests that carry its "

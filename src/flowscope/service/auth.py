@@ -34,6 +34,15 @@ def is_loopback(host: str) -> bool:
     return bool(infos) and all(ipaddress.ip_address(info[4][0].split("%")[0]).is_loopback for info in infos)
 
 
+def cross_site(headers) -> bool:
+    """Whether a WebSocket's handshake ``headers`` come from a page of another site (its Origin is not this host):
+    such a page may not read runs through the user's browser."""
+    from urllib.parse import urlsplit
+
+    origin = headers.get("origin")
+    return bool(origin) and urlsplit(origin).netloc != headers.get("host")
+
+
 def _cookie(headers, name: str) -> bytes:
     """The value of cookie ``name`` in the request's Cookie headers (b"" if absent)."""
     from http.cookies import CookieError, SimpleCookie

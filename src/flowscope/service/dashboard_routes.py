@@ -21,7 +21,6 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from functools import lru_cache
 from pathlib import Path
-from urllib.parse import urlsplit
 
 from starlette.responses import FileResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route, WebSocketRoute
@@ -30,6 +29,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from flowscope.model.provenance import check_run_id
 from flowscope.report.views import PAGES
+from flowscope.service.auth import cross_site
 from flowscope.model.semantics import phase_sql
 from flowscope.service.json_text import PageJSON, encode
 from flowscope.service.live_hub import LiveHub, snapshot_message
@@ -363,8 +363,7 @@ def dashboard_routes(hub: LiveHub) -> list:
     async def view_live(ws: WebSocket) -> None:
         """The view, then the view again each time the run changed (at most once per VIEW_DEBOUNCE_S, and for
         a view that is long to compute at most once per its cost / share, for every page together)."""
-        origin = ws.headers.get("origin")
-        if origin and urlsplit(origin).netloc != ws.headers.get("host"):
+        if cross_site(ws.headers):
             await ws.close(code=1008)
             return
         try:
@@ -487,9 +486,8 @@ def dashboard_routes(hub: LiveHub) -> list:
         return PageJSON(snap)
 
     async def live(ws: WebSocket) -> None:
-        origin = ws.headers.get("origin")
-        if origin and urlsplit(origin).netloc != ws.headers.get("host"):
-            await ws.close(code=1008)  # another site's page may not read runs through the user's browser
+        if cross_site(ws.headers):
+            await ws.close(code=1008)
             return
         try:
             run_id = check_run_id(ws.path_params["run_id"])

@@ -33,14 +33,13 @@ import time
 from collections import OrderedDict
 from pathlib import Path
 
-from urllib.parse import urlsplit
-
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from flowscope.model.provenance import check_run_id
+from flowscope.service.auth import cross_site
 from flowscope.service.collector import Collector
 from flowscope.service.json_text import encode
 from flowscope.store.layout import RUN_JSON
@@ -236,8 +235,7 @@ def forecast_routes(collector: Collector | StoreRuns, models: dict | None = None
         prediction was allowed by the route's CPU share): ``{"type": "forecast", "status": 200, "doc"}`` or
         ``{"type": "forecast", "status": 409, "error"}`` (nothing to sample yet). A refused query gets
         ``{"type": "refused", "status", "error", "field"}`` and the socket is closed."""
-        origin = ws.headers.get("origin")
-        if origin and urlsplit(origin).netloc != ws.headers.get("host"):
+        if cross_site(ws.headers):
             await ws.close(code=1008)
             return
         await ws.accept()
@@ -258,6 +256,8 @@ def forecast_routes(collector: Collector | StoreRuns, models: dict | None = None
                 watched.waiters.add((loop, wake))
             except (ValueError, FileNotFoundError):
                 watched = None
+        # woken when the run changes only where a collector tells the hub; else its files are looked at
+        woken = watched is not None and getattr(hub, "collector", None) is not None
         live_readers[run_id] = live_readers.get(run_id, 0) + 1
         gone = asyncio.ensure_future(ws.receive())
         sent = None
@@ -272,7 +272,6 @@ def forecast_routes(collector: Collector | StoreRuns, models: dict | None = None
                     sent = message
                 # until the run changes (or, with no hub, until its files may have), or a fresher answer is due
                 waits = {gone, asyncio.ensure_future(wake.wait())}
-                woken = watched is not None and getattr(hub, "collector", None) is not None
                 timeout = fresher_in if fresher_in is not None else (None if woken else LIVE_POLL_S)
                 done, pending = await asyncio.wait(waits, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
                 for f in pending - {gone}:

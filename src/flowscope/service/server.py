@@ -65,8 +65,8 @@ def serve_forever(collector: Collector, host: str = "127.0.0.1", port: int = 876
 
     With ``exit_with`` (a pid), also stop once that process has ended: the collector of one program (observe()'s)
     must not outlive it when it is killed and cannot stop it. Its runs still open are then marked ``interrupted``
-    (what they hold stays: every batch acknowledged is on disk), and the address file is removed (with its folder,
-    when nothing else is in it).
+    (what they hold stays: every batch acknowledged is on disk), and the address file is removed when it lists no
+    other instance (with its folder, when nothing else is in it).
 
     With ``token``, every request must carry ``Authorization: Bearer <token>`` (401 otherwise); with
     ``ssl_keyfile``/``ssl_certfile``, uvicorn serves HTTPS."""
@@ -97,7 +97,7 @@ def serve_forever(collector: Collector, host: str = "127.0.0.1", port: int = 876
             collector.interrupt_open_runs(f"the process it was recording (pid {exit_with}) ended without closing "
                                           f"the run (killed?); what it sent before is kept")
             if address_file:
-                _remove_address_file(Path(address_file))
+                _remove_address_file(Path(address_file), address)
 
 
 #: how often a collector started with ``exit_with`` looks whether that process still runs (seconds)
@@ -135,12 +135,15 @@ def _watch_process(pid: int, server) -> threading.Event:
     return ended
 
 
-def _remove_address_file(path: Path) -> None:
-    """Remove the address file of a collector that stopped, and its folder when nothing else is in it."""
+def _remove_address_file(path: Path, address: str) -> None:
+    """Remove the address file of a collector that stopped, when it lists no other instance than this one
+    (``address``), and then its folder when nothing else is in it."""
     try:
-        path.unlink(missing_ok=True)
-        path.parent.rmdir()
-    except OSError:  # another instance's address, or a folder with more in it: left
+        listed = {line.split()[0] for line in path.read_text().splitlines() if line.strip() and line[0] != "#"}
+        if listed <= {address}:
+            path.unlink()
+            path.parent.rmdir()
+    except OSError:  # gone already, or a folder with more in it: left
         pass
 
 
