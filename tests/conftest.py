@@ -312,3 +312,35 @@ def repeated_runs(tmp_path_factory) -> dict:
             ids.append(obs.run_id)
     return {"store": store, "run_ids": ids, "baseline": ids[:3], "planted": ids[3],
             "group": PLANTED_GROUP}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def redis_url(tmp_path_factory):
+    """A real redis-server on loopback for the module's tests; its address."""
+    import shutil
+
+    redis = require_module("redis", "the Redis Streams transport: pip install 'flowscope[redis]'")
+    exe = shutil.which("redis-server") or missing_dependency("redis-server is missing (apt-get install redis-server)")
+    port, workdir = _free_port(), tmp_path_factory.mktemp("redis")
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                             "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    r = redis.Redis(port=port)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            r.ping()
+            break
+        except redis.ConnectionError:
+            assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
+            time.sleep(0.05)
+    yield f"redis://127.0.0.1:{port}/0"
+    proc.terminate()
+    proc.wait(30)

@@ -6,8 +6,6 @@ at least once and without duplicates, also when a collector is killed between wr
 from __future__ import annotations
 
 import os
-import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +16,7 @@ import pytest
 
 import flowscope
 from flowscope import Client
-from conftest import CollectorProcess, check_exactly_once, missing_dependency, require_module
+from conftest import CollectorProcess, _free_port, check_exactly_once, require_module
 
 redis = require_module("redis", "the Redis Streams transport: pip install 'flowscope[redis]'")
 
@@ -31,32 +29,6 @@ for i in range(first, first + n):
     c.span("work", i, i + (i % 1000), span_id=i)
 c.close()
 """
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def redis_url(tmp_path_factory):
-    exe = shutil.which("redis-server") or missing_dependency("redis-server is missing (apt-get install redis-server)")
-    port, workdir = _free_port(), tmp_path_factory.mktemp("redis")
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                             "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    r = redis.Redis(port=port)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            r.ping()
-            break
-        except redis.ConnectionError:
-            assert proc.poll() is None and time.monotonic() < deadline, "redis-server did not start"
-            time.sleep(0.05)
-    yield f"redis://127.0.0.1:{port}/0"
-    proc.terminate()
-    proc.wait(30)
 
 
 def _stream_done(r, stream: str) -> bool:

@@ -85,9 +85,16 @@ def breakdown(run: Run) -> Breakdown:
     aggregate row counts the time its operations took (``attrs.busy_ns``), not its window
     (``io_summary.IO_TOTALS_SQL``)."""
     states = resource_states(run)
-    util = utilisation_by_resource(run, states)
-    slot_ns = {c: int(util[f"{c}_ns"].sum()) if len(util) else 0 for c in (*BUSY_CATEGORIES, "idle")}
     window_ns = int(states["end_ns"].max() - states["start_ns"].min()) if len(states) else 0
+    return breakdown_of(run, utilisation_by_resource(run, states), window_ns,
+                        int((states["state"] == "io").sum()) if len(states) else 0)
+
+
+def breakdown_of(run: Run, util: pd.DataFrame, window_ns: int, io_states: int) -> Breakdown:
+    """:func:`breakdown` from the executing resources' timeline, summed up: ``util``
+    (:func:`~flowscope.analysis.timeline.utilisation_by_resource`), the timeline's extent ``window_ns`` and its
+    number of ``io`` state rows; the rest is read from ``run``'s tables."""
+    slot_ns = {c: int(util[f"{c}_ns"].sum()) if len(util) else 0 for c in (*BUSY_CATEGORIES, "idle")}
     row = run.sql(f"""
         WITH t AS (SELECT count(*) AS n FROM activity WHERE role = 'task'),
              x AS (SELECT count(*) AS n, coalesce(sum(end_ns - start_ns), 0) AS d,
@@ -110,7 +117,7 @@ def breakdown(run: Run) -> Breakdown:
                i.w AS write_bytes
         FROM t, x, s, i""").iloc[0]
     io_ns = int(row["io_ns"]) + slot_ns["io"]
-    io_timed = int(row["io_timed"]) + int((states["state"] == "io").sum() if len(states) else 0)
+    io_timed = int(row["io_timed"]) + io_states
     if work_unit_kind(run) == IO_UNIT:
         # the timeline is the I/O records themselves: I/O time is what the records count (each byte and second
         # once, IO_TOTALS_SQL), not that again as the timeline's I/O state

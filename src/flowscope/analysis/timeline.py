@@ -126,11 +126,15 @@ def _timed_work(run: Run) -> pd.DataFrame:
     (:func:`_timed_io_rows`)."""
     if work_unit_kind(run) == IO_UNIT:
         return _timed_io_rows(run)
-    return run.sql("""
-        SELECT a.resource_id, a.span_id, a.parent_id, a.start_ns, a.end_ns, a.category, a.role, a."group",
-               e.slots
-        FROM activity a LEFT JOIN executors e ON e.resource_id = a.resource_id
-        WHERE coalesce(e.executes, TRUE) AND a.end_ns > a.start_ns""")
+    return run.sql(TIMED_SPANS_SQL)
+
+
+#: the spans the resource-state timeline is built from (``activity`` ``a`` joined to ``executors`` ``e``): those of
+#: resources that execute work, with a duration, and the resource's slots
+TIMED_SPANS_SQL = """
+    SELECT a.resource_id, a.span_id, a.parent_id, a.start_ns, a.end_ns, a.category, a.role, a."group", e.slots
+    FROM activity a LEFT JOIN executors e ON e.resource_id = a.resource_id
+    WHERE coalesce(e.executes, TRUE) AND a.end_ns > a.start_ns"""
 
 
 # ---- the resource-state timeline -------------------------------------------------------------------------
@@ -244,9 +248,18 @@ def resource_states(run: Run) -> pd.DataFrame:
 def _resource_states(run: Run) -> pd.DataFrame:
     acts = _timed_work(run)
     if not len(acts):
+        return work_states(acts)
+    return work_states(acts, int(acts["start_ns"].min()), int(acts["end_ns"].max()))
+
+
+def work_states(acts: pd.DataFrame, t0: int | None = None, t1: int | None = None) -> pd.DataFrame:
+    """The state timeline (:data:`STATE_COLUMNS`) of the timed work ``acts`` (rows of :data:`TIMED_SPANS_SQL`, any
+    number of resources): per resource and slot, the innermost span's category at every moment of [t0, t1], idle
+    where none runs. Without ``t0`` and ``t1``, each slot's timeline covers its own spans, from the first start to
+    the last end (the idle before and after is then left to the caller, who knows the run's extent)."""
+    if not len(acts):
         return pd.DataFrame({c: pd.Series(dtype="int64" if c in ("slot", "start_ns", "end_ns") else object)
                              for c in STATE_COLUMNS})
-    t0, t1 = int(acts["start_ns"].min()), int(acts["end_ns"].max())
     parts: list[tuple] = []
     for rid, g in acts.groupby("resource_id", sort=True):
         s = g["start_ns"].to_numpy(np.int64)
@@ -263,7 +276,9 @@ def _resource_states(run: Run) -> pd.DataFrame:
                           nested_by_time=pd.notna(slots) and int(slots) == 1)
         for k in np.unique(lane):
             m = lane == k
-            cols = _lane_states(s[m], e[m], cat[m], grp[m], role[m], t0, t1)
+            lo = int(s[m].min()) if t0 is None else t0
+            hi = int(e[m].max()) if t1 is None else t1
+            cols = _lane_states(s[m], e[m], cat[m], grp[m], role[m], lo, hi)
             parts.append((rid, int(k), cols))
     n = [len(c[0]) for _, _, c in parts]
     return pd.DataFrame({
@@ -320,7 +335,16 @@ def utilisation_by_resource(run: Run, states: pd.DataFrame | None = None) -> pd.
         window = int(st["end_ns"].max() - st["start_ns"].min())
     d = st.assign(d=st["end_ns"] - st["start_ns"])
     by = d.pivot_table(index="resource_id", columns="state", values="d", aggfunc="sum", fill_value=0)
-    slots = _slot_table(run).set_index("resource_id")["slots"]
+    return utilisation_table(by, _slot_table(run).set_index("resource_id")["slots"], window)
+
+
+def utilisation_table(by: pd.DataFrame, slots: pd.Series, window: int) -> pd.DataFrame:
+    """:func:`utilisation_by_resource` from its parts: ``by``, slot-time (ns) per resource (index) and state
+    (columns: categories and ``idle``); ``slots`` per resource id; the ``window`` the capacity is counted over."""
+    cols = ["resource_id", "slots", "window_ns", *(f"{c}_ns" for c in BUSY_CATEGORIES), "idle_ns", "busy_ns",
+            "utilisation", "over_capacity"]
+    if not len(by):
+        return pd.DataFrame(columns=cols)
     out = pd.DataFrame(index=by.index)
     out["slots"] = pd.Series([int(slots[r]) if r in slots.index and pd.notna(slots[r]) else None for r in by.index],
                              index=by.index, dtype=object)
@@ -337,6 +361,7 @@ def utilisation_by_resource(run: Run, states: pd.DataFrame | None = None) -> pd.
     out["over_capacity"] = [not f for f in fits]
     out["utilisation"] = [min(1.0, b / (s * window)) if s and window > 0 and f else None
                           for s, b, f in zip(out["slots"], out["busy_ns"], fits)]
+    out.index.name = "resource_id"
     return out.reset_index()[cols]
 
 

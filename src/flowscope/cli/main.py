@@ -8,6 +8,7 @@ import sys
 
 from flowscope import __version__
 from flowscope.cli import (
+    analyse,
     anomalies,
     compare,
     demo,
@@ -31,7 +32,7 @@ from flowscope.cli import (
     ui,
 )
 
-GROUPS = (demo, run, step, simulate, serve, monitor, ui, runs, report, explain, lineage, compare, profile, anomalies, forecast, io,
+GROUPS = (demo, run, step, simulate, serve, monitor, ui, runs, report, explain, lineage, compare, profile, anomalies, analyse, forecast, io,
           semantics, importing, export, spool, remove)
 
 

@@ -53,15 +53,32 @@ def steps_of(calls: Calls, config: AnomalyConfig, run_start_ns: int | None) -> n
 
 
 def detect(spans: pa.Table, config: AnomalyConfig | None = None, *, transfers: pa.Table | None = None,
-           resources: pa.Table | None = None, meta: dict | None = None) -> Detection:
-    """Judge every function call among ``spans`` against the model of all of them (a finished run)."""
+           resources: pa.Table | None = None, meta: dict | None = None, model: FunctionModel | None = None,
+           judge: Scorer | None = None, positions: dict[str, int] | None = None) -> Detection:
+    """Judge every function call among ``spans`` against the model of all of them (a finished run). ``model``
+    and its ``judge`` (:func:`~flowscope.analysis.anomalies.model.scorer`) are given when ``spans`` are a part
+    of the calls judged, every resource's calls whole (analysis/partitioned.py); they must know every function
+    among ``spans``, and ``positions`` too when the run's spans lack span ids (a call's id is then its row in the
+    run's calls): for each resource, the row its calls begin at."""
     config = config or AnomalyConfig()
     calls = calls_from_spans(spans, config.kinds)
+    if positions is not None and len(calls):
+        base = np.fromiter((positions[r] for r in calls.resources), np.int64, len(calls.resources))
+        calls.call_id = base[calls.resource] + (np.arange(len(calls), dtype=np.int64) - calls.resource_start())
     values = calls.metric(config.metric).astype(np.float64)
-    model = FunctionModel()
-    codes = model.codes(calls.functions)[calls.func] if len(calls) else np.zeros(0, np.int64)
-    model.update(codes, values)
-    sc = scorer(model, config)
+    if model is None:
+        model = FunctionModel()
+        codes = model.codes(calls.functions)[calls.func] if len(calls) else np.zeros(0, np.int64)
+        model.update(codes, values)
+    else:
+        index = model.index
+        missing = [f for f in calls.functions if f not in index]
+        if missing:
+            raise ValueError(f"the model given does not know {len(missing)} of the calls' functions, "
+                             f"e.g. {missing[0]!r}")
+        codes = (np.fromiter(map(index.__getitem__, calls.functions), np.int64, len(calls.functions))[calls.func]
+                 if len(calls) else np.zeros(0, np.int64))
+    sc = judge if judge is not None else scorer(model, config)
     score, flagged = sc.score(codes, values)
     step = steps_of(calls, config, (meta or {}).get("start_ns"))
     rows = np.flatnonzero(flagged)

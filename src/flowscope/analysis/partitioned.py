@@ -1,0 +1,412 @@
+"""The breakdown, per-group statistics and anomaly detection of a run too large for one process, computed by Dask.
+
+The run's spans are read from its Parquet segments in parts of about ``rows_per_partition`` rows (each part given
+the run's own semantic mappings, model/semantics.py), regrouped by resource with Dask's shuffle, and written as
+parts that each hold whole resources. Each part then goes through the single-process analyses' own functions (the
+state timeline, the call table, the anomaly detector), and the parts' results are merged exactly: slot-time and
+counts add up, per-group moments and the anomaly model merge by Chan's pairwise update, the anomalies are ordered
+and given their exemplars over the whole run. A worker holds one part at a time, so memory is bounded by the part
+size (and by the largest resource: one resource's spans are never split), not by the run.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from flowscope.analysis.anomalies.calls import calls_from_spans
+from flowscope.analysis.anomalies.config import AnomalyConfig
+from flowscope.analysis.anomalies.detect import detect, steps_of
+from flowscope.analysis.anomalies.model import FunctionModel, scorer
+from flowscope.analysis.breakdown import GROUPED_ROLES, Breakdown, breakdown_of
+from flowscope.analysis.timeline import (
+    IO_UNIT,
+    MEASURED,
+    resource_states,
+    span_time_sources,
+    utilisation_by_resource,
+    utilisation_table,
+    work_states,
+    work_unit_kind,
+)
+from flowscope.model.schemas import schema
+from flowscope.model.semantics import IDLE, activity_sql, executors_sql
+from flowscope.store.run import DamagedSegment, Run, open_run
+
+if TYPE_CHECKING:
+    from distributed import Client
+
+#: rows of spans per part, when not told: about 0.5 GB of a worker's memory per part in pandas
+ROWS_PER_PARTITION = 2_000_000
+
+#: what a part carries to the per-resource analyses (``activity`` ``a`` joined to ``executors`` ``e``): every span
+#: with its category, role and group, whether its resource executes work and its slots; a task span's ``attrs``
+#: only where they say how its times were obtained (``time_source``), ``'{}'`` for the other task spans
+PART_SQL = """
+    SELECT a.span_id, a.parent_id, a.resource_id, a.kind, a.name, a.start_ns, a.end_ns, a.task_key, a.category,
+           a.role, a."group", coalesce(e.executes, TRUE) AS executes, e.slots,
+           CASE WHEN a.role = 'task' THEN coalesce(CASE WHEN contains(a.attrs, '"time_source"') THEN a.attrs END,
+                                                   '{}') END AS time_attrs
+    FROM activity a LEFT JOIN executors e ON e.resource_id = a.resource_id"""
+
+_INT64 = {pa.int64(): pd.Int64Dtype()}
+
+
+@dataclass
+class PartitionedAnalysis:
+    """What :func:`analyse` computed: equal to the single-process :func:`~flowscope.analysis.breakdown.breakdown`,
+    :func:`~flowscope.analysis.breakdown.task_groups` and :func:`~flowscope.analysis.anomalies.detect.detect_run`
+    of the same run."""
+
+    run_id: str
+    breakdown: Breakdown
+    task_groups: pd.DataFrame
+    anomalies: pa.Table
+    model: FunctionModel
+    rows: int                  # spans read
+    partitions: int
+    timings_s: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"run_id": self.run_id, "rows": self.rows, "partitions": self.partitions,
+                "timings_s": self.timings_s, "breakdown": self.breakdown.to_dict(),
+                "task_groups": self.task_groups.to_dict("records"), "anomalies": self.anomalies.num_rows,
+                "functions": len(self.model)}
+
+
+# ---- reading a run in parts -------------------------------------------------------------------------------
+
+def file_groups(files: Sequence[Path], rows_per_partition: int) -> tuple[list[list[str]], int]:
+    """The segment ``files`` in groups of about ``rows_per_partition`` rows (from their footers, in order), and the
+    rows they hold."""
+    groups: list[list[str]] = []
+    current: list[str] = []
+    n = total = 0
+    for f in files:
+        try:
+            rows = pq.ParquetFile(f).metadata.num_rows
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise DamagedSegment(Path(f), str(exc)) from None
+        if current and n + rows > rows_per_partition:
+            groups.append(current)
+            current, n = [], 0
+        current.append(str(f))
+        n += rows
+        total += rows
+    if current:
+        groups.append(current)
+    return groups, total
+
+
+def read_part(files: Sequence[str], run_path: str, mappings: list[dict]) -> pd.DataFrame:
+    """The rows of :data:`PART_SQL` over the spans of the segment ``files`` of the run at ``run_path``, given the
+    run's semantic ``mappings``."""
+    import duckdb
+
+    target = schema("spans")
+    tables = []
+    for f in files:
+        try:
+            tables.append(pq.read_table(f, schema=target))
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise DamagedSegment(Path(f), str(exc)) from None
+    spans = pa.concat_tables(tables) if tables else target.empty_table()
+    resources = open_run(run_path).arrow("resources")
+    con = duckdb.connect(":memory:")
+    try:
+        con.register("spans", spans)
+        con.register("resources", resources)
+        con.execute(f"CREATE VIEW activity AS {activity_sql(mappings)}")
+        con.execute(f"CREATE VIEW executors AS {executors_sql(mappings)}")
+        return con.sql(PART_SQL).to_arrow_table().to_pandas(types_mapper=_INT64.get)
+    finally:
+        con.close()
+
+
+def _write_part(part: pd.DataFrame, path: str) -> int:
+    pq.write_table(pa.Table.from_pandas(part, preserve_index=False), path)
+    return len(part)
+
+
+def _read_written(path: str) -> pd.DataFrame:
+    return pq.read_table(path).to_pandas(types_mapper=_INT64.get)
+
+
+def _spans_table(part: pd.DataFrame) -> pa.Table:
+    cols = ["span_id", "parent_id", "resource_id", "kind", "name", "start_ns", "end_ns", "task_key", "role"]
+    return pa.Table.from_pandas(part[cols], preserve_index=False)
+
+
+# ---- per part: what the timeline, the groups and the model need ------------------------------------------
+
+@dataclass
+class PartSummary:
+    """One part's contribution (whole resources): slot-time per (resource, slot, state) with the slot's extent,
+    per-group moments, the time sources of its task spans, the model of its calls."""
+
+    states: pd.DataFrame       # resource_id, slot, state, ns, rows, t0, t1
+    slots: pd.DataFrame        # resource_id, slots
+    groups: pd.DataFrame       # role, group, count, sum_ns, mean, m2, max_ns
+    categories: pd.DataFrame   # role, group, category, n
+    roles: set[str]
+    time_sources: set[str] | None
+    model: FunctionModel
+    max_step: int
+    calls: dict[str, int]      # calls per resource
+    ids_complete: bool         # every call has a span id
+
+
+def summarise_part(path: str, config: AnomalyConfig, run_start_ns: int | None) -> PartSummary:
+    """:class:`PartSummary` of the part written at ``path``."""
+    part = _read_written(path)
+    work = part[part["executes"].astype(bool) & (part["end_ns"] > part["start_ns"])]
+    states = work_states(work[["resource_id", "span_id", "parent_id", "start_ns", "end_ns", "category", "role",
+                               "group", "slots"]])
+    states["ns"] = states["end_ns"] - states["start_ns"]
+    lanes = states.groupby(["resource_id", "slot"], sort=False).agg(t0=("start_ns", "min"), t1=("end_ns", "max"))
+    sums = (states.groupby(["resource_id", "slot", "state"], sort=False).agg(ns=("ns", "sum"), rows=("ns", "size"))
+            .reset_index().join(lanes, on=["resource_id", "slot"]))
+    slots = work.groupby("resource_id", sort=False)["slots"].first().reset_index()
+    d = (part["end_ns"] - part["start_ns"]).astype("int64")
+    frame = pd.DataFrame({"role": part["role"].astype(object), "group": part["group"].astype(object),
+                          "category": part["category"].astype(object), "d": d.to_numpy(np.int64)})
+    g = frame.groupby(["role", "group"], dropna=False, sort=False)["d"]
+    groups = g.agg(count="size", sum_ns="sum", mean="mean", max_ns="max").reset_index()
+    dev = frame["d"].to_numpy(np.float64) - g.transform("mean").to_numpy(np.float64)
+    groups["m2"] = (frame.assign(sq=dev * dev).groupby(["role", "group"], dropna=False, sort=False)["sq"].sum()
+                    .to_numpy())
+    categories = frame.groupby(["role", "group", "category"], dropna=False, sort=False).size().rename("n")
+    tasks = part.loc[part["role"] == "task", "time_attrs"]
+    calls = calls_from_spans(_spans_table(part), config.kinds)
+    values = calls.metric(config.metric).astype(np.float64)
+    model = FunctionModel.of(calls.functions, calls.func, values)
+    step = steps_of(calls, config, run_start_ns)
+    per_resource = np.bincount(calls.resource, minlength=len(calls.resources)) if len(calls) else []
+    return PartSummary(sums, slots, groups, categories.reset_index(), set(part["role"].dropna().unique()),
+                       span_time_sources(tasks.astype(object)) if len(tasks) else None, model,
+                       int(step.max()) if len(step) else -1,
+                       dict(zip(calls.resources, map(int, per_resource))), calls.table["span_id"].null_count == 0)
+
+
+def judge_part(path: str, model: FunctionModel, config: AnomalyConfig, run_path: str, meta: dict,
+               positions: dict[str, int] | None = None) -> tuple[pa.Table, pd.DataFrame]:
+    """The anomalies among the calls of the part at ``path`` judged against the run's ``model``, and for each
+    (function, step) of the part its first call judged normal (``step`` -1: of any step), the candidates for
+    an anomaly's exemplar. ``positions``: where each resource's calls begin in the run's, when calls are
+    numbered by position (spans without ids)."""
+    part = _read_written(path)
+    run = open_run(run_path)
+    ids = sorted(part["resource_id"].dropna().unique().tolist())
+    resources = run.arrow("resources")
+    parents = [p for r, p in zip(resources["resource_id"].to_pylist(), resources["parent_id"].to_pylist())
+               if r in set(ids) and p is not None]
+    near = sorted(set(ids) | set(parents))
+    transfers = run.sql_arrow("SELECT * FROM transfers WHERE list_contains(?::VARCHAR[], src_resource_id) "
+                              "OR list_contains(?::VARCHAR[], dst_resource_id)", [near, near]) if near else None
+    det = detect(_spans_table(part), config, transfers=transfers, resources=resources, meta=meta, model=model,
+                 judge=scorer(model, config), positions=positions)
+    normal = np.flatnonzero(~det.flagged)
+    calls = det.calls
+    cand = pd.DataFrame({"function": np.asarray(calls.functions, dtype=object)[calls.func[normal]]
+                         if len(normal) else np.zeros(0, object),
+                         "step": det.step[normal], "resource_id": np.asarray(calls.resources, dtype=object)[
+                             calls.resource[normal]] if len(normal) else np.zeros(0, object),
+                         "call_id": calls.call_id[normal], "value": det.values[normal]})
+    first = pd.concat([cand.drop_duplicates(["function", "step"]),
+                       cand.drop_duplicates("function").assign(step=-1)], ignore_index=True)
+    return det.anomalies, first
+
+
+# ---- merging the parts ------------------------------------------------------------------------------------
+
+def merge_groups(groups: pd.DataFrame, categories: pd.DataFrame, roles: set[str]) -> pd.DataFrame:
+    """:func:`~flowscope.analysis.breakdown.task_groups` from the parts' per-group moments."""
+    role = next((r for r in GROUPED_ROLES if r in roles), "task")
+    g = groups[groups["role"] == role]
+    key = ["role", "group"]
+    n = g.groupby(key, dropna=False, sort=False)["count"].transform("sum").to_numpy(np.float64)
+    total = g.groupby(key, dropna=False, sort=False)["sum_ns"].transform("sum").to_numpy(np.float64)
+    mean = total / n
+    spread = g["m2"].to_numpy(np.float64) + g["count"].to_numpy(np.float64) * (g["mean"].to_numpy() - mean) ** 2
+    merged = (g.assign(spread=spread).groupby(key, dropna=False, sort=False)
+              .agg(count=("count", "sum"), sum_ns=("sum_ns", "sum"), m2=("spread", "sum"), max_ns=("max_ns", "max"))
+              .reset_index())
+    cats = categories[categories["role"] == role].groupby([*key, "category"], dropna=False, sort=False)["n"].sum()
+    cats = cats.reset_index().sort_values(["n", "category"], ascending=[False, True], kind="stable")
+    mode = cats.drop_duplicates(key).set_index(key)["category"]
+    count = merged["count"].astype("int64")
+    out = pd.DataFrame({
+        "group": merged["group"], "role": merged["role"],
+        "category": [mode.get((r, gr)) for r, gr in zip(merged["role"], merged["group"])],
+        "count": count, "total_s": merged["sum_ns"].astype("int64") / 1e9,
+        "mean_s": merged["sum_ns"].astype("int64") / count / 1e9,
+        "std_s": np.where(count > 1, np.sqrt(merged["m2"] / np.maximum(count - 1, 1)), 0.0) / 1e9,
+        "max_s": merged["max_ns"].astype("int64") / 1e9})
+    out = out.sort_values(["total_s", "group"], ascending=[False, True], kind="stable").reset_index(drop=True)
+    out["cv"] = (out["std_s"] / out["mean_s"]).where(out["mean_s"] > 0, 0.0)
+    return out
+
+
+def merge_states(states: pd.DataFrame) -> tuple[pd.DataFrame, int, int, int]:
+    """Slot-time per resource (index) and state (columns), counting the idle time of each slot before its first
+    and after its last span up to the run's extent; that extent (t0, t1) and the number of ``io`` state rows."""
+    lanes = states.drop_duplicates(["resource_id", "slot"])
+    t0, t1 = int(lanes["t0"].min()), int(lanes["t1"].max())
+    by = states.pivot_table(index="resource_id", columns="state", values="ns", aggfunc="sum", fill_value=0)
+    edge = ((lanes["t0"] - t0) + (t1 - lanes["t1"])).groupby(lanes["resource_id"]).sum()
+    by[IDLE] = (by[IDLE] if IDLE in by.columns else 0) + edge.reindex(by.index, fill_value=0)
+    io_rows = int(states.loc[states["state"] == "io", "rows"].sum())
+    return by, t0, t1, io_rows
+
+
+def _order_anomalies(table: pa.Table, model: FunctionModel, max_step: int,
+                     candidates: pd.DataFrame) -> pa.Table:
+    """The parts' anomalies as one table: most severe first (ties in the calls' order: resource, start, end
+    latest first, function), numbered, each with the run's exemplar (the first normal call of its function in
+    its step, else in any step)."""
+    if not table.num_rows:
+        return table
+    res = pd.factorize(np.asarray(table["resource_id"].to_pylist(), dtype=object), sort=True)[0]
+    fn = pd.factorize(np.asarray(table["function"].to_pylist(), dtype=object), sort=True)[0]
+    order = np.lexsort((fn, -table["end_ns"].to_numpy(), table["start_ns"].to_numpy(), res,
+                        -table["score"].to_numpy(), -table["severity_ns"].to_numpy()))
+    table = table.take(pa.array(order))
+    cand = candidates.sort_values("resource_id", kind="stable").drop_duplicates(["function", "step"])
+    first = {(f, int(s)): (int(c), v) for f, s, c, v in zip(cand["function"], cand["step"], cand["call_id"],
+                                                             cand["value"])}
+    same_step = len(model) * (max_step + 1) <= 50_000_000  # as detect's exemplars
+    ex_id, ex_ns = [], []
+    for f, s in zip(table["function"].to_pylist(), table["step"].to_pylist()):
+        hit = (first.get((f, int(s))) if same_step else None) or first.get((f, -1))
+        ex_id.append(hit[0] if hit else None)
+        ex_ns.append(int(hit[1]) if hit else None)
+    cols = {"anomaly_id": pa.array(np.arange(table.num_rows, dtype=np.int64)),
+            "exemplar_call_id": pa.array(ex_id, pa.int64()), "exemplar_ns": pa.array(ex_ns, pa.int64())}
+    for name, arr in cols.items():
+        table = table.set_column(table.schema.get_field_index(name), table.schema.field(name), arr)
+    return table
+
+
+def _tree_merge(models: list[FunctionModel]) -> FunctionModel:
+    out = FunctionModel()
+    for m in models:
+        out.merge_in(m)
+    return out
+
+
+# ---- the whole -------------------------------------------------------------------------------------------
+
+Progress = Callable[[str, int, int], None]
+
+
+def _run_stage(client: Client, name: str, tasks: list, progress: Progress | None) -> list:
+    from distributed import as_completed
+
+    futures = client.compute(tasks)
+    index = {f.key: i for i, f in enumerate(futures)}
+    out: list[Any] = [None] * len(futures)
+    done = 0
+    if progress:
+        progress(name, 0, len(futures))
+    for fut in as_completed(futures):
+        out[index[fut.key]] = fut.result()
+        done += 1
+        if progress:
+            progress(name, done, len(futures))
+    return out
+
+
+def analyse(run: Run | str | Path, client: Client, *, config: AnomalyConfig | None = None,
+            rows_per_partition: int = ROWS_PER_PARTITION, scratch: str | Path | None = None,
+            progress: Progress | None = None) -> PartitionedAnalysis:
+    """The breakdown, per-group statistics and anomalies of ``run`` computed on the Dask cluster of ``client``.
+
+    ``scratch``: a folder every worker can write and read, for the run regrouped by resource (about the size of
+    its spans; removed afterwards); default: a new folder beside the run (its store, which the workers read
+    already). ``progress(stage, done, total)`` is called as the parts of each stage finish."""
+    import time
+
+    import dask
+    import dask.dataframe as dd
+
+    run = run if isinstance(run, Run) else open_run(run)
+    config = config or AnomalyConfig()
+    meta = run.meta
+    timings: dict[str, float] = {}
+    rows_per_partition = max(1, int(rows_per_partition))
+    groups_of_files, rows = file_groups(run.segments("spans"), rows_per_partition)
+    parts = max(1, len(groups_of_files), -(-rows // rows_per_partition))
+    mappings = run.mappings()
+    made = Path(tempfile.mkdtemp(prefix=".flowscope-partitioned-", dir=scratch or run.path.parent))
+    try:
+        t = time.perf_counter()
+        meta_frame = read_part([], str(run.path), mappings)
+        frame = dd.from_map(read_part, groups_of_files or [[]], run_path=str(run.path), mappings=mappings,
+                            meta=meta_frame, enforce_metadata=False)
+        regrouped = frame.shuffle("resource_id", npartitions=parts)
+        paths = [str(made / f"part-{i:06d}.parquet") for i in range(parts)]
+        write = [dask.delayed(_write_part)(p, path) for p, path in zip(regrouped.to_delayed(), paths)]
+        _run_stage(client, "regroup by resource", write, progress)
+        timings["regroup_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        summaries: list[PartSummary] = _run_stage(
+            client, "timeline, groups and model",
+            [dask.delayed(summarise_part)(p, config, meta.get("start_ns")) for p in paths], progress)
+        model = _tree_merge([s.model for s in summaries])
+        timings["summarise_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        kind = work_unit_kind(run)
+        if kind == IO_UNIT:  # the timeline is the run's timed I/O operations: read in one process
+            states = resource_states(run)
+            util = utilisation_by_resource(run, states)
+            window_ns = int(states["end_ns"].max() - states["start_ns"].min()) if len(states) else 0
+            io_rows = int((states["state"] == "io").sum()) if len(states) else 0
+        else:
+            util, window_ns, io_rows = _utilisation(summaries, meta)
+        b = breakdown_of(run, util, window_ns, io_rows)
+        roles = set().union(*(s.roles for s in summaries)) if summaries else set()
+        groups = merge_groups(pd.concat([s.groups for s in summaries], ignore_index=True),
+                              pd.concat([s.categories for s in summaries], ignore_index=True), roles)
+        timings["merge_s"] = time.perf_counter() - t
+
+        t = time.perf_counter()
+        positions = None
+        if not all(s.ids_complete for s in summaries if s.calls):  # calls numbered by their row in the run's
+            per = dict(sorted((r, n) for s in summaries for r, n in s.calls.items()))
+            positions = dict(zip(per, np.cumsum([0, *per.values()])[:-1].tolist()))
+        judged = _run_stage(client, "anomalies",
+                            [dask.delayed(judge_part)(p, model, config, str(run.path), meta, positions)
+                             for p in paths], progress)
+        max_step = max((s.max_step for s in summaries), default=-1)
+        anomalies = _order_anomalies(pa.concat_tables([a for a, _ in judged]), model, max_step,
+                                     pd.concat([c for _, c in judged], ignore_index=True))
+        timings["anomalies_s"] = time.perf_counter() - t
+    finally:
+        shutil.rmtree(made, ignore_errors=True)
+    return PartitionedAnalysis(meta["run_id"], b, groups, anomalies, model, rows, parts, timings)
+
+
+def _utilisation(summaries: list[PartSummary], meta: dict) -> tuple[pd.DataFrame, int, int]:
+    states = pd.concat([s.states for s in summaries], ignore_index=True)
+    if not len(states):
+        return utilisation_table(pd.DataFrame(), pd.Series(dtype=object), 0), 0, 0
+    by, t0, t1, io_rows = merge_states(states)
+    slots = pd.concat([s.slots for s in summaries], ignore_index=True).set_index("resource_id")["slots"]
+    sources = set().union(*(s.time_sources for s in summaries if s.time_sources is not None))
+    window: int | None = t1 - t0
+    if sources - {MEASURED}:  # some task's times were derived: capacity over the run's duration, as the timeline
+        start, end = meta.get("start_ns"), meta.get("end_ns")
+        window = end - start if start is not None and end is not None else None
+    return utilisation_table(by, slots, t1 - t0 if window is None else window), t1 - t0, io_rows
+
