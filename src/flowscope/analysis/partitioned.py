@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from flowscope.analysis.anomalies.calls import calls_from_spans
@@ -35,7 +36,7 @@ from flowscope.analysis.timeline import (
     span_time_sources,
     utilisation_by_resource,
     utilisation_table,
-    work_states,
+    work_state_totals,
     work_unit_kind,
 )
 from flowscope.model.schemas import schema
@@ -59,6 +60,8 @@ PART_SQL = """
     FROM activity a LEFT JOIN executors e ON e.resource_id = a.resource_id"""
 
 _INT64 = {pa.int64(): pd.Int64Dtype()}
+#: what a part's columns become in pandas while Dask moves it: exact integers, strings kept in Arrow
+_PART_TYPES = {pa.int64(): pd.Int64Dtype(), pa.string(): pd.StringDtype("pyarrow")}
 
 
 @dataclass
@@ -127,7 +130,7 @@ def read_part(files: Sequence[str], run_path: str, mappings: list[dict]) -> pd.D
         con.register("resources", resources)
         con.execute(f"CREATE VIEW activity AS {activity_sql(mappings)}")
         con.execute(f"CREATE VIEW executors AS {executors_sql(mappings)}")
-        return con.sql(PART_SQL).to_arrow_table().to_pandas(types_mapper=_INT64.get)
+        return con.sql(PART_SQL).to_arrow_table().to_pandas(types_mapper=_PART_TYPES.get)
     finally:
         con.close()
 
@@ -137,13 +140,14 @@ def _write_part(part: pd.DataFrame, path: str) -> int:
     return len(part)
 
 
-def _read_written(path: str) -> pd.DataFrame:
-    return pq.read_table(path).to_pandas(types_mapper=_INT64.get)
+def _read_written(path: str, columns: Sequence[str] | None = None) -> pa.Table:
+    return pq.read_table(path, columns=list(columns) if columns is not None else None)
 
 
-def _spans_table(part: pd.DataFrame) -> pa.Table:
-    cols = ["span_id", "parent_id", "resource_id", "kind", "name", "start_ns", "end_ns", "task_key", "role"]
-    return pa.Table.from_pandas(part[cols], preserve_index=False)
+#: the columns the detector reads of a part's spans
+_CALL_COLUMNS = ["span_id", "parent_id", "resource_id", "kind", "name", "start_ns", "end_ns", "task_key", "role"]
+#: the columns of the timeline's rows (TIMED_SPANS_SQL)
+_WORK_COLUMNS = ["resource_id", "span_id", "parent_id", "start_ns", "end_ns", "category", "role", "group", "slots"]
 
 
 # ---- per part: what the timeline, the groups and the model need ------------------------------------------
@@ -165,34 +169,64 @@ class PartSummary:
     ids_complete: bool         # every call has a span id
 
 
+def _codes(arr: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
+    """The distinct values of ``arr`` (nulls as None) and each row's index into them."""
+    enc = pc.dictionary_encode(arr, null_encoding="encode").combine_chunks()
+    return (np.asarray(enc.dictionary.to_pylist(), dtype=object),
+            enc.indices.to_numpy(zero_copy_only=False).astype(np.int64))
+
+
+def group_moments(role: pa.ChunkedArray, group: pa.ChunkedArray, category: pa.ChunkedArray, d: np.ndarray
+                  ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per (role, group) of the spans with durations ``d`` (ns): count, exact sum, mean, M2 (sum of squared
+    deviations from the mean) and max; and per (role, group, category) the count."""
+    if not len(d):
+        return (pd.DataFrame(columns=["role", "group", "count", "sum_ns", "mean", "m2", "max_ns"]),
+                pd.DataFrame(columns=["role", "group", "category", "n"]))
+    roles, rc = _codes(role)
+    groups, gc = _codes(group)
+    cats, cc = _codes(category)
+    key = rc * len(groups) + gc
+    keys, k = np.unique(key, return_inverse=True)
+    count = np.bincount(k, minlength=len(keys))
+    total = np.zeros(len(keys), np.int64)
+    np.add.at(total, k, d)
+    mean = total / np.maximum(count, 1)
+    dev = d - mean[k]
+    m2 = np.bincount(k, weights=dev * dev, minlength=len(keys))
+    top = np.full(len(keys), np.iinfo(np.int64).min)
+    np.maximum.at(top, k, d)
+    moments = pd.DataFrame({"role": roles[keys // len(groups)], "group": groups[keys % len(groups)],
+                            "count": count, "sum_ns": total, "mean": mean, "m2": m2, "max_ns": top})
+    ck, n = np.unique(k * len(cats) + cc, return_counts=True)
+    categories = pd.DataFrame({"role": moments["role"].to_numpy()[ck // len(cats)],
+                               "group": moments["group"].to_numpy()[ck // len(cats)],
+                               "category": cats[ck % len(cats)], "n": n})
+    return moments, categories
+
+
 def summarise_part(path: str, config: AnomalyConfig, run_start_ns: int | None) -> PartSummary:
     """:class:`PartSummary` of the part written at ``path``."""
-    part = _read_written(path)
-    work = part[part["executes"].astype(bool) & (part["end_ns"] > part["start_ns"])]
-    states = work_states(work[["resource_id", "span_id", "parent_id", "start_ns", "end_ns", "category", "role",
-                               "group", "slots"]])
-    states["ns"] = states["end_ns"] - states["start_ns"]
-    lanes = states.groupby(["resource_id", "slot"], sort=False).agg(t0=("start_ns", "min"), t1=("end_ns", "max"))
-    sums = (states.groupby(["resource_id", "slot", "state"], sort=False).agg(ns=("ns", "sum"), rows=("ns", "size"))
-            .reset_index().join(lanes, on=["resource_id", "slot"]))
-    slots = work.groupby("resource_id", sort=False)["slots"].first().reset_index()
-    d = (part["end_ns"] - part["start_ns"]).astype("int64")
-    frame = pd.DataFrame({"role": part["role"].astype(object), "group": part["group"].astype(object),
-                          "category": part["category"].astype(object), "d": d.to_numpy(np.int64)})
-    g = frame.groupby(["role", "group"], dropna=False, sort=False)["d"]
-    groups = g.agg(count="size", sum_ns="sum", mean="mean", max_ns="max").reset_index()
-    dev = frame["d"].to_numpy(np.float64) - g.transform("mean").to_numpy(np.float64)
-    groups["m2"] = (frame.assign(sq=dev * dev).groupby(["role", "group"], dropna=False, sort=False)["sq"].sum()
-                    .to_numpy())
-    categories = frame.groupby(["role", "group", "category"], dropna=False, sort=False).size().rename("n")
-    tasks = part.loc[part["role"] == "task", "time_attrs"]
-    calls = calls_from_spans(_spans_table(part), config.kinds)
+    part = _read_written(path, [*dict.fromkeys([*_CALL_COLUMNS, *_WORK_COLUMNS, "executes", "time_attrs"])])
+    d = pc.subtract(part["end_ns"], part["start_ns"]).to_numpy().astype(np.int64)
+    busy = pc.fill_null(part["executes"], True).to_numpy(zero_copy_only=False) & (d > 0)
+    work = part.select(_WORK_COLUMNS).filter(pa.array(busy))
+    sums = work_state_totals(work)
+    slots = (work.group_by("resource_id", use_threads=False).aggregate([("slots", "first")])
+             .rename_columns(["resource_id", "slots"])
+             .to_pandas(types_mapper=_INT64.get) if work.num_rows else pd.DataFrame(columns=["resource_id", "slots"]))
+    groups, categories = group_moments(part["role"], part["group"], part["category"], d)
+    tasks = part["time_attrs"].filter(pc.equal(part["role"], "task").fill_null(False))
+    tagged = tasks.filter(pc.not_equal(tasks, "{}"))  # '{}': a task span that does not say (PART_SQL)
+    time_attrs = pd.Series([*tagged.to_pylist(), *(["{}"] if len(tagged) < len(tasks) else [])], dtype=object)
+    calls = calls_from_spans(part.select([c for c in _CALL_COLUMNS if c not in ("kind", "task_key")]), config.kinds)
     values = calls.metric(config.metric).astype(np.float64)
     model = FunctionModel.of(calls.functions, calls.func, values)
     step = steps_of(calls, config, run_start_ns)
     per_resource = np.bincount(calls.resource, minlength=len(calls.resources)) if len(calls) else []
-    return PartSummary(sums, slots, groups, categories.reset_index(), set(part["role"].dropna().unique()),
-                       span_time_sources(tasks.astype(object)) if len(tasks) else None, model,
+    roles = {r for r in pc.unique(part["role"]).to_pylist() if r is not None}
+    return PartSummary(sums, slots, groups, categories, roles,
+                       span_time_sources(time_attrs) if len(time_attrs) else None, model,
                        int(step.max()) if len(step) else -1,
                        dict(zip(calls.resources, map(int, per_resource))), calls.table["span_id"].null_count == 0)
 
@@ -203,16 +237,16 @@ def judge_part(path: str, model: FunctionModel, config: AnomalyConfig, run_path:
     (function, step) of the part its first call judged normal (``step`` -1: of any step), the candidates for
     an anomaly's exemplar. ``positions``: where each resource's calls begin in the run's, when calls are
     numbered by position (spans without ids)."""
-    part = _read_written(path)
+    part = _read_written(path, _CALL_COLUMNS)
     run = open_run(run_path)
-    ids = sorted(part["resource_id"].dropna().unique().tolist())
+    ids = sorted(r for r in pc.unique(part["resource_id"]).to_pylist() if r is not None)
     resources = run.arrow("resources")
     parents = [p for r, p in zip(resources["resource_id"].to_pylist(), resources["parent_id"].to_pylist())
                if r in set(ids) and p is not None]
     near = sorted(set(ids) | set(parents))
     transfers = run.sql_arrow("SELECT * FROM transfers WHERE list_contains(?::VARCHAR[], src_resource_id) "
                               "OR list_contains(?::VARCHAR[], dst_resource_id)", [near, near]) if near else None
-    det = detect(_spans_table(part), config, transfers=transfers, resources=resources, meta=meta, model=model,
+    det = detect(part, config, transfers=transfers, resources=resources, meta=meta, model=model,
                  judge=scorer(model, config), positions=positions)
     normal = np.flatnonzero(~det.flagged)
     calls = det.calls

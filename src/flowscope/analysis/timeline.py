@@ -288,6 +288,66 @@ def work_states(acts: pd.DataFrame, t0: int | None = None, t1: int | None = None
            for i, name in enumerate(("start_ns", "end_ns", "state", "group", "role"))}})
 
 
+#: the columns of :func:`work_state_totals`
+TOTAL_COLUMNS = ["resource_id", "slot", "state", "ns", "rows", "t0", "t1"]
+
+
+def work_state_totals(acts: pa.Table) -> pd.DataFrame:
+    """Per resource, slot and state of :func:`work_states` ``(acts)`` (each slot over its own extent): the time
+    (``ns``) and rows of that state, with the slot's extent (``t0``, ``t1``). ``acts``: rows of
+    :data:`TIMED_SPANS_SQL`, as Arrow. The resources whose spans never overlap (one slot, the spans and the gaps
+    between them: most resources) are summed without laying their timeline out; the others go through
+    :func:`work_states`."""
+    if not acts.num_rows:
+        return pd.DataFrame({c: pd.Series(dtype=object if c in ("resource_id", "state") else "int64")
+                             for c in TOTAL_COLUMNS})
+    enc = acts["resource_id"].dictionary_encode().combine_chunks()
+    names = np.asarray(enc.dictionary.to_pylist(), dtype=object)
+    res = enc.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+    s = acts["start_ns"].to_numpy().astype(np.int64)
+    e = acts["end_ns"].to_numpy().astype(np.int64)
+    order = np.lexsort((-e, s, res))
+    r, s, e = res[order], s[order], e[order]
+    first = np.r_[True, r[1:] != r[:-1]]
+    reach = pd.Series(e).groupby(r).cummax().to_numpy()  # the latest end so far on the resource
+    overlaps = np.unique(r[1:][~first[1:] & (s[1:] < reach[:-1])])
+    parts = []
+    if len(overlaps):
+        mask = np.isin(res, overlaps)
+        sub = acts.filter(pa.array(mask)).to_pandas(types_mapper={pa.int64(): pd.Int64Dtype()}.get)
+        st = work_states(sub)
+        st["ns"] = st["end_ns"] - st["start_ns"]
+        lanes = st.groupby(["resource_id", "slot"], sort=False).agg(t0=("start_ns", "min"), t1=("end_ns", "max"))
+        parts.append(st.groupby(["resource_id", "slot", "state"], sort=False).agg(ns=("ns", "sum"), rows=("ns", "size"))
+                     .reset_index().join(lanes, on=["resource_id", "slot"]))
+    keep = ~np.isin(r, overlaps)
+    if keep.any():
+        cat = acts["category"].take(pa.array(order)).filter(pa.array(keep)).dictionary_encode().combine_chunks()
+        states = np.asarray([*cat.dictionary.to_pylist(), IDLE], dtype=object)
+        c = cat.indices.to_numpy(zero_copy_only=False).astype(np.int64)
+        rk, sk, ek, fk = r[keep], s[keep], e[keep], first[keep]
+        nstate, nres = len(states), len(names)
+        busy_key = rk * nstate + c
+        exact = np.zeros(nres * nstate, np.int64)  # sums in int64: float weights would round
+        np.add.at(exact, busy_key, ek - sk)
+        rows = np.bincount(busy_key, minlength=nres * nstate)
+        gap = np.where(fk, 0, sk - np.r_[0, ek[:-1]])
+        g = gap > 0
+        idle_key = rk[g] * nstate + (nstate - 1)
+        np.add.at(exact, idle_key, gap[g])
+        rows += np.bincount(idle_key, minlength=nres * nstate)
+        t0 = np.full(nres, np.iinfo(np.int64).max)
+        t1 = np.full(nres, np.iinfo(np.int64).min)
+        np.minimum.at(t0, rk, sk)
+        np.maximum.at(t1, rk, ek)
+        hit = np.flatnonzero(rows)
+        who = hit // nstate
+        parts.append(pd.DataFrame({"resource_id": names[who], "slot": np.zeros(len(hit), np.int64),
+                                   "state": states[hit % nstate], "ns": exact[hit], "rows": rows[hit],
+                                   "t0": t0[who], "t1": t1[who]}))
+    return pd.concat(parts, ignore_index=True)[TOTAL_COLUMNS]
+
+
 def _slot_table(run: Run) -> pd.DataFrame:
     """The slots of each resource in the timeline (:func:`_timed_work`)."""
     if work_unit_kind(run) == IO_UNIT:
