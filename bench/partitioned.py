@@ -60,6 +60,7 @@ print(json.dumps({"breakdown": breakdown(run).to_dict(), "task_groups": task_gro
 DUCKDB = r"""
 import json, sys
 import duckdb
+duckdb.execute("SET enable_progress_bar = false")  # it draws on stdout
 glob = sys.argv[1] + "/spans/*.parquet"
 rows = duckdb.sql(f'''
     SELECT name AS "group", count(*) AS count, sum(end_ns - start_ns) / 1e9 AS total_s,
@@ -172,14 +173,19 @@ def main() -> None:
     ap.add_argument("--large-gib", type=float, default=None, help="also a run of this many GiB, once")
     ap.add_argument("--memory-cap-gib", type=float, default=20.0)
     ap.add_argument("--store", type=Path, default=None, help="keep the generated runs here (default: a temp dir)")
+    ap.add_argument("--analyse-option", action="append", default=[],
+                    help="an option for `flowscope analyse` on the large run (repeat it), e.g. --memory-limit=3GiB")
+    ap.add_argument("--large-run", type=Path, default=None,
+                    help="the large run written before (with --store): measure it again instead of writing one")
     args = ap.parse_args()
     store = args.store or Path(tempfile.mkdtemp(prefix="flowscope-bench-partitioned-"))
     flowscope_cmd = [sys.executable, "-m", "flowscope"]
     result: dict = {"benchmark": "partitioned", "params": {"commit": git_commit(), "tasks": args.tasks,
                                                            "repeat": args.repeat}}
     try:
-        print(f"writing a run of {args.tasks:,} tasks ...", flush=True)
-        run_dir = make_run(store / "repeated", rows=args.tasks)
+        if args.repeat:
+            print(f"writing a run of {args.tasks:,} tasks ...", flush=True)
+        run_dir = make_run(store / "repeated", rows=args.tasks if args.repeat else 1000, progress=False)
         sides = {
             "partitioned": [*flowscope_cmd, "analyse", str(run_dir), "--json", "--top", str(10**9)],
             "one process": [sys.executable, "-c", ONE_PROCESS, str(run_dir)],
@@ -195,33 +201,42 @@ def main() -> None:
                 samples[n].append(r)
                 print(f"  rep {rep + 1} {n}: {r['wall_s']:.1f} s, peak {r['peak_rss_bytes'] / 2**30:.2f} GiB",
                       flush=True)
+        ours = one = float("nan")
         for i in range(args.repeat):
             check_same(json.loads(samples["partitioned"][i]["stdout"]), json.loads(samples["one process"][i]["stdout"]),
                        json.loads(samples["duckdb groups"][i]["stdout"]))
-        result["repeated"] = {
+        result["repeated"] = {} if not args.repeat else {
             n: {"wall_s": _stats([r["wall_s"] for r in samples[n]]),
                 "peak_rss_gib": _stats([r["peak_rss_bytes"] / 2**30 for r in samples[n]])} for n in names}
         result["repeated"]["run"] = {"tasks": args.tasks, "bytes_by_table": _sizes(run_dir)}
-        ours = result["repeated"]["partitioned"]["wall_s"]["median"]
-        one = result["repeated"]["one process"]["wall_s"]["median"]
-        for n in names:
+        if args.repeat:
+            ours = result["repeated"]["partitioned"]["wall_s"]["median"]
+            one = result["repeated"]["one process"]["wall_s"]["median"]
+        for n in names if args.repeat else []:
             w, m = result["repeated"][n]["wall_s"], result["repeated"][n]["peak_rss_gib"]
             print(f"{n:14s} wall {w['median']:.1f} s [{w['min']:.1f}-{w['max']:.1f}], peak memory "
                   f"{m['median']:.2f} GiB [{m['min']:.2f}-{m['max']:.2f}]")
         shutil.rmtree(run_dir)
 
         large = None
-        if args.large_gib:
-            print(f"writing a run of {args.large_gib} GiB ...", flush=True)
-            big = make_run(store / "large", gib=args.large_gib)
+        if args.large_gib or args.large_run:
+            if args.large_run:
+                big = args.large_run
+            else:
+                print(f"writing a run of {args.large_gib} GiB ...", flush=True)
+                big = make_run(store / "large", gib=args.large_gib)
             sizes = _sizes(big)
             spans = sum(__import__("pyarrow.parquet", fromlist=["x"]).ParquetFile(f).metadata.num_rows
                         for f in (big / "spans").glob("*.parquet"))
             print(f"  {sum(sizes.values()) / 2**30:.2f} GiB, {spans:,} spans", flush=True)
-            ours_big = timed([*flowscope_cmd, "analyse", str(big), "--json", "--top", str(10**9)])
+            ours_big = timed([*flowscope_cmd, "analyse", str(big), "--json", "--top", str(10**9), *args.analyse_option])
             if ours_big["returncode"] != 0:
                 raise SystemExit(f"partitioned failed on the large run: {ours_big['stderr']}")
+            print(f"  partitioned: {ours_big['wall_s']:.0f} s, peak {ours_big['peak_rss_bytes'] / 2**30:.2f} GiB, "
+                  f"stages {json.loads(ours_big['stdout'])['timings_s']}", flush=True)
             duck_big = timed([sys.executable, "-c", DUCKDB, str(big)])
+            print(f"  DuckDB groups: {duck_big['wall_s']:.0f} s, peak {duck_big['peak_rss_bytes'] / 2**30:.2f} GiB",
+                  flush=True)
             check_same(json.loads(ours_big["stdout"]), None, json.loads(duck_big["stdout"]))
             one_big = timed([sys.executable, "-c", ONE_PROCESS, str(big)], cap_bytes=int(args.memory_cap_gib * 2**30))
             large = {"bytes_by_table": sizes, "gib": sum(sizes.values()) / 2**30, "spans": spans,
@@ -236,21 +251,24 @@ def main() -> None:
                   f"{large['duckdb groups']['peak_rss_gib']:.2f} GiB; one process "
                   + (f"stopped at the {args.memory_cap_gib:g} GiB cap after {one_big['wall_s']:.0f} s"
                      if one_big["capped"] else f"{one_big['wall_s']:.0f} s, rc {one_big['returncode']}"))
-            shutil.rmtree(big)
+            if not args.large_run:
+                shutil.rmtree(big)
     finally:
         if args.store is None:
             shutil.rmtree(store, ignore_errors=True)
+    duck = result["repeated"]["duckdb groups"]["wall_s"]["median"] if args.repeat else float("nan")
     result.update({
         "metric": "wall_s", "value": ours, "unit": "s", "target": None, "meets_target": None,
-        "peers": {"one process": {"value": one, "unit": "s"},
-                  "duckdb groups": {"value": result["repeated"]["duckdb groups"]["wall_s"]["median"], "unit": "s"}},
-        "ratio_vs_peer": ours / one})
+        "peers": {"one process": {"value": one, "unit": "s"}, "duckdb groups": {"value": duck, "unit": "s"}},
+        "ratio_vs_peer": ours / one if args.repeat else None})
     result["params"]["what"] = ("median whole-process wall time of `flowscope analyse` (LocalCluster, all cores) on "
                                 "the repeated run; peers: the same analyses in one process, DuckDB's per-group SQL")
     write_result(result, Path(__file__).resolve().parent / "results" / "partitioned.json")
     tail = (f"; large {large['gib']:.1f} GiB run in {large['partitioned']['wall_s']:.0f} s at "
             f"{large['partitioned']['peak_rss_gib']:.1f} GiB peak" if large else "")
-    print(f"partitioned: {ours:.1f} s vs one process {one:.1f} s ({ours / one:.2f}x) on {args.tasks:,} tasks{tail}")
+    head = (f"{ours:.1f} s vs one process {one:.1f} s ({ours / one:.2f}x) on {args.tasks:,} tasks" if args.repeat
+            else "no repeated run")
+    print(f"partitioned: {head}{tail}")
 
 
 if __name__ == "__main__":

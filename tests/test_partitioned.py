@@ -125,7 +125,7 @@ def test_a_dask_run_written_by_two_collectors_through_redis_is_analysed_as_in_on
     assert int(run.sql("SELECT count(*) AS n FROM activity WHERE role = 'task'")["n"].iloc[0]) == 361
     assert len(detect_run(run).anomalies) >= 1  # the slowed task at least: there is something to agree on
     assert writers  # segments named by their writers
-    _check(run, dask_client, rows_per_partition=60)
+    _check(run, dask_client, rows_per_partition=30)  # more than 8 parts: the candidates merge in two rounds
 
 
 @pytest.mark.parametrize("rel", ["otf2/ping-pong-otf2/traces.otf2", "chrome/viztracer/multithread.json",
@@ -142,9 +142,11 @@ def test_traces_with_nested_calls_are_analysed_as_in_one_process(shared_data, tm
     _check(run, dask_client, rows_per_partition=max(1, spans // 5))
 
 
-def test_the_command_starts_its_own_cluster_and_prints_the_single_process_figures(shared_data, tmp_path):
+def test_the_command_starts_its_own_cluster_and_prints_the_single_process_figures(shared_data, tmp_path,
+                                                                                 dask_client):
     """`flowscope analyse RUN --json` on a LocalCluster of its own: the breakdown and groups it prints are the
-    single-process ones; a bad option and a damaged segment are refused, each saying what and where."""
+    single-process ones; on a running cluster given by address, the same; a bad option and a damaged segment are
+    refused, each saying what and where."""
     import json
 
     from flowscope.importers import import_paths
@@ -160,11 +162,29 @@ def test_the_command_starts_its_own_cluster_and_prints_the_single_process_figure
     assert [g["group"] for g in doc["task_groups"]] == task_groups(run)["group"].tolist()
     assert doc["anomalies"] == detect_run(run).anomalies.num_rows
 
+    given = subprocess.run([*cmd[:4], str(res.run_dir), "--scheduler", dask_client.scheduler.address, "--json"],
+                           capture_output=True, text=True, timeout=600)
+    assert given.returncode == 0, given.stderr
+    assert json.loads(given.stdout)["breakdown"] == doc["breakdown"]
+    assert json.loads(given.stdout)["partitions"] == 1  # the default part size holds this run
+
     bad = subprocess.run([*cmd[:-1], "0"], capture_output=True, text=True, timeout=120)
     assert bad.returncode == 1 and "--rows-per-part must be at least 1, not 0" in bad.stderr
 
     seg = run.segments("spans")[0]
     seg.write_bytes(seg.read_bytes()[: seg.stat().st_size // 2])
-    broken = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    broken = subprocess.run([*cmd[:4], str(res.run_dir), "--scheduler", dask_client.scheduler.address],
+                            capture_output=True, text=True, timeout=600)
     assert broken.returncode == 1
     assert seg.name in broken.stderr, broken.stderr
+
+
+def test_a_run_without_spans_is_said_to_have_nothing_to_analyse(tmp_path):
+    """No table of zeros and no cluster started: the run holds no span, and the command says so."""
+    c = Client(store=tmp_path / "store", name="empty")
+    c.close()
+    out = subprocess.run([sys.executable, "-m", "flowscope", "analyse", "latest", "--store", str(tmp_path / "store")],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert "has no spans: nothing to analyse" in " ".join(out.stdout.split())
+    assert "compute" not in out.stdout

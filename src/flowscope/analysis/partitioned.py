@@ -314,7 +314,7 @@ def _order_anomalies(table: pa.Table, model: FunctionModel, max_step: int,
     order = np.lexsort((fn, -table["end_ns"].to_numpy(), table["start_ns"].to_numpy(), res,
                         -table["score"].to_numpy(), -table["severity_ns"].to_numpy()))
     table = table.take(pa.array(order))
-    cand = candidates.sort_values("resource_id", kind="stable").drop_duplicates(["function", "step"])
+    cand = merge_candidates(candidates)
     first = {(f, int(s)): (int(c), v) for f, s, c, v in zip(cand["function"], cand["step"], cand["call_id"],
                                                              cand["value"])}
     same_step = len(model) * (max_step + 1) <= 50_000_000  # as detect's exemplars
@@ -328,6 +328,19 @@ def _order_anomalies(table: pa.Table, model: FunctionModel, max_step: int,
     for name, arr in cols.items():
         table = table.set_column(table.schema.get_field_index(name), table.schema.field(name), arr)
     return table
+
+
+def merge_candidates(*frames: pd.DataFrame) -> pd.DataFrame:
+    """The parts' exemplar candidates (:func:`judge_part`) as one: per (function, step), the run's first, which is
+    the candidate of the first resource (the parts hold disjoint resources, and the calls are in resource order)."""
+    return (_concat(list(frames)).sort_values("resource_id", kind="stable")
+            .drop_duplicates(["function", "step"]).reset_index(drop=True))
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    """The parts' frames as one; the empty ones (parts without such rows) only give their columns."""
+    full = [f for f in frames if len(f)]
+    return pd.concat(full, ignore_index=True) if full else frames[0].iloc[:0]
 
 
 def _tree_merge(models: list[FunctionModel]) -> FunctionModel:
@@ -410,8 +423,8 @@ def analyse(run: Run | str | Path, client: Client, *, config: AnomalyConfig | No
             util, window_ns, io_rows = _utilisation(summaries, meta)
         b = breakdown_of(run, util, window_ns, io_rows)
         roles = set().union(*(s.roles for s in summaries)) if summaries else set()
-        groups = merge_groups(pd.concat([s.groups for s in summaries], ignore_index=True),
-                              pd.concat([s.categories for s in summaries], ignore_index=True), roles)
+        groups = merge_groups(_concat([s.groups for s in summaries]), _concat([s.categories for s in summaries]),
+                              roles)
         timings["merge_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -419,12 +432,15 @@ def analyse(run: Run | str | Path, client: Client, *, config: AnomalyConfig | No
         if not all(s.ids_complete for s in summaries if s.calls):  # calls numbered by their row in the run's
             per = dict(sorted((r, n) for s in summaries for r, n in s.calls.items()))
             positions = dict(zip(per, np.cumsum([0, *per.values()])[:-1].tolist()))
-        judged = _run_stage(client, "anomalies",
-                            [dask.delayed(judge_part)(p, model, config, str(run.path), meta, positions)
-                             for p in paths], progress)
+        judged = [dask.delayed(judge_part, nout=2)(p, model, config, str(run.path), meta, positions) for p in paths]
+        found = [a for a, _ in judged]
+        # each part's exemplar candidates (functions x steps rows) merged on the cluster, not in this process
+        candidates = [c for _, c in judged]
+        while len(candidates) > 1:
+            candidates = [dask.delayed(merge_candidates)(*candidates[i:i + 8]) for i in range(0, len(candidates), 8)]
+        *found, first = _run_stage(client, "anomalies", [*found, candidates[0]], progress)
         max_step = max((s.max_step for s in summaries), default=-1)
-        anomalies = _order_anomalies(pa.concat_tables([a for a, _ in judged]), model, max_step,
-                                     pd.concat([c for _, c in judged], ignore_index=True))
+        anomalies = _order_anomalies(pa.concat_tables(found), model, max_step, first)
         timings["anomalies_s"] = time.perf_counter() - t
     finally:
         shutil.rmtree(made, ignore_errors=True)
@@ -432,11 +448,11 @@ def analyse(run: Run | str | Path, client: Client, *, config: AnomalyConfig | No
 
 
 def _utilisation(summaries: list[PartSummary], meta: dict) -> tuple[pd.DataFrame, int, int]:
-    states = pd.concat([s.states for s in summaries], ignore_index=True)
+    states = _concat([s.states for s in summaries])
     if not len(states):
         return utilisation_table(pd.DataFrame(), pd.Series(dtype=object), 0), 0, 0
     by, t0, t1, io_rows = merge_states(states)
-    slots = pd.concat([s.slots for s in summaries], ignore_index=True).set_index("resource_id")["slots"]
+    slots = _concat([s.slots for s in summaries]).set_index("resource_id")["slots"]
     sources = set().union(*(s.time_sources for s in summaries if s.time_sources is not None))
     window: int | None = t1 - t0
     if sources - {MEASURED}:  # some task's times were derived: capacity over the run's duration, as the timeline

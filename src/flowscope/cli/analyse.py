@@ -69,6 +69,13 @@ def run(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 1:
         raise ValueError(f"--workers must be at least 1, not {args.workers}")
     r = open_for(args)
+    if not r.counts()["spans"]:
+        message = f"run {r.run_id} has no spans: nothing to analyse (`flowscope show` says what it holds)"
+        if args.json:
+            print_json({"run_id": r.run_id, "rows": 0, "message": message})
+        else:
+            console.print(message)
+        return 0
     with dask_client(args.scheduler, args.workers, args.memory_limit) as client, progress() as bar:
         tasks: dict[str, int] = {}
 
