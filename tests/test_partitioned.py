@@ -6,7 +6,6 @@ through Redis, and traces of other tools with nested calls."""
 from __future__ import annotations
 
 import math
-import os
 import subprocess
 import sys
 import time

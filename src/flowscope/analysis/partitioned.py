@@ -241,22 +241,25 @@ def judge_part(path: str, model: FunctionModel, config: AnomalyConfig, run_path:
     run = open_run(run_path)
     ids = sorted(r for r in pc.unique(part["resource_id"]).to_pylist() if r is not None)
     resources = run.arrow("resources")
+    mine = set(ids)
     parents = [p for r, p in zip(resources["resource_id"].to_pylist(), resources["parent_id"].to_pylist())
-               if r in set(ids) and p is not None]
+               if r in mine and p is not None]
     near = sorted(set(ids) | set(parents))
     transfers = run.sql_arrow("SELECT * FROM transfers WHERE list_contains(?::VARCHAR[], src_resource_id) "
                               "OR list_contains(?::VARCHAR[], dst_resource_id)", [near, near]) if near else None
     det = detect(part, config, transfers=transfers, resources=resources, meta=meta, model=model,
                  judge=scorer(model, config), positions=positions)
-    normal = np.flatnonzero(~det.flagged)
     calls = det.calls
-    cand = pd.DataFrame({"function": np.asarray(calls.functions, dtype=object)[calls.func[normal]]
-                         if len(normal) else np.zeros(0, object),
-                         "step": det.step[normal], "resource_id": np.asarray(calls.resources, dtype=object)[
-                             calls.resource[normal]] if len(normal) else np.zeros(0, object),
-                         "call_id": calls.call_id[normal], "value": det.values[normal]})
-    first = pd.concat([cand.drop_duplicates(["function", "step"]),
-                       cand.drop_duplicates("function").assign(step=-1)], ignore_index=True)
+    normal = np.flatnonzero(~det.flagged)
+    func, step = calls.func[normal].astype(np.int64), det.step[normal].astype(np.int64)
+    width = int(step.max()) + 2 if len(step) else 1
+    _, same = np.unique(func * width + step, return_index=True)   # the first row of each (function, step)
+    _, any_ = np.unique(func, return_index=True)                  # of each function
+    rows = normal[np.concatenate([same, any_])]
+    first = pd.DataFrame({"function": np.asarray(calls.functions, dtype=object)[calls.func[rows]],
+                          "step": np.concatenate([step[same], np.full(len(any_), -1, np.int64)]),
+                          "resource_id": np.asarray(calls.resources, dtype=object)[calls.resource[rows]],
+                          "call_id": calls.call_id[rows], "value": det.values[rows]})
     return det.anomalies, first
 
 
