@@ -46,7 +46,7 @@ from flowscope.store.run import DamagedSegment, Run, open_run
 if TYPE_CHECKING:
     from distributed import Client
 
-#: rows of spans per part, when not told: about 0.5 GB of a worker's memory per part in pandas
+#: rows of spans per part, when not told (docs/partitioned.md measures a smaller part with a worker memory limit)
 ROWS_PER_PARTITION = 2_000_000
 
 #: what a part carries to the per-resource analyses (``activity`` ``a`` joined to ``executors`` ``e``): every span
@@ -346,7 +346,7 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
     return pd.concat(full, ignore_index=True) if full else frames[0].iloc[:0]
 
 
-def _tree_merge(models: list[FunctionModel]) -> FunctionModel:
+def _merge_models(models: list[FunctionModel]) -> FunctionModel:
     out = FunctionModel()
     for m in models:
         out.merge_in(m)
@@ -412,7 +412,7 @@ def analyse(run: Run | str | Path, client: Client, *, config: AnomalyConfig | No
         summaries: list[PartSummary] = _run_stage(
             client, "timeline, groups and model",
             [dask.delayed(summarise_part)(p, config, meta.get("start_ns")) for p in paths], progress)
-        model = _tree_merge([s.model for s in summaries])
+        model = _merge_models([s.model for s in summaries])
         timings["summarise_s"] = time.perf_counter() - t
 
         t = time.perf_counter()
@@ -435,7 +435,8 @@ def analyse(run: Run | str | Path, client: Client, *, config: AnomalyConfig | No
         if not all(s.ids_complete for s in summaries if s.calls):  # calls numbered by their row in the run's
             per = dict(sorted((r, n) for s in summaries for r, n in s.calls.items()))
             positions = dict(zip(per, np.cumsum([0, *per.values()])[:-1].tolist()))
-        judged = [dask.delayed(judge_part, nout=2)(p, model, config, str(run.path), meta, positions) for p in paths]
+        shared = client.scatter(model, broadcast=True)  # once to each worker, not in every task
+        judged = [dask.delayed(judge_part, nout=2)(p, shared, config, str(run.path), meta, positions) for p in paths]
         found = [a for a, _ in judged]
         # each part's exemplar candidates (functions x steps rows) merged on the cluster, not in this process
         candidates = [c for _, c in judged]
