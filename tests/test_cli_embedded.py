@@ -14,7 +14,8 @@ from flowscope import Client
 from flowscope.cli.main import build_parser
 
 COMMANDS = ["demo", "run", "step", "simulate", "serve", "monitor", "ui", "runs", "show", "sql", "report", "explain", "lineage", "compare",
-            "profile", "anomalies", "forecast", "io", "semantics", "import", "export", "ingest-spool", "rm"]
+            "profile", "anomalies", "analyse", "forecast", "io", "semantics", "import", "export", "ingest-spool", "rm"]
+ALIASES = {"analyze": "analyse"}
 
 
 def fs(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedProcess:
@@ -25,10 +26,10 @@ def fs(*args: str, env: dict | None = None, cwd=None) -> subprocess.CompletedPro
 def test_help_everywhere():
     assert fs("--help").returncode == 0
     parser_commands = set(build_parser()._subparsers._group_actions[0].choices)
-    assert parser_commands == set(COMMANDS)
-    for cmd in COMMANDS:
+    assert parser_commands == set(COMMANDS) | set(ALIASES)
+    for cmd in [*COMMANDS, *ALIASES]:
         res = fs(cmd, "--help")
-        assert res.returncode == 0 and "usage: flowscope " + cmd in res.stdout
+        assert res.returncode == 0 and "usage: flowscope " + ALIASES.get(cmd, cmd) in res.stdout
 
 
 def test_demo_records_a_dask_run_that_runs_show_and_sql_read(tmp_path):
