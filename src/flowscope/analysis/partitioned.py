@@ -24,7 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from flowscope.analysis.anomalies.calls import calls_from_spans
+from flowscope.analysis.anomalies.calls import calls_from_spans, dictionary_codes
 from flowscope.analysis.anomalies.config import AnomalyConfig
 from flowscope.analysis.anomalies.detect import detect, steps_of
 from flowscope.analysis.anomalies.model import FunctionModel, scorer
@@ -170,10 +170,8 @@ class PartSummary:
 
 
 def _codes(arr: pa.ChunkedArray) -> tuple[np.ndarray, np.ndarray]:
-    """The distinct values of ``arr`` (nulls as None) and each row's index into them."""
-    enc = pc.dictionary_encode(arr, null_encoding="encode").combine_chunks()
-    return (np.asarray(enc.dictionary.to_pylist(), dtype=object),
-            enc.indices.to_numpy(zero_copy_only=False).astype(np.int64))
+    values, codes = dictionary_codes(arr)
+    return np.asarray(values, dtype=object), codes
 
 
 def group_moments(role: pa.ChunkedArray, group: pa.ChunkedArray, category: pa.ChunkedArray, d: np.ndarray
@@ -309,7 +307,7 @@ def _order_anomalies(table: pa.Table, model: FunctionModel, max_step: int,
                      candidates: pd.DataFrame) -> pa.Table:
     """The parts' anomalies as one table: most severe first (ties in the calls' order: resource, start, end
     latest first, function), numbered, each with the run's exemplar (the first normal call of its function in
-    its step, else in any step)."""
+    its step, else in any step) from ``candidates``, one per (function, step) (:func:`merge_candidates`)."""
     if not table.num_rows:
         return table
     res = pd.factorize(np.asarray(table["resource_id"].to_pylist(), dtype=object), sort=True)[0]
@@ -317,9 +315,8 @@ def _order_anomalies(table: pa.Table, model: FunctionModel, max_step: int,
     order = np.lexsort((fn, -table["end_ns"].to_numpy(), table["start_ns"].to_numpy(), res,
                         -table["score"].to_numpy(), -table["severity_ns"].to_numpy()))
     table = table.take(pa.array(order))
-    cand = merge_candidates(candidates)
-    first = {(f, int(s)): (int(c), v) for f, s, c, v in zip(cand["function"], cand["step"], cand["call_id"],
-                                                             cand["value"])}
+    first = {(f, int(s)): (int(c), v) for f, s, c, v in zip(candidates["function"], candidates["step"],
+                                                             candidates["call_id"], candidates["value"])}
     same_step = len(model) * (max_step + 1) <= 50_000_000  # as detect's exemplars
     ex_id, ex_ns = [], []
     for f, s in zip(table["function"].to_pylist(), table["step"].to_pylist()):

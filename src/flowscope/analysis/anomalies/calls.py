@@ -60,8 +60,10 @@ class Calls:
         return last[run]
 
 
-def _codes(arr: pa.ChunkedArray | pa.Array) -> tuple[list[str], np.ndarray]:
-    enc = pc.dictionary_encode(arr)
+def dictionary_codes(arr: pa.ChunkedArray | pa.Array) -> tuple[list, np.ndarray]:
+    """The distinct values of ``arr`` in order of first appearance (a null as None) and each row's index into
+    them."""
+    enc = pc.dictionary_encode(arr, null_encoding="encode")
     if isinstance(enc, pa.ChunkedArray):
         enc = enc.combine_chunks() if enc.num_chunks != 1 else enc.chunk(0)
     if isinstance(enc, pa.ChunkedArray):  # combine_chunks of a dictionary may give a chunked array back
@@ -86,8 +88,8 @@ def calls_from_spans(spans: pa.Table, kinds: tuple[str, ...] | None = ("task", "
         raise ValueError(f"spans: {len(bad)} span(s) end before they start, e.g. {spans['name'][i].as_py()!r} on "
                          f"{spans['resource_id'][i].as_py()!r} start_ns={start[i]} end_ns={end[i]}")
     inclusive = end - start
-    resources, resource = _codes(spans["resource_id"])
-    functions, func = _codes(spans["name"])
+    resources, resource = dictionary_codes(spans["resource_id"])
+    functions, func = dictionary_codes(spans["name"])
     sid_col, pid_col = spans["span_id"], spans["parent_id"]
     have_ids = n > 0 and sid_col.null_count == 0
     call_id = sid_col.to_numpy().astype(np.int64) if have_ids else np.arange(n, dtype=np.int64)
