@@ -15,7 +15,7 @@ log's DXT segments).
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -25,6 +25,8 @@ from flowscope.model.semantics import IDLE
 
 if TYPE_CHECKING:
     from flowscope.store.run import Run
+
+T = TypeVar("T")
 
 TIME_SOURCE = "time_source"
 MEASURED = "measured"
@@ -89,11 +91,22 @@ TIMED_IO_SQL = """
     SELECT * FROM o WHERE prev_end IS NULL OR end_ns > prev_end"""
 
 
+def memoised(run: Run, name: str, compute: Callable[[], T]) -> T:
+    """``compute()``, kept per state of ``run`` (``Run.memo``) when the run keeps values, else computed: the
+    analyses ask the same small questions of a run many times in one report or push."""
+    memo = getattr(run, "memo", None)
+    return memo(name, compute) if memo else compute()
+
+
 def work_unit_kind(run: Run) -> str | None:
     """What ``run``'s units of work are, the first of these it has: its tasks (:data:`TASK_UNIT`: spans of role
     ``task``), the busy spans of its executing resources (:data:`SPAN_UNIT`, :data:`BUSY_SPAN_SQL`: an MPI or a call
     trace), the timed I/O operations of its executing resources (:data:`IO_UNIT`, :data:`TIMED_IO_SQL`: a Darshan
     log with DXT); None without any."""
+    return memoised(run, "work_unit_kind", lambda: _work_unit_kind(run))
+
+
+def _work_unit_kind(run: Run) -> str | None:
     row = run.sql(f"""SELECT EXISTS (SELECT 1 FROM activity WHERE role = 'task') AS tasks,
                              EXISTS (SELECT 1 FROM activity a LEFT JOIN executors e ON e.resource_id = a.resource_id
                                      WHERE {BUSY_SPAN_SQL}) AS spans""").iloc[0]
@@ -240,9 +253,7 @@ def resource_states(run: Run) -> pd.DataFrame:
     there, or ``idle`` (gaps included). A run whose units of work are timed I/O operations (:func:`work_unit_kind`)
     has them as its activity, in state ``io``. Columns :data:`STATE_COLUMNS`; the rows of one (resource, slot) do
     not overlap and cover the span exactly."""
-    memo = getattr(run, "memo", None)
-    states = memo("resource_states", lambda: _resource_states(run)) if memo else _resource_states(run)
-    return states.copy()
+    return memoised(run, "resource_states", lambda: _resource_states(run)).copy()
 
 
 def _resource_states(run: Run) -> pd.DataFrame:
@@ -371,8 +382,7 @@ def capacity_window(run: Run, states: pd.DataFrame) -> tuple[int | None, str]:
             return "run"
         return "I/O operations" if work_unit_kind(run) == IO_UNIT else "task spans"
 
-    memo = getattr(run, "memo", None)  # the run's utilisation asks once per resource's and once for its own
-    what = memo("capacity_source", source) if memo else source()
+    what = memoised(run, "capacity_source", source)  # the run's utilisation asks per resource and for its own
     if what == "run":
         start, end = run.meta.get("start_ns"), run.meta.get("end_ns")
         return (end - start if start is not None and end is not None else None), what

@@ -189,7 +189,7 @@ class Context:
         """SQL over the tables the report reads (spans, transfers, io, metrics, logs, resources), each read
         from the run once and then held in memory: a run's table is many small Parquet segments, and the
         report queries each table several times."""
-        return self._connection().sql(query, params=params or None).df()
+        return self._connection().execute(query, params or None).df()
 
     def sql_arrow(self, query: str, params: list | None = None):
         rel = self._connection().sql(query, params=params or None)

@@ -192,7 +192,7 @@ class Run:
     def sql(self, query: str, params: list | None = None) -> pd.DataFrame:
         """Run ``query`` with one view per table (spans, transitions, ...) and return a DataFrame."""
         try:
-            return self.connection().sql(query, params=params or None).df()
+            return self.connection().execute(query, params or None).df()
         except duckdb.Error as exc:
             _reraise_damage(exc, self.path)
             raise

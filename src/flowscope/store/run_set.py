@@ -211,7 +211,7 @@ class RunSet:
         """Run ``query`` over the runs (tables as in :meth:`flowscope.store.run.Run.sql`, plus ``run_id``, and
         the ``runs`` catalogue) and return a DataFrame."""
         try:
-            return self.connection().sql(query, params=params or None).df()
+            return self.connection().execute(query, params or None).df()
         except duckdb.Error as exc:
             for m in self._metas:
                 _reraise_damage(exc, Path(m["path"]))

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from flowscope.analysis.timeline import BUSY_CATEGORIES, resource_states
+from flowscope.analysis.timeline import BUSY_CATEGORIES, memoised, resource_states
 from flowscope.model.semantics import IDLE
 
 if TYPE_CHECKING:
@@ -203,9 +203,9 @@ def unused_slots(run: Run, states: pd.DataFrame) -> int:
     that never ran anything: idle all along)."""
     if not len(states):
         return 0
-    declared = run.sql("""SELECT DISTINCT a.resource_id, e.slots FROM activity a JOIN executors e
-                          ON e.resource_id = a.resource_id WHERE e.executes AND e.slots IS NOT NULL
-                          AND a.end_ns > a.start_ns""")
+    declared = memoised(run, "declared_active_slots", lambda: run.sql(
+        """SELECT DISTINCT a.resource_id, e.slots FROM activity a JOIN executors e
+           ON e.resource_id = a.resource_id WHERE e.executes AND e.slots IS NOT NULL AND a.end_ns > a.start_ns"""))
     if not len(declared):
         return 0
     used = states.groupby("resource_id")["slot"].nunique()
@@ -232,10 +232,10 @@ def _held_states(run: Run) -> pd.DataFrame:
         st = resource_states(run)
         return fold_extra_lanes(st, declared_slots(run)) if len(st) else st
 
-    memo = getattr(run, "memo", None)
-    return memo("held_resource_states", held) if memo else held()
+    return memoised(run, "held_resource_states", held)
 
 
 def run_tasks(run: Run) -> int:
     """The number of task executions of ``run`` (spans whose role is ``task``): the DAG's size."""
-    return int(run.sql("SELECT count(*) AS n FROM activity WHERE role = 'task'")["n"].iloc[0])
+    return memoised(run, "task_count",
+                    lambda: int(run.sql("SELECT count(*) AS n FROM activity WHERE role = 'task'")["n"].iloc[0]))
