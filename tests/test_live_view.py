@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
@@ -507,7 +508,7 @@ def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded
             extra = max(1, before // 2)  # the run grows by about half (less than the cap)
             assert (before + extra) / before < VIEW_GROWTH_CAP
             grow(1 + extra / before, before)
-            allowed = max(VIEW_DEBOUNCE_S, (before + extra) / before * first["compute_s"] / 0.05)
+            allowed = max(VIEW_DEBOUNCE_S, (before + extra) / before * first["cost_s"] / 0.05)
             now[0] += allowed / 2
             answers = [await views.get(run_dir, "memory", share=0.05) for _ in range(5)]  # five pages
             for got, wait in answers:
@@ -517,7 +518,7 @@ def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded
             assert newer is not first and wait is None
             assert sum(newer["segments"].values()) == before + extra
             grow(20, before + extra)  # twentyfold more: the wait is the cap's
-            capped = max(VIEW_DEBOUNCE_S, VIEW_GROWTH_CAP * newer["compute_s"] / 0.05)
+            capped = max(VIEW_DEBOUNCE_S, VIEW_GROWTH_CAP * newer["cost_s"] / 0.05)
             now[0] += capped * 0.9
             kept, wait = await views.get(run_dir, "memory", share=0.05)
             assert kept is newer and wait == pytest.approx(capped * 0.1)
@@ -525,6 +526,50 @@ def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded
             last, wait = await views.get(run_dir, "memory", share=0.05)
             assert last is not newer and wait is None and sum(last["segments"].values()) == 20 * (before + extra)
         asyncio.run(pages())
+    finally:
+        collector.shutdown()
+
+
+def test_a_view_held_off_the_cores_by_other_programs_is_not_held_back_longer(recorded, tmp_path, monkeypatch):
+    """A view's cadence follows what its computation cost the collector's process in CPU, not the wall time it
+    took: on a machine whose cores other programs take, the wall time of a cheap view grows many times (and with it,
+    at a panel's share of 2 %, the wait before its next recomputation: minutes), while what it costs the collector
+    does not. Here the view is kept off the cores by a sleep of 2 s inside its computation."""
+    import asyncio
+
+    from flowscope.report import views as view_module
+    from flowscope.service.collector import Collector
+    from flowscope.service.dashboard_routes import PANEL_CPU_SHARE, VIEW_DEBOUNCE_S, _Views
+
+    fn, tables = view_module.VIEWS["memory"]
+
+    def descheduled(run):
+        time.sleep(2.0)
+        return fn(run)
+
+    monkeypatch.setitem(view_module.VIEWS, "memory", (descheduled, tables))
+    segs = _segments(recorded)  # the spans too: the memory view shows the processes that ran work
+    now = [1000.0]
+    collector = Collector(tmp_path / "store")
+    try:
+        doc = collector.open_run({"name": "held-off", "start_ns": Run(recorded).meta["start_ns"]})
+        run_dir = collector.store / doc["run_id"]
+        for table, sid, data in segs:
+            collector.ingest(doc["run_id"], table, sid, data, timeout=60)
+        views = _Views(clock=lambda: now[0])
+
+        async def page():
+            first, wait = await views.get(run_dir, "memory", share=PANEL_CPU_SHARE)
+            assert first["processes"] and first["compute_s"] >= 2.0
+            assert 0 < first["cost_s"] <= first["compute_s"] - 1.0  # the sleep cost no CPU
+            table, _, data = next(s for s in segs if s[0] == "metrics")
+            collector.ingest(doc["run_id"], table, "one-more", data, timeout=60)
+            kept, wait = await views.get(run_dir, "memory", share=PANEL_CPU_SHARE)
+            grown = sum(views.signature(run_dir, "memory")[1:]) / sum(first["segments"].values())
+            assert kept is first
+            assert wait == pytest.approx(max(VIEW_DEBOUNCE_S, first["cost_s"] * grown / PANEL_CPU_SHARE))
+            assert wait < first["compute_s"] * grown / PANEL_CPU_SHARE - 1.0 / PANEL_CPU_SHARE
+        asyncio.run(page())
     finally:
         collector.shutdown()
 

@@ -45,7 +45,8 @@ DISK_POLL_S = 1.0
 #: an analysis page's view is recomputed at most this often while its run changes (changes meanwhile fold into
 #: one recomputation), seconds
 VIEW_DEBOUNCE_S = 1.0
-#: ... and a view that takes long to compute waits longer: at least its last computation's time divided by this
+#: ... and a view that takes long to compute waits longer: at least its last computation's cost (``cost_s``: the
+#: collector's CPU time over it, or its wall time when smaller) divided by this
 #: share, so that following a large run keeps each view's recomputation under this share of one core, for every
 #: page that follows it together (a page may ask for less with ``?share=``)
 VIEW_CPU_SHARE = 0.2
@@ -207,8 +208,9 @@ class _Views:
     async def get(self, run_dir: Path, view: str, share: float | None = None) -> tuple[dict, float | None]:
         """The view of the run, and None when it is as the tables are now; or, with ``share``, the view kept
         from a recent computation and in how many seconds a fresher one may be computed: a view followed live
-        is recomputed at most once per max(VIEW_DEBOUNCE_S, its predicted time / ``share``), however many pages
-        follow it. The prediction is the last computation's time scaled by how much the run grew since (the
+        is recomputed at most once per max(VIEW_DEBOUNCE_S, its predicted cost / ``share``), however many pages
+        follow it. The prediction is the last computation's cost (``cost_s``, what it cost this process in CPU:
+        a busy machine stretches the wall time of a cheap view, not its cost) scaled by how much the run grew since (the
         segments of the tables the view reads), at most VIEW_GROWTH_CAP-fold: an analysis takes about as long as
         its tables are large, and a young run's cheap first computation must not let a costly one follow at once."""
         key = (run_dir, view)
@@ -218,7 +220,7 @@ class _Views:
             hit = self._done.get(key)
             if share is not None and hit is not None and hit[0] != sig:
                 grown = _growth(sum(sig[1:]), sum(hit[0][1:]))
-                wait = hit[2] + max(VIEW_DEBOUNCE_S, hit[1]["compute_s"] * grown / share) - self._clock()
+                wait = hit[2] + max(VIEW_DEBOUNCE_S, hit[1]["cost_s"] * grown / share) - self._clock()
                 if wait > 0:
                     return hit[1], wait
             if hit is None or hit[0] != sig:
