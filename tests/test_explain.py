@@ -11,8 +11,10 @@ reason. The module's timeout is raised for the same machine: on a quiet one the 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -20,6 +22,8 @@ import pytest
 import flowscope
 from flowscope.analysis.advisor import explain, explain_runs
 from flowscope.analysis.advisor.attribution import CATEGORIES
+from flowscope.analysis.advisor.facts import run_facts
+from flowscope.analysis.advisor.rules import MAX_OUTPUT_BYTES, large_outputs
 from flowscope.cli.main import main
 from flowscope.store.run_set import open_store
 
@@ -196,6 +200,18 @@ def test_a_large_chunk(planted):
     assert top.evidence["output_mb"].max() >= 8 * BIG_CHUNK / 1e6 * 0.99
     assert top.recoverable_s > 0
     _parts_sum_to_the_wall(e)
+    # split, the pieces run side by side on the workers' slots, at most as many at once as their host has cores
+    # (the hardware sampler's one metric per core): the 3-4 threads that ran tasks on a 2-core machine run 2 array
+    # pieces at a time
+    facts = run_facts(flowscope.open_run(planted["store"] / planted["runs"]["large-chunk"]))
+    assert facts.slots >= 1 and facts.cores == os.cpu_count()
+    side_by_side = min(facts.slots, facts.cores)
+    data = np.fmax(top.evidence["output_mb"].fillna(0), top.evidence["inputs_mb"].fillna(0)) * 1e6
+    factor = np.maximum(1 / np.ceil(data / MAX_OUTPUT_BYTES), 1 / side_by_side)
+    assert top.recoverable_s == pytest.approx(facts.gain_s(scale_tasks=dict(zip(top.evidence["key"], factor))))
+    # on one core the pieces would run one after another: nothing to gain, however many slots
+    alone = large_outputs(dataclasses.replace(facts, cores=1))
+    assert len(alone) == 1 and alone[0].recoverable_s == 0 and "at most the hosts' 1 cores" in alone[0].method
 
 
 def test_a_file_read_twice(planted):

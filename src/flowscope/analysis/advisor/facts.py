@@ -28,6 +28,7 @@ class RunFacts:
     resource that resource nests in, e.g. a worker process; else itself), start_ns, end_ns, duration_ns,
     category, nbytes (the size of its output when the source records it, ``attrs.nbytes``; else NaN).
     ``slots``: how many tasks the resources that ran tasks can run at once (the ``executors`` view).
+    ``cores``: the CPU cores of the hosts those resources sit on (:func:`host_cores`), None where not known.
     ``wall_start_ns`` / ``wall_end_ns``: the run's recorded start and end (run.json), else its records' extent.
     ``submissions``: the graph-submission logs (ts_ns, tasks)."""
 
@@ -40,6 +41,7 @@ class RunFacts:
     wall_start_ns: int
     wall_end_ns: int
     submissions: pd.DataFrame
+    cores: int | None = None
     #: the run's state (``Run.state``) when these facts were read: while it holds, the run's memoised task graph
     #: and paths are these facts' own
     state: tuple | None = None
@@ -183,4 +185,33 @@ def run_facts(run: Run) -> RunFacts:
     w0, w1 = _wall(run, tasks)
     return RunFacts(run=run, tasks=tasks, units=units, dependencies=run.table("dependencies"),
                     transfers=run.table("transfers"), slots=n_slots, wall_start_ns=w0, wall_end_ns=w1,
-                    submissions=subs, state=state if run.state() == state else None)
+                    submissions=subs, cores=host_cores(run, ran, parent),
+                    state=state if run.state() == state else None)
+
+
+#: a per-core CPU metric (``cpu.core3.percent``, docs/data-model.md): a host sampled with one per core
+CORE_METRIC = r"^cpu\.core[0-9]+\.percent$"
+
+
+def host_cores(run: Run, resources: pd.Series, parent: pd.Series) -> int | None:
+    """The CPU cores of the hosts ``resources`` sit on (their nearest ancestor, or themselves, whose cores are
+    known: its ``attrs.cpu_cores``, else how many per-core CPU metrics it was sampled with), summed over the distinct
+    hosts; None when one of them sits on no such host."""
+    declared = run.sql("""SELECT resource_id, TRY_CAST(json_extract_string(attrs, '$.cpu_cores') AS BIGINT) AS n
+                          FROM resources WHERE TRY_CAST(json_extract_string(attrs, '$.cpu_cores') AS BIGINT) > 0""")
+    sampled = run.sql("SELECT resource_id, count(DISTINCT name) AS n FROM metrics WHERE regexp_matches(name, ?) "
+                      "GROUP BY resource_id", [CORE_METRIC])
+    cores = {**dict(zip(sampled["resource_id"], sampled["n"])), **dict(zip(declared["resource_id"], declared["n"]))}
+    if not cores or not len(resources):
+        return None
+    parents = parent.to_dict()
+    hosts = set()
+    for rid in resources:
+        seen = set()
+        while rid not in cores:
+            if not isinstance(rid, str) or rid in seen:  # the top of the tree, or a cycle in bad input
+                return None
+            seen.add(rid)
+            rid = parents.get(rid)
+        hosts.add(rid)
+    return int(sum(int(cores[h]) for h in hosts))

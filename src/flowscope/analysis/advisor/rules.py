@@ -174,7 +174,8 @@ def large_outputs(f: RunFacts) -> list[Finding]:
         return []
     data = np.fmax(big["nbytes"].fillna(0).to_numpy(), big["inputs"].fillna(0).to_numpy())
     pieces = np.ceil(data / MAX_OUTPUT_BYTES)
-    factor = np.maximum(1.0 / pieces, 1.0 / max(f.slots, 1))
+    side_by_side = min(f.slots, f.cores) if f.cores else f.slots  # array pieces need a core each, not only a slot
+    factor = np.maximum(1.0 / pieces, 1.0 / max(side_by_side, 1))
     rec = f.gain_s(scale_tasks=dict(zip(big["key"], factor)))
     producers = big[big["nbytes"] > MAX_OUTPUT_BYTES]
     largest = float(t["nbytes"].max())
@@ -187,7 +188,8 @@ def large_outputs(f: RunFacts) -> list[Finding]:
         f"128 MB a chunk should stay under ({len(big)} tasks produce or consume such data)",
         rec,
         "replay with each of these tasks split into ceil(size / 128 MiB) pieces run side by side (its duration "
-        f"x max(1 / pieces, 1 / {f.slots} slots))",
+        f"x max(1 / pieces, 1 / {side_by_side}: the {f.slots} slots"
+        + (f", at most the hosts' {f.cores} cores))" if f.cores else "))"),
         f"Rechunk / repartition so each piece is about 100-128 MB (arrays: chunks= so a chunk is <= 128 MB; "
         "dataframes: repartition(partition_size='100MB')); the largest is "
         f"{_mb(largest)}, about {math.ceil(largest / MAX_OUTPUT_BYTES)} pieces",
