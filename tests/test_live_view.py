@@ -469,6 +469,15 @@ def test_what_pages_receive_is_json_a_browser_parses_with_numpy_values_and_non_f
                                 "key": "('<script>x</script>', 1)"}
 
 
+def _replayed(collector, recorded: Path, segs: list, name: str) -> tuple[dict, Path]:
+    """A run opened in ``collector`` with the recorded run's start, holding ``segs`` (ingested as the collector takes
+    a batch): its run.json document and its folder."""
+    doc = collector.open_run({"name": name, "start_ns": Run(recorded).meta["start_ns"]})
+    for table, sid, data in segs:
+        collector.ingest(doc["run_id"], table, sid, data, timeout=60)
+    return doc, collector.store / doc["run_id"]
+
+
 def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded, tmp_path):
     """While a run changes, a view is recomputed at most once per max(VIEW_DEBOUNCE_S, its predicted cost / share)
     for every page together, the predicted cost being the last computation's scaled by how much the run grew since
@@ -488,10 +497,7 @@ def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded
     now = [1000.0]
     collector = Collector(tmp_path / "store")
     try:
-        doc = collector.open_run({"name": "cadence", "start_ns": Run(recorded).meta["start_ns"]})
-        run_dir = collector.store / doc["run_id"]
-        for table, sid, data in segs:
-            collector.ingest(doc["run_id"], table, sid, data, timeout=60)
+        doc, run_dir = _replayed(collector, recorded, segs, "cadence")
         views = _Views(clock=lambda: now[0])
 
         def grow(times: float, segments: int) -> None:  # the same samples again, as new segments
@@ -552,10 +558,7 @@ def test_a_view_held_off_the_cores_by_other_programs_is_not_held_back_longer(rec
     now = [1000.0]
     collector = Collector(tmp_path / "store")
     try:
-        doc = collector.open_run({"name": "held-off", "start_ns": Run(recorded).meta["start_ns"]})
-        run_dir = collector.store / doc["run_id"]
-        for table, sid, data in segs:
-            collector.ingest(doc["run_id"], table, sid, data, timeout=60)
+        doc, run_dir = _replayed(collector, recorded, segs, "held-off")
         views = _Views(clock=lambda: now[0])
 
         async def page():
