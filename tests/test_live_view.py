@@ -506,6 +506,9 @@ def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded
                 collector.ingest(doc["run_id"], table, f"more-{times}-{i}", data, timeout=60)
 
         async def pages():
+            # the clock is set to where each wait ends by the same sum the views compute (computed at + allowed):
+            # stepping there by parts could fall an ulp short
+            t_first = now[0]
             first, wait = await views.get(run_dir, "memory", share=0.05)
             assert wait is None  # computed now: fresh
             again, wait = await views.get(run_dir, "memory", share=0.05)
@@ -515,20 +518,20 @@ def test_a_views_recomputation_keeps_its_cadence_however_many_pages_ask(recorded
             assert (before + extra) / before < VIEW_GROWTH_CAP
             grow(1 + extra / before, before)
             allowed = max(VIEW_DEBOUNCE_S, (before + extra) / before * first["cost_s"] / 0.05)
-            now[0] += allowed / 2
+            now[0] = t_first + allowed / 2
             answers = [await views.get(run_dir, "memory", share=0.05) for _ in range(5)]  # five pages
             for got, wait in answers:
                 assert got is first and wait == pytest.approx(allowed / 2)
-            now[0] += allowed / 2
+            now[0] = t_newer = t_first + allowed
             newer, wait = await views.get(run_dir, "memory", share=0.05)
             assert newer is not first and wait is None
             assert sum(newer["segments"].values()) == before + extra
             grow(20, before + extra)  # twentyfold more: the wait is the cap's
             capped = max(VIEW_DEBOUNCE_S, VIEW_GROWTH_CAP * newer["cost_s"] / 0.05)
-            now[0] += capped * 0.9
+            now[0] = t_newer + capped * 0.9
             kept, wait = await views.get(run_dir, "memory", share=0.05)
             assert kept is newer and wait == pytest.approx(capped * 0.1)
-            now[0] += capped * 0.1
+            now[0] = t_newer + capped
             last, wait = await views.get(run_dir, "memory", share=0.05)
             assert last is not newer and wait is None and sum(last["segments"].values()) == 20 * (before + extra)
         asyncio.run(pages())
