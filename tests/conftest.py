@@ -226,6 +226,28 @@ class CollectorProcess:
                 self.kill()
 
 
+def alone_in_hbos_bin(functions, values) -> "np.ndarray":
+    """Per call (its function's name and its value): whether HBOS must flag it at its default parameters. Such a
+    call has no other call of its function within one bin width of it (Scott's rule over the function's calls,
+    at most 200 bins), plus the 0.8 % of the model's grid each of the two values may move by, so it is alone in
+    its bin; and its function has more calls than bins, so some bin holds two and the function is judged. A bin
+    of one is then the rarest there is, flagged at any threshold (docs/anomalies.md): what a test can expect on
+    a machine whose load stretches other calls by any amount."""
+    import numpy as np
+    import pandas as pd
+
+    df = pd.DataFrame({"f": np.asarray(functions, object), "v": np.asarray(values, np.float64)})
+    by = df.groupby("f")["v"]
+    count, span = by.transform("count"), by.transform("max") - by.transform("min")
+    scott = 3.49 * by.transform("std").fillna(0.0) * count ** (-1.0 / 3.0)
+    nbins = np.clip(np.ceil(span / scott.where(scott > 0)).fillna(1), 1, 200)
+    width = np.maximum(scott, span / 200).to_numpy()
+    v, f = df["v"].to_numpy(), df["f"].to_numpy()
+    others = (f[:, None] == f[None, :]) & ~np.eye(len(v), dtype=bool)
+    near = np.abs(v[:, None] - v[None, :]) <= width[:, None] + 0.008 * (v[:, None] + v[None, :])
+    return ~(others & near).any(axis=1) & (count > nbins).to_numpy()
+
+
 def check_exactly_once(run, n: int) -> None:
     """``run``'s spans are exactly the ``n`` a test's producers sent: span ids 0..n-1 once each, and the durations
     ``i % 1000`` they were given."""

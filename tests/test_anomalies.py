@@ -13,6 +13,7 @@ import pyarrow as pa
 import pytest
 
 import flowscope
+from conftest import alone_in_hbos_bin
 from flowscope.analysis.anomalies import (AnomalyConfig, CallTreeError, Detector, FunctionModel, ParameterServer,
                                           calls_from_spans, detect, detect_run, post_prune, scorer)
 from flowscope.analysis.anomalies.model import FINE_BINS, batch_stats, fine_bin
@@ -404,18 +405,12 @@ def test_dask_slowed_tasks_are_found_and_ranked_by_time_lost(tmp_path):
     spans = run.sql("SELECT task_key, name, (end_ns - start_ns)::DOUBLE AS d FROM spans WHERE kind = 'task'")
     assert len(spans) == 2 * n
     by = spans.groupby("name")["d"]
-    mean, std, count = by.transform("mean"), by.transform("std"), by.transform("count")
+    mean, std = by.transform("mean"), by.transform("std")
     lost = dict(zip(spans["task_key"], spans["d"] - mean))  # time lost by each task against its task group
     z = (spans["d"] - mean).abs() / std
     clear = (z - 6.0).abs() > 1e-6  # calls on the boundary itself are left to rounding
     sstd_flags = set(spans["task_key"][(z > 6.0) & clear])
-    # HBOS: a call with no other call of its function within one bin width, plus the 0.8 % of the model's grid
-    # each of the two values may move by, shares its bin with none
-    width = (3.49 * std * count ** (-1.0 / 3.0)).clip(lower=(by.transform("max") - by.transform("min")) / 200)
-    d = spans["d"].to_numpy()
-    others = (spans["name"].to_numpy()[:, None] == spans["name"].to_numpy()[None, :]) & ~np.eye(len(d), dtype=bool)
-    near = np.abs(d[:, None] - d[None, :]) <= width.to_numpy()[:, None] + 0.008 * (d[:, None] + d[None, :])
-    alone = set(spans["task_key"][~(others & near).any(axis=1)])
+    alone = set(spans["task_key"][alone_in_hbos_bin(spans["name"], spans["d"])])
     planted = {f"work-{i}" for i in slow}
     for algo in ("hbos", "sstd"):
         config = AnomalyConfig(algo=algo)
