@@ -114,6 +114,20 @@ def test_an_override_changes_the_outcome(shared_data, tmp_path):
     assert json.loads(res.stdout)["breakdown"]["compute_s"] == pytest.approx(over.compute_s)
 
 
+def test_one_run_object_follows_an_override_stored_and_cleared_while_it_is_open(shared_data, tmp_path):
+    """A Run held open (as the collector holds a live run) answers with the mappings run.json holds at each query,
+    though it reads and checks them once per version of the file, not at every query."""
+    run = _import(shared_data, "paje/starpu-demo/paje.trace", tmp_path)
+    before = breakdown(run)
+    f = tmp_path / "m.json"
+    f.write_text(json.dumps({"spans": [{"when": {"name": "Sleeping"}, "category": "compute"}]}))
+    assert _cli("semantics", str(run.path), "--set", str(f)).returncode == 0
+    over = breakdown(run)
+    assert over.compute_s > before.compute_s + 0.3
+    assert _cli("semantics", str(run.path), "--clear").returncode == 0
+    assert breakdown(run).compute_s == pytest.approx(before.compute_s)
+
+
 def test_a_bad_override_is_refused_naming_the_field(shared_data, tmp_path):
     run = _import(shared_data, "paje/starpu-demo/paje.trace", tmp_path)
     with pytest.raises(SemanticsError, match=r"spans\[0\]\.category: 'computing' is not one of"):

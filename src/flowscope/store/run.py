@@ -91,6 +91,8 @@ class Run:
         self._lock = threading.Lock()
         #: name -> (the run's state it was computed for, value): see :meth:`memo`
         self._memo: dict[str, tuple[tuple, Any]] = {}
+        #: (run.json's bytes, the mappings they give, those mappings as JSON): see :meth:`_mappings_now`
+        self._mappings: tuple[bytes, list[dict], str] | None = None
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r})"
@@ -159,8 +161,8 @@ class Run:
             con = self._con
             tables = {**TABLES, **DERIVED_TABLES}
             present = {name: bool(segment_files(self.path, name)) for name in tables}
-            mappings = self.mappings()
-            state = (present, json.dumps(mappings, sort_keys=True, default=str))
+            mappings, mappings_json = self._mappings_now()
+            state = (present, mappings_json)
             if state == self._views_state:  # the same views: each one's glob finds new segments by itself
                 return con.cursor()
             self._views_state = None  # until all are made
@@ -186,8 +188,18 @@ class Run:
     def mappings(self) -> list[dict]:
         """The semantic mappings in the order their rules are tried: the caller's override, the override
         stored with the run, the mappings its sources declared, the generic defaults."""
-        meta = self.meta
-        return ordered([*self.semantics, *override_of(meta)], declared(meta))
+        return list(self._mappings_now()[0])
+
+    def _mappings_now(self) -> tuple[list[dict], str]:
+        """The mappings and their JSON (sorted keys), read from run.json and checked again only when its bytes
+        changed: every query asks, and checking a source's mapping costs milliseconds."""
+        data = (self.path / RUN_JSON).read_bytes()  # a few kB: far cheaper than parsing and checking it
+        cached = self._mappings
+        if cached is None or cached[0] != data:
+            meta = json.loads(data)
+            mappings = ordered([*self.semantics, *override_of(meta)], declared(meta))
+            cached = self._mappings = (data, mappings, json.dumps(mappings, sort_keys=True, default=str))
+        return cached[1], cached[2]
 
     def sql(self, query: str, params: list | None = None) -> pd.DataFrame:
         """Run ``query`` with one view per table (spans, transitions, ...) and return a DataFrame."""
@@ -212,8 +224,7 @@ class Run:
     def state(self) -> tuple:
         """What every read of the run depends on: each table's segment files, and the semantic mappings."""
         tables = {**TABLES, **DERIVED_TABLES}
-        return (tuple(tuple(p.name for p in segment_files(self.path, t)) for t in tables),
-                json.dumps(self.mappings(), sort_keys=True, default=str))
+        return (tuple(tuple(p.name for p in segment_files(self.path, t)) for t in tables), self._mappings_now()[1])
 
     def memo(self, name: str, compute: Callable[[], T]) -> T:
         """``compute()``, computed once per :meth:`state` of the run and kept on this object: several analyses
