@@ -66,8 +66,13 @@ def test_the_exit_status_is_the_commands(tmp_path):
 
 
 def test_a_command_that_cannot_start_is_one_clear_line(tmp_path):
+    """... and leaves nothing behind: the hardware sampler it started is stopped and its host lease let go (the
+    lock file named after the run removed), as when a command ends."""
+    locks = tmp_path / "locks"
     res = subprocess.run([sys.executable, "-m", "flowscope", "run", "--store", str(tmp_path), "--no-report", "--",
-                          "no-such-program-xyz"], capture_output=True, text=True, timeout=60)
+                          "no-such-program-xyz"], capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "FLOWSCOPE_LOCK_DIR": str(locks)})
     assert res.returncode == 1
     assert res.stderr.strip().splitlines() == ["flowscope run: error: cannot start 'no-such-program-xyz': "
                                                "No such file or directory"]
+    assert locks.is_dir() and list(locks.iterdir()) == []  # the lease was taken, then let go

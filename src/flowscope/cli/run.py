@@ -93,6 +93,13 @@ def _hardware(fs, period: float):
     return sampler
 
 
+def _stop_hardware(sampler) -> None:
+    """Stop the sampler ``_hardware`` started, if any, and let its host lease go (removing the lock file)."""
+    if sampler is not None:
+        sampler.stop()
+        sampler.lease.release()
+
+
 def run(args: argparse.Namespace) -> int:
     from flowscope import Client
     from flowscope.sources.dask import run_provenance
@@ -132,6 +139,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         proc = subprocess.Popen(cmd, env=env)
     except OSError as exc:
+        _stop_hardware(sampler)
         fs.close(status="failed")
         shutil.rmtree(facts_dir, ignore_errors=True)
         raise ValueError(f"cannot start {cmd[0]!r}: {exc.strerror or exc}") from None
@@ -158,9 +166,7 @@ def run(args: argparse.Namespace) -> int:
             attrs={"argv": cmd, "exit_code": rc, "role": "command"})
     _record_process_facts(fs, facts_dir)
     shutil.rmtree(facts_dir, ignore_errors=True)
-    if sampler is not None:
-        sampler.stop()
-        sampler.lease.release()
+    _stop_hardware(sampler)
     fs.close(status="finished" if rc == 0 else "failed")
     from flowscope.store.run import open_run
 
