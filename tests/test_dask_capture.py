@@ -442,13 +442,16 @@ def _flush_worker_plugin(dask_worker) -> bool:
     return dask_worker.plugins["flowscope-worker"].flush(30)
 
 
-def test_a_worker_killed_while_it_holds_and_runs_tasks(tmp_path):
+def test_a_worker_killed_while_it_holds_and_runs_tasks(tmp_path, monkeypatch):
     """Four results held by worker W and a task running on W that waits for ever; W's process is killed (SIGKILL).
     The scheduler recomputes the four on another worker and runs the waiting task again: each recomputed task has
     one span per attempt, on the worker of that attempt; the killed attempt has its transitions and no span.
 
     W is the cluster's only worker while the tasks are placed (so work stealing has nowhere to move them); a second
-    one joins before the kill."""
+    one joins before the kill. W held the host's hardware lease: the lock file it could not remove is removed when
+    the observation ends."""
+    locks = tmp_path / "locks"
+    monkeypatch.setenv("FLOWSCOPE_LOCK_DIR", str(locks))  # the workers' processes inherit it
     (tmp_path / "hold").mkdir()
     with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, dashboard_address=":0",
                       worker_dashboard_address=None) as cl, Client(cl) as client, \
@@ -465,6 +468,7 @@ def test_a_worker_killed_while_it_holds_and_runs_tasks(tmp_path):
         os.kill(int((tmp_path / "hold" / "started").read_text()), signal.SIGKILL)
         assert h.result() == sum(range(1, 5))
     assert all(v == 0 for v in obs.hook_errors.values()), obs.hook_errors
+    assert locks.is_dir() and list(locks.iterdir()) == []
     run = obs.run
     wid = f"worker:{w}"
     spans = run.sql("""SELECT s.task_key, r.parent_id AS worker, s.attrs FROM spans s

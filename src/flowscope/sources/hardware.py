@@ -531,6 +531,22 @@ def acquire_host_lease(directory: str | Path | None = None, *, run_id: str | Non
         return _acquire_host_lease(lease_path(directory, run_id=run_id))
 
 
+def remove_abandoned_lease(directory: str | Path | None = None, *, run_id: str) -> bool:
+    """Remove the lock file of ``run_id``'s lease on this host when no process holds it: what a sampler killed
+    before it could let go (SIGKILL) leaves behind. Call it once the run has ended; True if a file was removed."""
+    try:
+        with own_opens():
+            if not lease_path(directory, run_id=run_id).exists():
+                return False
+            lease = _acquire_host_lease(lease_path(directory, run_id=run_id))
+    except OSError:
+        return False
+    if lease is None:  # still held: its holder removes it
+        return False
+    lease.release()
+    return True
+
+
 def _acquire_host_lease(path: Path) -> HostLease | None:
     path.parent.mkdir(parents=True, exist_ok=True)
     for _ in range(10):

@@ -367,6 +367,10 @@ def observe(dask_client=None, *, store: str | Path | None = None, name: str | No
                     obs.hook_errors = unregister(dask_client, seen)
             else:
                 obs.hook_errors = unregister(dask_client, seen)
+            if dask_client is not None:  # a worker killed while it sampled this host left its lock file
+                from flowscope.sources.hardware import remove_abandoned_lease
+
+                remove_abandoned_lease(run_id=fs.run_id)
             facts = _record_observation(fs, facts_before, dask_client)
         finally:
             fs.close(status=status)
