@@ -534,11 +534,12 @@ def acquire_host_lease(directory: str | Path | None = None, *, run_id: str | Non
 def remove_abandoned_lease(directory: str | Path | None = None, *, run_id: str) -> bool:
     """Remove the lock file of ``run_id``'s lease on this host when no process holds it: what a sampler killed
     before it could let go (SIGKILL) leaves behind. Call it once the run has ended; True if a file was removed."""
+    path = lease_path(directory, run_id=run_id)
     try:
         with own_opens():
-            if not lease_path(directory, run_id=run_id).exists():
+            if not path.exists():
                 return False
-            lease = _acquire_host_lease(lease_path(directory, run_id=run_id))
+            lease = _acquire_host_lease(path)
     except OSError:
         return False
     if lease is None:  # still held: its holder removes it
