@@ -296,6 +296,47 @@ def test_new_data_is_drawn_within_the_draw_share_of_the_page_and_a_users_zoom_at
     assert got["later"] == {"frames": 1, "timers": 0}
 
 
+
+def test_rows_groups_and_labels_from_deltas_are_drawn_at_the_datas_pace_and_resize_the_canvas_once(page):
+    """A live run's workers join one delta after another: their rows (which change every row's height, so the next
+    draw is a full one), their groups and their labels are new data like their tasks, drawn within the draw share,
+    and the rows added between two draws size the canvas once, at that draw. The page's clock and its frame and
+    timer functions are replaced by counting ones, and the canvas's size is counted where it is set."""
+    got = page.evaluate("""() => {
+        let now = 1000, step = 20;
+        performance.now = () => (now += step);
+        const frames = [], timers = [];
+        window.requestAnimationFrame = (f) => frames.push(f);
+        window.cancelAnimationFrame = () => {};
+        window.setTimeout = (f, ms) => timers.push(ms);
+        window.clearTimeout = () => {};
+        const sized = [];
+        for (const dim of ["width", "height"]) {
+            const d = Object.getOwnPropertyDescriptor(HTMLCanvasElement.prototype, dim);
+            Object.defineProperty(tl.canvas, dim, {get() { return d.get.call(this); },
+                                                   set(v) { sized.push(dim); d.set.call(this, v); }});
+        }
+        tl.draw();  // took 20 ms on this clock
+        step = 0;
+        tl.addRows(["host-c/thread-1", "host-c/thread-2"]);
+        tl.addGroups([{name: "late", color: "#17becf"}]);
+        tl.setRowLabel(0, "host-a/thread-1 (renamed)");
+        tl.addRows(["host-d/thread-1"]);
+        tl.append({start: [1], end: [9], row: [5], group: [4], key: ["late-worker"]});
+        const before = {frames: frames.length, timers: timers.slice(), sized: sized.length,
+                        height: tl.canvas.height};
+        tl.draw();
+        const row = tl.inspect().exact.find(r => r.key === "late-worker");
+        return {before, sized: sized.slice(), height: tl.canvas.height, cssHeight: tl.canvas.clientHeight,
+                row, rowHeight: tl.options.rowHeight, axis: tl.options.axisHeight, share: tl.options.drawShare};
+    }""")
+    assert got["before"]["frames"] == 0, got  # nothing drawn at the next frame: a timer, at the data's pace
+    assert got["before"]["timers"] and max(got["before"]["timers"]) <= 20 / got["share"]
+    assert got["before"]["sized"] == 0 and got["before"]["height"] == 22 + 3 * ROW_H + 2
+    assert got["sized"] == ["height"]  # once, at the draw; the width did not change and was not set again
+    assert got["height"] == got["cssHeight"] == got["axis"] + 6 * got["rowHeight"] + 2
+    assert got["row"]["row"] == 5 and got["row"]["y1"] <= got["cssHeight"]
+
 @pytest.mark.parametrize(("transfers", "mark"), [(0, False), (50, False), (5000, False), (50, True)],
                          ids=["no-transfers", "transfer-lines", "transfer-marks", "a-marked-task"])
 def test_a_followed_run_draws_only_what_a_delta_changed_and_the_pixels_equal_a_full_draw(server, chromium, transfers,

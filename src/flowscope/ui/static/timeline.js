@@ -285,7 +285,8 @@
   });
 
   /** Show the rows from ``first`` on (kept within the rows there are). */
-  P.setRowFirst = function (first) {
+  P.setRowFirst = function (first, quiet) {
+    if (this._sizeDue && !quiet) this._size();  // rows added since the last draw: page over all of them
     var last = this.rowLabels.length - this._rowsShown();
     first = Math.max(0, Math.min(last, Math.round(first) || 0));
     if (Math.round(this.scroller.scrollTop / this.options.rowHeight) !== first) {
@@ -294,7 +295,7 @@
     if (first === this._rowFirst) return;
     this._rowFirst = first;
     this._showTooltip(null);
-    this.requestDraw();
+    if (!quiet) this.requestDraw();
   };
 
   /** Bring row ``i`` into view (in the middle of the rows shown, if it was out of view). */
@@ -316,23 +317,32 @@
     return row ? row.n : 0;
   };
 
+  /** Fit the canvas to the container and the rows, and draw at once (the page's size changed). */
   P.resize = function () {
+    this._size();
+    this.requestDraw();
+  };
+
+  // the canvas's size for the rows and the scroller's width; a size assigned again reallocates the canvas even
+  // when it is the same, so only what changed is assigned
+  P._size = function () {
     var o = this.options, dpr = global.devicePixelRatio || 1, shown = this._rowsShown();
     var h = o.axisHeight + shown * o.rowHeight + 2;
+    this._sizeDue = false;
     this.scroller.style.height = h + "px";
     this.spacer.style.height = (this.rowLabels.length - shown) * o.rowHeight + "px";
     // (read after the spacer's height is set: the scroll bar, when the rows are paged, takes its width)
     var w = Math.max(o.labelWidth + o.rightPad + 50, this.scroller.clientWidth || 800);
     this.cssWidth = w; this.cssHeight = h; this.dpr = dpr;
-    this.canvas.width = Math.round(w * dpr);
-    this.canvas.height = Math.round(h * dpr);
+    var Wd = Math.round(w * dpr), Hd = Math.round(h * dpr);
+    if (this.canvas.width !== Wd) this.canvas.width = Wd;
+    if (this.canvas.height !== Hd) this.canvas.height = Hd;
     this.canvas.style.height = h + "px";
     this.plotLeft = o.labelWidth;
     this.plotWidth = Math.max(1, Math.floor(w - o.labelWidth - o.rightPad));
     var first = this._rowFirst;
     this._rowFirst = -1;
-    this.setRowFirst(first);
-    this.requestDraw();
+    this.setRowFirst(first, true);
   };
 
   function column(obj, name, n) {
@@ -426,7 +436,10 @@
     if (!Array.isArray(labels)) throw new Error("addRows: a list of row labels");
     for (var i = 0; i < labels.length; i++) { this.rowLabels.push(String(labels[i])); this.rows.push(new GrowRow()); }
     if (this._fitRows) this.options.rowHeight = this._fittedRowHeight();
-    this.resize();
+    // new data, like new tasks: sized and drawn (a full draw, every row's height may have changed) at the data's
+    // pace, once for the rows of several deltas
+    this._sizeDue = true;
+    this.requestDraw(true);
     return this.rows.length;
   };
 
@@ -438,7 +451,7 @@
     this.groups = this.groups.concat(add);
     // the colours of the groups before are unchanged: what the last draw drew with them can be kept
     Array.prototype.push.apply(this._packed, this._packColours(add));
-    this.requestDraw();
+    this.requestDraw(true);
     return this.groups.length;
   };
 
@@ -448,7 +461,7 @@
       throw new Error("setRowLabel: row " + i + " is not one of 0.." + (this.rowLabels.length - 1));
     }
     this.rowLabels[i] = String(label);
-    this.requestDraw();
+    this.requestDraw(true);
   };
 
   /** Show [t0, t1] seconds; with no argument, the whole run (and follow it). */
@@ -557,6 +570,7 @@
     var t0 = this._drawnAt = global.performance.now();
     if (this._pending) { global.cancelAnimationFrame(this._pending); this._pending = 0; }
     if (this._timer) { global.clearTimeout(this._timer); this._timer = 0; }
+    if (this._sizeDue) this._size();
     var o = this.options, ctx = this.canvas.getContext("2d"), dpr = this.dpr;
     ctx.setTransform(dpr, 0, 0, dpr, 0, 0);
     var v = this._currentView(), v0 = v[0], v1 = v[1], W = this.plotWidth, L0 = this.plotLeft;
