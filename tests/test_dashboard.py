@@ -419,6 +419,39 @@ def test_the_overview_paints_before_plotly_loads_and_a_watched_run_is_sent_soone
     fs.close()
 
 
+def test_a_live_runs_throughput_chart_is_drawn_before_its_first_task_and_a_finished_empty_run_says_so(collector,
+                                                                                                          browser):
+    """A chart's first drawing costs several of its redraws: a live run's throughput chart is drawn, empty, once
+    plotly.js is there, not among the first tasks; their bar is added to it. A finished run without a task keeps
+    the sentence that says so instead of empty axes."""
+    import flowscope
+
+    fs = flowscope.Client(collector.address, name="no task yet", flush_interval=3600, live_flush_interval=0.1)
+    context = browser.new_context(viewport=WHOLE_PAGE)
+    pg = _page(context)
+    pg.goto(f"{collector.address}/ui/runs/{fs.run_id}", wait_until="load")
+    pg.wait_for_function("() => { const d = document.getElementById('throughput'); return !!(d.data && d.data.length); }",
+                         timeout=WAIT_MS)
+    assert pg.evaluate("() => document.getElementById('throughput').data[0].y") == []
+    assert pg.evaluate("() => flowscopeLive.timeline ? flowscopeLive.timeline.count : 0") == 0
+    _spans(fs, ["load", "work"], flowscope.now_ns())
+    pg.wait_for_function("() => document.getElementById('throughput').data[0].y.reduce((a, b) => a + b, 0) === 2",
+                         timeout=WAIT_MS)
+    assert pg.errors == [] and pg.outside == []
+    fs.close()
+
+    empty = flowscope.Client(collector.address, name="never a task")
+    empty.close()
+    pg.goto(f"{collector.address}/ui/runs/{empty.run_id}", wait_until="load")
+    pg.wait_for_function("() => flowscopeLive.snapshots >= 1 && flowscopeLive.renders >= 2 && "
+                         "['loaded', 'failed', 'none'].includes(flowscopeLive.plotly.state)", timeout=WAIT_MS)
+    shown = pg.evaluate("() => { const d = document.getElementById('throughput'); "
+                        "return {text: d.textContent, plotted: !!d.data}; }")
+    assert shown == {"text": "no task finished yet", "plotted": False}
+    assert pg.errors == [] and pg.outside == []
+    context.close()
+
+
 @contextlib.contextmanager
 def flowscope_ui(store, *options: str):
     """A real `flowscope ui STORE [OPTIONS]` process on a free port: its base address (http://HOST:PORT) while it
