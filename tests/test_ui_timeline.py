@@ -297,6 +297,29 @@ def test_new_data_is_drawn_within_the_draw_share_of_the_page_and_a_users_zoom_at
 
 
 
+def test_new_data_waits_no_longer_than_max_data_wait_however_slow_the_last_draw(page):
+    """The draw share spaces redraws for new data by ten times the last draw, but never by more than
+    options.maxDataWaitMs: after a draw of 100 ms (a full one over a large run, or pages sharing a busy machine)
+    the next comes 250 ms after it began, not a second. Counting clock, frames and timers, as above."""
+    got = page.evaluate("""() => {
+        let now = 1000, step = 100;
+        performance.now = () => (now += step);
+        const frames = [], timers = [];
+        window.requestAnimationFrame = (f) => frames.push(f);
+        window.cancelAnimationFrame = () => {};
+        window.setTimeout = (f, ms) => timers.push(ms);
+        window.clearTimeout = () => {};
+        tl.draw();  // took 100 ms on this clock
+        step = 0;
+        tl.append({start: [10.5], end: [10.6], row: [0], group: [1], key: ["late-0"]});
+        return {frames: frames.length, timers, lastDrawMs: tl.lastDrawMs, cap: tl.options.maxDataWaitMs,
+                share: tl.options.drawShare};
+    }""")
+    assert got["lastDrawMs"] == 100 and got["lastDrawMs"] / got["share"] > got["cap"] > 0
+    assert got["frames"] == 0 and len(got["timers"]) == 1
+    assert 0 < got["timers"][0] <= got["cap"] - got["lastDrawMs"] + 1  # counted from when the draw began
+
+
 def test_rows_groups_and_labels_from_deltas_are_drawn_at_the_datas_pace_and_resize_the_canvas_once(page):
     """A live run's workers join one delta after another: their rows (which change every row's height, so the next
     draw is a full one), their groups and their labels are new data like their tasks, drawn within the draw share,

@@ -56,6 +56,7 @@
     record: false,         // keep what the last draw drew, for inspect() (tests)
     follow: true,          // a view that shows the end of the run extends as deltas arrive
     drawShare: 0.1,        // redraws for new data keep to this share of the page's time (a user's zoom is at once)
+    maxDataWaitMs: 250,    // ... but new data never waits longer than this for its draw (a slow draw: a larger share)
     wheelZoom: 0.0015,     // zoom factor per wheel delta unit: exp(-deltaY * wheelZoom)
     onView: null,          // called with [t0, t1] when the view is set (zoom, pan), null for the whole run
   };
@@ -516,12 +517,14 @@
 
   /** Draw at the next animation frame; for new data (``data``), no sooner than drawing keeps to
    *  options.drawShare of the page's time: a draw that took d ms is followed by the next d / drawShare ms after
-   *  it began, so that a run streaming 100,000 tasks a second does not spend the page's time redrawing. */
+   *  it began, so that a run streaming 100,000 tasks a second does not spend the page's time redrawing; and no
+   *  later than options.maxDataWaitMs after it began, so that what arrives is shown within that much even when a
+   *  draw is slow (a full one over a large run, or pages sharing a busy machine). */
   P.requestDraw = function (data) {
     if (this._pending) return;
     var self = this, share = this.options.drawShare;
     if (data && share > 0 && this._drawnAt !== undefined) {
-      var wait = this._drawnAt + this.lastDrawMs / share - global.performance.now();
+      var wait = this._drawnAt + Math.min(this.options.maxDataWaitMs, this.lastDrawMs / share) - global.performance.now();
       if (wait > 1) {
         if (!this._timer) this._timer = global.setTimeout(function () { self._timer = 0; self.requestDraw(); }, wait);
         return;
