@@ -265,25 +265,32 @@ def test_a_group_added_later_draws_in_its_colour_and_a_renamed_row_keeps_text_on
     assert page.dialogs == []
 
 
+# the page's clock, frame and timer functions replaced by counting ones (nothing waits): performance.now() advances
+# by __clock.step at each call; frames and timers asked for are noted in __clock.frames and __clock.timers (ms)
+COUNTING_CLOCK = """(step) => {
+    const c = window.__clock = {now: 1000, step, frames: [], timers: []};
+    performance.now = () => (c.now += c.step);
+    window.requestAnimationFrame = (f) => c.frames.push(f);
+    window.cancelAnimationFrame = () => {};
+    window.setTimeout = (f, ms) => c.timers.push(ms);
+    window.clearTimeout = () => {};
+}"""
+
+
 def test_new_data_is_drawn_within_the_draw_share_of_the_page_and_a_users_zoom_at_once(page):
     """A draw that took d ms is followed, for new data, by the next no sooner than d / drawShare ms after it
     began (a timer, not the next frame); a zoom is drawn at the next frame whatever the last draw cost. The
     page's clock and its frame and timer functions are replaced by counting ones: nothing here waits."""
+    page.evaluate(COUNTING_CLOCK, 20)
     got = page.evaluate("""() => {
-        let now = 1000, step = 20;
-        performance.now = () => (now += step);
-        const frames = [], timers = [];
-        window.requestAnimationFrame = (f) => frames.push(f);
-        window.cancelAnimationFrame = () => {};
-        window.setTimeout = (f, ms) => timers.push(ms);
-        window.clearTimeout = () => {};
+        const c = window.__clock, frames = c.frames, timers = c.timers;
         tl.draw();  // took 20 ms on this clock
         const d = {start: [10.5], end: [10.6], row: [0], group: [1], key: ["late-0"]};
         tl.append(d);
         const afterData = {frames: frames.length, timers: timers.slice()};
         tl.setView(0, 5);
         const afterZoom = frames.length;
-        step = 0; now += 10000;  // long after the last draw began
+        c.step = 0; c.now += 10000;  // long after the last draw began
         frames.length = 0; timers.length = 0; tl._pending = 0;
         tl.append({start: [10.7], end: [10.8], row: [0], group: [1], key: ["late-1"]});
         return {afterData, afterZoom, later: {frames: frames.length, timers: timers.length},
@@ -301,16 +308,11 @@ def test_new_data_waits_no_longer_than_max_data_wait_however_slow_the_last_draw(
     """The draw share spaces redraws for new data by ten times the last draw, but never by more than
     options.maxDataWaitMs: after a draw of 100 ms (a full one over a large run, or pages sharing a busy machine)
     the next comes 250 ms after it began, not a second. Counting clock, frames and timers, as above."""
+    page.evaluate(COUNTING_CLOCK, 100)
     got = page.evaluate("""() => {
-        let now = 1000, step = 100;
-        performance.now = () => (now += step);
-        const frames = [], timers = [];
-        window.requestAnimationFrame = (f) => frames.push(f);
-        window.cancelAnimationFrame = () => {};
-        window.setTimeout = (f, ms) => timers.push(ms);
-        window.clearTimeout = () => {};
+        const c = window.__clock, frames = c.frames, timers = c.timers;
         tl.draw();  // took 100 ms on this clock
-        step = 0;
+        c.step = 0;
         tl.append({start: [10.5], end: [10.6], row: [0], group: [1], key: ["late-0"]});
         return {frames: frames.length, timers, lastDrawMs: tl.lastDrawMs, cap: tl.options.maxDataWaitMs,
                 share: tl.options.drawShare};
@@ -325,14 +327,9 @@ def test_rows_groups_and_labels_from_deltas_are_drawn_at_the_datas_pace_and_resi
     draw is a full one), their groups and their labels are new data like their tasks, drawn within the draw share,
     and the rows added between two draws size the canvas once, at that draw. The page's clock and its frame and
     timer functions are replaced by counting ones, and the canvas's size is counted where it is set."""
+    page.evaluate(COUNTING_CLOCK, 20)
     got = page.evaluate("""() => {
-        let now = 1000, step = 20;
-        performance.now = () => (now += step);
-        const frames = [], timers = [];
-        window.requestAnimationFrame = (f) => frames.push(f);
-        window.cancelAnimationFrame = () => {};
-        window.setTimeout = (f, ms) => timers.push(ms);
-        window.clearTimeout = () => {};
+        const c = window.__clock, frames = c.frames, timers = c.timers;
         const sized = [];
         for (const dim of ["width", "height"]) {
             const d = Object.getOwnPropertyDescriptor(HTMLCanvasElement.prototype, dim);
@@ -340,7 +337,7 @@ def test_rows_groups_and_labels_from_deltas_are_drawn_at_the_datas_pace_and_resi
                                                    set(v) { sized.push(dim); d.set.call(this, v); }});
         }
         tl.draw();  // took 20 ms on this clock
-        step = 0;
+        c.step = 0;
         tl.addRows(["host-c/thread-1", "host-c/thread-2"]);
         tl.addGroups([{name: "late", color: "#17becf"}]);
         tl.setRowLabel(0, "host-a/thread-1 (renamed)");
