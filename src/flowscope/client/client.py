@@ -396,13 +396,14 @@ class Client:
         return rid
 
     def write(self, table: str, data: pa.Table | pa.RecordBatch | Any) -> None:
-        """Queue a whole batch (Arrow table/batch, pandas DataFrame, or dict of columns); validated now."""
+        """Queue a whole batch (Arrow table/batch, pandas DataFrame, or dict of columns); validated now. Dictionary-
+        encoded strings and an ``attrs`` struct travel as they are and are decoded by the collector."""
         if not isinstance(data, (pa.Table, pa.RecordBatch)):
             if isinstance(data, dict):
                 data = pa.table(data)
             else:
                 data = pa.Table.from_pandas(data, preserve_index=False)
-        self._enqueue(table, conform(table, data))
+        self._enqueue(table, conform(table, data, decode=False))
 
     def _enqueue(self, table: str, data: pa.Table) -> None:
         with self._progress:

@@ -10,6 +10,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flowscope.model import json_columns
 from flowscope.model.schemas import INT64_MAX, schema
 
 
@@ -53,11 +54,34 @@ _CASTABLE = {
 }
 
 
+def _encoded(table: str, field: pa.Field, col: pa.ChunkedArray | pa.Array) -> bool:
+    """Whether ``col`` is an encoding of ``field``'s values that a producer may hand over as it is: a string
+    column dictionary-encoded, or a JSON-text column as a struct (checked here)."""
+    have = col.type
+    if pa.types.is_struct(have) and field.name in json_columns.JSON_COLUMNS and type_family(field.type) == "str":
+        problem = json_columns.field_problem(have)
+        if problem is not None:
+            raise SchemaError(table, problem, field.name)
+        return True
+    return (pa.types.is_dictionary(have) and type_family(field.type) == "str"
+            and type_family(have.value_type) == "str")
+
+
+def _null_rows(col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
+    if pa.types.is_dictionary(col.type):  # a null index, or an index of a null value
+        chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
+        return pa.chunked_array([pc.or_kleene(pc.is_null(c.indices), pc.is_null(c.dictionary).take(c.indices))
+                                 for c in chunks], pa.bool_())
+    return pc.is_null(col)
+
+
 def _conform_column(table: str, field: pa.Field, col: pa.ChunkedArray | pa.Array) -> pa.ChunkedArray | pa.Array:
     want = field.type
     have = col.type
     if have == want:
         return col
+    if pa.types.is_struct(have) and _encoded(table, field, col):
+        return json_columns.text_of(col)
     fam_want, fam_have = type_family(want), type_family(have)
     if fam_have == "timestamp" and fam_want == "int":
         try:
@@ -114,12 +138,15 @@ def check_intervals(table: str, data: pa.Table) -> None:
                                  f"{cols[1]} {end[row].as_py()})", cols[1])
 
 
-def conform(table: str, data: pa.Table | pa.RecordBatch) -> pa.Table:
+def conform(table: str, data: pa.Table | pa.RecordBatch, *, decode: bool = True) -> pa.Table:
     """Return ``data`` as a table with ``table``'s canonical schema (column order, types, nullability).
 
     Missing nullable columns are filled with nulls; unknown columns, missing required
     columns, incompatible types, nulls in required columns and intervals that end before
-    they start raise SchemaError.
+    they start raise SchemaError. A string column may come dictionary-encoded, and a JSON-text
+    column (``attrs``) as a struct (json_columns.py): they are stored plain. ``decode=False``
+    (a producer's check before sending) keeps those two encodings as they came, checked, so
+    that the text is made where the run is stored.
     """
     target = schema(table)
     if isinstance(data, pa.RecordBatch):
@@ -133,18 +160,26 @@ def conform(table: str, data: pa.Table | pa.RecordBatch) -> pa.Table:
         raise SchemaError(table, "duplicate column names")
     n = data.num_rows
     columns = []
+    fields = []
     for field in target:
         if field.name in names:
-            col = _conform_column(table, field, data.column(field.name))
-            if not field.nullable and col.null_count:
-                first = pc.index(pc.is_null(col), True).as_py()
-                raise SchemaError(table, f"is required but row {first} is null", field.name)
+            col = data.column(field.name)
+            if not decode and _encoded(table, field, col):
+                field = field.with_type(col.type)
+            else:
+                col = _conform_column(table, field, col)
+            if not field.nullable and (col.null_count or pa.types.is_dictionary(col.type)):
+                nulls = _null_rows(col)
+                if pc.any(nulls).as_py():
+                    raise SchemaError(table, f"is required but row {pc.index(nulls, True).as_py()} is null",
+                                      field.name)
         else:
             if not field.nullable:
                 raise SchemaError(table, "is required but missing", field.name)
             col = pa.nulls(n, field.type)
         columns.append(col)
-    out = pa.Table.from_arrays(columns, schema=target)
+        fields.append(field)
+    out = pa.Table.from_arrays(columns, schema=target if decode else pa.schema(fields, metadata=target.metadata))
     check_intervals(table, out)
     if table == "namespace_values":
         from flowscope.model.namespaces import check_namespace_values

@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from flowscope import __version__
+from flowscope.model import json_columns
 from flowscope.model.conform import SchemaError, conform
 from flowscope.model.provenance import check_close_request, check_run_id
 from flowscope.model.schemas import DERIVED_TABLES, TABLES, schema
@@ -212,7 +213,10 @@ def _compressed_message(body: bytearray) -> str | None:
 
 
 def _plain_bytes(column: pa.ChunkedArray) -> int:
-    """Bytes a dictionary-encoded column takes once decoded to plain values, as conform() stores it."""
+    """Bytes a dictionary-encoded column, or a struct given for JSON text, takes once decoded to plain values, as
+    conform() stores it."""
+    if pa.types.is_struct(column.type):  # one conform() refuses (a field it cannot write) is not counted here
+        return json_columns.text_bytes(column) if json_columns.field_problem(column.type) is None else 0
     total = 0
     for chunk in column.chunks:
         n = len(chunk)
@@ -242,11 +246,13 @@ def _decode_batch(table: str, body: bytearray, kind: str, held: _Held, limit: in
         # conform() decodes dictionary-encoded columns: a few bytes of indices can stand for gigabytes
         plain = 0
         for f in raw.schema:
-            if pa.types.is_dictionary(f.type):
+            what = ("a dictionary-encoded column" if pa.types.is_dictionary(f.type)
+                    else "an encoded column" if pa.types.is_struct(f.type) else None)
+            if what is not None:
                 column_bytes = _plain_bytes(raw.column(f.name))
                 plain += column_bytes
                 if nbytes + plain > ARROW_COST_PER_BYTE * limit:
-                    raise ApiError(413, f"{table}.{f.name}: a dictionary-encoded column that decodes to "
+                    raise ApiError(413, f"{table}.{f.name}: {what} that decodes to "
                                         f"{column_bytes} bytes; a batch may decode to at most "
                                         f"{ARROW_COST_PER_BYTE * limit} bytes (2 x --max-request-mb): send it "
                                         f"plain or in smaller batches")

@@ -47,8 +47,9 @@ process -> host; a worker process nests in the scheduler's process), attrs ``nby
 ``scheduler`` (threads / processes / sync), ``state`` (memory / erred), ``thread_ident``; the graph's
 dependencies (``graph_id`` per computation); per-task I/O as ``io`` rows (``proc-io`` bytes, ``audit``
 opens) with the same rules as the distributed capture; ``task-error`` logs (exception type only); one
-``graph-submitted`` log per computation. Rows are gathered per graph and written in batches (every 4,096
-tasks, each second, and at ``finish``).
+``graph-submitted`` log per computation. Rows are gathered per graph and written in batches (every 65,536
+tasks, each second, and at ``finish``), handed to the client encoded: keys, threads and groups as positions in
+their texts and attrs as a struct, whose text the collector makes (model/json_columns.py).
 """
 
 from __future__ import annotations
@@ -554,14 +555,14 @@ class LocalSchedulerCapture(Callback):
             from flowscope.model import arrow_values as av  # no pa.array(): it would import pandas here
 
             g.key_text = av.texts(list(g.names.values()))  # in the order of g.keys; the rows' task_key
-            if src:  # the pairs' texts taken from the keys' (Arrow's take), not made again per pair
+            if src:  # the pairs as positions in the keys' texts: the collector makes each pair's text
                 import pyarrow as pa
 
                 n = len(src) // 4
                 dep_text = pa.concat_arrays([g.key_text, av.texts(outside)]) if outside else g.key_text
-                fs.write("dependencies", {"graph_id": av.repeat_text(gid, n),
-                                          "task_key": g.key_text.take(av.int32s(src)),
-                                          "depends_on": dep_text.take(av.int32s(dst)),
+                fs.write("dependencies", {"graph_id": _constant(gid, n),
+                                          "task_key": pa.DictionaryArray.from_arrays(av.int32s(src), g.key_text),
+                                          "depends_on": pa.DictionaryArray.from_arrays(av.int32s(dst), dep_text),
                                           "ts_ns": av.repeat_int64(now, n)})
             fs.log(f"graph of {g.tasks} tasks on a local Dask scheduler", category="graph-submitted",
                    resource_id=fs.process_resource(), ts_ns=now,
@@ -686,38 +687,44 @@ class LocalSchedulerCapture(Callback):
     def _span_batch(self, g: _GraphBase, n: int, index: bytes, t0: bytes, t1: bytes, nbytes: bytes, slot: bytes,
                     head: bytes, flags: bytes) -> dict:
         """Columns of ``spans`` rows for a batch of tasks that ran in this process and returned (the columns
-        ``take()`` hands on); the text of the rows is put together by Arrow, per thread and per group once."""
+        ``take()`` hands on), encoded: keys, threads and groups as positions in their texts, attrs as a struct. The
+        rows' text is made by the collector (model/json_columns.py), not in the user's process."""
         import numpy as np
         import pyarrow as pa
-        import pyarrow.compute as pc
 
         from flowscope.model import arrow_values as av  # no pa.array(): it would import pandas into this process
 
         slots = av.int32s(slot)
-        threads = [(self._thread_resource(st), str(st.ident), "sync" if st.ident == g.caller else "threads")
+        threads = [(self._thread_resource(st), st.ident, "sync" if st.ident == g.caller else "threads")
                    for st in g.threads]
-        rids, idents, kinds = (av.texts(c).take(slots) for c in zip(*threads))
+        rids, idents, kinds = zip(*threads)
         for key in g.heads[len(g.head_names):]:  # groups first seen in this batch
             grp = key_group(key)
             g.head_names.append(key_split(grp))
-            g.head_groups.append(json.dumps(grp))
+            g.head_groups.append(grp)
         heads = av.int32s(head)
         if g.key_text is None or len(g.key_text) != len(g.keys):
             names = g.names  # in the order of g.keys, which holds more only for keys pretask met outside the graph
             text = list(names.values()) + [names.get(k) or str(k) for k in g.keys[len(names):]]
             g.key_text = av.texts(text)
         flag = np.frombuffer(flags, np.uint8)
-        nb = av.int64s(nbytes, nulls=(flag & _F_NBYTES) == 0)
-        nb = pc.fill_null(pc.cast(nb, pa.string()), av.text("null"))
-        close = (pc.if_else(av.bools((flag & _F_MEASURED) != 0), av.text(_OWN), av.text(_NEXT)) if g.marks
-                 else av.text("}"))
-        attrs = pc.binary_join_element_wise(
-            av.text('{"nbytes": '), nb, av.text(', "group": '), av.texts(g.head_groups).take(heads),
-            av.text(', "scheduler": "'), kinds, av.text('", "state": "memory", "thread_ident": '), idents, close,
-            av.text(""))
-        return {"resource_id": rids, "kind": av.repeat_text("task", n), "name": av.texts(g.head_names).take(heads),
-                "start_ns": av.int64s(t0), "end_ns": av.int64s(t1), "task_key": g.key_text.take(av.int64s(index)),
-                "attrs": attrs}
+        positions = np.frombuffer(index, np.int64)
+        lo, hi = int(positions.min()), int(positions.max())  # only the texts of this batch's range of keys travel
+        fields = [av.int64s(nbytes, nulls=(flag & _F_NBYTES) == 0),
+                  pa.DictionaryArray.from_arrays(heads, av.texts(g.head_groups)),
+                  pa.DictionaryArray.from_arrays(slots, av.texts(kinds)), _constant("memory", n),
+                  pa.DictionaryArray.from_arrays(slots, av.int64s(idents))]
+        names = ["nbytes", "group", "scheduler", "state", "thread_ident"]
+        if g.marks:  # level standard: whether the span's I/O is in its own rows or the next measured call's
+            fields.append(pa.DictionaryArray.from_arrays(av.int32s(((flag & _F_MEASURED) != 0).astype(np.int32)),
+                                                         av.texts(["next", "own"])))
+            names.append("io")
+        return {"resource_id": pa.DictionaryArray.from_arrays(slots, av.texts(rids)), "kind": _constant("task", n),
+                "name": pa.DictionaryArray.from_arrays(heads, av.texts(g.head_names)),
+                "start_ns": av.int64s(t0), "end_ns": av.int64s(t1),
+                "task_key": pa.DictionaryArray.from_arrays(av.int32s((positions - lo).astype(np.int32)),
+                                                           g.key_text.slice(lo, hi - lo + 1)),
+                "attrs": pa.StructArray.from_arrays(fields, names=names)}
 
     def _flush_others(self, g: _Graph, items: list[MeasuredTask], span, final: bool) -> list[tuple]:
         """Tasks that failed, or ran in worker processes (their measurements come from the spool). Returns the
@@ -901,6 +908,16 @@ class LocalSchedulerCapture(Callback):
 
 _OWN = ', "io": "own"}'   # level standard: the span's I/O is in its own rows
 _NEXT = ', "io": "next"}'  # ... in the rows of the next measured call on its thread
+
+
+def _constant(value: str, n: int):
+    """``n`` times the text ``value``, dictionary-encoded (one text, ``n`` zeros)."""
+    import numpy as np
+    import pyarrow as pa
+
+    from flowscope.model import arrow_values as av
+
+    return pa.DictionaryArray.from_arrays(av.int32s(np.zeros(n, np.int32)), av.texts([value]))
 
 
 _SIZEOF: dict[type, Any] = {}  # type -> the function dask.sizeof dispatches it to
