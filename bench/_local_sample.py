@@ -243,7 +243,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("workload", choices=WORKLOADS)
     p.add_argument("mode", choices=MODES)
     p.add_argument("--tasks", type=int, default=20_000, help="tasks of local-tiny and micro (default 20,000)")
-    p.add_argument("--array-size", type=int, default=2_000, help="side of local-array's matrix (default 2,000)")
+    p.add_argument("--array-size", type=int, default=3_000, help="side of local-array's matrix (default 3,000)")
     p.add_argument("--store", type=Path, default=None, help="flowscope's store (default: a temporary directory)")
     p.add_argument("--tag", default="sample", help="names the run")
     args = p.parse_args(argv)
