@@ -308,7 +308,7 @@ class _GraphBase:
         self.pos = dict(zip(self.keys, range(len(self.keys))))
         self.key_text = None                        # the keys' text as an Arrow array (made at the start)
         self.head_names: list[str] = []             # group code -> span name (the group's prefix)
-        self.head_groups: list[str] = []            # group code -> the group as JSON text
+        self.head_groups: list[str] = []            # group code -> the group (its JSON text is the collector's)
         self.capture = capture  # (its spool root is made when a worker process first needs this graph's spool)
         self.tasks = 0
         self.io = capture.io
