@@ -14,6 +14,7 @@ import pytest
 import flowscope
 from flowscope import Client
 from flowscope.model.conform import SchemaError, conform
+from flowscope.client.transport import ipc_bytes
 from flowscope.model.json_columns import text_bytes
 
 WEIRD = ['say "hi"', "back\\slash", "new\nline", "ctl\x01\x1f", "é", "snow ☃", "clef 𝄞", "", "\t", "/"]
@@ -109,14 +110,14 @@ def test_a_struct_field_that_would_expand_beyond_the_limits_is_refused(collector
     path = open_run(c.address, "struct")
     n = 2_000
     big = pa.DictionaryArray.from_arrays(pa.array([0] * n, pa.int8()), ["x" * 65536])
-    table = _spans(pa.StructArray.from_arrays([big], names=["big"]))
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, table.schema) as writer:
-        writer.write_table(table)
-    status, answer = post(c.address, path, sink.getvalue().to_pybytes(), "application/vnd.apache.arrow.stream",
-                          "expands", chunked=False)
+    struct = pa.StructArray.from_arrays([big], names=["big"])
+    body = ipc_bytes(_spans(struct))
+    assert len(body) < 200_000
+    status, answer = post(c.address, path, body, "application/vnd.apache.arrow.stream", "expands", chunked=False)
     assert status == 413, answer
-    assert json.loads(answer)["error"].startswith("spans.attrs: an encoded column that decodes to ")
+    decoded = n * len('{"big": "' + "x" * 65536 + '"}') + 4 * (n + 1)
+    assert text_bytes(struct) == decoded
+    assert json.loads(answer)["error"].startswith(f"spans.attrs: an encoded column that decodes to {decoded} bytes")
     assert flowscope.open_run(c.store / "struct").counts()["spans"] == 0
 
 
