@@ -52,7 +52,9 @@ def _python_rendered(values: pa.Array) -> pa.Array:
 
 
 def _rendered(values: pa.Array) -> pa.Array:
-    """The JSON text of each value of a plain (not dictionary) array, nulls as ``null``."""
+    """The JSON text of each value of an array, nulls as ``null``."""
+    if isinstance(values, pa.DictionaryArray):
+        return _from_dictionary(values)
     t = values.type
     if pa.types.is_null(t):
         return pa.repeat(text("null"), len(values))
@@ -77,13 +79,6 @@ def _from_dictionary(values: pa.DictionaryArray) -> pa.Array:
     return pc.fill_null(_dictionary_text(values).take(values.indices), text("null"))
 
 
-def _field_texts(arr: pa.StructArray) -> list[pa.Array]:
-    out = []
-    for values in arr.flatten():
-        out.append(_from_dictionary(values) if isinstance(values, pa.DictionaryArray) else _rendered(values))
-    return out
-
-
 def text_of(arr: pa.StructArray | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray:
     """The JSON text of each row of a struct column (a null row stays null)."""
     if isinstance(arr, pa.ChunkedArray):
@@ -94,7 +89,7 @@ def text_of(arr: pa.StructArray | pa.ChunkedArray) -> pa.Array | pa.ChunkedArray
         joined = pa.repeat(text("{}"), n)
     else:
         pieces: list = []
-        for i, (name, values) in enumerate(zip(names, _field_texts(arr))):
+        for i, (name, values) in enumerate(zip(names, map(_rendered, arr.flatten()))):
             pieces += [text(("{" if i == 0 else ", ") + json.dumps(name) + ": "), values]
         pieces += [text("}"), text("")]
         joined = pc.binary_join_element_wise(*pieces)
