@@ -223,3 +223,36 @@ def test_compiled_key_texts_are_str_of_every_shape_of_tuple_key(key):
     from flowscope.sources.dask import _local_tasks
 
     assert _local_tasks.key_texts({key: 1}) == {key: str(key)}
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_dask_hands_a_task_to_its_pool_without_calling_the_capture(compiled):
+    """The capture wraps a graph's tasks once, when Dask hands it the graph's state (``start_state``), not one by one
+    as the scheduler's loop hands them to the pool (``pretask``): per task, the loop calls it once (``posttask``)."""
+    from flowscope.sources.dask.local import LocalSchedulerCapture
+
+    start, start_state, pretask, posttask, finish = LocalSchedulerCapture(None, io=False, compiled=compiled)._callback
+    assert pretask is None
+    assert None not in (start, start_state, posttask, finish)
+
+
+@pytest.mark.parametrize("compiled", ["1", "0"])
+def test_a_task_dask_reruns_locally_after_it_raised_is_one_span(tmp_path, monkeypatch, compiled):
+    """With ``rerun_exceptions_locally`` Dask runs a task that raised a second time, in the scheduler's thread: the
+    capture records the task once, as the call that failed in the pool."""
+    import dask
+    from dask import delayed
+
+    monkeypatch.setenv("FLOWSCOPE_COMPILED", compiled)
+
+    def boom(x):
+        raise ZeroDivisionError(x)
+
+    with flowscope.observe(store=tmp_path / "store", hardware_period=0) as obs, \
+            dask.config.set(rerun_exceptions_locally=True):
+        with pytest.raises(ZeroDivisionError):
+            delayed(boom)(delayed(abs)(-1, dask_key_name="abs"), dask_key_name="boom").compute(scheduler="threads")
+    spans = obs.run.sql("SELECT task_key, attrs FROM spans WHERE kind = 'task' ORDER BY task_key")
+    assert list(spans["task_key"]) == ["abs", "boom"]
+    assert [json.loads(a)["state"] for a in spans["attrs"]] == ["memory", "erred"]
+    assert obs.hook_errors == {"local": 0}

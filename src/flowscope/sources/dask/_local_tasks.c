@@ -1,5 +1,5 @@
-/* The per-task path of the local-scheduler capture (flowscope/sources/dask/local.py), compiled: Dask's pretask and
- * posttask callbacks, and the wrapper that measures a task on the thread that runs it.
+/* The per-task path of the local-scheduler capture (flowscope/sources/dask/local.py), compiled: Dask's start_state
+ * and posttask callbacks, and the wrapper that measures a task on the thread that runs it.
  *
  * local.py keeps a pure-Python reference of everything here (compiled=False, FLOWSCOPE_COMPILED=0): the same
  * objects with the same attribute names, storing the same values, so that everything out of the common case (a
@@ -7,20 +7,24 @@
  * the same Python code on both paths.
  *
  *   ThreadState   one executing thread as its tasks see it (kept in the thread's state dictionary)
- *   MeasuredTask  a task wrapped by pretask: calling it runs the task and notes start, end (CLOCK_REALTIME, as
- *                 time.time_ns), its thread, the exception type, and -- when the call took min_ns or more -- the
- *                 thread's I/O counters (core.read(tid)), as local.MeasuredTask does
- *   Core          one graph's per-task state: key -> index, the threads that ran its tasks, and the tasks reported
- *                 done as C columns (index, start, end, nbytes, thread slot, group code, flags); a Python class
- *                 (local._CompiledGraph) derives from it. take() hands the columns on as bytes.
- *   Hook          pretask(key, dsk, state) or posttask(key, result, dsk, state, worker_id), called by Dask per task
+ *   MeasuredTask  a task wrapped by start_state: its first call runs the task and notes start, end (CLOCK_REALTIME,
+ *                 as time.time_ns), its thread, the exception type, the result's size and -- when the call took
+ *                 min_ns or more -- the thread's I/O counters (core.read(tid)), then records the task into its
+ *                 graph, as local.MeasuredTask does
+ *   Core          one graph's per-task state: key -> index, the threads that ran its tasks, and the tasks that ran
+ *                 as C columns (index, start, end, nbytes, thread slot, flags); a Python class
+ *                 (local._CompiledGraph) derives from it. take() hands the columns on as bytes, with a code for each
+ *                 task's group (a tuple key's first item, or the key itself).
+ *   Hook          start_state(dsk, state), once per graph: every task wrapped; or posttask(key, result, dsk, state,
+ *                 worker_id), per task: a batch written when one is due, a task run in a worker process noted
  *
- * Per task, only what cannot wait is done: the clock reads, the thread, the result's size (dask.sizeof, looked up
- * once per type), and a code for the task's group (a tuple key's first item, or the key itself), looked up in a
- * dictionary; the text of the rows is put together by Arrow for a whole batch (local.py, _flush).
+ * Per task, only what cannot wait is done, on the thread that ran it: the clock reads, the thread and the result's
+ * size (dask.sizeof, looked up once per type); group codes are found per batch and the text of the rows is put
+ * together by Arrow for a whole batch (local.py, _flush).
  *
- * Thread safety rests on the GIL: the wrapper runs on pool threads and only writes its own task and its thread's
- * state; the columns are written by posttask and read by take(), both on the thread that called compute.
+ * Thread safety rests on the GIL: a wrapper writes its own task, its thread's state, and its graph's columns and
+ * lists with no Python code run between reading their length and writing them; take(), on the thread that called
+ * compute, hands them on the same way before it runs anything that could let another thread in.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -34,7 +38,7 @@
 static PyObject *state_key;    /* the ThreadState's key in each thread's state dictionary */
 static PyObject *new_state;    /* configure(): () -> a ThreadState for the calling thread */
 static PyObject *remote_type;  /* configure(): local._RemoteMeasuredTask */
-static PyObject *str_spool, *str_io;
+static PyObject *str_spool, *str_io, *str_class, *str_cache;
 
 static inline int64_t now_ns(clockid_t clock) {
     struct timespec ts;
@@ -172,11 +176,12 @@ typedef struct {
     PyObject_HEAD
     PyObject *keys, *pos, *read, *threads, *flush, *sizers, *sizer_of, *measured, *slow, *heads, *tuple_heads,
         *other_heads;
-    long long gen, min_ns, flush_tasks, flush_every_ns, next_flush, pending;
+    long long gen, min_ns, flush_tasks, flush_every_ns, next_flush, pending, lost;
     unsigned long caller;
+    int live, shipped;
     Py_ssize_t n, cap;
     int64_t *index, *t0, *t1, *nbytes;
-    int32_t *slot, *head;
+    int32_t *slot;
     uint8_t *flags;
     PyObject *dict_, *weakrefs;
 } Core;
@@ -199,9 +204,9 @@ static int Core_clear(Core *self) {
 }
 
 static void free_columns(Core *c) {
-    free(c->index); free(c->t0); free(c->t1); free(c->nbytes); free(c->slot); free(c->head); free(c->flags);
+    free(c->index); free(c->t0); free(c->t1); free(c->nbytes); free(c->slot); free(c->flags);
     c->index = c->t0 = c->t1 = c->nbytes = NULL;
-    c->slot = c->head = NULL;
+    c->slot = NULL;
     c->flags = NULL;
     c->n = c->cap = 0;
 }
@@ -247,7 +252,7 @@ static PyObject *Core_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 static int grow(Core *c) {
     Py_ssize_t cap = c->cap ? c->cap * 2 : 1024;
     GROW(index, int64_t); GROW(t0, int64_t); GROW(t1, int64_t); GROW(nbytes, int64_t);
-    GROW(slot, int32_t); GROW(head, int32_t); GROW(flags, uint8_t);
+    GROW(slot, int32_t); GROW(flags, uint8_t);
     c->cap = cap;
     return 0;
 }
@@ -287,7 +292,9 @@ static PyObject *bytes_of(const void *p, Py_ssize_t size) {
 }
 
 /* (n, index, start, end, nbytes, slot, head, flags, measured, slow): the columns as bytes (int64 x 4, int32 x 2,
-   uint8), the measured tasks (their I/O rows) and the ones out of the common case; all emptied. */
+   uint8), the measured tasks (their I/O rows) and the ones out of the common case; all emptied. The group codes
+   (head) are found here, for the whole batch, after the columns are taken: finding one hashes a key, which pool
+   threads recording their tasks meanwhile must not see half done. */
 static PyObject *Core_take(Core *self, PyObject *Py_UNUSED(ignored)) {
     Py_ssize_t n = self->n;
     PyObject *measured = PyList_New(0), *slow = PyList_New(0);
@@ -296,21 +303,45 @@ static PyObject *Core_take(Core *self, PyObject *Py_UNUSED(ignored)) {
         Py_XDECREF(slow);
         return NULL;
     }
-    PyObject *out = Py_BuildValue("(nNNNNNNNOO)", n, bytes_of(self->index, n * 8), bytes_of(self->t0, n * 8),
-                                  bytes_of(self->t1, n * 8), bytes_of(self->nbytes, n * 8),
-                                  bytes_of(self->slot, n * 4), bytes_of(self->head, n * 4), bytes_of(self->flags, n),
-                                  self->measured, self->slow);
-    if (out == NULL) {
+    PyObject *index = bytes_of(self->index, n * 8), *t0 = bytes_of(self->t0, n * 8), *t1 = bytes_of(self->t1, n * 8),
+             *nbytes = bytes_of(self->nbytes, n * 8), *slot = bytes_of(self->slot, n * 4),
+             *flags = bytes_of(self->flags, n), *taken_measured = self->measured, *taken_slow = self->slow;
+    if (!index || !t0 || !t1 || !nbytes || !slot || !flags) {
+        Py_XDECREF(index); Py_XDECREF(t0); Py_XDECREF(t1); Py_XDECREF(nbytes); Py_XDECREF(slot); Py_XDECREF(flags);
         Py_DECREF(measured);
         Py_DECREF(slow);
         return NULL;
     }
-    Py_SETREF(self->measured, measured);  /* the tuple holds the old lists */
-    Py_SETREF(self->slow, slow);
+    self->measured = measured;  /* (the taken lists' references move to the result) */
+    self->slow = slow;
     self->n = 0;
     self->pending = 0;
     self->next_flush = now_ns(CLOCK_MONOTONIC) + self->flush_every_ns;
-    return out;
+    PyObject *head = PyBytes_FromStringAndSize(NULL, n * 4);
+    if (head != NULL) {
+        const int64_t *at = (const int64_t *)PyBytes_AS_STRING(index);
+        int32_t *code = (int32_t *)PyBytes_AS_STRING(head);
+        Py_ssize_t nkeys = PyList_GET_SIZE(self->keys);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            if (at[i] < 0 || at[i] >= nkeys) {
+                PyErr_Format(PyExc_IndexError, "take(): task index %lld outside the graph's %zd keys", (long long)at[i],
+                             nkeys);
+                Py_CLEAR(head);
+                break;
+            }
+            if (head_code(self, PyList_GET_ITEM(self->keys, at[i]), &code[i]) < 0) {
+                Py_CLEAR(head);
+                break;
+            }
+        }
+    }
+    if (head == NULL) {
+        Py_DECREF(index); Py_DECREF(t0); Py_DECREF(t1); Py_DECREF(nbytes); Py_DECREF(slot); Py_DECREF(flags);
+        Py_DECREF(taken_measured);
+        Py_DECREF(taken_slow);
+        return NULL;
+    }
+    return Py_BuildValue("(nNNNNNNNNN)", n, index, t0, t1, nbytes, slot, head, flags, taken_measured, taken_slow);
 }
 
 static PyMemberDef Core_members[] = {
@@ -331,6 +362,9 @@ static PyMemberDef Core_members[] = {
     {"next_flush", T_LONGLONG, offsetof(Core, next_flush), 0, "time.monotonic_ns() at which the next batch is due"},
     {"pending", T_LONGLONG, offsetof(Core, pending), 0, "tasks done since the last take()"},
     {"caller", T_ULONG, offsetof(Core, caller), 0, "ident of the thread that called compute"},
+    {"live", T_INT, offsetof(Core, live), 0, "its tasks record themselves (between start_state and finish)"},
+    {"shipped", T_INT, offsetof(Core, shipped), 0, "a task was pickled: the graph runs in worker processes"},
+    {"lost", T_LONGLONG, offsetof(Core, lost), 0, "tasks whose record failed (out of memory)"},
     {NULL}
 };
 
@@ -357,6 +391,10 @@ static PyTypeObject CoreType = {
 };
 
 /* ---- MeasuredTask -------------------------------------------------------------------------------------------- */
+/* Not a GC type: wrapping every task of a graph at once would otherwise start collections that scan objects which
+ * live as long as the computation. A wrapper is in no reference cycle once its call has returned (its thread's
+ * state lets go of it then) and its graph's take() has handed it on; a graph that is no longer live (finish)
+ * takes no more of them. */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
@@ -364,29 +402,17 @@ typedef struct {
     Core *graph;
     Py_ssize_t index;
     long long submitted, t0, t1, calls, seen, slot;
+    int recorded;
     PyObject *st, *before, *after, *error, *nbytes, *worker;
 } MeasuredTask;
 
 #define TASK_OBJECTS(X) X(task) X(graph) X(st) X(before) X(after) X(error) X(nbytes) X(worker)
 
-static int MeasuredTask_traverse(MeasuredTask *self, visitproc visit, void *arg) {
-#define V(f) Py_VISIT(self->f);
-    TASK_OBJECTS(V)
-#undef V
-    return 0;
-}
-
-static int MeasuredTask_clear(MeasuredTask *self) {
+static void MeasuredTask_dealloc(MeasuredTask *self) {
 #define C(f) Py_CLEAR(self->f);
     TASK_OBJECTS(C)
 #undef C
-    return 0;
-}
-
-static void MeasuredTask_dealloc(MeasuredTask *self) {
-    PyObject_GC_UnTrack(self);
-    MeasuredTask_clear(self);
-    Py_TYPE(self)->tp_free((PyObject *)self);
+    PyObject_Free(self);
 }
 
 static PyTypeObject MeasuredTaskType;
@@ -405,11 +431,57 @@ static PyObject *reading(Core *g, long long tid) {
     return r;
 }
 
+static PyObject *size_of(Core *g, PyObject *result);
+
+/* The task's size as an int64 (*nb; *sized: it is one), from nbytes (an int, or None when Dask cannot size it). */
+static int int64_size(PyObject *nbytes, long long *nb) {
+    if (!PyLong_CheckExact(nbytes))
+        return 0;
+    int overflow;
+    *nb = PyLong_AsLongLongAndOverflow(nbytes, &overflow);
+    int sized = !overflow && !(*nb == -1 && PyErr_Occurred());
+    PyErr_Clear();
+    if (!sized)
+        *nb = 0;
+    return sized;
+}
+
+/* A task that ran here, into its graph: the columns when it returned a result of a size the columns hold, else the
+ * graph's slow list. No Python code runs between reading the columns' length and writing them (pool threads record
+ * at once, under the GIL); -1 with an error set when out of memory. */
+static int record(MeasuredTask *self, Core *g, PyObject *nbytes) {
+    long long nb = 0;
+    int sized = int64_size(nbytes, &nb);
+    if (!g->live)
+        return 0;  /* the graph ended (finish) while the task ran */
+    if (self->error != Py_None || !(sized || nbytes == Py_None)) {
+        Py_INCREF(nbytes);
+        Py_XSETREF(self->nbytes, nbytes);
+        return PyList_Append(g->slow, (PyObject *)self);
+    }
+    if (g->n >= g->cap && grow(g) < 0) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    int measured = self->before != NULL && self->before != Py_None && self->after != NULL && self->after != Py_None;
+    if (measured && PyList_Append(g->measured, (PyObject *)self) < 0)
+        return -1;
+    Py_ssize_t i = g->n++;
+    g->index[i] = self->index;
+    g->t0[i] = self->t0;
+    g->t1[i] = self->t1;
+    g->nbytes[i] = nb;
+    g->slot[i] = (int32_t)self->slot;
+    g->flags[i] = (uint8_t)((sized ? F_NBYTES : 0) | (measured ? F_MEASURED : 0));
+    return 0;
+}
+
 static PyObject *MeasuredTask_vectorcall(MeasuredTask *self, PyObject *const *args, size_t nargsf,
                                          PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    ThreadState *st = thread_state();
     Core *g = self->graph;
+    /* a task is measured once, by its first call (Dask reruns a task that raised, with rerun_exceptions_locally) */
+    ThreadState *st = self->recorded || !g->live ? NULL : thread_state();
     if (st != NULL && st->gen != g->gen) {  /* this thread's first task of this graph: its counters before it */
         if (PyList_Append(g->threads, (PyObject *)st) < 0) {
             st = NULL;
@@ -423,10 +495,15 @@ static PyObject *MeasuredTask_vectorcall(MeasuredTask *self, PyObject *const *ar
             st->pending = 0;
         }
     }
-    if (st == NULL) {  /* cannot be measured (out of memory): the task runs all the same */
-        PyErr_Clear();
+    if (st == NULL) {  /* not measured (run before, or out of memory): the task runs all the same */
+        if (PyErr_Occurred()) {
+            PyErr_Clear();
+            g->lost++;
+        }
         return PyObject_Vectorcall(self->task, args, nargs, kwnames);
     }
+    self->recorded = 1;
+    Py_INCREF(g);
     Py_INCREF(st);
     self->slot = st->slot;
     Py_INCREF(self);
@@ -471,6 +548,14 @@ static PyObject *MeasuredTask_vectorcall(MeasuredTask *self, PyObject *const *ar
         st->pending++;
     }
     Py_DECREF(st);
+    /* its size as dask.sizeof gives it, here rather than in the scheduler's loop */
+    PyObject *nbytes = result != NULL ? size_of(g, result) : Py_NewRef(Py_None);
+    if (nbytes == NULL || record(self, g, nbytes) < 0) {  /* out of memory: the task's result matters more */
+        PyErr_Clear();
+        g->lost++;
+    }
+    Py_XDECREF(nbytes);
+    Py_DECREF(g);
     if (result == NULL)
         PyErr_Restore(et, ev, tb);
     return result;
@@ -480,7 +565,12 @@ static PyObject *MeasuredTask_call(PyObject *self, PyObject *args, PyObject *kwa
     return PyVectorcall_Call(self, args, kwargs);
 }
 
+/* Attributes the wrapper lacks are the task's (key, dependencies, ...), and so is its __class__: isinstance() then
+ * sees the task's class, as Dask's own code does when it meets the wrapper in the graph (get_dependencies, when it
+ * reruns a task that raised); type() still tells the wrapper. */
 static PyObject *MeasuredTask_getattro(MeasuredTask *self, PyObject *name) {
+    if (name == str_class || (PyUnicode_Check(name) && PyUnicode_Compare(name, str_class) == 0))
+        return Py_NewRef((PyObject *)Py_TYPE(self->task));
     PyObject *r = PyObject_GenericGetAttr((PyObject *)self, name);
     if (r != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError))
         return r;
@@ -490,8 +580,11 @@ static PyObject *MeasuredTask_getattro(MeasuredTask *self, PyObject *name) {
 
 static PyObject *MeasuredTask_repr(MeasuredTask *self) { return PyObject_Repr(self->task); }
 
-/* Pickled (the processes scheduler), it becomes local._RemoteMeasuredTask, which measures in the worker process. */
+/* Pickled (the processes scheduler), it becomes local._RemoteMeasuredTask, which measures in the worker process;
+ * its graph then runs in worker processes (posttask has their tasks to note). */
 static PyObject *MeasuredTask_reduce(MeasuredTask *self, PyObject *Py_UNUSED(ignored)) {
+    self->graph->shipped = 1;
+    self->submitted = now_ns(CLOCK_REALTIME);
     if (remote_type == NULL) {
         PyErr_SetString(PyExc_RuntimeError, "flowscope.sources.dask._local_tasks.configure() was not called");
         return NULL;
@@ -509,7 +602,8 @@ static PyMemberDef MeasuredTask_members[] = {
     {"task", T_OBJECT, offsetof(MeasuredTask, task), READONLY, "the task"},
     {"graph", T_OBJECT, offsetof(MeasuredTask, graph), READONLY, "its graph"},
     {"index", T_PYSSIZET, offsetof(MeasuredTask, index), READONLY, "its key's index in the graph"},
-    {"submitted", T_LONGLONG, offsetof(MeasuredTask, submitted), READONLY, "when pretask wrapped it"},
+    {"submitted", T_LONGLONG, offsetof(MeasuredTask, submitted), READONLY, "when it was pickled for a worker process"},
+    {"recorded", T_INT, offsetof(MeasuredTask, recorded), READONLY, "its measurement is in its graph"},
     {"t0", T_LONGLONG, offsetof(MeasuredTask, t0), READONLY, "start (0: not run in this process)"},
     {"t1", T_LONGLONG, offsetof(MeasuredTask, t1), READONLY, "end"},
     {"calls", T_LONGLONG, offsetof(MeasuredTask, calls), READONLY, "task calls its counter reading holds"},
@@ -538,21 +632,21 @@ static PyTypeObject MeasuredTaskType = {
     .tp_call = MeasuredTask_call,
     .tp_repr = (reprfunc)MeasuredTask_repr,
     .tp_getattro = (getattrofunc)MeasuredTask_getattro,
-    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_VECTORCALL,
     .tp_doc = "A task wrapped to be measured where it runs (local.MeasuredTask, compiled).",
-    .tp_traverse = (traverseproc)MeasuredTask_traverse,
-    .tp_clear = (inquiry)MeasuredTask_clear,
     .tp_members = MeasuredTask_members,
     .tp_methods = MeasuredTask_methods,
 };
 
-/* ---- Hook: Dask's pretask and posttask ------------------------------------------------------------------------ */
+/* ---- Hook: Dask's start_state and posttask ------------------------------------------------------------------ */
 typedef struct {
     PyObject_HEAD
     vectorcallfunc vectorcall;
     PyObject *graphs;  /* id(dsk) -> Core */
     PyObject *failed;  /* failed(exc): a hook call failed (the computation goes on) */
     int post;
+    PyObject *last_dsk;  /* the graph posttask last met (compared by address only) and its Core: a live Core */
+    Core *last;          /* was made for a graph then running, which is still the one at that address */
 } Hook;
 
 static PyObject *hook_failed(Hook *self) {
@@ -571,18 +665,61 @@ static PyObject *hook_failed(Hook *self) {
     Py_RETURN_NONE;
 }
 
+/* The Core of graph dsk (borrowed), NULL when it has none (an error set if the lookup failed). */
 static Core *graph_of(Hook *self, PyObject *dsk) {
+    if (dsk == self->last_dsk && self->last != NULL && self->last->live)
+        return self->last;
     PyObject *id = PyLong_FromVoidPtr(dsk);
     if (id == NULL)
         return NULL;
     PyObject *g = PyDict_GetItemWithError(self->graphs, id);
     Py_DECREF(id);
-    if (g != NULL && !PyObject_TypeCheck(g, &CoreType))
+    if (g == NULL || !PyObject_TypeCheck(g, &CoreType))
         return NULL;
+    Py_INCREF(g);
+    Py_XSETREF(self->last, (Core *)g);
+    self->last_dsk = dsk;
     return (Core *)g;
 }
 
-static PyObject *pretask(Hook *self, PyObject *key, PyObject *dsk) {
+/* A wrapper of task, the index-th key of graph g (a new reference). */
+static PyObject *wrap(Core *g, PyObject *task, Py_ssize_t index) {
+    MeasuredTask *m = PyObject_New(MeasuredTask, &MeasuredTaskType);
+    if (m == NULL)
+        return NULL;
+    m->vectorcall = (vectorcallfunc)MeasuredTask_vectorcall;
+    m->task = Py_NewRef(task);
+    m->graph = (Core *)Py_NewRef((PyObject *)g);
+    m->index = index;
+    m->submitted = m->t0 = m->t1 = m->calls = m->seen = m->slot = 0;
+    m->recorded = 0;
+    m->st = m->before = m->after = m->nbytes = m->worker = NULL;
+    m->error = Py_NewRef(Py_None);
+    return (PyObject *)m;
+}
+
+/* The position of key among g's keys: i when the i-th key is key itself (the graph's own order, as setup listed
+ * it), else from pos; a key pos lacks is appended. -1 with an error set on failure. */
+static Py_ssize_t index_of(Core *g, PyObject *key, Py_ssize_t i) {
+    if (i < PyList_GET_SIZE(g->keys) && PyList_GET_ITEM(g->keys, i) == key)
+        return i;
+    PyObject *found = PyDict_GetItemWithError(g->pos, key);
+    if (found != NULL)
+        return PyLong_AsSsize_t(found);
+    if (PyErr_Occurred())
+        return -1;
+    Py_ssize_t index = PyList_GET_SIZE(g->keys);
+    PyObject *v = PyLong_FromSsize_t(index);
+    int r = v ? PyDict_SetItem(g->pos, key, v) : -1;
+    Py_XDECREF(v);
+    if (r < 0 || PyList_Append(g->keys, key) < 0)
+        return -1;
+    return index;
+}
+
+/* start_state(dsk, state): every task of the graph (a key not in state["cache"]) replaced in the scheduler's graph by
+ * a MeasuredTask, once, before the scheduler's loop hands any to the pool. */
+static PyObject *start_state(Hook *self, PyObject *dsk, PyObject *state) {
     Core *g = graph_of(self, dsk);
     if (g == NULL) {
         if (PyErr_Occurred())
@@ -590,49 +727,65 @@ static PyObject *pretask(Hook *self, PyObject *key, PyObject *dsk) {
         Py_RETURN_NONE;
     }
     Py_INCREF(g);
-    MeasuredTask *m = NULL;
-    PyObject *task = PyObject_GetItem(dsk, key);
-    if (task == NULL)
+    PyObject *cache = PyDict_Check(state) ? PyDict_GetItemWithError(state, str_cache) : NULL;
+    if (cache != NULL && !PyDict_Check(cache))
+        cache = NULL;
+    PyObject *keys = NULL;
+    if (PyErr_Occurred())
         goto fail;
-    Py_ssize_t index;
-    PyObject *found = PyDict_GetItemWithError(g->pos, key);
-    if (found != NULL) {
-        index = PyLong_AsSsize_t(found);
-        if (index == -1 && PyErr_Occurred())
+    Py_XINCREF(cache);
+    if (PyDict_CheckExact(dsk)) {  /* the graph get_async made: its values replaced in place, its keys unchanged */
+        Py_ssize_t at = 0, i = 0;
+        PyObject *key, *task;
+        while (PyDict_Next(dsk, &at, &key, &task)) {
+            Py_ssize_t index = index_of(g, key, i++);
+            if (index < 0)
+                goto fail;
+            int data = cache != NULL ? PyDict_Contains(cache, key) : 0;
+            if (data < 0)
+                goto fail;
+            if (data || Py_TYPE(task) == &MeasuredTaskType)
+                continue;
+            PyObject *m = wrap(g, task, index);
+            if (m == NULL || PyDict_SetItem(dsk, key, m) < 0) {
+                Py_XDECREF(m);
+                goto fail;
+            }
+            Py_DECREF(m);
+        }
+    } else {  /* another mapping */
+        keys = PySequence_List(dsk);
+        if (keys == NULL)
             goto fail;
-    } else {
-        if (PyErr_Occurred())
-            goto fail;
-        index = PyList_GET_SIZE(g->keys);
-        PyObject *v = PyLong_FromSsize_t(index);
-        int r = v ? PyDict_SetItem(g->pos, key, v) : -1;
-        Py_XDECREF(v);
-        if (r < 0 || PyList_Append(g->keys, key) < 0)
-            goto fail;
+        for (Py_ssize_t i = 0; i < PyList_GET_SIZE(keys); i++) {
+            PyObject *key = PyList_GET_ITEM(keys, i);
+            Py_ssize_t index = index_of(g, key, i);
+            int data = index < 0 ? -1 : cache != NULL ? PyDict_Contains(cache, key) : 0;
+            if (data < 0)
+                goto fail;
+            if (data)
+                continue;
+            PyObject *task = PyObject_GetItem(dsk, key);
+            PyObject *m = task && Py_TYPE(task) != &MeasuredTaskType ? wrap(g, task, index) : NULL;
+            Py_XDECREF(task);
+            if (m == NULL) {
+                if (PyErr_Occurred())
+                    goto fail;
+                continue;
+            }
+            int r = PyObject_SetItem(dsk, key, m);
+            Py_DECREF(m);
+            if (r < 0)
+                goto fail;
+        }
     }
-    m = PyObject_GC_New(MeasuredTask, &MeasuredTaskType);
-    if (m == NULL)
-        goto fail;
-    m->vectorcall = (vectorcallfunc)MeasuredTask_vectorcall;
-    m->task = task;
-    task = NULL;
-    m->graph = g;
-    Py_INCREF(g);
-    m->index = index;
-    m->submitted = now_ns(CLOCK_REALTIME);
-    m->t0 = m->t1 = m->calls = m->seen = m->slot = 0;
-    m->st = m->before = m->after = m->nbytes = m->worker = NULL;
-    Py_INCREF(Py_None);
-    m->error = Py_None;
-    PyObject_GC_Track(m);
-    if (PyObject_SetItem(dsk, key, (PyObject *)m) < 0)
-        goto fail;
-    Py_DECREF(m);
+    Py_XDECREF(keys);
+    Py_XDECREF(cache);
     Py_DECREF(g);
     Py_RETURN_NONE;
 fail:
-    Py_XDECREF(task);
-    Py_XDECREF(m);
+    Py_XDECREF(keys);
+    Py_XDECREF(cache);
     Py_DECREF(g);
     return hook_failed(self);
 }
@@ -658,63 +811,35 @@ static PyObject *size_of(Core *g, PyObject *result) {
     return r;
 }
 
+/* posttask(key, result, dsk, state, worker_id): a task's result reached the scheduler's loop. A task run in this
+ * process has recorded itself; one run in a worker process (the graph was shipped) is noted here: its size, its
+ * worker, and when the loop saw it, in case no measurement comes from its worker. Then a batch of rows is written
+ * if one is due. */
 static PyObject *posttask(Hook *self, PyObject *key, PyObject *result, PyObject *dsk, PyObject *worker) {
-    PyObject *m_ = PyDict_CheckExact(dsk) ? PyDict_GetItemWithError(dsk, key) : NULL;
-    if (m_ == NULL || Py_TYPE(m_) != &MeasuredTaskType) {
+    Core *g = graph_of(self, dsk);
+    if (g == NULL) {
         if (PyErr_Occurred())
-            PyErr_Clear();
-        if (PyDict_CheckExact(dsk))
-            Py_RETURN_NONE;
-        m_ = PyObject_GetItem(dsk, key);  /* another mapping */
-        if (m_ == NULL || Py_TYPE(m_) != &MeasuredTaskType) {
-            Py_XDECREF(m_);
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
-    } else {
-        Py_INCREF(m_);
+            return hook_failed(self);
+        Py_RETURN_NONE;
     }
-    MeasuredTask *m = (MeasuredTask *)m_;
-    Core *g = m->graph;
     Py_INCREF(g);
-    if (PyObject_SetItem(dsk, key, m->task) < 0)
-        goto fail;
-    PyObject *nbytes = size_of(g, result);
-    Py_XSETREF(m->nbytes, nbytes);
-    Py_INCREF(worker);
-    Py_XSETREF(m->worker, worker);
-    if (!m->t0)  /* not run in this process: when the scheduler saw it done, in case no measurement comes */
-        m->seen = now_ns(CLOCK_REALTIME);
-    long long nb = 0;
-    int sized = 0;
-    if (PyLong_CheckExact(nbytes)) {
-        int overflow;
-        nb = PyLong_AsLongLongAndOverflow(nbytes, &overflow);
-        sized = !overflow && !(nb == -1 && PyErr_Occurred());
-        PyErr_Clear();
-    }
-    if (!m->t0 || m->error != Py_None || !(sized || nbytes == Py_None)) {
-        if (PyList_Append(g->slow, m_) < 0)
+    if (g->shipped) {
+        PyObject *m_ = PyObject_GetItem(dsk, key);
+        if (m_ == NULL)
             goto fail;
-    } else {
-        int32_t code;
-        if (head_code(g, key, &code) < 0)
-            goto fail;
-        if (g->n >= g->cap && grow(g) < 0) {
-            PyErr_NoMemory();
-            goto fail;
+        MeasuredTask *m = (MeasuredTask *)m_;
+        if (Py_TYPE(m_) == &MeasuredTaskType && m->graph == g && !m->recorded) {
+            m->recorded = 1;
+            PyObject *nbytes = size_of(g, result);
+            Py_XSETREF(m->nbytes, nbytes);
+            Py_XSETREF(m->worker, Py_NewRef(worker));
+            m->seen = now_ns(CLOCK_REALTIME);
+            if (nbytes == NULL || PyList_Append(g->slow, m_) < 0) {
+                Py_DECREF(m_);
+                goto fail;
+            }
         }
-        int measured = m->before != NULL && m->before != Py_None && m->after != NULL && m->after != Py_None;
-        if (measured && PyList_Append(g->measured, m_) < 0)
-            goto fail;
-        Py_ssize_t i = g->n++;
-        g->index[i] = m->index;
-        g->t0[i] = m->t0;
-        g->t1[i] = m->t1;
-        g->nbytes[i] = nb;
-        g->slot[i] = (int32_t)m->slot;
-        g->head[i] = code;
-        g->flags[i] = (uint8_t)((sized ? F_NBYTES : 0) | (measured ? F_MEASURED : 0));
+        Py_DECREF(m_);
     }
     g->pending++;
     if (g->flush != NULL && g->flush != Py_None &&
@@ -725,22 +850,20 @@ static PyObject *posttask(Hook *self, PyObject *key, PyObject *result, PyObject 
         Py_DECREF(r);
     }
     Py_DECREF(g);
-    Py_DECREF(m_);
     Py_RETURN_NONE;
 fail:
     Py_DECREF(g);
-    Py_DECREF(m_);
     return hook_failed(self);
 }
 
 static PyObject *Hook_vectorcall(Hook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames) {
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
-    if (kwnames != NULL || nargs != (self->post ? 5 : 3)) {
+    if (kwnames != NULL || nargs != (self->post ? 5 : 2)) {
         PyErr_Format(PyExc_TypeError, self->post ? "posttask(key, result, dsk, state, worker_id) takes 5 arguments"
-                                                 : "pretask(key, dsk, state) takes 3 arguments");
+                                                 : "start_state(dsk, state) takes 2 arguments");
         return NULL;
     }
-    return self->post ? posttask(self, args[0], args[1], args[2], args[4]) : pretask(self, args[0], args[1]);
+    return self->post ? posttask(self, args[0], args[1], args[2], args[4]) : start_state(self, args[0], args[1]);
 }
 
 static PyObject *Hook_call(PyObject *self, PyObject *args, PyObject *kwargs) {
@@ -768,12 +891,15 @@ static PyObject *Hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 static int Hook_traverse(Hook *self, visitproc visit, void *arg) {
     Py_VISIT(self->graphs);
     Py_VISIT(self->failed);
+    Py_VISIT(self->last);
     return 0;
 }
 
 static int Hook_clear(Hook *self) {
     Py_CLEAR(self->graphs);
     Py_CLEAR(self->failed);
+    Py_CLEAR(self->last);
+    self->last_dsk = NULL;
     return 0;
 }
 
@@ -783,6 +909,17 @@ static void Hook_dealloc(Hook *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+static PyObject *Hook_forget(Hook *self, PyObject *Py_UNUSED(ignored)) {
+    Py_CLEAR(self->last);
+    self->last_dsk = NULL;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Hook_methods[] = {
+    {"forget", (PyCFunction)Hook_forget, METH_NOARGS, "Let go of the graph it last met (the graph ended)."},
+    {NULL}
+};
+
 static PyTypeObject HookType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "flowscope.sources.dask._local_tasks.Hook",
@@ -791,9 +928,10 @@ static PyTypeObject HookType = {
     .tp_vectorcall_offset = offsetof(Hook, vectorcall),
     .tp_call = Hook_call,
     .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
-    .tp_doc = "Hook(graphs, failed, post): Dask's pretask (post=False) or posttask (post=True) callback.",
+    .tp_doc = "Hook(graphs, failed, post): Dask's start_state (post=False) or posttask (post=True) callback.",
     .tp_traverse = (traverseproc)Hook_traverse,
     .tp_clear = (inquiry)Hook_clear,
+    .tp_methods = Hook_methods,
     .tp_new = Hook_new,
 };
 
@@ -1018,8 +1156,11 @@ PyMODINIT_FUNC PyInit__local_tasks(void) {
     state_key = PyUnicode_InternFromString("flowscope.local_tasks.state");
     str_spool = PyUnicode_InternFromString("spool");
     str_io = PyUnicode_InternFromString("io");
+    str_class = PyUnicode_InternFromString("__class__");
+    str_cache = PyUnicode_InternFromString("cache");
     str_dependencies = PyUnicode_InternFromString("dependencies");
-    if (state_key == NULL || str_spool == NULL || str_io == NULL || str_dependencies == NULL)
+    if (state_key == NULL || str_spool == NULL || str_io == NULL || str_class == NULL || str_cache == NULL ||
+        str_dependencies == NULL)
         return NULL;
     if (PyType_Ready(&ThreadStateType) < 0 || PyType_Ready(&CoreType) < 0 || PyType_Ready(&MeasuredTaskType) < 0 ||
         PyType_Ready(&HookType) < 0)

@@ -4,17 +4,23 @@ one ``dask.diagnostics.Profiler`` uses), with no change to the user's code.
 
 What is measured where
 ----------------------
-Dask calls ``start`` / ``pretask`` / ``posttask`` / ``finish`` on the thread that called ``compute`` (the
-scheduler loop), not on the thread or process that runs a task: ``pretask`` when the task is handed to the
-pool, ``posttask`` when the scheduler has picked its result up. Timing a task between those two (what
-Profiler does) includes the wait for a free thread and for the scheduler loop, and for the processes
-scheduler covers a whole batch of tasks sent together. So ``pretask`` replaces the task in the scheduler's
-own copy of the graph by a :class:`MeasuredTask` that runs the task where the scheduler runs it and notes,
-there: start and end (``time.time_ns``), the OS thread (native id, pthread id, name), the process, and the
-thread's I/O counters (``/proc/self/task/<tid>/io``) around the task; ``posttask`` puts the original task
-back and adds the result's size (``dask.sizeof``, what distributed records as ``nbytes``).
+Dask calls ``start`` / ``start_state`` / ``pretask`` / ``posttask`` / ``finish`` on the thread that called
+``compute`` (the scheduler loop), not on the thread or process that runs a task: ``pretask`` when the task is
+handed to the pool, ``posttask`` when the scheduler has picked its result up. Timing a task between those two
+(what Profiler does) includes the wait for a free thread and for the scheduler loop, and for the processes
+scheduler covers a whole batch of tasks sent together. So ``start_state`` (once per graph, after Dask has
+ordered it and before its loop hands out the first task) replaces every task in the scheduler's own copy of
+the graph (``get_async`` makes it; the user's graph is not touched) by a :class:`MeasuredTask` that runs the
+task where the scheduler runs it and notes, there: start and end (``time.time_ns``), the OS thread (native id,
+pthread id, name), the process, the thread's I/O counters (``/proc/self/task/<tid>/io``) around the task and
+the result's size (``dask.sizeof``, what distributed records as ``nbytes``). There is no ``pretask``: the loop
+hands a task to the pool without calling the capture, and ``posttask`` only decides whether a batch of rows is
+due. The wrapper's ``__class__`` is the task's, so Dask's own code that meets it in the graph (``get_dependencies``
+when it reruns a task that raised, with ``rerun_exceptions_locally``) sees a task; a task is measured by its first
+call only.
 
-- threaded and synchronous: the wrapper runs in this process; its readings are kept on the wrapper. As in
+- threaded and synchronous: the wrapper runs in this process and records the task into its graph at the end of
+  the call (what happens after that in the scheduler's loop is Dask's). As in
   the distributed capture, a pool thread's reading at the end of one task is the baseline of its next
   reading in the same graph; the first task of each graph on a thread reads before it starts. Which tasks
   are read follows the capture level, as in the distributed capture: at ``full`` every task; at
@@ -24,20 +30,21 @@ back and adds the result's size (``dask.sizeof``, what distributed records as ``
   scheduler's thread, into rows with no task.
 - processes: the wrapper travels to the worker process (``dask.multiprocessing`` pickles it with the task),
   measures there, and appends one JSON line per task (and per file the task opened, from the open audit
-  hook) to a spool file of that worker process; ``finish`` reads the spool. The pid recorded is the worker
+  hook) to a spool file of that worker process; ``finish`` reads the spool. ``posttask`` notes such a task's
+  result size and worker, and when the loop saw it done. The pid recorded is the worker
   process's own ``os.getpid()``; it is checked against the id Dask passes to ``posttask``
   (``multiprocessing.current_process().ident``, the same pid). Each task's I/O counters are read before and
   after it in the worker process (the pool's pipes carry tasks and results between them), at both levels:
   a worker process has no end of the graph at which pending calls could be read. A task whose
-  spool line is missing (the spool could not be written) keeps the scheduler's view: [pretask, posttask]
-  on the worker process's main thread, marked ``"timing": "scheduler"``.
+  spool line is missing (the spool could not be written) keeps the scheduler's view: [pickled for the pool,
+  posttask] on the worker process's main thread, marked ``"timing": "scheduler"``.
 
-Per task, only what cannot wait is done: the wrapper, two clock reads and the thread; in ``posttask`` the result's
-size (``dask.sizeof``, its function looked up once per type) and a code for the task's group (a tuple key's first
-item, or the key itself); the task lands in columns (index, start, end, size, thread, group code, flags). The text
-of the rows (key, group, prefix, attrs) is put together by Arrow for a whole batch, once per thread and per group.
-This path is compiled (``_local_tasks.c``: the two hooks are C callables and the wrapper a C type) when the package
-is built; ``compiled=False`` (or FLOWSCOPE_COMPILED=0) runs its pure-Python reference, the same steps storing the
+Per task, only what cannot wait is done, on the thread that ran it: two clock reads, the thread and the result's
+size (``dask.sizeof``, its function looked up once per type); the task lands in columns (index, start, end, size,
+thread, flags). A code for each task's group (a tuple key's first item, or the key itself) is found when a batch is
+taken, and the text of the rows (key, group, prefix, attrs) is put together by Arrow for a whole batch, once per
+thread and per group. The wrappers live as long as the computation (about 160 bytes a task). This path is compiled
+(``_local_tasks.c``: the two hooks are C callables and the wrapper a C type) when the package is built; ``compiled=False`` (or FLOWSCOPE_COMPILED=0) runs its pure-Python reference, the same steps storing the
 same values (tests/test_dask_local_compiled.py checks the rows are the same). Tasks out of the common case (one that
 raised, one run in a worker process, a size that is not an int) keep their objects and are written by the same
 Python code on both paths.
@@ -158,30 +165,37 @@ def _thread_state() -> _ThreadState:
 
 class MeasuredTask:
     """A task of a graph being run by a local scheduler, wrapped to be measured where it runs (see the module
-    docstring). Calls, ``repr`` and attributes are the task's own; pickled, it becomes a
-    :class:`_RemoteMeasuredTask` that measures in the worker process."""
+    docstring). Calls, ``repr``, attributes and ``__class__`` (what ``isinstance`` sees) are the task's own;
+    pickled, it becomes a :class:`_RemoteMeasuredTask` that measures in the worker process."""
 
     __slots__ = ("task", "graph", "index", "submitted", "t0", "t1", "st", "before", "after", "calls", "error",
-                 "nbytes", "worker", "seen", "slot")
+                 "nbytes", "worker", "seen", "slot", "recorded")
 
     def __init__(self, task, graph: _Graph, index: int):
         self.task, self.graph, self.index = task, graph, index
-        self.submitted = _time_ns()
+        self.submitted = 0
         self.t0 = 0
         self.error: str | None = None
+        self.nbytes = self.worker = None
+        self.recorded = False
 
     def __call__(self, values=()):
-        st = _tls.__dict__.get("st") or _thread_state()
         g = self.graph
+        if self.recorded or not g.live:  # measured once, by its first call (Dask reruns a task that raised, with
+            return self.task(values)     # rerun_exceptions_locally)
+        self.recorded = True
+        st = _tls.__dict__.get("st") or _thread_state()
         if st.gen != g.gen:  # this thread's first task of this graph: its counters before it
             st.last, st.last_ns, st.pending, st.gen = g.read(st.tid), _time_ns(), 0, g.gen
             g.threads.append(st)
             st.slot = g.threads.index(st)  # not len() before the append: another thread may append in between
         self.slot = st.slot
         st.key = self
+        result = None
         t0 = _time_ns()
         try:
-            return self.task(values)
+            result = self.task(values)
+            return result
         except BaseException as exc:
             self.error = exc.__class__.__name__
             raise
@@ -197,9 +211,22 @@ class MeasuredTask:
             else:  # level standard, a call under 1 ms: its I/O goes into the thread's next reading
                 self.before = None
                 st.pending += 1
+            nbytes = None
+            if self.error is None:  # its size as dask.sizeof gives it, here rather than in the scheduler's loop
+                try:
+                    nbytes = (_SIZEOF.get(result.__class__) or _sizeof_of(result.__class__))(result)
+                except Exception:  # noqa: BLE001 - a result Dask cannot size
+                    nbytes = None
+            g.record(self, nbytes)
 
     def __reduce__(self):  # a worker process has no end of the graph to read pending calls at: each is read
+        self.graph.shipped = True
+        self.submitted = _time_ns()
         return _RemoteMeasuredTask, (self.task, self.index, self.graph.spool, self.graph.io)
+
+    @property
+    def __class__(self):  # what isinstance() sees, as Dask's own code meets the wrapper in the graph
+        return self.task.__class__
 
     def __getattr__(self, name: str):  # key, dependencies, ...: the task's
         return getattr(self.task, name)
@@ -304,7 +331,7 @@ class _GraphBase:
         self.id = f"local-{ids.hostname()}-{os.getpid()}-{n}"
         self.caller = threading.get_ident()
         self.names = self.key_texts(dsk)           # key -> the key as text
-        self.keys = list(self.names)                # index -> key (keys pretask meets outside the graph appended)
+        self.keys = list(self.names)                # index -> key (keys start_state meets outside the graph appended)
         self.pos = dict(zip(self.keys, range(len(self.keys))))
         self.key_text = None                        # the keys' text as an Arrow array (made at the start)
         self.head_names: list[str] = []             # group code -> span name (the group's prefix)
@@ -323,6 +350,9 @@ class _GraphBase:
         self.flush_tasks, self.flush_every_ns = FLUSH_TASKS, int(FLUSH_SECONDS * 1e9)
         self.next_flush = time.monotonic_ns() + self.flush_every_ns
         self.pending = 0
+        self.lost = 0        # tasks whose record failed (out of memory)
+        self.shipped = False  # a task was pickled: the graph runs in worker processes
+        self.live = True      # its tasks record themselves (until finish)
 
     @property
     def spool(self) -> str:
@@ -368,19 +398,21 @@ class _GraphBase:
 class _Graph(_GraphBase):
     """A graph measured by the pure-Python reference path (``compiled=False``)."""
 
-    __slots__ = ("_cols", "_other_heads", "_tuple_heads", "caller", "capture", "flush", "flush_every_ns", "flush_tasks",
-                 "gen", "head_groups", "head_names", "heads", "id", "io", "key_text", "keys", "marks", "measured",
-                 "min_ns", "names", "next_flush", "pending", "pos", "read", "remote", "sizer_of", "sizers", "slow",
-                 "spool_offsets", "tasks", "threads")
+    __slots__ = ("_done", "_other_heads", "_tuple_heads", "caller", "capture", "flush", "flush_every_ns", "flush_tasks",
+                 "gen", "head_groups", "head_names", "heads", "id", "io", "key_text", "keys", "live", "lost", "marks",
+                 "measured", "min_ns", "names", "next_flush", "pending", "pos", "read", "remote", "shipped", "sizer_of",
+                 "sizers", "slow", "spool_offsets", "tasks", "threads")
 
     def __init__(self) -> None:
         self.flush = None
-        self.measured: list = []   # measured tasks reported done since take(): their I/O rows
-        self.slow: list = []       # tasks out of the common case (raised, ran elsewhere, an odd size)
+        # appended to by pool threads, emptied by take() on the scheduler's: deques, whose append and popleft are
+        # each atomic
+        self._done: collections.deque = collections.deque()  # columns of tasks that ran here and returned
+        self.measured: collections.deque = collections.deque()  # ... those whose counters were read: I/O rows
+        self.slow: collections.deque = collections.deque()  # tasks out of the common case (raised, ran elsewhere)
         self.heads: list = []      # group code -> the key that introduced it
         self._tuple_heads: dict = {}
         self._other_heads: dict = {}
-        self._cols = ([], [], [], [], [], [], bytearray())
 
     def head_code(self, key) -> int:
         """The code of ``key``'s group: a tuple key's first item, or the key itself."""
@@ -394,33 +426,36 @@ class _Graph(_GraphBase):
             self.heads.append(key)
         return code
 
-    def done(self, m: MeasuredTask, key, nbytes: int, sized: bool) -> None:
-        """A task that ran in this process and returned, into the columns."""
-        code = self.head_code(key)
+    def record(self, m: MeasuredTask, nbytes) -> None:
+        """A task that ran in this process (``nbytes``: its result's size, None if it raised or Dask cannot size
+        it): into the columns, or with the tasks out of the common case."""
+        sized = nbytes.__class__ is int and -(1 << 63) <= nbytes < (1 << 63)
+        if not self.live:
+            return  # the graph ended (finish) while the task ran
+        if m.error is not None or not (sized or nbytes is None):
+            m.nbytes = nbytes
+            self.slow.append(m)
+            return
         measured = m.before is not None and m.after is not None
         if measured:
             self.measured.append(m)
-        index, t0, t1, nb, slot, head, flags = self._cols
-        index.append(m.index)
-        t0.append(m.t0)
-        t1.append(m.t1)
-        nb.append(nbytes)
-        slot.append(m.slot)
-        head.append(code)
-        flags.append((_F_NBYTES if sized else 0) | (_F_MEASURED if measured else 0))
+        self._done.append((m.index, m.t0, m.t1, nbytes if sized else 0, m.slot,
+                           (_F_NBYTES if sized else 0) | (_F_MEASURED if measured else 0)))
 
     def take(self) -> tuple:
         """What ``_local_tasks.Core.take`` returns: (n, index, start, end, nbytes, slot, head, flags, measured,
         slow), columns as bytes."""
-        index, t0, t1, nb, slot, head, flags = self._cols
-        out = (len(index), array("q", index).tobytes(), array("q", t0).tobytes(), array("q", t1).tobytes(),
-               array("q", nb).tobytes(), array("i", slot).tobytes(), array("i", head).tobytes(), bytes(flags),
-               self.measured, self.slow)
-        self._cols = ([], [], [], [], [], [], bytearray())
-        self.measured, self.slow = [], []
+        done, measured, slow = self._done, self.measured, self.slow
+        rows = [done.popleft() for _ in range(len(done))]
+        measured = [measured.popleft() for _ in range(len(measured))]
+        slow = [slow.popleft() for _ in range(len(slow))]
         self.pending = 0
         self.next_flush = time.monotonic_ns() + self.flush_every_ns
-        return out
+        index, t0, t1, nb, slot, flags = zip(*rows) if rows else ((),) * 6
+        head = [self.head_code(self.keys[i]) for i in index]
+        return (len(rows), array("q", index).tobytes(), array("q", t0).tobytes(), array("q", t1).tobytes(),
+                array("q", nb).tobytes(), array("i", slot).tobytes(), array("i", head).tobytes(), bytes(flags),
+                measured, slow)
 
 
 _F_NBYTES, _F_MEASURED = 1, 2  # flags of a task in the columns: its size is known; its counters were read
@@ -489,8 +524,8 @@ class LocalSchedulerCapture(Callback):
         self._rids: dict[_ThreadState, str] = {}  # threads declared in this capture's run
         self._audit: OpenAudit | None = None
         self._pid = os.getpid()
-        if self.compiled:  # Dask calls these per task: C callables (Callback._callback reads the instance's)
-            self._pretask = _local_tasks.Hook(self._graphs, self._failed, False)
+        if self.compiled:  # C callables (Callback._callback reads the instance's)
+            self._start_state = _local_tasks.Hook(self._graphs, self._failed, False)
             self._posttask = _local_tasks.Hook(self._graphs, self._failed, True)
         self._graph_class = _CompiledGraph if self.compiled else _Graph
 
@@ -575,40 +610,46 @@ class LocalSchedulerCapture(Callback):
         except Exception:
             self._failed()
 
-    # the pure-Python reference of the per-task hooks (compiled: ``_local_tasks.Hook``, the same steps)
-    def _pretask(self, key, dsk, state) -> None:
+    # the pure-Python reference of the hooks below (compiled: ``_local_tasks.Hook``, the same steps); there is no
+    # pretask: Dask hands a task to its pool without calling the capture
+    def _start_state(self, dsk, state) -> None:
+        """Every task of the graph (a key not in ``state["cache"]``) replaced in the scheduler's graph by a
+        :class:`MeasuredTask`, once, before the scheduler's loop hands any to the pool."""
         g = self._graphs.get(id(dsk))
         if g is None:
             return
         try:
-            index = g.pos.get(key)
-            if index is None:  # a key outside the graph start saw
-                index = g.pos[key] = len(g.keys)
-                g.keys.append(key)
-            dsk[key] = MeasuredTask(dsk[key], g, index)
+            cache = state.get("cache") if isinstance(state, dict) else None
+            keys, pos = g.keys, g.pos
+            for i, (key, task) in enumerate(list(dsk.items())):
+                index = i if i < len(keys) and keys[i] is key else pos.get(key)
+                if index is None:  # a key outside the graph start saw
+                    index = pos[key] = len(keys)
+                    keys.append(key)
+                if (cache is not None and key in cache) or type(task) is MeasuredTask:
+                    continue  # data, never run
+                dsk[key] = MeasuredTask(task, g, index)
         except Exception:
             self._failed()
 
     def _posttask(self, key, result, dsk, state, worker_id) -> None:
-        m = dsk.get(key)
-        if m.__class__ is not MeasuredTask:
+        """A task's result reached the scheduler's loop. A task run in this process has recorded itself; one run in
+        a worker process (the graph was shipped) is noted here: its size, its worker, and when the loop saw it, in
+        case no measurement comes from its worker. Then a batch of rows is written if one is due."""
+        g = self._graphs.get(id(dsk))
+        if g is None:
             return
         try:
-            dsk[key] = m.task
-            g = m.graph
-            try:
-                nbytes = (_SIZEOF.get(result.__class__) or _sizeof_of(result.__class__))(result)
-            except Exception:  # noqa: BLE001 - a result Dask cannot size
-                nbytes = None
-            m.nbytes = nbytes
-            m.worker = worker_id
-            if not m.t0:  # not run in this process: when the scheduler saw it done, in case no measurement comes
-                m.seen = _time_ns()
-            sized = nbytes.__class__ is int and -(1 << 63) <= nbytes < (1 << 63)
-            if not m.t0 or m.error is not None or not (sized or nbytes is None):
-                g.slow.append(m)
-            else:
-                g.done(m, key, nbytes if sized else 0, sized)
+            if g.shipped:
+                m = dsk.get(key)
+                if type(m) is MeasuredTask and m.graph is g and not m.recorded:
+                    m.recorded = True
+                    try:
+                        nbytes = (_SIZEOF.get(result.__class__) or _sizeof_of(result.__class__))(result)
+                    except Exception:  # noqa: BLE001 - a result Dask cannot size
+                        nbytes = None
+                    m.nbytes, m.worker, m.seen = nbytes, worker_id, _time_ns()
+                    g.slow.append(m)
             g.pending += 1
             if g.pending >= g.flush_tasks or time.monotonic_ns() >= g.next_flush:
                 self._flush(g)  # so that a live run (flowscope run's progress line) trails by a second at most
@@ -620,17 +661,15 @@ class LocalSchedulerCapture(Callback):
         if g is None:
             return
         try:
-            if failed:  # tasks still wrapped: running, or the one that raised
-                for key in list(state.get("running", ())) if state else []:
-                    m = dsk.get(key)
-                    if isinstance(m, _MEASURED):
-                        dsk[key] = m.task
-                        m.nbytes = m.worker = None  # not reported done
-                        m.seen = _time_ns()
-                        g.slow.append(m)
+            # a task still running records nothing now; one that ran in a worker process and was never reported
+            # done (the graph failed) is in its worker's spool, read by the final flush
+            g.live = False
+            if self.compiled:
+                self._posttask.forget()
             self._flush(g, final=True)
             if g.marks:
                 self._pending_io(g)
+            self.errors += g.lost
         except Exception:
             self._failed()
         finally:
@@ -707,7 +746,7 @@ class LocalSchedulerCapture(Callback):
             g.head_groups.append(grp)
         heads = av.int32s(head)
         if g.key_text is None or len(g.key_text) != len(g.keys):
-            names = g.names  # in the order of g.keys, which holds more only for keys pretask met outside the graph
+            names = g.names  # in the order of g.keys, which holds more only for keys start_state met outside the graph
             text = list(names.values()) + [names.get(k) or str(k) for k in g.keys[len(names):]]
             g.key_text = av.texts(text)
         flag = np.frombuffer(flags, np.uint8)
