@@ -256,3 +256,26 @@ def test_a_task_dask_reruns_locally_after_it_raised_is_one_span(tmp_path, monkey
     assert list(spans["task_key"]) == ["abs", "boom"]
     assert [json.loads(a)["state"] for a in spans["attrs"]] == ["memory", "erred"]
     assert obs.hook_errors == {"local": 0}
+
+
+@pytest.mark.parametrize("compiled", ["1", "0"])
+def test_a_profiler_beside_flowscope_keeps_tasks_not_the_capture_tables(tmp_path, monkeypatch, compiled):
+    """dask.diagnostics.Profiler keeps each task it saw in the graph: flowscope's wrapper, once the graph is
+    wrapped. After the computation the wrapper still reads as the task, and its graph lets go of the tables only
+    its rows needed (the keys, their positions and texts), which would otherwise live as long as the Profiler."""
+    import dask
+    from dask import delayed
+    from dask.diagnostics import Profiler
+
+    monkeypatch.setenv("FLOWSCOPE_COMPILED", compiled)
+    parts = [delayed(abs)(-i, dask_key_name=f"abs-{i}") for i in range(50)]
+    with flowscope.observe(store=tmp_path / "store", hardware_period=0), Profiler() as prof:
+        assert dask.compute(*parts, scheduler="threads") == tuple(range(50))
+    assert len(prof.results) == 50
+    for r in prof.results:
+        assert repr(r.task) == f"<Task {r.key!r} abs({-int(r.key.split('-')[1])})>"
+        assert r.task.key == r.key
+        graph = getattr(r.task, "graph", None)
+        if graph is not None:  # flowscope's wrapper, not the task: its graph has ended
+            assert graph.live in (False, 0)
+            assert (len(graph.keys), len(graph.pos), len(graph.names), graph.key_text) == (0, 0, 0, None)

@@ -569,8 +569,8 @@ class LocalSchedulerCapture(Callback):
         thread (a thread that runs tasks never records through the client itself)."""
         st = _running_state()
         task = st.key if st is not None else None
-        if task is None or not isinstance(task, _MEASURED):
-            return  # not inside a task of an observed graph
+        if task is None or not isinstance(task, _MEASURED) or not task.graph.live:
+            return  # not inside a task of an observed graph (or its graph ended while it ran)
         key = task.graph.keys[task.index]
         row["task_key"] = key if key.__class__ is str else str(key)
         self._opens.append((row, st))
@@ -674,6 +674,9 @@ class LocalSchedulerCapture(Callback):
             self._failed()
         finally:
             g.flush = None
+            # wrappers outlive the computation where something keeps them (dask.diagnostics.Profiler keeps each task
+            # it saw): let go of what only the graph's rows needed
+            g.keys, g.pos, g.names, g.key_text = [], {}, {}, None
             spool = g.spool_made
             if spool is not None and os.path.isdir(spool):
                 shutil.rmtree(spool, ignore_errors=True)
