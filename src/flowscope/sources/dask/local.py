@@ -44,10 +44,11 @@ size (``dask.sizeof``, its function looked up once per type); the task lands in 
 thread, flags). A code for each task's group (a tuple key's first item, or the key itself) is found when a batch is
 taken, and the text of the rows (key, group, prefix, attrs) is put together by Arrow for a whole batch, once per
 thread and per group. The wrappers live as long as the computation (about 160 bytes a task). This path is compiled
-(``_local_tasks.c``: the two hooks are C callables and the wrapper a C type) when the package is built; ``compiled=False`` (or FLOWSCOPE_COMPILED=0) runs its pure-Python reference, the same steps storing the
-same values (tests/test_dask_local_compiled.py checks the rows are the same). Tasks out of the common case (one that
-raised, one run in a worker process, a size that is not an int) keep their objects and are written by the same
-Python code on both paths.
+(``_local_tasks.c``: the two hooks are C callables and the wrapper a C type) when the package is built;
+``compiled=False`` (or FLOWSCOPE_COMPILED=0) runs its pure-Python reference, the same steps storing the same values
+(tests/test_dask_local_compiled.py checks the rows are the same). Tasks out of the common case (one that raised, one
+run in a worker process, a size that is not an int) keep their objects and are written by the same Python code on
+both paths.
 
 Records: every task is a ``task`` span named by its prefix, on the thread that ran it (resources thread ->
 process -> host; a worker process nests in the scheduler's process), attrs ``nbytes``, ``group``,
@@ -217,7 +218,10 @@ class MeasuredTask:
                     nbytes = (_SIZEOF.get(result.__class__) or _sizeof_of(result.__class__))(result)
                 except Exception:  # noqa: BLE001 - a result Dask cannot size
                     nbytes = None
-            g.record(self, nbytes)
+            try:
+                g.record(self, nbytes)
+            except Exception:  # noqa: BLE001 - the task's result matters more than its record
+                g.lost += 1
 
     def __reduce__(self):  # a worker process has no end of the graph to read pending calls at: each is read
         self.graph.shipped = True
