@@ -82,9 +82,10 @@ class CollectorProcess:
                 raise RuntimeError(f"the collector process failed to start: "
                                    f"{self.proc.stderr.read().decode(errors='replace').strip()[-500:]}")
             if given_up():
+                used = self._cpu_seconds()  # (before it is stopped: a process that is gone has used none)
                 self.stop()
-                raise TimeoutError(f"the collector process did not start (it used {self._cpu_seconds():.0f} s of "
-                                   f"CPU time, {timeout:.0f} s allowed, or {wall_timeout:.0f} s passed)")
+                raise TimeoutError(f"the collector process did not start (it used {used:.1f} s of CPU time, "
+                                   f"{timeout:g} s allowed, or {wall_timeout:g} s passed)")
             time.sleep(0.02)
         self.address = addr_file.read_text().split()[0]
         while not _answers(self.address):  # the address is written just before the server accepts connections
