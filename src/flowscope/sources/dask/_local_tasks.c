@@ -645,8 +645,6 @@ typedef struct {
     PyObject *graphs;  /* id(dsk) -> Core */
     PyObject *failed;  /* failed(exc): a hook call failed (the computation goes on) */
     int post;
-    PyObject *last_dsk;  /* the graph posttask last met (compared by address only) and its Core: a live Core */
-    Core *last;          /* was made for a graph then running, which is still the one at that address */
 } Hook;
 
 static PyObject *hook_failed(Hook *self) {
@@ -667,8 +665,6 @@ static PyObject *hook_failed(Hook *self) {
 
 /* The Core of graph dsk (borrowed), NULL when it has none (an error set if the lookup failed). */
 static Core *graph_of(Hook *self, PyObject *dsk) {
-    if (dsk == self->last_dsk && self->last != NULL && self->last->live)
-        return self->last;
     PyObject *id = PyLong_FromVoidPtr(dsk);
     if (id == NULL)
         return NULL;
@@ -676,9 +672,6 @@ static Core *graph_of(Hook *self, PyObject *dsk) {
     Py_DECREF(id);
     if (g == NULL || !PyObject_TypeCheck(g, &CoreType))
         return NULL;
-    Py_INCREF(g);
-    Py_XSETREF(self->last, (Core *)g);
-    self->last_dsk = dsk;
     return (Core *)g;
 }
 
@@ -891,15 +884,12 @@ static PyObject *Hook_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 static int Hook_traverse(Hook *self, visitproc visit, void *arg) {
     Py_VISIT(self->graphs);
     Py_VISIT(self->failed);
-    Py_VISIT(self->last);
     return 0;
 }
 
 static int Hook_clear(Hook *self) {
     Py_CLEAR(self->graphs);
     Py_CLEAR(self->failed);
-    Py_CLEAR(self->last);
-    self->last_dsk = NULL;
     return 0;
 }
 
@@ -908,17 +898,6 @@ static void Hook_dealloc(Hook *self) {
     Hook_clear(self);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
-
-static PyObject *Hook_forget(Hook *self, PyObject *Py_UNUSED(ignored)) {
-    Py_CLEAR(self->last);
-    self->last_dsk = NULL;
-    Py_RETURN_NONE;
-}
-
-static PyMethodDef Hook_methods[] = {
-    {"forget", (PyCFunction)Hook_forget, METH_NOARGS, "Let go of the graph it last met (the graph ended)."},
-    {NULL}
-};
 
 static PyTypeObject HookType = {
     PyVarObject_HEAD_INIT(NULL, 0)
@@ -931,7 +910,6 @@ static PyTypeObject HookType = {
     .tp_doc = "Hook(graphs, failed, post): Dask's start_state (post=False) or posttask (post=True) callback.",
     .tp_traverse = (traverseproc)Hook_traverse,
     .tp_clear = (inquiry)Hook_clear,
-    .tp_methods = Hook_methods,
     .tp_new = Hook_new,
 };
 

@@ -668,8 +668,6 @@ class LocalSchedulerCapture(Callback):
             # a task still running records nothing now; one that ran in a worker process and was never reported
             # done (the graph failed) is in its worker's spool, read by the final flush
             g.live = False
-            if self.compiled:
-                self._posttask.forget()
             self._flush(g, final=True)
             if g.marks:
                 self._pending_io(g)
