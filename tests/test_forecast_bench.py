@@ -18,7 +18,7 @@ from flowscope.analysis.forecast.bench import bench_run
 from flowscope.analysis.forecast.model import CorpusEntry, WindowModel, build_model, fit_surface, load_model
 from flowscope.analysis.forecast.predict import choose_window
 from flowscope.analysis.forecast.signal import run_signal
-from flowscope.analysis.forecast.windows import candidate_windows, critical_d, hit_rates, ks_hits
+from flowscope.analysis.forecast.windows import candidate_windows, critical_d, hit_rates, ks_hits, value_codes
 from flowscope.importers import import_paths
 from flowscope.store.run import open_run
 
@@ -61,6 +61,25 @@ def test_vectorised_ks_equals_scipy_beyond_its_exact_range():
     want_hits, want_stat = _scipy_pairs(counts, 12_000)
     assert hits.tolist() == want_hits and want_hits.count(False) >= 1
     np.testing.assert_allclose(stat, want_stat, atol=1e-12)
+
+
+@pytest.mark.parametrize("make", [
+    lambda rng: rng.integers(0, 200, 50_000),                       # a core count: small non-negative ints
+    lambda rng: rng.integers(-5, 6, 1_000),                         # negative values
+    lambda rng: rng.integers(0, 2**62, 3_000),                      # a range far wider than the sample count
+    lambda rng: np.array([7, 7, 7]),                                # one value
+    lambda rng: np.array([], np.int64),                             # no sample
+    lambda rng: rng.integers(0, 9, (40, 25)),                       # not flat
+    lambda rng: rng.integers(0, 3, 500).astype(np.uint8),           # another integer type
+    lambda rng: rng.random(800).round(1),                           # not integers
+    lambda rng: np.array([2**63 - 1, -2**63, 0, 5], np.int64),      # the int64 extremes
+])
+def test_value_codes_are_the_ranks_of_the_values_among_the_distinct_ones(make):
+    counts = make(np.random.default_rng(11))
+    codes, n_values = value_codes(counts)
+    values, inverse = np.unique(counts, return_inverse=True)
+    assert n_values == len(values) and codes.dtype == np.int64
+    assert codes.tolist() == inverse.ravel().tolist()
 
 
 def test_critical_d_is_the_first_rejected_statistic():

@@ -152,7 +152,18 @@ def scipy_critical_d(w: int, alpha: float = ALPHA, guess: int | None = None) -> 
 def value_codes(counts: np.ndarray) -> tuple[np.ndarray, int]:
     """(code of each sample: the rank of its value among the signal's distinct values, number of distinct
     values)."""
-    values, codes = np.unique(np.asarray(counts), return_inverse=True)
+    a = np.asarray(counts).ravel()
+    if a.size and a.dtype.kind in "iu":
+        lo, hi = int(a.min()), int(a.max())
+        span = hi - lo + 1
+        # a signal's values are counts of resources: few, close together. Counting them is linear where sorting
+        # 10^6 samples took 0.13 s a signal (three signals a report)
+        if span <= max(1 << 16, 4 * a.size):
+            shifted = (a - a.dtype.type(lo)).astype(np.intp)
+            present = np.bincount(shifted, minlength=span) > 0
+            rank = np.cumsum(present, dtype=np.int64) - 1
+            return rank[shifted], int(np.count_nonzero(present))
+    values, codes = np.unique(a, return_inverse=True)
     return codes.astype(np.int64).ravel(), len(values)
 
 
