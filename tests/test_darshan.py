@@ -342,12 +342,21 @@ def test_logs_of_one_folder_keep_their_own_ranks_and_records(one_run, shared_dat
     assert not metrics.duplicated(["resource_id", "name"]).any()  # no two records of two logs share a row key
     io = run.table("io")
     ranks = resources[resources["kind"] == "rank"]
-    seen_prefixes = set()
+    prefixes = [f.meta["log_resource"] for f in res.files]
+    assert len(set(prefixes)) == len(prefixes)
+    # the rows of each log: those whose resource id starts with its resource's id and ":" (matched once per distinct
+    # id, not per row and log: the metrics of ~50 logs are 10^5 rows)
+    owners = {}
+    for rid in set(metrics["resource_id"]) | set(io["resource_id"].dropna()):
+        mine = [p for p in prefixes if rid.startswith(p + ":")]
+        assert len(mine) <= 1, (rid, mine)
+        owners[rid] = mine[0] if mine else None
+    metrics_of = dict(tuple(metrics.groupby(metrics["resource_id"].map(owners), sort=False)))
+    dxt = io[io["source"] == "darshan-dxt"]
+    io_of = dict(tuple(dxt.groupby(dxt["resource_id"].map(owners), sort=False)))
     for f in res.files:
         log = Path(f.path)
         prefix = f.meta["log_resource"]
-        assert prefix not in seen_prefixes
-        seen_prefixes.add(prefix)
         rep = darshan.DarshanReport(str(log), read_all=True)
         # every rank of the log is its own resource, under the log
         mine = ranks[ranks["parent_id"] == prefix]
@@ -357,8 +366,8 @@ def test_logs_of_one_folder_keep_their_own_ranks_and_records(one_run, shared_dat
         want = sorted((f"{prefix}:rank:{r}" if r >= 0 else f"{prefix}:shared", f"{c}:{names[i]}", v)
                       for r, i, c, v in _reference_counters(log))
         # Lustre layouts are no per-file counter DataFrame; PyDarshan 3.5 lists BG/Q but gives no BG/Q record
-        got = metrics[metrics["resource_id"].str.startswith(prefix + ":")
-                      & ~metrics["name"].str.startswith(("darshan.LUSTRE.", "darshan.BG/Q."))]
+        got = metrics_of.get(prefix, metrics.iloc[:0])
+        got = got[~got["name"].str.startswith(("darshan.LUSTRE.", "darshan.BG/Q."))]
         got = sorted(zip(got["resource_id"], got["name"], got["value"]))
         assert len(got) == len(want), log
         for (gr, gn, gv), (wr, wn, wv) in zip(got, want):
@@ -371,7 +380,7 @@ def test_logs_of_one_folder_keep_their_own_ranks_and_records(one_run, shared_dat
                 if n:
                     key = (mod, f"{prefix}:rank:{rec['rank']}", f"{rec['id']:#x}")
                     want_dxt[key] = want_dxt.get(key, 0) + n
-        mine_io = io[io["resource_id"].str.startswith(prefix + ":") & (io["source"] == "darshan-dxt")]
+        mine_io = io_of.get(prefix, dxt.iloc[:0])
         got_dxt = {}
         for rid, a in zip(mine_io["resource_id"], mine_io["attrs"]):
             a = json.loads(a)
