@@ -251,7 +251,9 @@ else:  # under flowscope run: the capture is flowscope's, loaded at start; it wr
     assert get(dsk, "total") == sum(range(1, 301))
     assert get(dsk, "total") == sum(range(1, 301))
     run_dir = None
-print(json.dumps({"before": before, "after": "pandas" in sys.modules, "run_dir": run_dir}))
+print(json.dumps({"before": before, "after": "pandas" in sys.modules, "run_dir": run_dir,
+                  "unused": [m for m in ("pyarrow.parquet", "flowscope.client.redis_transport", "redis")
+                             if m in sys.modules]}))
 """
 
 
@@ -259,8 +261,9 @@ print(json.dumps({"before": before, "after": "pandas" in sys.modules, "run_dir":
 def test_an_observed_process_that_never_imported_pandas_does_not_import_it(tmp_path, how):
     """pyarrow imports pandas (0.24 s, ~29,000 objects the garbage collector then walks at every full collection)
     the first time it converts Python objects or a numpy array; the capture builds its batches without that, so
-    a user's process that did not load pandas does not get it from being observed. The rows are all there (under
-    flowscope run the last ones are written at the script's exit)."""
+    a user's process that did not load pandas does not get it from being observed. Nor does it get what only other
+    paths use: Parquet (the collector, another process, writes the segments) and the Redis transport (no Redis
+    address given). The rows are all there (under flowscope run the last ones are written at the script's exit)."""
     store = tmp_path / "store"
     script = tmp_path / "no_pandas.py"
     script.write_text(_NO_PANDAS_SCRIPT)
@@ -272,6 +275,7 @@ def test_an_observed_process_that_never_imported_pandas_does_not_import_it(tmp_p
     assert out.returncode == 0, out.stderr
     got = json.loads([line for line in out.stdout.splitlines() if line.startswith("{")][-1])
     assert got["before"] is False and got["after"] is False
+    assert got["unused"] == []
     run = flowscope.open_run(got["run_dir"] or next(p for p in store.iterdir() if p.is_dir()))
     spans = run.sql("SELECT task_key, attrs FROM spans WHERE kind = 'task'")
     assert len(spans) == 2 * 301 and spans["task_key"].value_counts().max() == 2

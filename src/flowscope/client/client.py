@@ -33,7 +33,6 @@ import pyarrow as pa
 from flowscope.client import span_recorder
 from flowscope.client.packer import Packer, recorder
 from flowscope.client.spool import Spool, default_spool_dir, replay
-from flowscope.client.redis_transport import RedisTransport
 from flowscope.client.transport import (
     TOKEN_ENV,
     Busy,
@@ -155,6 +154,9 @@ class Client:
                 self._auth_token = token
             self.address = self._embedded.address
         elif address.startswith(REDIS_SCHEMES):  # through a Redis stream to the collectors consuming it
+            # imported here: a process that sends over HTTP or to an embedded collector does not hold its module
+            from flowscope.client.redis_transport import RedisTransport
+
             self.address = RedisTransport(address).address
             self._new_transport = lambda: RedisTransport(self.address)
         else:
@@ -164,6 +166,8 @@ class Client:
         if self.address == EMBEDDED:
             self._probe = None
         elif self.address.startswith(REDIS_SCHEMES):
+            from flowscope.client.redis_transport import RedisTransport
+
             self._probe = RedisTransport(self.address, timeout=2.0)
         else:
             self._probe = HttpTransport(self.address, timeout=2.0, token=self._auth_token or "")

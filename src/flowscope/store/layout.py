@@ -21,7 +21,6 @@ from pathlib import Path
 
 import orjson
 import pyarrow as pa
-import pyarrow.parquet as pq
 
 from flowscope.model.schemas import dictionary_columns
 from flowscope.store.writers import WriterId
@@ -106,6 +105,8 @@ def write_segment(run_dir: Path, table: str, segment_id: str, data: pa.Table, *,
         return False
     final.parent.mkdir(parents=True, exist_ok=True)
     tmp = temp_path(final)
+    import pyarrow.parquet as pq  # here: a producer imports this module for its spool, and writes no Parquet
+
     pq.write_table(data, tmp, compression=compression, use_dictionary=dictionary_columns(data.schema),
                    write_statistics=True)
     if fsync:
