@@ -73,6 +73,8 @@ def test_vectorised_ks_equals_scipy_beyond_its_exact_range():
     lambda rng: rng.integers(0, 3, 500).astype(np.uint8),           # another integer type
     lambda rng: rng.random(800).round(1),                           # not integers
     lambda rng: np.array([2**63 - 1, -2**63, 0, 5], np.int64),      # the int64 extremes
+    lambda rng: np.array([127, -128, 0, 127], np.int8),             # a difference wider than the type
+    lambda rng: np.array([2**64 - 1, 2**64 - 3, 2**64 - 1], np.uint64),  # beyond int64, close together
 ])
 def test_value_codes_are_the_ranks_of_the_values_among_the_distinct_ones(make):
     counts = make(np.random.default_rng(11))

@@ -159,7 +159,12 @@ def value_codes(counts: np.ndarray) -> tuple[np.ndarray, int]:
         # a signal's values are counts of resources: few, close together. Counting them is linear where sorting
         # 10^6 samples took 0.13 s a signal (three signals a report)
         if span <= max(1 << 16, 4 * a.size):
-            shifted = (a - a.dtype.type(lo)).astype(np.intp)
+            # the offsets from the smallest value fit in int64 (span is small), the type's own arithmetic may not
+            if a.dtype == np.uint64:
+                shifted = a - np.uint64(lo)
+            else:
+                shifted = (a if a.dtype == np.int64 else a.astype(np.int64)) - lo
+            shifted = shifted.astype(np.intp, copy=False)
             present = np.bincount(shifted, minlength=span) > 0
             rank = np.cumsum(present, dtype=np.int64) - 1
             return rank[shifted], int(np.count_nonzero(present))
