@@ -101,6 +101,15 @@ def drop_cache(path: Path) -> None:
 
 # ---- counters ---------------------------------------------------------------------------------------
 
+def _tgid(tid: int) -> int | None:
+    """The process thread ``tid`` belongs to, None when there is no such thread now."""
+    try:
+        with open(f"/proc/{tid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("Tgid:"))
+    except (OSError, StopIteration):
+        return None
+
+
 def test_read_and_snapshot_the_threads_of_this_process():
     me = threading.get_native_id()
     io = read_thread_io(me)
@@ -110,7 +119,10 @@ def test_read_and_snapshot_the_threads_of_this_process():
     snap = snapshot_threads()
     assert me in snap and os.getpid() in snap  # the main thread's tid is the pid
     assert {t.native_id for t in threading.enumerate()} <= set(snap)
-    assert set(os.listdir("/proc/self/task")) >= {str(t) for t in snap}
+    # every tid read is a thread of this process: still one of its tasks, or one that has ended since (the worker
+    # process running this test has other threads, which may end between the snapshot and this check)
+    ended = {t for t in snap if str(t) not in os.listdir("/proc/self/task")}
+    assert all(_tgid(t) in (None, os.getpid()) for t in ended), {t: _tgid(t) for t in ended}
     assert set(snapshot_threads([me, 2**31 - 7])) == {me}
 
 
