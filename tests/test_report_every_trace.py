@@ -481,7 +481,6 @@ def report_problems(run, got: dict[str, dict]) -> list[str]:
     return problems
 
 
-
 def family(rel: str) -> str:
     """The folder a trace came from, its tool and suite: ``chrome/catapult``, ``paje/pajeng``, ``wfinstances``..."""
     parts = rel.split("/")
@@ -516,7 +515,6 @@ def test_the_report_draws_each_section_the_trace_has_data_for(shared_data, runs,
         problems += [f"{rel}: {p}" for p in report_problems(run, pages(rel))]
     assert shapes, f"no trace in {fam}"
     assert not problems, "\n".join(problems)
-
 
 
 @pytest.mark.parametrize("rel", VALID)
@@ -595,21 +593,22 @@ def _union_ns(start: np.ndarray, end: np.ndarray) -> int:
     return total + ((cur_e - cur_s) if cur_e is not None else 0)
 
 
-def _within_some(start: np.ndarray, end: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per interval [a, b]: whether some interval [start, end] holds it whole (start <= a and end >= b); by the
-    largest end among the intervals starting at or before a (the intervals of a DXT log number 10^5)."""
+def _latest_end_starting_by(start: np.ndarray, end: np.ndarray, x: np.ndarray, side: str) -> np.ndarray:
+    """Per point of ``x``: the largest end among the intervals [start, end] starting at or before it (``side``
+    "right") or before it ("left"), int64's least where none does (a DXT log's operations number 10^5)."""
     order = np.argsort(start, kind="stable")
-    first_ends = np.maximum.accumulate(end[order]) if len(order) else end
-    i = np.searchsorted(start[order], a, side="right") - 1
-    return (i >= 0) & (first_ends[np.maximum(i, 0)] >= b) if len(order) else np.zeros(len(a), bool)
+    ends = np.concatenate([[np.iinfo(np.int64).min], np.maximum.accumulate(end[order].astype(np.int64))])
+    return ends[np.searchsorted(start[order], x, side=side)]
+
+
+def _within_some(start: np.ndarray, end: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Per interval [a, b]: whether some interval [start, end] holds it whole (start <= a and end >= b)."""
+    return _latest_end_starting_by(start, end, a, "right") >= b
 
 
 def _overlaps_some(start: np.ndarray, end: np.ndarray, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Per interval [a, b]: whether some interval overlaps it (start < b and end > a)."""
-    order = np.argsort(start, kind="stable")
-    first_ends = np.maximum.accumulate(end[order]) if len(order) else end
-    i = np.searchsorted(start[order], b, side="left") - 1
-    return (i >= 0) & (first_ends[np.maximum(i, 0)] > a) if len(order) else np.zeros(len(a), bool)
+    return _latest_end_starting_by(start, end, b, "left") > a
 
 
 @pytest.mark.parametrize("rel", DARSHAN)
