@@ -141,3 +141,37 @@ def test_flowscope_client_costs_no_pandas_import():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def _loaded_libraries(pid: int) -> set[str]:
+    """The shared objects mapped into process ``pid`` (its imported extension modules among them)."""
+    with open(f"/proc/{pid}/maps") as f:
+        return {line.split()[-1] for line in f if line.rstrip().endswith(".so") or ".so." in line}
+
+
+def test_a_collector_serves_and_ingests_without_the_analyses_imports(collector):
+    """A collector process (`flowscope serve`, started by every observe() and `flowscope run`) imports what it
+    serves and stores, not the analyses behind the dashboard's pages: pandas (the analyses' frames) is not in it
+    after a run was opened, sent a batch and closed, until a page asks for a view. Checked on the real process, by
+    the extension modules mapped into it."""
+    import flowscope
+
+    with flowscope.Client(collector.address, name="imports") as fs:
+        fs.span("one", start_ns=1, end_ns=2)
+    libraries = _loaded_libraries(collector.pid)
+    assert any("pyarrow" in lib for lib in libraries)  # it did store the batch: Arrow is in it
+    assert not [lib for lib in libraries if "/pandas/" in lib]
+
+
+def test_the_commands_parser_imports_no_analysis():
+    """`flowscope COMMAND --help` (and every command's start, the collector's included) builds the parser of every
+    command; that costs neither pandas nor the analyses' modules."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nfrom flowscope.cli.main import build_parser\nbuild_parser()\n"
+            "print(sorted(m for m in sys.modules if m == 'pandas' or m.startswith(('flowscope.analysis', "
+            "'flowscope.report'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

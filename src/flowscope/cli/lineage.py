@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
-import pandas as pd
 from rich.markup import escape
 
 from flowscope.cli.output import (
@@ -15,6 +15,9 @@ from flowscope.cli.output import (
     print_table,
 )
 from flowscope.cli.semantics import add_semantics_option, open_for
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,6 +37,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _rows(df: pd.DataFrame, cols: list[str], t0: int | None) -> list[list]:
+    import pandas as pd  # here: every command builds this module's parser, few show a lineage
+
     out = []
     for row in df[cols].astype(object).itertuples(index=False):
         vals = []

@@ -80,13 +80,14 @@ def add_forecast_model(p: argparse.ArgumentParser) -> None:
 def use_forecast_models(args: argparse.Namespace) -> None:
     """Check the models ``--forecast-model`` names (ValueError naming a file that is not one) and hand them to the
     forecast route, and to any collector this process starts, through $FLOWSCOPE_FORECAST_MODEL."""
+    if not args.forecast_model:
+        return  # the forecast's modules (pandas) wait for the first forecast a page asks for
     from pathlib import Path
 
     from flowscope.analysis.forecast.model import MODELS_ENV, load_models
 
-    if args.forecast_model:
-        load_models(args.forecast_model)
-        os.environ[MODELS_ENV] = os.pathsep.join(str(Path(f).resolve()) for f in args.forecast_model)
+    load_models(args.forecast_model)
+    os.environ[MODELS_ENV] = os.pathsep.join(str(Path(f).resolve()) for f in args.forecast_model)
 
 
 def _access(args: argparse.Namespace) -> tuple[str | None, str]:

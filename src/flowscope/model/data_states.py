@@ -16,16 +16,16 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from flowscope.model.arrow_values import texts
 from flowscope.model.conform import SchemaError, conform, records_to_table
 from flowscope.model.idset import IdSet, hash_ids
 from flowscope.model.schemas import MUTATION_KINDS
 
 STATES, MUTATIONS = "data_states", "mutations"
-_KINDS = pa.array(MUTATION_KINDS)
+_KINDS = texts(MUTATION_KINDS)  # not pa.array(), which imports pandas
 
 
 class DataStateError(SchemaError):
@@ -73,6 +73,8 @@ def _objects(col: pa.ChunkedArray | pa.Array) -> np.ndarray:
 
 def _first_of_each(keys: np.ndarray, hashes: np.ndarray) -> np.ndarray:
     """For each row, the first row with the same key."""
+    import pandas as pd  # here: a collector imports this module, and only a batch of mutations needs it
+
     codes, _ = pd.factorize(hashes)
     _, first = np.unique(codes, return_index=True)
     rep = first[codes]

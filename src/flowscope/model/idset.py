@@ -4,12 +4,13 @@ critical path both map ids to rows this way)."""
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 
 __all__ = ["IdSet", "hash_ids"]
 
 
 def hash_ids(ids: np.ndarray) -> np.ndarray:
+    import pandas as pd  # here: a collector imports this module at start, and hashes ids only for some batches
+
     return pd.util.hash_array(ids, categorize=False) if len(ids) else np.empty(0, dtype=np.uint64)
 
 

@@ -23,13 +23,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from flowscope.report.pages import PAGES  # noqa: F401 - the pages' names, with their views here
 from flowscope.store.layout import RUN_JSON, read_json, segment_files
 from flowscope.store.run import Run
 
 log = logging.getLogger("flowscope.dashboard")
 
-#: the analysis pages of a run on the dashboard (its overview is the page "")
-PAGES = ("advisor", "critical-path", "profile", "charts", "anomalies", "logs")
 #: steps of a path listed (the attribution covers all of them)
 STEP_LIMIT = 500
 #: up to this many data states each state is drawn; above, each group (origin) is one mark

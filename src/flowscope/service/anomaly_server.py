@@ -27,11 +27,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from flowscope.analysis.anomalies import FunctionModel, ParameterServer
 from flowscope.model.provenance import check_run_id
 from flowscope.store.layout import read_json, write_bytes_atomic
 
 if TYPE_CHECKING:
+    from flowscope.analysis.anomalies import FunctionModel, ParameterServer
     from flowscope.service.collector import Collector
 
 #: the file of a run directory holding the online detectors' global model
@@ -68,6 +68,8 @@ class AnomalyModels:
         return self.collector.run_dir(run_id) / MODEL_FILE
 
     def _load(self, run_id: str) -> ParameterServer:
+        from flowscope.analysis.anomalies import FunctionModel, ParameterServer  # on a run's first exchange, not at start
+
         path = self.path(run_id)
 
         def save(model: FunctionModel, version: int) -> None:
@@ -111,6 +113,8 @@ class AnomalyModels:
             raise Refused(400, f"anomaly-model body is not JSON: {exc}") from None
         if not isinstance(doc, dict) or not isinstance(doc.get("model"), dict):
             raise Refused(400, "anomaly-model body must be an object with a 'model' object")
+        from flowscope.analysis.anomalies import FunctionModel
+
         try:
             local = FunctionModel.from_dict(doc["model"])
         except ValueError as exc:

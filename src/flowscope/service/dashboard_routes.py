@@ -28,7 +28,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from flowscope.model.provenance import check_run_id
-from flowscope.report.views import PAGES
+from flowscope.report.pages import PAGES  # the views themselves (pandas, the analyses) on first use
 from flowscope.service.auth import cross_site
 from flowscope.model.semantics import phase_sql
 from flowscope.service.json_text import PageJSON, encode

@@ -63,6 +63,9 @@ READS = ("spans", "resources", "io", RUN_JSON)
 #: a run whose forecast was read in the last FOLLOW_S seconds is followed live (a rule's or a panel's reader): the
 #: collector's acknowledgements say "watched", and producers send their batches more often
 FOLLOW_S = 5.0
+#: the window models' files (flowscope.analysis.forecast.model.MODELS_ENV, named here so that starting a collector
+#: does not import the forecast)
+MODELS_ENV = "FLOWSCOPE_FORECAST_MODEL"
 
 
 class StoreRuns:
@@ -123,11 +126,22 @@ def forecast_routes(collector: Collector | StoreRuns, models: dict | None = None
     its frame size from the model of its event, else the default (the answer's ``window_source`` and ``note`` say
     which). ``hub``: the dashboard's :class:`~flowscope.service.live_hub.LiveHub`, which says when a run changed
     (the live route; without one it looks at the run's files every ``LIVE_POLL_S``)."""
-    from flowscope.analysis.forecast import check_fraction, predict
-    from flowscope.analysis.forecast.model import models_from_env
-    from flowscope.analysis.forecast.signal import check_event
+    loaded: dict = {}
 
-    models = models_from_env() if models is None else models
+    def forecasting() -> dict:
+        """The forecast's functions and window models, imported by the first query rather than when the collector
+        starts (pandas and the window model's modules: most runs never show a forecast)."""
+        if not loaded:
+            from flowscope.analysis.forecast import check_fraction, predict
+            from flowscope.analysis.forecast.model import models_from_env
+            from flowscope.analysis.forecast.signal import check_event
+
+            loaded.update(check_event=check_event, check_fraction=check_fraction, predict=predict,
+                          models=models_from_env() if models is None else models)
+        return loaded
+
+    if models is None and os.environ.get(MODELS_ENV):
+        forecasting()  # models the environment names are checked as the collector starts (ValueError naming a file)
 
     kept: OrderedDict[tuple, _Kept] = OrderedDict()
     read_at: dict[str, float] = {}  # run -> when its forecast was last read (monotonic)
@@ -160,11 +174,11 @@ def forecast_routes(collector: Collector | StoreRuns, models: dict | None = None
         if unknown:
             raise _Refused(400, f"unknown parameter {unknown[0]!r}; parameters are {', '.join(allowed)}", unknown[0])
         try:
-            event = check_event(q.get("event", "idle"))
+            event = forecasting()["check_event"](q.get("event", "idle"))
         except ValueError as exc:
             raise _Refused(400, str(exc), "event") from None
         try:
-            fraction = check_fraction(q.get("fraction", "0.25"))
+            fraction = forecasting()["check_fraction"](q.get("fraction", "0.25"))
         except ValueError as exc:
             raise _Refused(400, str(exc), "fraction") from None
         window = None
@@ -213,7 +227,9 @@ def forecast_routes(collector: Collector | StoreRuns, models: dict | None = None
             run = Run(run_dir)
             t0, cpu0 = time.monotonic(), time.process_time()
             try:
-                pred = await asyncio.to_thread(predict, run, event, fraction, models.get(event), window=window)
+                fc = forecasting()
+                pred = await asyncio.to_thread(fc["predict"], run, event, fraction, fc["models"].get(event),
+                                               window=window)
             except ValueError as exc:  # nothing to sample yet
                 return 409, {"error": str(exc)}, None, None
             finally:
