@@ -175,3 +175,12 @@ def test_the_commands_parser_imports_no_analysis():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=False)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+def test_the_forecast_routes_read_the_models_variable_the_forecast_writes():
+    """The collector's forecast routes name $FLOWSCOPE_FORECAST_MODEL themselves (so that starting one imports no
+    forecast): the same variable `flowscope serve --forecast-model` sets and the forecast reads."""
+    from flowscope.analysis.forecast import model
+    from flowscope.service import forecast_routes
+
+    assert forecast_routes.MODELS_ENV == model.MODELS_ENV
