@@ -5,6 +5,8 @@ Real parts: a collector process on loopback (tests/conftest.py) and the collecto
 
 from __future__ import annotations
 
+import functools
+from collections import OrderedDict
 from concurrent.futures import Future
 
 import httpx
@@ -15,7 +17,7 @@ import flowscope
 from flowscope import Client
 from flowscope.analysis.namespaces import namespace_rows, record
 from flowscope.client.namespaces import Acknowledgement
-from flowscope.model.namespaces import MAX_TEXT_BYTES, NamespaceError, domain_of
+from flowscope.model.namespaces import MAX_TEXT_BYTES, NamespaceError, common_leaves, domain_of, leaves
 
 DIAGNOSTICS = {  # one rank's record of one step, shaped like Astaroth's (the dissertation's Listing 4.3)
     "pid": 3,
@@ -253,6 +255,9 @@ def test_shape_conflicts_modes_and_names_are_refused_naming_what_is_wrong(tmp_pa
         for call, field, words in [(lambda: ns.set("rank/3/mass/x", 1.0), "rank/3/mass/x", "holds a value"),
                                    (lambda: ns.set("rank/3", 2.0), "rank/3", "has keys below it"),
                                    (lambda: ns.append("rank/3/mass", 2.0), "rank/3/mass", "single value"),
+                                   # within one call: a key with '/' in it names a path below another leaf
+                                   (lambda: ns.update({"q": 1.0, "q/r": 2.0}), "q/r", "holds a value"),
+                                   (lambda: ns.update({"s/t": 1.0, "s": 2.0}), "s", "has keys below it"),
                                    (lambda: ns.update("x", 1, mode="merge"), "mode", "overwrite, append"),
                                    (lambda: ns.set("x"), "value", "missing")]:
             with pytest.raises(NamespaceError) as err:
@@ -427,3 +432,71 @@ def test_coalescing_merges_only_queued_publications_of_one_table_within_the_row_
     groups = coalesce([a1, a2, b1, a3, plain, a4], max_rows=12)
     # publications of one table merge in order up to 12 rows; a plain batch and another table stay apart
     assert [[i[1] for i in g] for g in groups] == [[a1[1], a2[1], a3[1]], [b1[1]], [plain[1]], [a4[1]]]
+
+
+# Records for the quick walk (model.namespaces.common_leaves) against the general one (leaves): the common shapes it
+# takes, and every case it must hand back (None) or refuse with the general walk's own error.
+_WALKED = [
+    ("step", 3), ("step", 3.5), ("flag", True), ("flag", np.bool_(False)), ("name", "rk3"), ("diagnostics", DIAGNOSTICS),
+    ("", {"mass": 1.0, "rank": {"3": {"nan": 0}}}), ("a/b", {"c": {"d": [1, 2.5, "x"]}}), ("m", np.float64(2.5)),
+    ("m", np.int64(7)), ("m", np.float32(0.5)), ("loc", np.array([1, 2], dtype=np.int64)), ("loc", np.arange(40)),
+    ("loc", np.array([0.5, np.nan])), ("loc", np.array(["a", "b"])), ("loc", (1, 2)), ("loc", []),
+    ("x", float("nan")), ("x", -(2**53)), ("x", 2**53 + 1), ("x", {"y": 2**60}), ("x", {"y": None}), ("x", {}),
+    ("x", {"y": {}}), ("x", {3: 1.0}), ("x", {"y": [[1]]}), ("x", {"y": np.zeros((2, 2))}), ("x", {"a\nb": 1.0}),
+    ("x", {"y": "z" * (MAX_TEXT_BYTES // 4 + 1)}), ("x", {"y": "\u00e9" * (MAX_TEXT_BYTES // 2 + 1)}),
+    ("x", {"y": object()}), ("x", {"": 1.0}), ("x", {"y/z": 1.0}), ("x", OrderedDict(y=1.0)), ("x", 1 + 2j),
+    ("deep", functools.reduce(lambda v, _: {"k": v}, range(70), 1.0)), ("x" * 1020, {"abcde": 1.0}),
+]
+
+
+def _walked(walk, path, value):
+    try:
+        got = walk(path, value)
+    except NamespaceError as exc:
+        return ("error", exc.field, str(exc))
+    if got is None:
+        return None
+    return [(p, ["NaN" if v != v else v for v in leaf.values], leaf.single) for p, leaf in got]  # NaN != NaN
+
+
+@pytest.mark.parametrize("path,value", _WALKED, ids=[f"{i}-{p[:12]}" for i, (p, _) in enumerate(_WALKED)])
+def test_the_quick_walk_gives_the_general_walks_leaves_or_hands_the_record_back(path, value):
+    general = _walked(leaves, path, value)
+    quick = _walked(common_leaves, path, value)
+    if quick is not None:  # what it took, it took exactly as the general walk does: the same leaves, or its error
+        assert quick == general
+    # the shapes a simulation publishes every step take the quick walk (else it would speed nothing up)
+    if path in ("step", "name", "diagnostics", "") or (path == "loc" and value is not None and len(value) <= 16
+                                                        and not isinstance(value, tuple)):
+        assert quick is not None, (path, value)
+
+
+def test_a_record_set_every_step_publishes_the_same_rows_with_the_quick_walk_or_without_it(tmp_path, monkeypatch):
+    import flowscope.client.namespaces as client_namespaces
+
+    def publish(store: str, quick: bool) -> list:
+        if not quick:
+            monkeypatch.setattr(client_namespaces, "common_leaves", lambda path, value: None)
+        with Client(store=tmp_path / store, spool_dir=tmp_path / f"spool-{store}") as fs:
+            ns = fs.namespace("application", publish_every=2)
+            for step in range(4):
+                ns.set("step", step)
+                ns.set("diagnostics", {**DIAGNOSTICS, "local_mass": 1.0 + step})
+                ns.append("rank/0/seen", step)
+                if step == 2:
+                    with pytest.raises(NamespaceError, match="has keys below it"):
+                        ns.set("diagnostics", 1.0)
+                    with pytest.raises(NamespaceError, match="holds a value"):
+                        ns.set("step", {"sub": 1.0})
+                ns.commit()
+            run = flowscope.open_run(fs.run_dir)
+            rows = _values(run, "SELECT name, value, ts_ns FROM metrics WHERE namespace = 'application' "
+                                "ORDER BY ts_ns, name")
+            rows += _values(run, "SELECT name, item, value, text, ts_ns FROM namespace_values ORDER BY ts_ns, name, item")
+        monkeypatch.undo()
+        base = min(r[-1] for r in rows)
+        return [(*r[:-1], r[-1] > base) for r in rows]  # commit times differ between the two runs; their order not
+
+    quick, general = publish("quick", True), publish("general", False)
+    # overwritten leaves: the last commit's of each publication (8 metrics, 9 list items); appended: every one
+    assert quick == general and len(quick) == 2 * 8 + 2 * 9 + 4

@@ -33,6 +33,7 @@ from flowscope.model.namespaces import (
     NamespaceError,
     check_namespace,
     check_path,
+    common_leaves,
     domain_of,
     leaves,
     tables,
@@ -183,6 +184,7 @@ class Namespace:
         self._lock = threading.RLock()
         self._owns_client = False
         self.pending: list[Future] = []  # non-blocking publications not yet acknowledged
+        self._pending_check = 64
         self._held: list[_Held] = []     # non-blocking publications waiting for the linger to end
         self._held_leaves = 0
         self._held_since = 0.0
@@ -215,7 +217,8 @@ class Namespace:
             path, value = "", path
         else:
             check_path(path)
-        given = leaves(path, value)  # checked before anything changes
+        # checked before anything changes; the shapes set every step take the quick walk
+        given = common_leaves(path, value) or leaves(path, value)
         with self._lock:
             self._check_shape(given, mode)
             for p, leaf in given:
@@ -231,30 +234,35 @@ class Namespace:
         self.update(path, value, mode=APPEND)
 
     def _check_shape(self, given: list[tuple[str, Leaf]], mode: str) -> None:
-        seen = set(self._nodes)
-        inner = set(self._inner)
+        nodes, inner = self._nodes, self._inner
+        seen: set[str] = set()       # new leaves of this call, and the paths above them
+        above: set[str] = set()
         for p, leaf in given:
-            if p in inner:
+            node = nodes.get(p)
+            if node is not None:  # a leaf of this record already: it fits where it is (its shape was checked)
+                if mode == APPEND and node.single:
+                    raise NamespaceError(p, "holds a single value (set) in this record; set it again, or append to a "
+                                            "list")
+                continue
+            if p in inner or p in above:
                 raise NamespaceError(p, "has keys below it in this record; a path is either a value or holds keys")
             for prefix in _prefixes(p):
-                if prefix in seen:
+                if prefix in nodes or prefix in seen:
                     raise NamespaceError(p, f"{prefix} holds a value in this record; no key can be below it")
-                inner.add(prefix)
-            node = self._nodes.get(p)
-            if mode == APPEND and node is not None and node.single:
-                raise NamespaceError(p, "holds a single value (set) in this record; set it again, or append to a "
-                                        "list")
+                above.add(prefix)
             seen.add(p)
 
     def _put(self, path: str, leaf: Leaf, mode: str) -> None:
-        self._inner.update(_prefixes(path))
         node = self._nodes.get(path)
-        if mode == OVERWRITE or node is None:
-            self._nodes[path] = _Node([[None, list(leaf.values)]], single=leaf.single and mode == OVERWRITE)
+        if node is None:
+            self._inner.update(_prefixes(path))
+            self._nodes[path] = _Node([[None, leaf.values]], single=leaf.single and mode == OVERWRITE)
+        elif mode == OVERWRITE:
+            node.parts, node.single = [[None, leaf.values]], leaf.single
         elif node.parts[-1][0] is None:
             node.parts[-1][1].extend(leaf.values)
         else:
-            node.parts.append([None, list(leaf.values)])
+            node.parts.append([None, leaf.values])
 
     # ---- commit and publish --------------------------------------------------------------------------------
     def commit(self) -> Acknowledgement | Future | None:
@@ -296,8 +304,9 @@ class Namespace:
             self._send_held()  # what earlier non-blocking publications left held goes first
             self._send([held])
             return held.future.result()
-        if len(self.pending) >= 64:  # forget the acknowledged ones now and then, not at every publication
-            self.pending = [f for f in self.pending if not f.done()]
+        if len(self.pending) >= self._pending_check:  # forget the acknowledged ones now and then: when the list
+            self.pending = [f for f in self.pending if not f.done()]  # has doubled, not at every publication
+            self._pending_check = max(64, 2 * len(self.pending))
         self.pending.append(held.future)
         now, linger = time.monotonic(), self._linger()
         if not self._held:

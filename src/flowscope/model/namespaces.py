@@ -208,6 +208,54 @@ def _walk(path: str, value: Any, depth: int, out: list) -> None:
         out.append((path, Leaf([_item(path, value)], True)))
 
 
+#: (path, key) -> the path of the key below it, for the quick walk (a producer sets the same shapes every step)
+_JOINED: dict[tuple[str, str], str] = {}
+
+
+def common_leaves(path: str, value: Any) -> list[tuple[str, Leaf]] | None:
+    """:func:`leaves` of a value of the shapes a program publishes every step -- a number (int, float, bool), a
+    string, a list or 1-D array of them, or a dict of those with string keys -- walked with fewer checks: the same
+    leaves, or the same NamespaceError; None for anything else (an int too large to be exact, a numpy scalar, a
+    long string, another Mapping, a key not seen before that must be checked...), which :func:`leaves` must judge."""
+    out: list[tuple[str, Leaf]] = []
+    return out if _common_walk(path, value, 0, out) else None
+
+
+def _common_walk(path: str, value: Any, depth: int, out: list) -> bool:
+    cls = value.__class__
+    if cls is dict:
+        if not value or depth > MAX_DEPTH:
+            return False
+        for key, sub in value.items():
+            p = _JOINED.get((path, key)) if key.__class__ is str else None
+            if p is None:  # first met (checked by the general walk, then remembered), or not a str key
+                if key.__class__ is not str or len(_JOINED) >= _VALID_PATHS_MAX:
+                    return False
+                p = _JOINED[(path, key)] = f"{path}{SEPARATOR}{key}" if path else key
+            if not _common_walk(p, sub, depth + 1, out):
+                return False
+        return True
+    if path not in _VALID_PATHS:  # a leaf's path is checked once, by the general walk
+        return False
+    if cls is float:
+        out.append((path, Leaf([value], True)))
+    elif cls is int:
+        if not -MAX_EXACT_INT <= value <= MAX_EXACT_INT:
+            return False
+        out.append((path, Leaf([float(value)], True)))
+    elif cls is bool:
+        out.append((path, Leaf([1.0 if value else 0.0], True)))
+    elif cls is str:
+        if len(value) > MAX_TEXT_BYTES // 4:
+            return False
+        out.append((path, Leaf([value], True)))
+    elif cls is np.ndarray or cls is list:
+        out.append((path, Leaf(_sequence(path, value), False)))
+    else:
+        return False
+    return True
+
+
 # ---- rows ----------------------------------------------------------------------------------------------------
 def _ints(values: list[int | None]) -> pa.Array:
     nulls = np.fromiter((v is None for v in values), dtype=bool, count=len(values))
