@@ -17,7 +17,8 @@ import flowscope
 from flowscope import Client
 from flowscope.analysis.namespaces import namespace_rows, record
 from flowscope.client.namespaces import Acknowledgement
-from flowscope.model.namespaces import MAX_TEXT_BYTES, NamespaceError, common_leaves, domain_of, leaves
+from flowscope.model.namespaces import (MAX_TEXT_BYTES, Leaf, NamespaceError, common_leaves, common_leaves_reference,
+                                       domain_of, leaves)
 
 DIAGNOSTICS = {  # one rank's record of one step, shaped like Astaroth's (the dissertation's Listing 4.3)
     "pid": 3,
@@ -456,19 +457,28 @@ def _walked(walk, path, value):
         return ("error", exc.field, str(exc))
     if got is None:
         return None
-    return [(p, ["NaN" if v != v else v for v in leaf.values], leaf.single) for p, leaf in got]  # NaN != NaN
+    got = [(p, leaf.values, leaf.single) if isinstance(leaf, Leaf) else (p, leaf, *rest) for p, leaf, *rest in got]
+    return [(p, ["NaN" if v != v else v for v in values], single) for p, values, single in got]  # NaN != NaN
 
 
+@pytest.mark.parametrize("walk", [common_leaves_reference, common_leaves], ids=["reference", "compiled"])
 @pytest.mark.parametrize("path,value", _WALKED, ids=[f"{i}-{p[:12]}" for i, (p, _) in enumerate(_WALKED)])
-def test_the_quick_walk_gives_the_general_walks_leaves_or_hands_the_record_back(path, value):
+def test_the_quick_walk_gives_the_general_walks_leaves_or_hands_the_record_back(path, value, walk):
     general = _walked(leaves, path, value)
-    quick = _walked(common_leaves, path, value)
+    quick = _walked(walk, path, value)
     if quick is not None:  # what it took, it took exactly as the general walk does: the same leaves, or its error
         assert quick == general
     # the shapes a simulation publishes every step take the quick walk (else it would speed nothing up)
     if path in ("step", "name", "diagnostics", "") or (path == "loc" and value is not None and len(value) <= 16
                                                         and not isinstance(value, tuple)):
         assert quick is not None, (path, value)
+
+
+def test_the_compiled_quick_walk_is_the_one_used_where_it_was_built():
+    from flowscope.model import namespaces
+
+    assert namespaces._record_walk is not None, "flowscope.model._record_walk is not built (pip install -e .)"
+    assert common_leaves is namespaces._record_walk.walk
 
 
 def test_a_record_set_every_step_publishes_the_same_rows_with_the_quick_walk_or_without_it(tmp_path, monkeypatch):

@@ -30,6 +30,7 @@ from flowscope.model.namespaces import (
     OVERWRITE,
     SEPARATOR,
     Leaf,
+    VALID_PATHS,
     NamespaceError,
     check_namespace,
     check_path,
@@ -218,26 +219,44 @@ class Namespace:
         else:
             check_path(path)
         # checked before anything changes; the shapes set every step take the quick walk
-        given = common_leaves(path, value) or leaves(path, value)
+        given = common_leaves(path, value)
+        if given is None:
+            given = [(p, leaf.values, leaf.single) for p, leaf in leaves(path, value)]
         with self._lock:
             self._check_shape(given, mode)
-            for p, leaf in given:
-                self._put(p, leaf, mode)
+            for p, values, single in given:
+                self._put(p, values, single, mode)
             self._dirty = True
 
     def set(self, path: str | Mapping, value: Any = _MISSING) -> None:
         """Overwrite the leaf (or leaves of a mapping) at ``path``."""
+        # a program sets the same record every step: when every leaf of the value is in the record already, each is
+        # overwritten where it is (its shape was checked when it came); else update() checks and puts it
+        if value is not _MISSING and path.__class__ is str and path in VALID_PATHS and not self.closed:
+            given = common_leaves(path, value)
+            if given is not None:
+                with self._lock:
+                    nodes = self._nodes
+                    for leaf in given:
+                        if leaf[0] not in nodes:
+                            break
+                    else:
+                        for p, values, single in given:
+                            node = nodes[p]
+                            node.parts, node.single = [[None, values]], single
+                        self._dirty = True
+                        return
         self.update(path, value, mode=OVERWRITE)
 
     def append(self, path: str | Mapping, value: Any = _MISSING) -> None:
         """Append ``value`` to the list at ``path`` (a sequence or array: its items, in order)."""
         self.update(path, value, mode=APPEND)
 
-    def _check_shape(self, given: list[tuple[str, Leaf]], mode: str) -> None:
+    def _check_shape(self, given: list[tuple[str, list, bool]], mode: str) -> None:
         nodes, inner = self._nodes, self._inner
         seen: set[str] = set()       # new leaves of this call, and the paths above them
         above: set[str] = set()
-        for p, leaf in given:
+        for p, _, _ in given:
             node = nodes.get(p)
             if node is not None:  # a leaf of this record already: it fits where it is (its shape was checked)
                 if mode == APPEND and node.single:
@@ -252,17 +271,17 @@ class Namespace:
                 above.add(prefix)
             seen.add(p)
 
-    def _put(self, path: str, leaf: Leaf, mode: str) -> None:
+    def _put(self, path: str, values: list, single: bool, mode: str) -> None:
         node = self._nodes.get(path)
         if node is None:
             self._inner.update(_prefixes(path))
-            self._nodes[path] = _Node([[None, leaf.values]], single=leaf.single and mode == OVERWRITE)
+            self._nodes[path] = _Node([[None, values]], single=single and mode == OVERWRITE)
         elif mode == OVERWRITE:
-            node.parts, node.single = [[None, leaf.values]], leaf.single
+            node.parts, node.single = [[None, values]], single
         elif node.parts[-1][0] is None:
-            node.parts[-1][1].extend(leaf.values)
+            node.parts[-1][1].extend(values)
         else:
-            node.parts.append([None, leaf.values])
+            node.parts.append([None, values])
 
     # ---- commit and publish --------------------------------------------------------------------------------
     def commit(self) -> Acknowledgement | Future | None:

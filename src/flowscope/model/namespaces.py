@@ -16,6 +16,7 @@ path that is wrong (:class:`NamespaceError`).
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -78,13 +79,13 @@ def check_namespace(name: Any) -> str:
 
 
 #: paths found valid (a producer sets the same paths every step: the checks run once per path)
-_VALID_PATHS: set[str] = set()
-_VALID_PATHS_MAX = 65_536
+VALID_PATHS: set[str] = set()
+VALID_PATHS_MAX = 65_536
 
 
 def check_path(path: Any) -> str:
     """``path`` if it is a valid leaf path, else NamespaceError naming it."""
-    if path.__class__ is str and path in _VALID_PATHS:
+    if path.__class__ is str and path in VALID_PATHS:
         return path
     if not isinstance(path, str):
         raise NamespaceError(repr(path)[:80], f"a path is a string of keys joined by '/', got {type(path).__name__}")
@@ -96,9 +97,9 @@ def check_path(path: Any) -> str:
         raise NamespaceError(repr(path), f"not a path: it {why}")
     if path.count(SEPARATOR) >= MAX_DEPTH:
         raise NamespaceError(path, f"{path.count(SEPARATOR) + 1} levels deep; at most {MAX_DEPTH}")
-    if len(_VALID_PATHS) >= _VALID_PATHS_MAX:
-        _VALID_PATHS.clear()
-    _VALID_PATHS.add(path)
+    if len(VALID_PATHS) >= VALID_PATHS_MAX:
+        VALID_PATHS.clear()
+    VALID_PATHS.add(path)
     return path
 
 
@@ -212,12 +213,13 @@ def _walk(path: str, value: Any, depth: int, out: list) -> None:
 _JOINED: dict[tuple[str, str], str] = {}
 
 
-def common_leaves(path: str, value: Any) -> list[tuple[str, Leaf]] | None:
-    """:func:`leaves` of a value of the shapes a program publishes every step -- a number (int, float, bool), a
-    string, a list or 1-D array of them, or a dict of those with string keys -- walked with fewer checks: the same
-    leaves, or the same NamespaceError; None for anything else (an int too large to be exact, a numpy scalar, a
-    long string, another Mapping, a key not seen before that must be checked...), which :func:`leaves` must judge."""
-    out: list[tuple[str, Leaf]] = []
+def common_leaves_reference(path: str, value: Any) -> list[tuple[str, list, bool]] | None:
+    """The leaves of a value of the shapes a program publishes every step -- a number (int, float, bool), a string,
+    a list or 1-D array of them, or a dict of those with string keys -- as (path, values, single), walked with fewer
+    checks: those of :func:`leaves`, or its NamespaceError; None for anything else (an int too large to be exact, a
+    numpy scalar, a long string, another Mapping, a path not checked before...), which :func:`leaves` must judge.
+    The pure-Python reference of :func:`common_leaves` (compiled: ``_record_walk.c``, the same steps)."""
+    out: list[tuple[str, list, bool]] = []
     return out if _common_walk(path, value, 0, out) else None
 
 
@@ -229,31 +231,42 @@ def _common_walk(path: str, value: Any, depth: int, out: list) -> bool:
         for key, sub in value.items():
             p = _JOINED.get((path, key)) if key.__class__ is str else None
             if p is None:  # first met (checked by the general walk, then remembered), or not a str key
-                if key.__class__ is not str or len(_JOINED) >= _VALID_PATHS_MAX:
+                if key.__class__ is not str or len(_JOINED) >= VALID_PATHS_MAX:
                     return False
                 p = _JOINED[(path, key)] = f"{path}{SEPARATOR}{key}" if path else key
             if not _common_walk(p, sub, depth + 1, out):
                 return False
         return True
-    if path not in _VALID_PATHS:  # a leaf's path is checked once, by the general walk
+    if path not in VALID_PATHS:  # a leaf's path is checked once, by the general walk
         return False
     if cls is float:
-        out.append((path, Leaf([value], True)))
+        out.append((path, [value], True))
     elif cls is int:
         if not -MAX_EXACT_INT <= value <= MAX_EXACT_INT:
             return False
-        out.append((path, Leaf([float(value)], True)))
+        out.append((path, [float(value)], True))
     elif cls is bool:
-        out.append((path, Leaf([1.0 if value else 0.0], True)))
+        out.append((path, [1.0 if value else 0.0], True))
     elif cls is str:
         if len(value) > MAX_TEXT_BYTES // 4:
             return False
-        out.append((path, Leaf([value], True)))
+        out.append((path, [value], True))
     elif cls is np.ndarray or cls is list:
-        out.append((path, Leaf(_sequence(path, value), False)))
+        out.append((path, _sequence(path, value), False))
     else:
         return False
     return True
+
+
+try:  # the compiled walk, built with the package (pip install -e .); FLOWSCOPE_COMPILED=0 runs the reference
+    from flowscope.model import _record_walk
+except ImportError:  # pragma: no cover - a source tree that was not built
+    _record_walk = None
+if _record_walk is not None:
+    _record_walk.configure(VALID_PATHS, _sequence, np.ndarray, MAX_EXACT_INT, MAX_TEXT_BYTES // 4, MAX_DEPTH,
+                           VALID_PATHS_MAX)
+common_leaves = (_record_walk.walk if _record_walk is not None and os.environ.get("FLOWSCOPE_COMPILED", "1") != "0"
+                 else common_leaves_reference)
 
 
 # ---- rows ----------------------------------------------------------------------------------------------------
