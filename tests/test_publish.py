@@ -447,6 +447,14 @@ _WALKED = [
     ("x", {"y": "z" * (MAX_TEXT_BYTES // 4 + 1)}), ("x", {"y": "\u00e9" * (MAX_TEXT_BYTES // 2 + 1)}),
     ("x", {"y": object()}), ("x", {"": 1.0}), ("x", {"y/z": 1.0}), ("x", OrderedDict(y=1.0)), ("x", 1 + 2j),
     ("deep", functools.reduce(lambda v, _: {"k": v}, range(70), 1.0)), ("x" * 1020, {"abcde": 1.0}),
+    # arrays and lists the compiled walk converts itself, and those it hands to the general conversion
+    *[("arr", np.array([0, 1, 7], dtype=t)) for t in ("?", "i1", "u1", "i2", "u2", "i4", "u4", "i8", "u8", "f4", "f8")],
+    ("arr", np.array([2**53, -(2**53)], dtype="i8")), ("arr", np.array([2**53 + 1], dtype="i8")),
+    ("arr", np.array([2**63 + 5], dtype="u8")), ("arr", np.array([0.1, np.inf, -np.inf, np.nan], dtype="f4")),
+    ("arr", np.arange(10)[::3]), ("arr", np.array([1, 2], dtype=">i4")), ("arr", np.array([1.5], dtype="f2")),
+    ("arr", np.array(5)), ("arr", np.arange(5000)), ("arr", np.array([1 + 2j])), ("arr", np.array(["a", "b"])),
+    ("lst", [1, 2.5, -(2**53)]), ("lst", [2**53 + 1]), ("lst", [True, 1]), ("lst", [1, "a"]), ("lst", [1, None]),
+    ("lst", [np.float64(1.5)]), ("lst", list(range(5000))),
 ]
 
 

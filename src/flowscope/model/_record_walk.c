@@ -9,10 +9,17 @@
  * for the general walk to judge. configure() gives the Python side's objects once.
  *
  * A key's joined path is kept per parent path (at most max_joined, then forgotten and made again), so a record set
- * every step builds no string. The value's own objects are held while sequence() runs Python code.
+ * every step builds no string. Lists of numbers and 1-D numeric arrays of a few thousand items at most are converted
+ * here (arrays through the buffer protocol), others by sequence(). The value's own objects are held while sequence()
+ * runs Python code.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+
+#include <string.h>
+
+/* arrays and lists longer than this go to sequence() (numpy converts long ones faster) */
+#define MAX_QUICK_ITEMS 4096
 
 static PyObject *valid_paths;   /* set of checked paths (model.namespaces.VALID_PATHS) */
 static PyObject *sequence_fn;   /* model.namespaces._sequence(path, value) -> list */
@@ -87,6 +94,101 @@ static PyObject *one(PyObject *v) {  /* [v], v a new reference (or NULL) */
     return l;
 }
 
+/* A list of floats and ints within +-2**53 as floats (what sequence() makes of it); NULL, no error set, for any
+ * other list (sequence() judges it). */
+static PyObject *list_numbers(PyObject *list) {
+    Py_ssize_t n = PyList_GET_SIZE(list);
+    if (n > MAX_QUICK_ITEMS)
+        return NULL;
+    PyObject *out = PyList_New(n);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *v = PyList_GET_ITEM(list, i), *f;
+        if (Py_IS_TYPE(v, &PyFloat_Type)) {
+            f = Py_NewRef(v);
+        } else if (Py_IS_TYPE(v, &PyLong_Type)) {
+            int overflow;
+            long long x = PyLong_AsLongLongAndOverflow(v, &overflow);
+            if ((x == -1 && PyErr_Occurred()) || overflow || x > max_exact_int || x < -max_exact_int) {
+                PyErr_Clear();
+                Py_DECREF(out);
+                return NULL;
+            }
+            f = PyFloat_FromDouble((double)x);
+        } else {
+            Py_DECREF(out);
+            return NULL;
+        }
+        if (f == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, f);
+    }
+    return out;
+}
+
+/* A 1-D numpy array of booleans, integers within +-2**53 or floats (32 or 64 bits) in this machine's byte order,
+ * as floats, read through the buffer protocol (what sequence() makes of it: astype(float64) is exact for these);
+ * NULL, no error set, for any other array (sequence() judges it). */
+static PyObject *array_numbers(PyObject *array) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(array, &view, PyBUF_FORMAT | PyBUF_STRIDES) < 0) {
+        PyErr_Clear();
+        return NULL;
+    }
+    PyObject *out = NULL;
+    const char *fmt = view.format ? view.format : "B";
+    if (*fmt == '@' || *fmt == '=')
+        fmt++;
+    char code = fmt[0];
+    if (view.ndim != 1 || fmt[1] != '\0' || view.shape[0] > MAX_QUICK_ITEMS || strchr("?bBhHiIlLqQfd", code) == NULL)
+        goto done;
+    Py_ssize_t n = view.shape[0], stride = view.strides[0];
+    out = PyList_New(n);
+    if (out == NULL)
+        goto done;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        const char *at = (const char *)view.buf + i * stride;
+        double d;
+        long long x = 0;
+        unsigned long long u = 0;
+        int is_int = 1, is_unsigned = 0;
+        switch (code) {
+        case '?': x = *(const unsigned char *)at != 0; break;
+        case 'b': x = *(const signed char *)at; break;
+        case 'B': x = *(const unsigned char *)at; break;
+        case 'h': { short v; memcpy(&v, at, sizeof v); x = v; } break;
+        case 'H': { unsigned short v; memcpy(&v, at, sizeof v); x = v; } break;
+        case 'i': { int v; memcpy(&v, at, sizeof v); x = v; } break;
+        case 'I': { unsigned int v; memcpy(&v, at, sizeof v); x = v; } break;
+        case 'l': { long v; memcpy(&v, at, sizeof v); x = v; } break;
+        case 'L': { unsigned long v; memcpy(&v, at, sizeof v); u = v; is_unsigned = 1; } break;
+        case 'q': { long long v; memcpy(&v, at, sizeof v); x = v; } break;
+        case 'Q': { unsigned long long v; memcpy(&v, at, sizeof v); u = v; is_unsigned = 1; } break;
+        case 'f': { float v; memcpy(&v, at, sizeof v); d = v; is_int = 0; } break;
+        default: { double v; memcpy(&v, at, sizeof v); d = v; is_int = 0; } break;
+        }
+        if (is_int) {
+            if (is_unsigned ? u > (unsigned long long)max_exact_int : (x > max_exact_int || x < -max_exact_int)) {
+                Py_CLEAR(out);  /* sequence() says the value is too large to be stored exactly */
+                goto done;
+            }
+            d = is_unsigned ? (double)u : (double)x;
+        }
+        PyObject *f = PyFloat_FromDouble(d);
+        if (f == NULL) {
+            Py_CLEAR(out);
+            goto done;
+        }
+        PyList_SET_ITEM(out, i, f);
+    }
+done:
+    PyBuffer_Release(&view);
+    return out;
+}
+
 static int walk(PyObject *path, PyObject *value, Py_ssize_t depth, PyObject *out) {
     PyTypeObject *cls = Py_TYPE(value);
     if (cls == &PyDict_Type) {
@@ -130,8 +232,14 @@ static int walk(PyObject *path, PyObject *value, Py_ssize_t depth, PyObject *out
             return HANDED_BACK;
         return add_leaf(out, path, one(Py_NewRef(value)), 1);
     }
-    if (cls == &PyList_Type || (PyObject *)cls == ndarray_type)
-        return add_leaf(out, path, PyObject_CallFunctionObjArgs(sequence_fn, path, value, NULL), 0);
+    if (cls == &PyList_Type || (PyObject *)cls == ndarray_type) {
+        PyObject *values = cls == &PyList_Type ? list_numbers(value) : array_numbers(value);
+        if (values == NULL && PyErr_Occurred())
+            return FAILED;
+        if (values == NULL)  /* not numbers this walk converts alone: sequence() converts it, or says what is wrong */
+            values = PyObject_CallFunctionObjArgs(sequence_fn, path, value, NULL);
+        return add_leaf(out, path, values, 0);
+    }
     return HANDED_BACK;
 }
 
