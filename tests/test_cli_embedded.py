@@ -166,6 +166,25 @@ def test_flush_by_age_makes_records_visible_without_close(tmp_path):
     c.close()
 
 
+def test_an_idle_client_looks_for_due_records_four_times_an_interval_not_ten_times_a_second(tmp_path):
+    import time
+
+    with Client(store=tmp_path, flush_interval=1.0, live_flush_interval=0.2) as c:
+        before, t0 = c.builder_wakes, time.monotonic()
+        time.sleep(2.0)
+        wakes, took = c.builder_wakes - before, time.monotonic() - t0
+        # a quarter of the 1 s interval between looks (a busy machine only makes them rarer); it was every 0.1 s
+        assert wakes <= took / 0.25 + 1, (wakes, took)
+        c.watched = True  # a page follows the run: records may wait 0.2 s, so it looks every 0.05 s
+        before, t0 = c.builder_wakes, time.monotonic()
+        c.metric("queue.depth", 1, namespace="workflow")
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not list((c.run_dir / "metrics").glob("*.parquet")):
+            time.sleep(0.01)
+        assert list((c.run_dir / "metrics").glob("*.parquet")), "a watched run's record was not sent within 10 s"
+        assert c.builder_wakes - before >= 2
+
+
 def test_age_flushes_of_many_threads_make_one_segment_per_table(tmp_path):
     import threading
 

@@ -105,9 +105,10 @@ class Client:
     child processes join their parent's run. A client that created its run closes it.
     ``token``: what a collector bound beyond loopback requires on every request; default the token next
     to the picked address in the address file, else $FLOWSCOPE_TOKEN.
-    ``flush_interval``: seconds a record may wait in this process before it is sent; ``live_flush_interval``
-    (None: the same) the shorter wait while a page of the collector's dashboard follows the run (each
-    acknowledgement says whether one does), so that the page shows the run within about that much.
+    ``flush_interval``: seconds a record may wait in this process before it is sent (looked at four times an
+    interval: a record waits at most 1.25 times it); ``live_flush_interval`` (None: the same) the shorter wait
+    while a page of the collector's dashboard follows the run (each acknowledgement says whether one does), so
+    that the page shows the run within about that much.
     ``compiled``: record spans with the compiled recorder (client/span_recorder.py; the default when it is built,
     unless $FLOWSCOPE_COMPILED is 0) or, False, with the pure-Python packer; both store the same rows.
     """
@@ -179,6 +180,7 @@ class Client:
         self.flush_interval = float(flush_interval)
         self.live_flush_interval = float(live_flush_interval) if live_flush_interval is not None else None
         self.watched = False  # the last acknowledgement said a dashboard page follows the run
+        self.builder_wakes = 0  # times the builder looked for records due (tests/test_cli_embedded.py)
         self.max_buffer_records = max(int(max_buffer_records), self.flush_records)
         self.busy_timeout = float(busy_timeout)
         self.spool = Spool(spool_dir if spool_dir is not None else default_spool_dir())
@@ -560,10 +562,15 @@ class Client:
         return force or n >= p.flush_rows or now - p.since >= interval
 
     def _build_loop(self) -> None:
-        tick = min(0.1, min(self.flush_interval, self.live_flush_interval or self.flush_interval) / 4)
         while True:
-            self._wake.wait(tick)
+            # a quarter of the time a record may wait now: a record is sent within 1.25 of it, and an idle client
+            # (a program publishing every few seconds) wakes 4 times an interval, not every 0.1 s; a full batch
+            # does not wait for it (its own thread queues it, _full)
+            interval = self.live_flush_interval if self.watched and self.live_flush_interval is not None \
+                else self.flush_interval
+            self._wake.wait(interval / 4)
             self._wake.clear()
+            self.builder_wakes += 1
             requests = []
             while True:
                 try:

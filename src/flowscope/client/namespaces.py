@@ -29,7 +29,6 @@ from flowscope.model.namespaces import (
     MODES,
     OVERWRITE,
     SEPARATOR,
-    Leaf,
     VALID_PATHS,
     NamespaceError,
     check_namespace,
@@ -85,8 +84,8 @@ def _prefixes(path: str) -> tuple[str, ...]:
 
 @dataclass
 class _Held:
-    """A non-blocking publication not sent yet: its leaves ((path, commit ts_ns, Leaf)), commits, time, and the
-    Future its commit returned."""
+    """A non-blocking publication not sent yet: its leaves ((path, commit ts_ns, values, single)), commits, time, and
+    the Future its commit returned."""
 
     parts: list
     commits: tuple[int, int]
@@ -98,11 +97,11 @@ def _rows_of(parts: list) -> dict[str, int]:
     """Rows per table the leaves ``parts`` make (model.namespaces.tables): a single number is a metrics row, every
     other value a namespace_values row."""
     metrics = values = 0
-    for _, _, leaf in parts:
-        if leaf.single and not isinstance(leaf.values[0], str):
+    for _, _, vals, single in parts:
+        if single and not isinstance(vals[0], str):
             metrics += 1
         else:
-            values += len(leaf.values)
+            values += len(vals)
     return {t: n for t, n in (("metrics", metrics), ("namespace_values", values)) if n}
 
 
@@ -126,7 +125,8 @@ class Acknowledgement:
 
 @dataclass(slots=True)
 class _Node:
-    """A leaf of the record being built: its values per commit ((ts_ns or None while uncommitted, Leaf))."""
+    """A leaf of the record being built: its values per commit ([stamp, values]; the stamp is a one-item list shared
+    by every value put since the last commit, holding None until that commit gives it its time)."""
 
     parts: list
     single: bool
@@ -182,6 +182,7 @@ class Namespace:
         self._nodes: dict[str, _Node] = {}
         self._inner: set[str] = set()   # paths that have keys below them
         self._dirty = False             # updates since the last commit
+        self._open: list = [None]       # the time of the commit that will close the current update (once made)
         self._lock = threading.RLock()
         self._owns_client = False
         self.pending: list[Future] = []  # non-blocking publications not yet acknowledged
@@ -243,7 +244,7 @@ class Namespace:
                     else:
                         for p, values, single in given:
                             node = nodes[p]
-                            node.parts, node.single = [[None, values]], single
+                            node.parts, node.single = [[self._open, values]], single
                         self._dirty = True
                         return
         self.update(path, value, mode=OVERWRITE)
@@ -275,13 +276,13 @@ class Namespace:
         node = self._nodes.get(path)
         if node is None:
             self._inner.update(_prefixes(path))
-            self._nodes[path] = _Node([[None, values]], single=single and mode == OVERWRITE)
+            self._nodes[path] = _Node([[self._open, values]], single=single and mode == OVERWRITE)
         elif mode == OVERWRITE:
-            node.parts, node.single = [[None, values]], single
-        elif node.parts[-1][0] is None:
+            node.parts, node.single = [[self._open, values]], single
+        elif node.parts[-1][0] is self._open:
             node.parts[-1][1].extend(values)
         else:
-            node.parts.append([None, values])
+            node.parts.append([self._open, values])
 
     # ---- commit and publish --------------------------------------------------------------------------------
     def commit(self) -> Acknowledgement | Future | None:
@@ -300,9 +301,8 @@ class Namespace:
         ts = max(time.time_ns(), self._last_ts + 1)  # a commit's time identifies it: strictly increasing
         self._last_ts = ts
         self.commits += 1
-        for node in self._nodes.values():
-            if node.parts[-1][0] is None:
-                node.parts[-1][0] = ts
+        self._open[0] = ts  # every value put since the last commit now carries its time
+        self._open = [None]
         self._dirty = False
 
     def publish(self) -> Acknowledgement | Future | None:
@@ -314,8 +314,8 @@ class Namespace:
             return self._publish()
 
     def _publish(self) -> Acknowledgement | Future:
-        parts = [(p, ts, Leaf(values, node.single)) for p, node in self._nodes.items()
-                 for ts, values in node.parts if ts is not None]
+        parts = [(p, stamp[0], values, node.single) for p, node in self._nodes.items()
+                 for stamp, values in node.parts if stamp[0] is not None]
         held = _Held(parts, (self.published_commits + 1, self.commits), self._last_ts, Future())
         self._nodes, self._inner = {}, set()
         self.published_commits = self.commits

@@ -291,21 +291,21 @@ def _strings(values: list[str | None]) -> pa.Array:
     return b.finish()
 
 
-def tables(namespace: str, resource_id: str, parts: Iterable[tuple[str, int, Leaf]]) -> dict[str, pa.Table]:
-    """The ``metrics`` and ``namespace_values`` rows of committed leaves ``(path, commit ts_ns, leaf)``, as
+def tables(namespace: str, resource_id: str, parts: Iterable[tuple[str, int, list, bool]]) -> dict[str, pa.Table]:
+    """The ``metrics`` and ``namespace_values`` rows of committed leaves ``(path, commit ts_ns, values, single)``, as
     canonical tables (a table with no rows is left out)."""
     m_ts, m_name, m_value = [], [], []
     v_ts, v_name, v_item, v_value, v_text = [], [], [], [], []
-    for path, ts, leaf in parts:
-        if leaf.single and not isinstance(leaf.values[0], str):
+    for path, ts, values, single in parts:
+        if single and not isinstance(values[0], str):
             m_ts.append(ts)
             m_name.append(path)
-            m_value.append(leaf.values[0])
+            m_value.append(values[0])
             continue
-        for i, v in enumerate(leaf.values):
+        for i, v in enumerate(values):
             v_ts.append(ts)
             v_name.append(path)
-            v_item.append(None if leaf.single else i)
+            v_item.append(None if single else i)
             if isinstance(v, str):
                 v_value.append(None)
                 v_text.append(v)
