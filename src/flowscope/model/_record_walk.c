@@ -2,7 +2,7 @@
  * pure-Python reference, in one call, for the shapes a program sets every step.
  *
  * walk(path, value) -> list of (leaf path, values, single) | None. A dict with str keys is walked, its keys
- * extending the path; a leaf is a float, an int within +-2**53, a bool, a str of at most max_text characters (each
+ * extending the path; a leaf is a float (or a float subclass such as numpy's float64), an int within +-2**53, a bool, a str of at most max_text characters (each
  * one value), or a list or numpy array (sequence(path, value) converts it, or raises NamespaceError, as the general
  * walk does). A leaf's path must be in valid_paths (checked once by the general walk). Anything else -- an empty
  * dict, a key not a str, a dict nested deeper than max_depth, another type -- hands the whole value back (None),
@@ -216,6 +216,8 @@ static int walk(PyObject *path, PyObject *value, Py_ssize_t depth, PyObject *out
         return checked < 0 ? FAILED : HANDED_BACK;
     if (cls == &PyFloat_Type)
         return add_leaf(out, path, one(Py_NewRef(value)), 1);
+    if (PyFloat_Check(value))  /* numpy's float64 (a reduction's result) and other float subclasses: float(value) */
+        return add_leaf(out, path, one(PyNumber_Float(value)), 1);
     if (cls == &PyLong_Type) {
         int overflow;
         long long v = PyLong_AsLongLongAndOverflow(value, &overflow);

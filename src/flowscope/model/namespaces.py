@@ -214,10 +214,11 @@ _JOINED: dict[tuple[str, str], str] = {}
 
 
 def common_leaves_reference(path: str, value: Any) -> list[tuple[str, list, bool]] | None:
-    """The leaves of a value of the shapes a program publishes every step -- a number (int, float, bool), a string,
-    a list or 1-D array of them, or a dict of those with string keys -- as (path, values, single), walked with fewer
-    checks: those of :func:`leaves`, or its NamespaceError; None for anything else (an int too large to be exact, a
-    numpy scalar, a long string, another Mapping, a path not checked before...), which :func:`leaves` must judge.
+    """The leaves of a value of the shapes a program publishes every step -- a number (int, bool, float or a float
+    subclass such as numpy's float64), a string, a list or 1-D array of them, or a dict of those with string keys --
+    as (path, values, single), walked with fewer checks: those of :func:`leaves`, or its NamespaceError; None for
+    anything else (an int too large to be exact, another numpy scalar, a long string, another Mapping, a path not
+    checked before...), which :func:`leaves` must judge.
     The pure-Python reference of :func:`common_leaves` (compiled: ``_record_walk.c``, the same steps)."""
     out: list[tuple[str, list, bool]] = []
     return out if _common_walk(path, value, 0, out) else None
@@ -253,6 +254,8 @@ def _common_walk(path: str, value: Any, depth: int, out: list) -> bool:
         out.append((path, [value], True))
     elif cls is np.ndarray or cls is list:
         out.append((path, _sequence(path, value), False))
+    elif isinstance(value, float):  # numpy's float64 (a reduction's result) and other float subclasses
+        out.append((path, [float(value)], True))
     else:
         return False
     return True
