@@ -401,9 +401,9 @@ def main() -> int:
         raise SystemExit(f"--parts: in-app, publisher and/or app, got {args.parts!r}")
     if args.quick:
         args.grid, args.steps, args.repeat = 128, 100, 2
-    tmp = Path(tempfile.mkdtemp(prefix="flowscope-bench-publish-"))
     if "app" in parts and not args.no_redis and not Path(args.redis_server).exists():
         raise SystemExit(f"{args.redis_server} is missing: apt-get install redis-server, or run with --no-redis")
+    tmp = Path(tempfile.mkdtemp(prefix="flowscope-bench-publish-"))
     alone = in_app = None
     try:
         if "in-app" in parts:
