@@ -223,6 +223,10 @@ class Namespace:
         given = common_leaves(path, value)
         if given is None:
             given = [(p, leaf.values, leaf.single) for p, leaf in leaves(path, value)]
+        self._put_all(given, mode)
+
+    def _put_all(self, given: list[tuple[str, list, bool]], mode: str) -> None:
+        """Check the leaves ``given`` against the record's shape, then put every one (all or nothing)."""
         with self._lock:
             self._check_shape(given, mode)
             for p, values, single in given:
@@ -247,6 +251,8 @@ class Namespace:
                             node.parts, node.single = [[self._open, values]], single
                         self._dirty = True
                         return
+                self._put_all(given, OVERWRITE)  # new leaves: walked already, checked there
+                return
         self.update(path, value, mode=OVERWRITE)
 
     def append(self, path: str | Mapping, value: Any = _MISSING) -> None:
